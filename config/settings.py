@@ -1,0 +1,174 @@
+"""Settings, all read from the environment.
+
+With no DATABASE_URL the product runs on its embedded default: SQLite and a Celery broker kept in files under
+DATA_DIR, with the simulated marketplace standing in for vast.ai. DATABASE_URL (PostgreSQL) and REDIS_URL switch to
+the production stack.
+"""
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("DATA_DIR", str(BASE_DIR / "var")))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DATABASE_URL = env_str("DATABASE_URL", "")
+REDIS_URL = env_str("REDIS_URL", "")
+EMBEDDED = not DATABASE_URL
+
+DEBUG = env_bool("DEBUG", False)
+
+
+def _embedded_secret_key() -> str:
+    # The embedded default keeps a generated key beside its database so sessions survive a restart.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = env_str("SECRET_KEY", "") or (_embedded_secret_key() if EMBEDDED else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY is required when DATABASE_URL is set.")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "fleet",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Every page needs a login unless its view says otherwise.
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if EMBEDDED:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "db.sqlite3",
+            # Web, worker and beat share one file: WAL lets readers run beside the writer, IMMEDIATE avoids
+            # upgrade deadlocks, and the timeout makes a busy writer wait instead of failing.
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    }
+else:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(DATA_DIR / "staticfiles")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# Celery: Redis in production; on the embedded default a broker kept in files, which needs no server.
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_RESULT_BACKEND = REDIS_URL
+else:
+    _broker_dir = DATA_DIR / "celery-broker"
+    _broker_dir.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir),
+        "data_folder_out": str(_broker_dir),
+        "control_folder": str(DATA_DIR / "celery-control"),
+    }
+    CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+OFFER_REFRESH_SECONDS = env_int("OFFER_REFRESH_SECONDS", 60, minimum=5)
+CELERY_BEAT_SCHEDULE = {
+    "refresh-offers": {"task": "fleet.tasks.refresh_offers", "schedule": float(OFFER_REFRESH_SECONDS)},
+}
+
+# Marketplaces. On the embedded default vast.ai is the simulated marketplace started beside the web app.
+SIMULATOR_ENABLED = env_bool("SIMULATOR", EMBEDDED)
+SIMULATOR_HOST = env_str("SIMULATOR_HOST", "127.0.0.1")
+SIMULATOR_PORT = env_int("SIMULATOR_PORT", 8765, minimum=1)
+SIMULATOR_API_KEY = env_str("SIMULATOR_API_KEY", "simulated-key")
+SIMULATOR_SPEED = env_float("SIMULATOR_SPEED", 1.0, minimum=0.001)
+if SIMULATOR_ENABLED:
+    VAST_API_URL = env_str("VAST_API_URL", f"http://{SIMULATOR_HOST}:{SIMULATOR_PORT}/api/v0")
+    VAST_API_KEY = env_str("VAST_API_KEY", SIMULATOR_API_KEY)
+else:
+    VAST_API_URL = env_str("VAST_API_URL", "https://console.vast.ai/api/v0")
+    VAST_API_KEY = env_str("VAST_API_KEY", "")
+PROVIDER_TIMEOUT_S = env_float("PROVIDER_TIMEOUT_S", 20.0, minimum=0.1)
+PROVIDER_MAX_RETRIES = env_int("PROVIDER_MAX_RETRIES", 4, minimum=0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # httpx logs every request line at INFO; keep it at WARNING so a busy worker's log stays readable.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+}

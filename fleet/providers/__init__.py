@@ -1,0 +1,16 @@
+"""Marketplace clients behind one interface (base.Provider); `get_provider` builds one from settings."""
+
+from django.conf import settings
+
+from .vast import VastClient
+
+
+def get_provider(name: str = "vast"):
+    if name == "vast":
+        return VastClient(
+            settings.VAST_API_URL,
+            settings.VAST_API_KEY,
+            timeout_s=settings.PROVIDER_TIMEOUT_S,
+            max_retries=settings.PROVIDER_MAX_RETRIES,
+        )
+    raise ValueError(f"Unknown provider {name!r}.")

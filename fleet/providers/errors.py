@@ -1,0 +1,36 @@
+"""What can go wrong talking to a marketplace, in the user's words."""
+
+
+class ProviderError(Exception):
+    """A marketplace call failed; the message says why in words a user can act on."""
+
+
+class AuthenticationFailed(ProviderError):
+    """The API key was refused (401/403): nothing will work until it is fixed, so never retried."""
+
+
+class RateLimited(ProviderError):
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ProviderUnavailable(ProviderError):
+    """5xx answers, timeouts or refused connections that outlasted the retries."""
+
+
+class MalformedResponse(ProviderError):
+    """The marketplace answered with something that is not what its API documents."""
+
+
+class OfferUnavailable(ProviderError):
+    """The offer was rented by someone else or withdrawn between search and rent."""
+
+
+class InstanceNotFound(ProviderError):
+    pass
+
+
+class OutcomeUnknown(ProviderError):
+    """A call that changes state (a rent) may or may not have happened: it timed out or got a 5xx after being
+    sent. Retrying could rent twice; the caller must reconcile by label instead."""

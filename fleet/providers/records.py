@@ -1,0 +1,97 @@
+"""Plain records that every provider client returns.
+
+Marketplace JSON is converted into these exactly once, in the client, so every unit is in a field's name and no
+code past the client ever sees a provider's own field names or units (vast.ai's gpu_ram is MB, compute_cap is
+x100, bandwidth is Mb/s, storage is $/GB/month).
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class OfferRecord:
+    provider: str
+    offer_id: str
+    machine_id: str
+    host_id: str
+    gpu_name: str
+    num_gpus: int
+    gpu_ram_gb: float  # per GPU
+    compute_capability: int  # x10 like CUDA's sm numbers: 90 for sm_90, 120 for sm_120
+    cuda_max: float  # the newest CUDA version the host's driver runs, e.g. 12.8
+    driver_version: str  # "570.124.06"; "" when the listing has none
+    disk_gb: float
+    inet_up_mbps: float
+    inet_down_mbps: float
+    inet_up_usd_per_gb: Decimal
+    inet_down_usd_per_gb: Decimal
+    storage_usd_per_gb_month: Decimal
+    gpu_usd_per_hour: Decimal  # the machine alone (vast.ai dph_base)
+    total_usd_per_hour: Decimal  # machine plus the offered disk (vast.ai dph_total)
+    min_bid_usd_per_hour: Decimal | None
+    reliability: float  # 0..1
+    verified: bool
+    rentable: bool
+    is_bid: bool  # listed for interruptible (bid) rental
+    geolocation: str  # "Sweden, SE", "US-CA, US"
+    dlperf: float | None
+    total_flops: float | None  # TFLOPS, all GPUs together
+
+    @property
+    def total_gpu_ram_gb(self) -> float:
+        return self.gpu_ram_gb * self.num_gpus
+
+    @property
+    def country_code(self) -> str:
+        """The two-letter country code that ends vast.ai's geolocation ("US-CA, US" -> "US")."""
+        return self.geolocation.rsplit(",", 1)[-1].strip().upper() if self.geolocation else ""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    provider: str
+    instance_id: str
+    label: str
+    status: str  # the provider's own status word (vast.ai actual_status)
+    status_msg: str
+    intended_status: str
+    is_bid: bool
+    gpu_name: str
+    num_gpus: int
+    machine_id: str
+    usd_per_hour: Decimal
+    gpu_util_percent: float | None
+    public_ip: str
+    ports: dict[str, int]  # container port -> public port, e.g. {"8000/tcp": 41234}
+    ssh_host: str
+    ssh_port: int | None
+    started_at: datetime | None
+
+    @property
+    def failed_to_start(self) -> bool:
+        # vast.ai leaves an instance whose container could not start in "created" with the runtime's error text.
+        return self.status == "created" and "OCI runtime create failed" in self.status_msg
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeRecord:
+    provider: str
+    instance_id: str
+    kind: str  # "gpu", "disk", "bwu" (upload), "bwd" (download)
+    amount_usd: Decimal
+    quantity: float  # hours for gpu, GB-hours for disk, GB for traffic
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RentRequest:
+    offer_id: str
+    image: str
+    disk_gb: int
+    label: str
+    env: dict[str, str]
+    onstart: str = ""
+    bid_usd_per_hour: Decimal | None = None  # set: an interruptible rental at this price

@@ -1,0 +1,369 @@
+"""vast.ai over its REST API (https://console.vast.ai/api/v0), also the client of the simulated marketplace.
+
+Every response is converted here, once, into plain records with units in their field names.
+"""
+
+import email.utils
+import logging
+import random
+import time
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+
+import httpx
+
+from .base import OfferSearch
+from .errors import (
+    AuthenticationFailed,
+    InstanceNotFound,
+    MalformedResponse,
+    OfferUnavailable,
+    OutcomeUnknown,
+    ProviderUnavailable,
+    RateLimited,
+)
+from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
+
+log = logging.getLogger(__name__)
+
+MIB_PER_GIB = 1024
+
+
+class VastClient:
+    name = "vast"
+
+    def __init__(
+        self,
+        api_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 20.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_wait_s: float = 30.0,
+        sleep=time.sleep,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        if not api_key:
+            raise AuthenticationFailed("No vast.ai API key is configured: set VAST_API_KEY.")
+        self.api_url = api_url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_wait_s = max_wait_s
+        self._sleep = sleep
+        self._http = httpx.Client(
+            base_url=self.api_url,
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:  # never the key
+        return f"VastClient({self.api_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the provider interface ------------------------------------------------------------------------------
+
+    def search_offers(self, filters: dict | None = None, *, bid: bool = False, limit: int = 1000) -> OfferSearch:
+        body = {"rentable": {"eq": True}, **(filters or {})}
+        body.setdefault("order", [["dph_total", "asc"]])
+        body["type"] = "bid" if bid else "on-demand"
+        body["limit"] = limit
+        data = self._json("POST", "/bundles/", json=body)
+        raw_offers = data.get("offers")
+        if not isinstance(raw_offers, list):
+            raise MalformedResponse("vast.ai offer search answered without an 'offers' list.")
+        result = OfferSearch()
+        for raw in raw_offers:
+            try:
+                result.append(parse_offer(raw, is_bid=bid))
+            except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
+                offer_id = raw.get("id", "?") if isinstance(raw, dict) else "?"
+                result.skipped.append(f"offer {offer_id}: {exc}")
+        if result.skipped:
+            log.warning("Skipped %d malformed vast.ai offers: %s", len(result.skipped), "; ".join(result.skipped[:5]))
+        return result
+
+    def rent(self, request: RentRequest) -> str:
+        body = {
+            "client_id": "me",
+            "image": request.image,
+            "env": request.env,
+            "disk": request.disk_gb,
+            "label": request.label,
+            "onstart": request.onstart,
+            "runtype": "ssh",
+        }
+        if request.bid_usd_per_hour is not None:
+            body["price"] = float(request.bid_usd_per_hour)
+        response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False)
+        data = _decode(response)
+        if response.status_code in (400, 404, 410) or data.get("success") is False:
+            message = data.get("msg") or data.get("error") or f"HTTP {response.status_code}"
+            raise OfferUnavailable(f"Offer {request.offer_id} can no longer be rented: {message}")
+        _raise_for_status(response)
+        contract = data.get("new_contract")
+        if not isinstance(contract, int) or isinstance(contract, bool):
+            raise MalformedResponse(f"vast.ai rented offer {request.offer_id} but returned no instance id.")
+        return str(contract)
+
+    def list_instances(self) -> list[InstanceRecord]:
+        data = self._json("GET", "/instances/", params={"owner": "me"})
+        raw_instances = data.get("instances")
+        if not isinstance(raw_instances, list):
+            raise MalformedResponse("vast.ai instance list answered without an 'instances' list.")
+        return [parse_instance(raw) for raw in raw_instances]
+
+    def get_instance(self, instance_id: str) -> InstanceRecord:
+        response = self._request("GET", f"/instances/{instance_id}/")
+        if response.status_code == 404:
+            raise InstanceNotFound(f"vast.ai has no instance {instance_id}.")
+        _raise_for_status(response)
+        raw = _decode(response).get("instances")
+        if raw is None:  # vast.ai answers {"instances": null} for an id it does not know
+            raise InstanceNotFound(f"vast.ai has no instance {instance_id}.")
+        return parse_instance(raw)
+
+    def destroy(self, instance_id: str) -> bool:
+        """Destroys the instance; False if it was already gone (destroying twice is not an error)."""
+        response = self._request("DELETE", f"/instances/{instance_id}/")
+        if response.status_code == 404:
+            return False
+        _raise_for_status(response)
+        return True
+
+    def charges(self) -> list[ChargeRecord]:
+        data = self._json("GET", "/charges/")
+        raw_charges = data.get("charges")
+        if not isinstance(raw_charges, list):
+            raise MalformedResponse("vast.ai charges answered without a 'charges' list.")
+        return [parse_charge(raw) for raw in raw_charges]
+
+    # -- HTTP with retries -----------------------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs) -> dict:
+        response = self._request(method, path, **kwargs)
+        _raise_for_status(response)
+        return _decode(response)
+
+    def _request(self, method: str, path: str, *, idempotent: bool = True, **kwargs) -> httpx.Response:
+        """Sends a request, retrying 429s, 5xx and network failures with backoff.
+
+        A call that is not idempotent (a rent) is retried only where the marketplace cannot have acted on it: a
+        refused connection or a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and
+        the caller reconciles by the instance's label instead of renting again.
+        """
+        what = f"vast.ai {method} {path}"
+        for attempt in range(self.max_retries + 1):
+            last_attempt = attempt == self.max_retries
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: cannot connect ({type(exc).__name__}).") from None
+                self._sleep(self._backoff(attempt))
+                continue
+            except httpx.TransportError as exc:
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: {type(exc).__name__} after sending; it may have happened.") from None
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: {type(exc).__name__} after {attempt + 1} tries.") from None
+                self._sleep(self._backoff(attempt))
+                continue
+
+            status = response.status_code
+            if status in (401, 403):
+                raise AuthenticationFailed(f"vast.ai refused the API key (HTTP {status}): check VAST_API_KEY.")
+            if status == 429:
+                wait_s = _retry_after_s(response) or self._backoff(attempt)
+                if last_attempt or wait_s > self.max_wait_s:
+                    raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
+                log.info("%s rate limited; waiting %.1f s", what, wait_s)
+                self._sleep(wait_s)
+                continue
+            if status >= 500:
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: HTTP {status} after sending; it may have happened.")
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: HTTP {status} after {attempt + 1} tries.")
+                self._sleep(_retry_after_s(response) or self._backoff(attempt))
+                continue
+            return response
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int) -> float:
+        # Exponential with jitter so that several workers do not retry in step.
+        return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    if response.status_code >= 400:
+        data = _decode(response, strict=False)
+        message = data.get("msg") or data.get("error") or response.reason_phrase
+        raise MalformedResponse(f"vast.ai {response.request.method} {response.request.url.path}: "
+                                f"HTTP {response.status_code}: {message}")
+
+
+def _decode(response: httpx.Response, *, strict: bool = True) -> dict:
+    try:
+        data = response.json()
+    except ValueError:
+        if not strict:
+            return {}
+        raise MalformedResponse(
+            f"vast.ai {response.request.method} {response.request.url.path} answered HTTP {response.status_code} "
+            "with a body that is not JSON."
+        ) from None
+    if not isinstance(data, dict):
+        if not strict:
+            return {}
+        raise MalformedResponse(f"vast.ai {response.request.url.path} answered JSON that is not an object.")
+    return data
+
+
+# -- conversion: marketplace JSON -> records ---------------------------------------------------------------------
+
+
+def _number(raw: dict, key: str) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key} is {value!r}, not a number")
+    return float(value)
+
+
+def _optional_number(raw: dict, key: str) -> float | None:
+    return None if raw.get(key) is None else _number(raw, key)
+
+
+def _money(raw: dict, key: str, default: float | None = None) -> Decimal:
+    if raw.get(key) is None and default is not None:
+        return Decimal(str(default))
+    value = Decimal(str(_number(raw, key)))
+    if value < 0:
+        raise ValueError(f"{key} is negative")
+    return value
+
+
+def _timestamp(value) -> datetime | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
+    if not isinstance(raw, dict):
+        raise TypeError("offer is not an object")
+    num_gpus = int(_number(raw, "num_gpus"))
+    if num_gpus < 1:
+        raise ValueError("num_gpus < 1")
+    min_bid = raw.get("min_bid")
+    return OfferRecord(
+        provider="vast",
+        offer_id=str(int(_number(raw, "id"))),
+        machine_id=str(raw.get("machine_id", "")),
+        host_id=str(raw.get("host_id", "")),
+        gpu_name=str(raw["gpu_name"]),
+        num_gpus=num_gpus,
+        gpu_ram_gb=round(_number(raw, "gpu_ram") / MIB_PER_GIB, 1),
+        compute_capability=int(round(_number(raw, "compute_cap") / 10)),
+        cuda_max=_optional_number(raw, "cuda_max_good") or 0.0,
+        driver_version=str(raw.get("driver_version") or ""),
+        disk_gb=_number(raw, "disk_space"),
+        inet_up_mbps=_number(raw, "inet_up"),
+        inet_down_mbps=_number(raw, "inet_down"),
+        inet_up_usd_per_gb=_money(raw, "inet_up_cost", default=0),
+        inet_down_usd_per_gb=_money(raw, "inet_down_cost", default=0),
+        storage_usd_per_gb_month=_money(raw, "storage_cost", default=0),
+        gpu_usd_per_hour=_money(raw, "dph_base"),
+        total_usd_per_hour=_money(raw, "dph_total"),
+        min_bid_usd_per_hour=None if min_bid is None else _money(raw, "min_bid"),
+        reliability=float(raw.get("reliability2") or raw.get("reliability") or 0.0),
+        verified=bool(raw.get("verified", False)),
+        rentable=bool(raw.get("rentable", True)),
+        is_bid=bool(raw.get("is_bid", is_bid)),
+        geolocation=str(raw.get("geolocation") or ""),
+        dlperf=_optional_number(raw, "dlperf"),
+        total_flops=_optional_number(raw, "total_flops"),
+    )
+
+
+def _ports(raw_ports) -> dict[str, int]:
+    ports = {}
+    if isinstance(raw_ports, dict):
+        for container_port, bindings in raw_ports.items():
+            if isinstance(bindings, list) and bindings and isinstance(bindings[0], dict):
+                try:
+                    ports[str(container_port)] = int(bindings[0].get("HostPort"))
+                except (TypeError, ValueError):
+                    continue
+    return ports
+
+
+def parse_instance(raw: dict) -> InstanceRecord:
+    if not isinstance(raw, dict) or "id" not in raw:
+        raise MalformedResponse("vast.ai returned an instance without an id.")
+    try:
+        ssh_port = raw.get("ssh_port")
+        return InstanceRecord(
+            provider="vast",
+            instance_id=str(int(raw["id"])),
+            label=str(raw.get("label") or ""),
+            status=str(raw.get("actual_status") or ""),
+            status_msg=str(raw.get("status_msg") or ""),
+            intended_status=str(raw.get("intended_status") or ""),
+            is_bid=bool(raw.get("is_bid", False)),
+            gpu_name=str(raw.get("gpu_name") or ""),
+            num_gpus=int(raw.get("num_gpus") or 0),
+            machine_id=str(raw.get("machine_id") or ""),
+            usd_per_hour=_money(raw, "dph_total", default=0),
+            gpu_util_percent=_optional_number(raw, "gpu_util"),
+            public_ip=str(raw.get("public_ipaddr") or "").strip(),
+            ports=_ports(raw.get("ports")),
+            ssh_host=str(raw.get("ssh_host") or ""),
+            ssh_port=int(ssh_port) if ssh_port else None,
+            started_at=_timestamp(raw.get("start_date")),
+        )
+    except (TypeError, ValueError, InvalidOperation) as exc:
+        raise MalformedResponse(f"vast.ai instance {raw.get('id')}: {exc}") from None
+
+
+def parse_charge(raw: dict) -> ChargeRecord:
+    try:
+        start, end = _timestamp(raw["start"]), _timestamp(raw["end"])
+        if start is None or end is None:
+            raise ValueError("start/end are not timestamps")
+        return ChargeRecord(
+            provider="vast",
+            instance_id=str(int(raw["instance_id"])),
+            kind=str(raw["type"]),
+            amount_usd=_money(raw, "amount"),
+            quantity=_number(raw, "quantity"),
+            start=start,
+            end=end,
+        )
+    except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
+        raise MalformedResponse(f"vast.ai charge line {raw!r:.80}: {exc}") from None
