@@ -1,0 +1,30 @@
+import pytest
+from django.contrib.auth.models import Permission
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_superuser("operator", password="operator-pass-123")
+
+
+@pytest.fixture
+def member(django_user_model):
+    """A logged-in user without staff rights: sees pages, may not rent or destroy."""
+    return django_user_model.objects.create_user("member", password="member-pass-123")
+
+
+@pytest.fixture
+def staff(django_user_model):
+    """Staff with every fleet permission, but not a superuser."""
+    user = django_user_model.objects.create_user("staff", password="staff-pass-123", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="fleet"))
+    return user
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _plain_static_storage():
+    # The hashed-manifest storage needs collectstatic first; tests render pages from the source folders.
+    from django.conf import settings
+
+    settings.STORAGES = {**settings.STORAGES,
+                         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}

@@ -1,0 +1,89 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_decimal, env_int, env_list, env_str
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_it_reads_values_and_defaults(monkeypatch):
+    monkeypatch.setenv("T_INT", " 42 ")
+    monkeypatch.setenv("T_BOOL", "yes")
+    monkeypatch.setenv("T_LIST", "a.example, b.example,,")
+    monkeypatch.delenv("T_MISSING", raising=False)
+    assert env_int("T_INT") == 42
+    assert env_bool("T_BOOL") is True
+    assert env_list("T_LIST") == ["a.example", "b.example"]
+    assert env_str("T_MISSING", "fallback") == "fallback"
+
+
+@pytest.mark.parametrize("reader, value, words", [
+    (env_bool, "maybe", "T_BAD='maybe' is not a boolean"),
+    (env_int, "12x", "T_BAD='12x' is not an integer"),
+    (env_decimal, "1.2.3", "T_BAD='1.2.3' is not a decimal"),
+    (env_decimal, "NaN", "is not a finite number"),
+])
+def test_it_fails_fast_naming_the_variable(monkeypatch, reader, value, words):
+    monkeypatch.setenv("T_BAD", value)
+    with pytest.raises(ImproperlyConfigured, match=words):
+        reader("T_BAD")
+
+
+def test_it_requires_a_variable_without_default(monkeypatch):
+    monkeypatch.delenv("T_REQUIRED", raising=False)
+    with pytest.raises(ImproperlyConfigured, match="T_REQUIRED is required"):
+        env_str("T_REQUIRED")
+
+
+def test_it_rejects_an_int_below_its_minimum(monkeypatch):
+    monkeypatch.setenv("T_PORT", "0")
+    with pytest.raises(ImproperlyConfigured, match="below the minimum 1"):
+        env_int("T_PORT", minimum=1)
+
+
+def _settings_in_fresh_process(tmp_path, **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+    clean.update(DATA_DIR=str(tmp_path), **env)
+    code = ("import json; from django.conf import settings as s; "
+            "print(json.dumps([s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL, s.VAST_API_URL]))")
+    return subprocess.run([sys.executable, "-c", "import django, os; os.environ['DJANGO_SETTINGS_MODULE']="
+                           "'config.settings'; django.setup(); " + code],
+                          cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60)
+
+
+def test_it_runs_embedded_without_database_url(tmp_path):
+    result = _settings_in_fresh_process(tmp_path)
+    assert result.returncode == 0, result.stderr
+    engine, broker, vast_url = json.loads(result.stdout.strip().splitlines()[-1])
+    assert engine == "django.db.backends.sqlite3"
+    assert broker == "filesystem://"
+    assert vast_url.startswith("http://127.0.0.1:")  # the simulated marketplace
+
+
+def test_it_switches_to_postgres_and_redis(tmp_path):
+    result = _settings_in_fresh_process(tmp_path, DATABASE_URL="postgres://u@db.example:5432/fleet",
+                                        REDIS_URL="redis://cache.example:6379/0", SECRET_KEY="s" * 50,
+                                        SIMULATOR="0")
+    assert result.returncode == 0, result.stderr
+    engine, broker, vast_url = json.loads(result.stdout.strip().splitlines()[-1])
+    assert engine == "django.db.backends.postgresql"
+    assert broker == "redis://cache.example:6379/0"
+    assert vast_url == "https://console.vast.ai/api/v0"
+
+
+def test_it_refuses_production_without_a_secret_key(tmp_path):
+    result = _settings_in_fresh_process(tmp_path, DATABASE_URL="postgres://u@db.example:5432/fleet")
+    assert result.returncode != 0
+    assert "SECRET_KEY is required" in result.stderr
+
+
+def test_it_refuses_a_bad_value_at_start(tmp_path):
+    result = _settings_in_fresh_process(tmp_path, OFFER_REFRESH_SECONDS="soon")
+    assert result.returncode != 0
+    assert "OFFER_REFRESH_SECONDS='soon' is not an integer" in result.stderr
