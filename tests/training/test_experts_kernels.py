@@ -1,0 +1,72 @@
+"""The Triton kernels (run by Triton's interpreter on the CPU, fp32) against the per-expert loop."""
+
+import pytest
+import torch
+
+from training.grouped_ops import BACKENDS
+from training.moe_lora import route
+
+LOOP, TRITON = BACKENDS["loop"], BACKENDS["triton"]
+
+
+@pytest.fixture
+def routed(make_routing):
+    gen = torch.Generator().manual_seed(0)
+    index, weights = make_routing(num_tokens=23, num_experts=6, top_k=2, empty=(0, 4), generator=gen)
+    groups, rows, slots, order = route(index, weights, 6)
+    return groups, rows, slots, weights, gen
+
+
+def test_it_has_empty_and_uneven_groups(routed):
+    counts = routed[0].host_counts
+    assert counts[0] == 0 and counts[4] == 0
+    assert len({c for c in counts if c}) > 1
+
+
+@pytest.mark.parametrize("layout", ["gate_up_forward", "down_forward", "gate_up_input_grad", "down_input_grad"])
+@pytest.mark.parametrize("with_lora", [False, True])
+def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora):
+    groups, rows, _, _, gen = routed
+    hidden, inter, rank, experts = 40, 24, 8, 6
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen)
+    down = torch.randn(experts, hidden, inter, generator=gen)
+    # (weight as an (E, N, K) view, input width K, whether the input rows are gathered from tokens)
+    weight, gather = {
+        "gate_up_forward": (gate_up, True),
+        "down_forward": (down, False),
+        "gate_up_input_grad": (gate_up.transpose(1, 2), False),
+        "down_input_grad": (down.transpose(1, 2), True),
+    }[layout]
+    n, k = weight.shape[1], weight.shape[2]
+    m = rows.shape[0]
+    x = torch.randn(23 if gather else m, k, generator=gen)
+    lora = None
+    if with_lora:
+        lora = (torch.randn(m, rank, generator=gen), torch.randn(experts, n, rank, generator=gen), 0.5)
+    row_index = rows if gather else None
+    got = TRITON.mm(x, weight, groups, rows=row_index, lora=lora)
+    want = LOOP.mm(x, weight, groups, rows=row_index, lora=lora)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_it_computes_lora_weight_grads_like_the_loop_with_zero_for_empty_experts(routed, gather):
+    groups, rows, _, _, gen = routed
+    m = rows.shape[0]
+    p = torch.randn(m, 8, generator=gen)
+    q = torch.randn(23 if gather else m, 40, generator=gen)
+    q_rows = rows if gather else None
+    got = TRITON.weight_grad(p, q, groups, q_rows=q_rows, scale=2.0)
+    want = LOOP.weight_grad(p, q, groups, q_rows=q_rows, scale=2.0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert got[0].abs().max() == 0 and got[4].abs().max() == 0
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_it_combines_each_tokens_expert_outputs(routed, weighted):
+    groups, rows, slots, weights, gen = routed
+    src = torch.randn(rows.shape[0], 40, generator=gen)
+    w = weights if weighted else None
+    torch.testing.assert_close(TRITON.combine(src, slots, w), LOOP.combine(src, slots, w))
+    # Slot k of token t holds that token's row: combining with weight 1 is the sum over its choices.
+    assert torch.equal(rows[slots], torch.arange(slots.shape[0]).unsqueeze(1).expand_as(slots))

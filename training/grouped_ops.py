@@ -1,0 +1,143 @@
+"""The three ways to run the grouped matmuls of the experts: our Triton kernels, `torch._grouped_mm`, a per-expert loop.
+
+Each backend offers the same four operations over rows sorted by expert (`Groups` says where each expert's rows are):
+- `mm(x, w, groups, rows, lora)`: y[j] = x[rows[j]] @ w[e]^T (+ s * xa[j] @ b[e]^T), w any (E, N, K) view;
+- `weight_grad(p, q, groups, q_rows, scale)`: out[e] = scale * p[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q);
+- `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
+- `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows.
+The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Groups:
+    """Rows sorted by expert: counts (E,) int32 on the device, ends = cumsum(counts) as int32."""
+
+    counts: torch.Tensor
+    ends: torch.Tensor
+    _host_counts: list | None = None
+
+    @property
+    def host_counts(self):
+        if self._host_counts is None:
+            self._host_counts = self.counts.tolist()
+        return self._host_counts
+
+
+def swiglu(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def accumulation_dtype(dtype):
+    """fp32 for half types, the type itself for float32 and float64 (gradcheck runs in float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def swiglu_backward(gate_up, grad_h):
+    acc = accumulation_dtype(gate_up.dtype)
+    gate, up = gate_up.to(acc).chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    grad_h = grad_h.to(acc)
+    grad_gate = grad_h * up * sig * (1 + gate * (1 - sig))
+    grad_up = grad_h * gate * sig
+    return torch.cat([grad_gate, grad_up], dim=-1).to(gate_up.dtype)
+
+
+def _torch_combine(src, slots, weights):
+    picked = src[slots]  # (T, K, H)
+    if weights is not None:
+        picked = picked * weights.unsqueeze(-1).to(src.dtype)
+    return picked.sum(dim=1, dtype=accumulation_dtype(src.dtype)).to(src.dtype)
+
+
+class LoopOps:
+    """One matmul per expert: the reference, and the fallback where no GPU is there."""
+
+    name = "loop"
+
+    def mm(self, x, w, groups, rows=None, lora=None):
+        m = rows.shape[0] if rows is not None else x.shape[0]
+        y = x.new_empty((m, w.shape[1]))
+        start = 0
+        for e, count in enumerate(groups.host_counts):
+            end = start + count
+            if count:
+                xe = x[rows[start:end]] if rows is not None else x[start:end]
+                ye = xe @ w[e].T
+                if lora is not None:
+                    xa, b, scale = lora
+                    ye = ye + scale * (xa[start:end] @ b[e].T)
+                y[start:end] = ye
+            start = end
+        return y
+
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0):
+        out = p.new_zeros((groups.counts.shape[0], p.shape[1], q.shape[1]))
+        start = 0
+        for e, count in enumerate(groups.host_counts):
+            end = start + count
+            if count:
+                qe = q[q_rows[start:end]] if q_rows is not None else q[start:end]
+                out[e] = scale * (p[start:end].T @ qe)
+            start = end
+        return out
+
+    def combine(self, src, slots, weights=None):
+        return _torch_combine(src, slots, weights)
+
+    swiglu = staticmethod(swiglu)
+    swiglu_backward = staticmethod(swiglu_backward)
+
+
+class GroupedMmOps(LoopOps):
+    """`torch._grouped_mm` (CUTLASS on sm_90 / sm_100): bf16 only, gathers materialised by PyTorch."""
+
+    name = "grouped_mm"
+
+    def mm(self, x, w, groups, rows=None, lora=None):
+        xs = x[rows] if rows is not None else x
+        y = torch._grouped_mm(xs, w.transpose(1, 2), offs=groups.ends)
+        if lora is not None:
+            xa, b, scale = lora
+            y = y.add_(torch._grouped_mm(xa, b.transpose(1, 2), offs=groups.ends), alpha=scale)
+        return y
+
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0):
+        qs = q[q_rows] if q_rows is not None else q
+        out = torch._grouped_mm(p.t(), qs, offs=groups.ends)
+        # An expert with no rows must get a zero gradient, whatever the kernel leaves there.
+        out = out.masked_fill_((groups.counts == 0).view(-1, 1, 1), 0.0)
+        return out.mul_(scale) if scale != 1.0 else out
+
+
+class TritonOps(LoopOps):
+    """The project's Triton kernels: gather fused into the matmul, LoRA fused into the base K loop, fused combine."""
+
+    name = "triton"
+
+    def mm(self, x, w, groups, rows=None, lora=None):
+        from training.kernels.grouped_gemm import grouped_gemm
+
+        if lora is None:
+            return grouped_gemm(x, w, groups.counts, rows=rows)
+        xa, b, scale = lora
+        return grouped_gemm(x, w, groups.counts, rows=rows, lora_x=xa, lora_w=b, lora_scale=scale)
+
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0):
+        from training.kernels.grouped_weight_grad import grouped_weight_grad
+
+        return grouped_weight_grad(p, q, groups.counts, q_rows=q_rows, scale=scale)
+
+    def combine(self, src, slots, weights=None):
+        from training.kernels.combine import combine
+
+        return combine(src, slots, weights)
+
+
+BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps())}

@@ -1,0 +1,127 @@
+"""Checks that abort a run before it wastes hours training routed-expert LoRA that never learns.
+
+1. At start: the experts forward that actually runs is ours (an import that replaced a forward, as unsloth's
+   patching did, is caught by probing every MoE block, not by trusting the config).
+2. At start: the routed LoRA delta is in the forward (nonzero B changes the loss).
+3. After the first backward: every routed-expert LoRA factor pair got a gradient, checked on its own, apart from
+   attention (with B initialised to zero only B gets one at step 1; A must too once B is nonzero).
+"""
+
+import torch
+
+from training import moe_lora
+from training.lora import routed_experts_modules, routed_lora_parameters, routed_lora_wrappers
+
+
+class GuardError(RuntimeError):
+    """A start-up or step-1 guard failed; the run must not go on."""
+
+
+class ExpertsForwardReplaced(GuardError):
+    pass
+
+
+class LoraDeltaMissing(GuardError):
+    pass
+
+
+class RoutedLoraNoGradient(GuardError):
+    pass
+
+
+def _moe_blocks(model):
+    """(name, block, experts) for each MoE block: a module with an `experts` child whose base is a routed experts."""
+    experts_by_id = {id(module): module for _, module in routed_experts_modules(model)}
+    blocks = []
+    for name, module in model.named_modules():
+        child = getattr(module, "experts", None)
+        if isinstance(child, torch.nn.Module):
+            base = child.get_base_layer() if hasattr(child, "get_base_layer") else child
+            if id(base) in experts_by_id:
+                blocks.append((name, module, base))
+    return blocks
+
+
+@torch.no_grad()
+def check_experts_forward_is_ours(model, num_tokens=4):
+    """Run every MoE block on a few random tokens and require that our experts forward ran for it."""
+    blocks = _moe_blocks(model)
+    if not blocks:
+        raise ExpertsForwardReplaced("no MoE block with routed experts found in the model")
+    problems = []
+    for name, block, experts in blocks:
+        implementation = getattr(experts.config, "_experts_implementation", None)
+        if implementation != moe_lora.IMPLEMENTATION_NAME:
+            problems.append(f"{name}: experts_implementation is {implementation!r}, not {moe_lora.IMPLEMENTATION_NAME!r}")
+            continue
+        param = experts.gate_up_proj
+        probe = torch.randn(1, num_tokens, param.shape[-1], device=param.device, dtype=param.dtype)
+        before = moe_lora.forward_calls[id(experts)]
+        block(probe)
+        if moe_lora.forward_calls[id(experts)] == before:
+            forward = getattr(type(experts).forward, "__qualname__", repr(type(experts).forward))
+            problems.append(
+                f"{name}: the moe_lora experts forward did not run (block forward "
+                f"{type(block).forward.__module__}.{type(block).forward.__qualname__}, experts forward {forward}); "
+                "an import replaced it"
+            )
+    if problems:
+        raise ExpertsForwardReplaced("refusing to start, the routed experts would not run our forward:\n" + "\n".join(problems))
+
+
+@torch.no_grad()
+def check_lora_delta_in_forward(model, loss_fn, std=0.02, seed=0):
+    """Set every routed-expert lora_B to random values: the loss must change. Restores B afterwards."""
+    wrappers = routed_lora_wrappers(model)
+    if not wrappers:
+        raise LoraDeltaMissing("the model has no routed-expert LoRA")
+    saved = [(layer.weight, layer.weight.detach().clone()) for _, _, w in wrappers for layer in w.lora_B.values()]
+    try:
+        base_loss = float(loss_fn())
+        generator = torch.Generator().manual_seed(seed)
+        for weight, _ in saved:
+            noise = torch.randn(weight.shape, generator=generator) * std
+            weight.copy_(noise.to(weight.device, weight.dtype))
+        lora_loss = float(loss_fn())
+    finally:
+        for weight, value in saved:
+            weight.copy_(value)
+    if not abs(lora_loss - base_loss) > 1e-6 * max(1.0, abs(base_loss)):
+        raise LoraDeltaMissing(
+            f"setting routed-expert LoRA B to nonzero values left the loss at {base_loss:.6g} ({lora_loss:.6g}): "
+            "the routed LoRA delta is not in the forward"
+        )
+    return base_loss, lora_loss
+
+
+def routed_lora_grad_norms(model):
+    """name -> gradient norm (None if no gradient) of each routed-expert LoRA factor: the per-phase metric."""
+    return {
+        name: (None if param.grad is None else float(param.grad.detach().float().norm()))
+        for name, param in routed_lora_parameters(model).items()
+    }
+
+
+def check_routed_lora_grads(model):
+    """After the first backward: each routed LoRA B has a nonzero gradient, and each A too where its B is nonzero."""
+    params = routed_lora_parameters(model)
+    if not params:
+        raise RoutedLoraNoGradient("the model has no routed-expert LoRA parameters")
+    norms = routed_lora_grad_norms(model)
+    missing = []
+    for name, param in params.items():
+        if not param.requires_grad:
+            missing.append(f"{name}: requires_grad is False")
+            continue
+        if ".lora_A." in name:
+            partner = params[name.replace(".lora_A.", ".lora_B.")]
+            if not bool(partner.detach().ne(0).any()):
+                continue  # B == 0: A's gradient is zero by construction at step 1
+        if not norms[name]:
+            missing.append(f"{name}: gradient {'missing' if norms[name] is None else 'zero'}")
+    if missing:
+        raise RoutedLoraNoGradient(
+            f"{len(missing)} of {len(params)} routed-expert LoRA parameters got no gradient at step 1 "
+            "(attention LoRA not counted); aborting:\n" + "\n".join(missing)
+        )
+    return norms

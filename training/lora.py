@@ -1,0 +1,104 @@
+"""LoRA on attention (peft's own layers) and on the routed experts (peft's parameter layout, our forward).
+
+The routed-expert adapter is created by peft itself (`target_parameters`), so it is saved and loaded in peft's format
+and a plain `PeftModel.from_pretrained` serves it. Only the forward differs: peft's ParamWrapper would fold W + BA
+into a full expert-stack-sized tensor on every call; `RoutedExpertsLora` keeps peft's parameters but calls the experts
+directly, and the "moe_lora" experts forward reads the factors and runs them as grouped matmuls.
+"""
+
+import torch
+from peft import LoraConfig, get_peft_model
+from peft.tuners.lora.layer import ParamWrapper
+
+from training.moe_lora import use_moe_lora
+
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
+
+
+class RoutedExpertsLora(ParamWrapper):
+    """peft's ParamWrapper for a 3-D expert parameter, minus the per-call W + BA fold. Same state, same keys."""
+
+    @classmethod
+    def adopt(cls, wrapper):
+        """Turn a ParamWrapper that peft built into this class (peft's injection accepts only its own class name,
+        so the wrappers are made by peft and converted after) and let the experts module find it."""
+        wrapper.__class__ = cls
+        # A plain dict, so the wrappers are not registered as submodules of the experts (no state-dict change).
+        wrapper.get_base_layer().__dict__.setdefault("_routed_lora", {})[wrapper.parameter_name] = wrapper
+        return wrapper
+
+    def forward(self, x, *args, **kwargs):
+        return self.get_base_layer()(x, *args, **kwargs)
+
+
+def routed_experts_modules(model):
+    """(name, module) of every routed-experts module (3-D gate_up_proj and down_proj parameters)."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, ParamWrapper):
+            continue
+        gate_up = module._parameters.get("gate_up_proj")
+        down = module._parameters.get("down_proj")
+        if gate_up is not None and down is not None and gate_up.dim() == 3:
+            found.append((name, module))
+    return found
+
+
+def _experts_wrappers(model):
+    experts_ids = {id(module) for _, module in routed_experts_modules(model)}
+    return [m for m in model.modules() if isinstance(m, ParamWrapper) and id(m.get_base_layer()) in experts_ids]
+
+
+def routed_lora_wrappers(model):
+    """(experts name, parameter name, wrapper) for every routed-expert LoRA wrapper in the model."""
+    return [
+        (name, param_name, wrapper)
+        for name, experts in routed_experts_modules(model)
+        for param_name, wrapper in experts.__dict__.get("_routed_lora", {}).items()
+    ]
+
+
+def routed_lora_parameters(model):
+    """name -> parameter of the routed-expert LoRA factors (what the step-1 guard checks, apart from attention)."""
+    params = {}
+    for name, param_name, wrapper in routed_lora_wrappers(model):
+        for adapter, layer in wrapper.lora_A.items():
+            params[f"{name}.{param_name}.lora_A.{adapter}"] = layer.weight
+        for adapter, layer in wrapper.lora_B.items():
+            params[f"{name}.{param_name}.lora_B.{adapter}"] = layer.weight
+    return params
+
+
+def lora_config(r=32, alpha=64, attention=True):
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=list(ATTENTION_TARGETS) if attention else [],
+        target_parameters=[f"experts.{name}" for name in EXPERT_PARAMETERS],
+    )
+    return config
+
+
+def attach_lora(model, r=32, alpha=64, attention=True):
+    """Wrap a transformers MoE model with peft LoRA on attention and routed experts; the experts run "moe_lora".
+
+    Returns the PeftModel (its `save_pretrained` writes a standard peft adapter)."""
+    experts = routed_experts_modules(model)
+    if not experts:
+        raise ValueError("the model has no routed experts with 3-D gate_up_proj / down_proj parameters")
+    peft_model = get_peft_model(model, lora_config(r, alpha, attention))
+    for wrapper in _experts_wrappers(peft_model):
+        RoutedExpertsLora.adopt(wrapper)
+    use_moe_lora(peft_model.get_base_model())
+    return peft_model
+
+
+@torch.no_grad()
+def randomize_routed_lora_b(model, std=0.02, generator=None):
+    """Give every routed-expert lora_B random values (tests and benchmarks: B starts at zero)."""
+    for _, _, wrapper in routed_lora_wrappers(model):
+        for layer in wrapper.lora_B.values():
+            noise = torch.randn(layer.weight.shape, generator=generator, dtype=torch.float32) * std
+            layer.weight.copy_(noise.to(layer.weight.device, layer.weight.dtype))
