@@ -1,0 +1,73 @@
+"""Per-second charges, worked out from an instance's timestamps at a given simulated time.
+
+- gpu: the hourly rate (dph_base, or the bid) from the rent on, including the boot; not while stopped, and not
+  after the host died or the instance was destroyed. quantity: hours.
+- disk: storage_cost ($/GB/month, 30-day month) times the rented disk, from the rent until destroyed (also while
+  stopped, and on a dead host until the instance vanishes from the list). quantity: GB-hours.
+- bwu / bwd: traffic the instance reported, at the offer's inet_up_cost / inet_down_cost. quantity: GB.
+"""
+
+from .catalogue import HOURS_PER_MONTH
+from .instances import Instance
+
+
+def gpu_seconds(instance: Instance, now: float) -> float:
+    closed = sum(end - start for start, end in instance.gpu_intervals)
+    open_s = now - instance.gpu_billed_since if instance.gpu_billed_since is not None else 0.0
+    return closed + max(0.0, open_s)
+
+
+def disk_end(instance: Instance, now: float) -> float:
+    if instance.destroyed_at is not None:
+        return instance.destroyed_at
+    if instance.vanish_at is not None:
+        return min(now, instance.vanish_at)
+    return now
+
+
+def gpu_end(instance: Instance, now: float) -> float:
+    if instance.gpu_billed_since is not None:
+        return now
+    return instance.gpu_intervals[-1][1] if instance.gpu_intervals else instance.created_at
+
+
+def charge_lines(instance: Instance, now: float) -> list[dict]:
+    offer = instance.offer
+    gpu_hours = gpu_seconds(instance, now) / 3600
+    disk_hours = max(0.0, disk_end(instance, now) - instance.created_at) / 3600
+    lines = [
+        _line(instance, "gpu", gpu_hours * instance.gpu_usd_per_hour, gpu_hours, instance.created_at,
+              gpu_end(instance, now)),
+        _line(instance, "disk", disk_hours * instance.disk_gb * offer.storage_cost / HOURS_PER_MONTH,
+              disk_hours * instance.disk_gb, instance.created_at, disk_end(instance, now)),
+    ]
+    if instance.traffic_first_at is not None:
+        first, last = instance.traffic_first_at, instance.traffic_last_at
+        if instance.upload_gb:
+            lines.append(
+                _line(instance, "bwu", instance.upload_gb * offer.inet_up_cost, instance.upload_gb, first, last)
+            )
+        if instance.download_gb:
+            lines.append(
+                _line(instance, "bwd", instance.download_gb * offer.inet_down_cost, instance.download_gb, first, last)
+            )
+    return lines
+
+
+def totals(instance: Instance, now: float) -> dict:
+    by_type = {"gpu": 0.0, "disk": 0.0, "bwu": 0.0, "bwd": 0.0}
+    for line in charge_lines(instance, now):
+        by_type[line["type"]] += line["amount"]
+    by_type["total"] = round(sum(by_type.values()), 6)
+    return by_type
+
+
+def _line(instance: Instance, kind: str, amount: float, quantity: float, start: float, end: float) -> dict:
+    return {
+        "instance_id": instance.id,
+        "type": kind,
+        "amount": round(amount, 6),
+        "quantity": round(quantity, 8),
+        "start": round(start, 3),
+        "end": round(end, 3),
+    }

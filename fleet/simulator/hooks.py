@@ -1,0 +1,29 @@
+"""The seam where a simulated instance will run something real (the on-box agent as a local process).
+
+The market calls one `InstanceHooks` object on every lifecycle event, after it has released its lock (so a hook may
+call back into the market), in the order the events happened. Each method gets the instance's control view: the
+vast.ai fields (image, env, onstart, label, ...) plus the hidden ones (hung, cuda_init_error, ...). A hook that
+raises is logged and ignored: a broken agent must not break the marketplace's HTTP API.
+"""
+
+
+class InstanceHooks:
+    """Does nothing; subclass and override what you need."""
+
+    def on_rented(self, instance: dict) -> None:
+        """Right after the rent; the container is only being created."""
+
+    def on_running(self, instance: dict) -> None:
+        """The boot delay has passed (also after a restart); `cuda_init_error` is set when CUDA cannot start."""
+
+    def on_stopped(self, instance: dict) -> None:
+        """Stopped by the user or reclaimed (outbid); the disk is kept."""
+
+    def on_host_died(self, instance: dict) -> None:
+        """The host went offline: whatever ran there is gone, including its local disk."""
+
+    def on_hung(self, instance: dict) -> None:
+        """The host hangs: the instance stays "running" and billing, but nothing on it makes progress."""
+
+    def on_destroyed(self, instance: dict) -> None:
+        """Destroyed through the API, or vanished from the list after its host died."""

@@ -1,0 +1,155 @@
+"""A rented machine and how it looks through vast.ai's API at a given simulated time.
+
+Status words follow vast.ai: `actual_status` is what the container is doing (created -> loading -> running;
+stopped; exited), `intended_status` what the user asked for, `cur_state`/`next_state` the machine's contract state.
+The status is derived from the instance's timestamps, never stored, so moving the clock is enough to move it.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+from .catalogue import HOURS_PER_MONTH, Offer
+
+CREATED_SHARE = 0.1  # the first tenth of the boot delay shows "created", the rest "loading" (pulling the image)
+
+CUDA_803 = (
+    "Error response from container: CUDA error 803: system has unsupported display driver / cuda driver "
+    "combination (cudaErrorSystemDriverMismatch)"
+)
+_IMAGE_CUDA = re.compile(r"cuda[-_:]?v?(\d{2})\.(\d)", re.IGNORECASE)
+_IMAGE_CU = re.compile(r"(?<![a-z])cu(\d{2})(\d)(?!\d)", re.IGNORECASE)
+
+
+def image_cuda_version(image: str) -> float | None:
+    """The CUDA version an image tag names ("...-cuda12.8-...", "nvidia/cuda:13.0.1-...", "...-cu128"), if any."""
+    found = _IMAGE_CUDA.search(image) or _IMAGE_CU.search(image)
+    return float(f"{int(found.group(1))}.{found.group(2)}") if found else None
+
+
+@dataclass
+class Instance:
+    id: int
+    offer: Offer
+    image: str
+    env: object
+    onstart: str
+    runtype: str
+    label: str
+    disk_gb: float
+    is_bid: bool
+    gpu_usd_per_hour: float  # dph_base for on-demand, the bid for interruptible
+    created_at: float
+    boot_delay_s: float
+    ssh_host: str
+    ssh_port: int
+    public_ipaddr: str
+    ports: dict
+    busy_gpu_util: float  # what gpu_util shows while it runs normally
+    boot_started_at: float
+    gpu_billed_since: float | None  # open GPU billing interval; None while stopped, dead or destroyed
+    gpu_intervals: list = field(default_factory=list)  # closed (start, end) GPU billing intervals
+    state: str = "active"  # active | stopped | dead | destroyed
+    intended_status: str = "running"
+    stop_msg: str = ""
+    hung: bool = False
+    cuda_init_error: str = ""
+    dies_at: float | None = None
+    died_at: float | None = None
+    vanish_at: float | None = None
+    destroyed_at: float | None = None
+    announced_running: bool = False
+    effective_inet_up_mbps: float = 0.0
+    upload_gb: float = 0.0
+    download_gb: float = 0.0
+    traffic_first_at: float | None = None
+    traffic_last_at: float | None = None
+
+    @property
+    def dph_total(self) -> float:
+        return self.gpu_usd_per_hour + self.offer.storage_cost * self.disk_gb / HOURS_PER_MONTH
+
+    def listed(self, now: float) -> bool:
+        """Whether the instance still exists for the API (a dead host's instance vanishes after a while)."""
+        if self.state == "destroyed":
+            return False
+        return not (self.state == "dead" and self.vanish_at is not None and now >= self.vanish_at)
+
+    def phase(self, now: float) -> str:
+        if self.state == "dead":
+            return "exited"
+        if self.state == "stopped":
+            return "stopped"
+        booted_for = now - self.boot_started_at
+        if booted_for >= self.boot_delay_s:
+            return "running"
+        return "created" if booted_for < self.boot_delay_s * CREATED_SHARE else "loading"
+
+    def view(self, now: float) -> dict:
+        """The instance as `GET /instances/` returns it."""
+        phase = self.phase(now)
+        cur_state, next_state, status_msg = {
+            "created": ("running", "running", "Creating container"),
+            "loading": ("running", "running", f"Pulling image {self.image}"),
+            "running": ("running", "running", self.cuda_init_error or f"success, running {self.image}"),
+            "stopped": ("stopped", "stopped", self.stop_msg),
+            "exited": ("stopped", "stopped", self.stop_msg),
+        }[phase]
+        healthy = phase == "running" and not self.hung and not self.cuda_init_error
+        offer = self.offer
+        return {
+            "id": self.id,
+            "actual_status": phase,
+            "cur_state": cur_state,
+            "next_state": next_state,
+            "intended_status": self.intended_status,
+            "status_msg": status_msg,
+            "label": self.label,
+            "start_date": round(self.created_at, 3),
+            "is_bid": self.is_bid,
+            "dph_base": round(self.gpu_usd_per_hour, 4),
+            "dph_total": round(self.dph_total, 4),
+            "min_bid": round(offer.min_bid, 4),
+            "gpu_util": self.busy_gpu_util if healthy else 0.0,
+            "gpu_name": offer.gpu.name,
+            "num_gpus": offer.num_gpus,
+            "gpu_ram": offer.gpu.gpu_ram_mb,
+            "gpu_totalram": offer.gpu.gpu_ram_mb * offer.num_gpus,
+            "compute_cap": offer.gpu.compute_cap,
+            "cuda_max_good": offer.cuda_max_good,
+            "driver_version": offer.driver_version,
+            "ssh_host": self.ssh_host,
+            "ssh_port": self.ssh_port,
+            "public_ipaddr": self.public_ipaddr,
+            "ports": self.ports if phase == "running" else {},
+            "machine_id": offer.machine_id,
+            "host_id": offer.host_id,
+            "geolocation": offer.geolocation,
+            "reliability2": offer.reliability2,
+            "inet_up": offer.inet_up,
+            "inet_down": offer.inet_down,
+            "inet_up_cost": offer.inet_up_cost,
+            "inet_down_cost": offer.inet_down_cost,
+            "storage_cost": offer.storage_cost,
+            "image_uuid": self.image,
+            "image_runtype": self.runtype,
+            "disk_space": self.disk_gb,
+            "env": self.env,
+            "onstart": self.onstart,
+        }
+
+    def hidden(self, now: float) -> dict:
+        """What only the control API shows: faults the marketplace itself would not tell."""
+        return {
+            "hung": self.hung,
+            "cuda_init_error": self.cuda_init_error,
+            "state": self.state,
+            "dies_at": self.dies_at,
+            "died_at": self.died_at,
+            "vanish_at": self.vanish_at,
+            "destroyed_at": self.destroyed_at,
+            "listed": self.listed(now),
+            "effective_inet_up_mbps": self.effective_inet_up_mbps,
+            "upload_gb": self.upload_gb,
+            "download_gb": self.download_gb,
+            "offer_id": self.offer.id,
+        }

@@ -1,0 +1,449 @@
+"""The simulated marketplace's state and rules, pure of HTTP. One lock guards all of it.
+
+Time-driven changes (an instance finishing its boot, a host with a hidden `dies_after_s` dying, a dead host's
+instance vanishing) are not scheduled: every call first brings the state up to the clock's "now" (`_sync`), so
+advancing the clock and then asking is enough. Hooks are called after the lock is released.
+"""
+
+import logging
+import random
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from . import billing
+from .catalogue import Offer, build_catalogue
+from .clock import SimClock
+from .faults import Failure, RequestFaults
+from .hooks import InstanceHooks
+from .instances import CUDA_803, Instance, image_cuda_version
+from .limits import MinInterval, SlidingWindowLimit
+from .search import QueryError, parse_query, select
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DISK_GB = 10.0
+
+
+class MarketError(Exception):
+    """A refusal the API answers with `{"success": false, "error": ..., "msg": ...}`."""
+
+    def __init__(self, status: int, error: str, msg: str):
+        super().__init__(msg)
+        self.status = status
+        self.error = error
+        self.msg = msg
+
+
+@dataclass(frozen=True)
+class Settings:
+    seed: int = 7
+    speed: float = 1.0  # simulated seconds per real second; 0 freezes the clock between advance() calls
+    boot_delay_s: float = 90.0  # simulated seconds from rent to "running"
+    offer_count: int = 300
+    search_limit_per_min: int = 600  # vast.ai allows about 10
+    charges_min_interval_s: float = 1.0  # real seconds between two answered GET /charges/
+    dead_listed_s: float = 600.0  # simulated seconds a dead host's instance stays listed as "exited"
+
+
+class Market:
+    def __init__(self, settings: Settings | None = None, hooks: InstanceHooks | None = None):
+        self.settings = settings or Settings()
+        self.hooks = hooks or InstanceHooks()
+        self._lock = threading.Lock()
+        self._hook_lock = threading.RLock()  # keeps hook calls in event order across threads
+        self._events: list[tuple[str, dict]] = []
+        with self._lock:
+            self._reset_locked()
+
+    # --- vast.ai API ---
+
+    def search(self, body: dict) -> list[dict]:
+        try:
+            query = parse_query(body)
+        except QueryError as exc:
+            raise MarketError(400, "invalid_args", str(exc)) from exc
+        with self._transaction():
+            listings = [
+                offer.listing(is_bid=query.is_bid, allocated_storage_gb=query.allocated_storage_gb)
+                for offer in self._offers
+                if not offer.gone and offer.rented_by is None
+            ]
+            try:
+                return select(listings, query)
+            except QueryError as exc:
+                raise MarketError(400, "invalid_args", str(exc)) from exc
+
+    def rent(self, offer_id: int, body: dict) -> int:
+        with self._transaction() as now:
+            offer = self._offers_by_id.get(offer_id)
+            if offer is None or offer.gone or offer.rented_by is not None:
+                raise _no_such_ask(offer_id)
+            if self._fail_next_rents:
+                # Someone else rented it between the search and this rent.
+                self._fail_next_rents -= 1
+                offer.gone = True
+                raise _no_such_ask(offer_id)
+            instance = self._new_instance(offer, _rent_request(offer, body), now)
+            self._instances[instance.id] = instance
+            offer.rented_by = instance.id
+            self._emit("on_rented", instance, now)
+            return instance.id
+
+    def list_instances(self) -> list[dict]:
+        with self._transaction() as now:
+            return [i.view(now) for i in self._instances.values() if i.listed(now)]
+
+    def get_instance(self, instance_id: int) -> dict:
+        with self._transaction() as now:
+            return self._listed(instance_id, now).view(now)
+
+    def destroy(self, instance_id: int) -> None:
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            _close_gpu_billing(instance, now)
+            instance.state = "destroyed"
+            instance.destroyed_at = now
+            if not instance.offer.gone:
+                instance.offer.rented_by = None  # the machine goes back on the market
+            self._emit("on_destroyed", instance, now)
+
+    def manage(self, instance_id: int, body: dict) -> None:
+        """`PUT /instances/{id}/`: {"state": "stopped"|"running"} and/or {"label": ...}."""
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            if "label" in body:
+                instance.label = str(body["label"])
+            wanted = body.get("state")
+            if wanted is None:
+                return
+            if instance.state == "dead":
+                raise MarketError(400, "machine_offline", f"Machine {instance.offer.machine_id} is offline.")
+            if wanted == "stopped" and instance.state == "active":
+                _close_gpu_billing(instance, now)
+                instance.state = "stopped"
+                instance.intended_status = "stopped"
+                instance.stop_msg = "Instance stopped by user"
+                self._emit("on_stopped", instance, now)
+            elif wanted == "running" and instance.state == "stopped":
+                instance.state = "active"
+                instance.intended_status = "running"
+                instance.stop_msg = ""
+                instance.boot_started_at = now
+                instance.gpu_billed_since = now
+                instance.announced_running = False
+            elif wanted not in ("stopped", "running"):
+                raise MarketError(400, "invalid_args", f"state {wanted!r} is not stopped or running")
+
+    def charges(self) -> list[dict]:
+        with self._transaction() as now:
+            return [line for i in self._instances.values() for line in billing.charge_lines(i, now)]
+
+    # --- request gates (real time) ---
+
+    def take_request_fault(self, path: str) -> Failure | None:
+        with self._lock:
+            return self._request_faults.take(path)
+
+    def search_retry_after(self, client: str) -> int | None:
+        with self._lock:
+            return self._search_limit.retry_after(client, time.monotonic())
+
+    def charges_retry_after(self, client: str) -> int | None:
+        with self._lock:
+            return self._charges_limit.retry_after(client, time.monotonic())
+
+    # --- control (the simulation's own knobs) ---
+
+    def reset(self) -> None:
+        """Back to the seed's catalogue, no instances, no faults, the clock restarted at real time."""
+        with self._transaction() as now:
+            for instance in self._instances.values():
+                if instance.listed(now):
+                    self._emit("on_destroyed", instance, now)
+            self._reset_locked()
+
+    def advance(self, seconds: float) -> float:
+        if not isinstance(seconds, (int, float)) or seconds < 0:
+            raise MarketError(400, "invalid_args", "seconds must be a number >= 0")
+        with self._lock:
+            self.clock.advance(seconds)
+        with self._transaction() as now:
+            return now
+
+    def tick(self) -> None:
+        """Bring the state up to the clock, firing due hooks; the marketplace's ticker thread calls it."""
+        with self._transaction():
+            pass
+
+    def inject_faults(self, *, http_429: int = 0, retry_after_s: int = 5, http_5xx: int = 0, status_5xx: int = 503,
+                      path_contains: str = "", offers_gone=(), fail_next_rents: int = 0,
+                      driver_too_old_offers=()) -> dict:
+        try:
+            offers_gone, driver_too_old_offers = list(offers_gone), list(driver_too_old_offers)
+            counts = int(http_429), int(retry_after_s), int(http_5xx), int(status_5xx), int(fail_next_rents)
+        except (TypeError, ValueError) as exc:
+            raise MarketError(400, "invalid_args", f"bad fault values: {exc}") from exc
+        http_429, retry_after_s, http_5xx, status_5xx, fail_next_rents = counts
+        if status_5xx not in (500, 502, 503):
+            raise MarketError(400, "invalid_args", f"status_5xx {status_5xx} is not 500, 502 or 503")
+        with self._transaction():
+            self._request_faults.add(429, http_429, retry_after_s, str(path_contains))
+            self._request_faults.add(status_5xx, http_5xx, None, str(path_contains))
+            for offer_id in offers_gone:
+                self._offer(offer_id).gone = True
+            self._fail_next_rents += fail_next_rents
+            for offer_id in driver_too_old_offers:
+                self._driver_too_old_offers.add(self._offer(offer_id).id)
+            return self._faults_view()
+
+    def kill_host(self, instance_id: int, vanish_after_s: float | None = None) -> None:
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            if instance.state == "dead":
+                return
+            self._die(instance, now, self.settings.dead_listed_s if vanish_after_s is None else vanish_after_s,
+                      "killed through the control API")
+
+    def hang_host(self, instance_id: int) -> None:
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            if instance.state == "dead":
+                raise MarketError(400, "invalid_args", "a dead host cannot hang")
+            if not instance.hung:
+                instance.hung = True
+                self._emit("on_hung", instance, now)
+
+    def reclaim(self, instance_id: int) -> None:
+        """An interruptible instance loses its machine to a higher bid: stopped, disk kept, GPU billing stops."""
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            if not instance.is_bid:
+                raise MarketError(400, "invalid_args", "only interruptible (bid) instances are reclaimed")
+            if instance.state != "active":
+                raise MarketError(400, "invalid_args", f"instance is {instance.state}, not running")
+            _close_gpu_billing(instance, now)
+            instance.state = "stopped"
+            instance.intended_status = "running"  # the user still wants it; it resumes when the bid wins again
+            instance.stop_msg = "Instance stopped: outbid, another client's higher bid took the machine"
+            self._emit("on_stopped", instance, now)
+
+    def set_uplink(self, instance_id: int, mbps: float) -> None:
+        """Slow the host's real uplink (what the future on-box agent's uploads will get)."""
+        with self._transaction() as now:
+            self._listed(instance_id, now).effective_inet_up_mbps = float(mbps)
+
+    def report_traffic(self, instance_id: int, upload_gb: float = 0.0, download_gb: float = 0.0) -> None:
+        if any(not isinstance(x, (int, float)) or x < 0 for x in (upload_gb, download_gb)):
+            raise MarketError(400, "invalid_args", "upload_gb and download_gb must be numbers >= 0")
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            instance.upload_gb += upload_gb
+            instance.download_gb += download_gb
+            if instance.traffic_first_at is None:
+                instance.traffic_first_at = now
+            instance.traffic_last_at = now
+
+    def state(self) -> dict:
+        with self._transaction() as now:
+            instances = [
+                {**i.view(now), **i.hidden(now), "billing": billing.totals(i, now)} for i in self._instances.values()
+            ]
+            return {
+                "clock": round(now, 3),
+                "speed": self.clock.speed,
+                "boot_delay_s": self.settings.boot_delay_s,
+                "seed": self.settings.seed,
+                "instances": instances,
+                "billing_total": round(sum(i["billing"]["total"] for i in instances), 6),
+                "offers": {
+                    "listed": sum(1 for o in self._offers if not o.gone and o.rented_by is None),
+                    "rented": sum(1 for o in self._offers if o.rented_by is not None),
+                    "gone": sum(1 for o in self._offers if o.gone),
+                },
+                "faults": self._faults_view(),
+            }
+
+    def offers(self) -> list[dict]:
+        """Every offer with its hidden truths (dies_after_s, effective uplink), rented and gone ones included."""
+        with self._transaction():
+            return [offer.hidden() for offer in self._offers]
+
+    # --- inside the lock ---
+
+    def _reset_locked(self) -> None:
+        s = self.settings
+        self.clock = SimClock(s.speed)
+        self._offers: list[Offer] = build_catalogue(s.seed, s.offer_count)
+        self._offers_by_id = {offer.id: offer for offer in self._offers}
+        self._instances: dict[int, Instance] = {}
+        self._rng = random.Random(s.seed * 1_000_003 + 1)
+        self._next_instance_id = self._rng.randint(20_000_000, 29_000_000)
+        self._fail_next_rents = 0
+        self._driver_too_old_offers: set[int] = set()
+        self._request_faults = RequestFaults()
+        self._search_limit = SlidingWindowLimit(s.search_limit_per_min, 60.0)
+        self._charges_limit = MinInterval(s.charges_min_interval_s)
+
+    def _new_instance(self, offer: Offer, request: dict, now: float) -> Instance:
+        rng = self._rng
+        instance_id = self._next_instance_id
+        self._next_instance_id += rng.randint(1, 40)  # other clients rent in between
+        ports = {port: [{"HostIp": "0.0.0.0", "HostPort": str(rng.randint(20000, 65000))}]
+                 for port in _container_ports(request["env"], request["runtype"])}
+        needed_cuda = image_cuda_version(request["image"])
+        cuda_init_error = ""
+        if offer.id in self._driver_too_old_offers or (needed_cuda and needed_cuda > offer.cuda_max_good + 1e-9):
+            cuda_init_error = (
+                f"{CUDA_803}; driver {offer.driver_version} runs CUDA up to {offer.cuda_max_good}"
+                + (f", the image needs CUDA {needed_cuda}" if needed_cuda else "")
+            )
+        return Instance(
+            id=instance_id,
+            offer=offer,
+            image=request["image"],
+            env=request["env"],
+            onstart=request["onstart"],
+            runtype=request["runtype"],
+            label=request["label"],
+            disk_gb=request["disk_gb"],
+            is_bid=request["price"] is not None,
+            gpu_usd_per_hour=offer.dph_base if request["price"] is None else request["price"],
+            created_at=now,
+            boot_delay_s=self.settings.boot_delay_s,
+            ssh_host=f"ssh{rng.randint(1, 9)}.simulated.invalid",  # .invalid never resolves: nothing leaks out
+            ssh_port=int(ports["22/tcp"][0]["HostPort"]) if "22/tcp" in ports else rng.randint(20000, 65000),
+            public_ipaddr=f"203.0.113.{rng.randint(1, 254)}",  # TEST-NET-3, never routed
+            ports=ports,
+            busy_gpu_util=round(rng.uniform(88.0, 99.0), 1),
+            boot_started_at=now,
+            gpu_billed_since=now,
+            cuda_init_error=cuda_init_error,
+            dies_at=now + offer.dies_after_s if offer.dies_after_s else None,
+            effective_inet_up_mbps=offer.effective_inet_up_mbps,
+        )
+
+    def _sync(self, now: float) -> None:
+        for instance in self._instances.values():
+            if instance.state == "active" and not instance.announced_running:
+                booted_at = instance.boot_started_at + instance.boot_delay_s
+                if booted_at <= now and (instance.dies_at is None or booted_at < instance.dies_at):
+                    instance.announced_running = True
+                    self._emit("on_running", instance, now)
+            if instance.state in ("active", "stopped") and instance.dies_at is not None and instance.dies_at <= now:
+                self._die(instance, instance.dies_at, self.settings.dead_listed_s, "its host failed")
+            if instance.state == "dead" and not instance.listed(now) and instance.destroyed_at is None:
+                instance.state = "destroyed"
+                instance.destroyed_at = instance.vanish_at
+                self._emit("on_destroyed", instance, now)
+
+    def _die(self, instance: Instance, at: float, vanish_after_s: float, why: str) -> None:
+        _close_gpu_billing(instance, at)
+        instance.state = "dead"
+        instance.died_at = at
+        instance.vanish_at = at + vanish_after_s
+        instance.stop_msg = f"Host offline: lost contact with machine {instance.offer.machine_id} ({why})"
+        instance.offer.gone = True  # an offline host is not listed
+        instance.offer.rented_by = None
+        log.info("simulated host of instance %s died at %.0f", instance.id, at)
+        self._emit("on_host_died", instance, at)
+
+    def _listed(self, instance_id: int, now: float) -> Instance:
+        instance = self._instances.get(instance_id)
+        if instance is None or not instance.listed(now):
+            raise MarketError(404, "no_such_instance", f"Instance {instance_id} not found.")
+        return instance
+
+    def _offer(self, offer_id) -> Offer:
+        offer = self._offers_by_id.get(offer_id)
+        if offer is None:
+            raise MarketError(404, "no_such_ask", f"No offer {offer_id} in the catalogue.")
+        return offer
+
+    def _faults_view(self) -> dict:
+        return {
+            "requests": self._request_faults.pending(),
+            "fail_next_rents": self._fail_next_rents,
+            "offers_gone": sorted(o.id for o in self._offers if o.gone),
+            "driver_too_old_offers": sorted(self._driver_too_old_offers),
+        }
+
+    def _emit(self, hook: str, instance: Instance, now: float) -> None:
+        self._events.append((hook, {**instance.view(now), **instance.hidden(now)}))
+
+    @contextmanager
+    def _transaction(self):
+        try:
+            with self._lock:
+                now = self.clock.now()
+                self._sync(now)
+                yield now
+        finally:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        with self._hook_lock:
+            with self._lock:
+                events, self._events = self._events, []
+            for hook, view in events:
+                try:
+                    getattr(self.hooks, hook)(view)
+                except Exception:
+                    log.exception("simulator hook %s failed for instance %s", hook, view.get("id"))
+
+
+def _no_such_ask(offer_id: int) -> MarketError:
+    msg = f"error 404/3603: no_such_ask  Instance type by id {offer_id} is not available."
+    return MarketError(400, "no_such_ask", msg)
+
+
+def _close_gpu_billing(instance: Instance, at: float) -> None:
+    if instance.gpu_billed_since is not None:
+        instance.gpu_intervals.append((instance.gpu_billed_since, max(at, instance.gpu_billed_since)))
+        instance.gpu_billed_since = None
+
+
+def _rent_request(offer: Offer, body: dict) -> dict:
+    """Validate a `PUT /asks/{id}/` body the way vast.ai does, into plain values."""
+    if not isinstance(body, dict):
+        raise MarketError(400, "invalid_args", "the body must be a JSON object")
+    image = body.get("image")
+    if not isinstance(image, str) or not image:
+        raise MarketError(400, "invalid_args", "image is required")
+    disk_gb = body.get("disk", DEFAULT_DISK_GB)
+    if not isinstance(disk_gb, (int, float)) or isinstance(disk_gb, bool) or disk_gb <= 0:
+        raise MarketError(400, "invalid_args", "disk must be a number of GB > 0")
+    if disk_gb > offer.disk_space:
+        raise MarketError(400, "invalid_args", f"disk {disk_gb} GB is more than the {offer.disk_space} GB offered")
+    price = body.get("price")
+    if price is not None:
+        if not isinstance(price, (int, float)) or isinstance(price, bool):
+            raise MarketError(400, "invalid_args", "price must be a number of $/h")
+        if price < offer.min_bid:
+            raise MarketError(400, "invalid_args", f"bid ${price}/h is below this offer's min_bid ${offer.min_bid}/h")
+    env = body.get("env") or {}
+    if not isinstance(env, (dict, str)):
+        raise MarketError(400, "invalid_args", "env must be an object or a string")
+    return {
+        "image": image,
+        "disk_gb": float(disk_gb),
+        "price": None if price is None else float(price),
+        "env": env,
+        "onstart": str(body.get("onstart") or ""),
+        "runtype": str(body.get("runtype") or "ssh"),
+        "label": str(body.get("label") or ""),
+    }
+
+
+def _container_ports(env, runtype: str) -> list[str]:
+    """Ports to map: vast.ai reads docker-style "-p 8000:8000" options from env keys (or an env string)."""
+    words = env.split() if isinstance(env, str) else [w for key in env for w in str(key).split()]
+    ports = ["22/tcp"] if "ssh" in runtype else []
+    for flag, value in zip(words, words[1:]):
+        if flag == "-p":
+            container = value.split(":")[-1]
+            port = container if "/" in container else f"{container}/tcp"
+            if port not in ports:
+                ports.append(port)
+    return ports

@@ -1,0 +1,466 @@
+"""The simulated vast.ai marketplace, over real HTTP, as a vast.ai client sees it."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleet.simulator import InstanceHooks, Market, SimulatedMarketplace
+from fleet.simulator.market import Settings
+
+KEY = "test-key"
+IMAGE = "pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sim():
+    # speed 0: only advance() moves the clock, so every charge below is exact.
+    with SimulatedMarketplace(api_key=KEY, seed=7, speed=0, boot_delay_s=90, charges_min_interval_s=0) as sim:
+        yield sim
+
+
+@pytest.fixture
+def api(sim):
+    with httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as client:
+        yield client
+
+
+@pytest.fixture
+def control(sim):
+    with httpx.Client(base_url=sim.control_url, timeout=5) as client:
+        yield client
+
+
+def search(api, **query):
+    response = api.post("/bundles/", json={"limit": 1000, **query})
+    assert response.status_code == 200, response.text
+    return response.json()["offers"]
+
+
+def healthy_offer(api, sim, **filters):
+    """The cheapest offer matching the filters whose host has no hidden death date and runs CUDA 12.8 images."""
+    doomed = {o["id"] for o in sim.offers() if o["dies_after_s"]}
+    query = {"cuda_max_good": {"gte": 12.8}, "disk_space": {"gte": 100}, "order": [["dph_total", "asc"]], **filters}
+    offers = search(api, **query)
+    return next(o for o in offers if o["id"] not in doomed)
+
+
+def rent(api, offer_id, **body):
+    return api.put(f"/asks/{offer_id}/", json={"client_id": "me", "image": IMAGE, "disk": 100, "label": "t", **body})
+
+
+def rented(api, offer_id, **body):
+    response = rent(api, offer_id, **body)
+    assert response.status_code == 200, response.text
+    assert response.json()["success"] is True
+    return response.json()["new_contract"]
+
+
+def instance(api, instance_id):
+    response = api.get(f"/instances/{instance_id}/")
+    assert response.status_code == 200, response.text
+    return response.json()["instances"]
+
+
+def charges_of(api, instance_id):
+    response = api.get("/charges/")
+    assert response.status_code == 200, response.text
+    return {line["type"]: line for line in response.json()["charges"] if line["instance_id"] == instance_id}
+
+
+def hidden(control, instance_id):
+    return next(i for i in control.get("/state").json()["instances"] if i["id"] == instance_id)
+
+
+def test_it_rejects_a_wrong_or_missing_key(sim):
+    for headers in ({"Authorization": "Bearer wrong"}, {}, {"Authorization": KEY}):
+        response = httpx.get(sim.base_url + "/instances/?owner=me", headers=headers)
+        assert response.status_code == 401
+        assert response.json()["success"] is False
+        assert response.json()["error"] == "invalid_user_key"
+    assert httpx.get(sim.base_url + "/instances/", params={"owner": "me", "api_key": KEY}).status_code == 200
+
+
+def test_it_lists_a_realistic_catalogue(api):
+    offers = search(api)
+    assert len(offers) == 300
+    by_name = {}
+    for offer in offers:
+        by_name.setdefault(offer["gpu_name"], []).append(offer)
+    assert {"RTX PRO 6000 WS", "H100 SXM", "H100 NVL", "H200", "H200 NVL", "B200", "A100 SXM4", "A100 PCIE"} <= set(
+        by_name
+    )
+    pro = by_name["RTX PRO 6000 WS"][0]
+    assert (pro["gpu_ram"], pro["compute_cap"], pro["gpu_total_ram"]) == (97887, 1200, 97887 * pro["num_gpus"])
+    assert {o["compute_cap"] for o in by_name["H200"]} == {900}
+    assert {o["num_gpus"] for o in offers} == {1, 2, 4, 8}
+    assert {o["is_bid"] for o in offers} == {False}
+    assert all(0.90 <= o["reliability"] <= 0.999 and 20 <= o["inet_down"] <= 5000 for o in offers)
+    assert all(o["dph_base"] < o["dph_total"] and "dies_after_s" not in o for o in offers)
+    assert {"535", "570", "580"} <= {o["driver_version"].split(".")[0] for o in offers}
+    assert {(o["driver_version"][:3], o["cuda_max_good"]) for o in offers} >= {("535", 12.2), ("570", 12.8),
+                                                                                ("580", 13.0)}
+    countries = {o["geolocation"].rsplit(", ", 1)[1] for o in offers}
+    assert {"US", "SE"} <= countries and countries & {"DE", "NL", "FR", "NO", "FI"}
+
+    # The cheap tier sits below reliability 0.99; a 0.99 floor leaves only the $1.90-2.50 boxes.
+    single_pro = [o for o in by_name["RTX PRO 6000 WS"] if o["num_gpus"] == 1]
+    cheap = [o for o in single_pro if 1.00 <= o["dph_total"] <= 1.25]
+    assert cheap and all(o["reliability"] < 0.99 for o in cheap)
+    reliable = [o for o in single_pro if o["reliability"] >= 0.99]
+    assert reliable and all(1.90 <= o["dph_total"] <= 2.50 for o in reliable)
+    assert all(3.80 * o["num_gpus"] * 0.95 <= o["dph_base"] <= 5.20 * o["num_gpus"] for o in by_name["B200"])
+
+
+def test_it_draws_the_same_catalogue_for_the_same_seed():
+    def ids(seed):
+        return [o["id"] for o in Market(Settings(seed=seed)).search({"limit": 1000})]
+
+    assert ids(7) == ids(7)
+    assert ids(7) != ids(8)
+
+
+def test_it_filters_and_orders_offers(api):
+    query = {
+        "gpu_ram": {"gte": 90_000, "lte": 100_000},
+        "dph_total": {"lte": 1.30},
+        "reliability": {"gte": 0.95},
+        "inet_down": {"gte": 250},
+        "verified": {"eq": True},
+        "geolocation": {"nin": ["US-CA, US"]},
+        "order": [["dph_total", "asc"]],
+    }
+    offers = search(api, **query)
+    assert offers
+    prices = [o["dph_total"] for o in offers]
+    assert prices == sorted(prices)
+    for o in offers:
+        assert 90_000 <= o["gpu_ram"] <= 100_000 and o["dph_total"] <= 1.30 and o["reliability"] >= 0.95
+        assert o["inet_down"] >= 250 and o["verified"] is True and o["geolocation"] != "US-CA, US"
+
+    hopper = search(api, gpu_name={"in": ["H200", "H200 NVL"]}, num_gpus={"neq": 1})
+    assert {o["gpu_name"] for o in hopper} == {"H200", "H200 NVL"}
+    assert all(o["num_gpus"] > 1 for o in hopper)
+
+    ordered = search(api, order=[["num_gpus", "desc"], ["dph_total", "asc"]])
+    keys = [(-o["num_gpus"], o["dph_total"]) for o in ordered]
+    assert keys == sorted(keys)
+
+    assert len(search(api, limit=5)) == 5
+    unknown_field = api.post("/bundles/", json={"no_such_field": {"eq": 1}})
+    assert len(unknown_field.json()["offers"]) == 64  # the field is ignored; 64 is the default limit
+    bad = api.post("/bundles/", json={"dph_total": {"about": 1}})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_args"
+
+
+def test_it_prices_bid_searches_at_the_minimum_bid(api):
+    on_demand = {o["id"]: o for o in search(api)}
+    bids = search(api, type="bid")
+    assert {o["id"] for o in bids} == set(on_demand)
+    for o in bids:
+        assert o["is_bid"] is True
+        assert o["dph_base"] == o["min_bid"] < on_demand[o["id"]]["dph_base"]
+
+
+def test_it_takes_a_rented_offer_off_the_search(api, sim):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"])
+    assert isinstance(instance_id, int)
+    assert offer["id"] not in {o["id"] for o in search(api)}
+
+    again = rent(api, offer["id"])
+    assert again.status_code == 400
+    assert again.json()["success"] is False and again.json()["error"] == "no_such_ask"
+
+    assert api.delete(f"/instances/{instance_id}/").json() == {"success": True}
+    assert offer["id"] in {o["id"] for o in search(api)}  # the machine is back on the market
+
+
+def test_it_boots_an_instance_through_created_loading_running(api, sim, control):
+    offer = healthy_offer(api, sim)
+    env = {"-p 8000:8000": "1", "RUN_ID": "42"}
+    instance_id = rented(api, offer["id"], env=env, onstart="bash /start.sh", label="sft-1")
+    rented_at = control.get("/state").json()["clock"]
+
+    first = instance(api, instance_id)
+    assert (first["actual_status"], first["intended_status"]) == ("created", "running")
+    assert first["start_date"] == pytest.approx(rented_at)
+    assert (first["label"], first["env"], first["onstart"], first["image_uuid"]) == ("sft-1", env, "bash /start.sh",
+                                                                                      IMAGE)
+    assert (first["machine_id"], first["gpu_name"], first["is_bid"]) == (offer["machine_id"], offer["gpu_name"], False)
+
+    sim.advance(30)
+    loading = instance(api, instance_id)
+    assert loading["actual_status"] == "loading" and IMAGE in loading["status_msg"]
+    assert loading["gpu_util"] == 0
+
+    assert control.post("/advance", json={"seconds": 60}).status_code == 200
+    running = instance(api, instance_id)
+    assert (running["actual_status"], running["cur_state"], running["next_state"]) == ("running",) * 3
+    assert running["gpu_util"] > 50
+    assert set(running["ports"]) == {"22/tcp", "8000/tcp"}
+    assert running["ports"]["22/tcp"][0]["HostPort"] == str(running["ssh_port"])
+    listed = api.get("/instances/", params={"owner": "me"}).json()["instances"]
+    assert [i["id"] for i in listed] == [instance_id]
+
+
+def test_it_bills_gpu_and_disk_per_second(api, sim):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"], disk=100)
+    sim.advance(1800)
+    lines = charges_of(api, instance_id)
+    assert lines["gpu"]["amount"] == pytest.approx(offer["dph_base"] * 0.5, abs=1e-6)
+    assert lines["gpu"]["quantity"] == pytest.approx(0.5, abs=1e-6)
+    # $/GB/month over a 30-day month: 100 GB for half an hour.
+    assert lines["disk"]["amount"] == pytest.approx(offer["storage_cost"] * 100 * 0.5 / 720, abs=1e-6)
+    assert lines["gpu"]["end"] - lines["gpu"]["start"] == pytest.approx(1800)
+
+
+def test_it_bills_a_bid_at_the_bid_price(api, sim):
+    offer = next(o for o in search(api, type="bid", min_bid={"lte": 1.0}, disk_space={"gte": 100}))
+    instance_id = rented(api, offer["id"], price=1.20)
+    assert instance(api, instance_id)["is_bid"] is True
+    sim.advance(1800)
+    assert charges_of(api, instance_id)["gpu"]["amount"] == 0.60  # $1.20/h for 1800 s
+
+    too_low = rent(api, search(api, type="bid", min_bid={"gte": 0.5})[0]["id"], price=0.01)
+    assert too_low.status_code == 400 and too_low.json()["error"] == "invalid_args"
+
+
+def test_it_stops_billing_when_destroyed_and_404s_a_second_destroy(api, sim):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"])
+    sim.advance(600)
+    assert api.delete(f"/instances/{instance_id}/").json() == {"success": True}
+    sim.advance(3600)
+
+    lines = charges_of(api, instance_id)  # a destroyed instance's charges stay
+    assert lines["gpu"]["amount"] == pytest.approx(offer["dph_base"] * 600 / 3600, abs=1e-6)
+    assert api.get(f"/instances/{instance_id}/").status_code == 404
+    second = api.delete(f"/instances/{instance_id}/")
+    assert second.status_code == 404 and second.json()["success"] is False
+    assert api.get("/instances/").json()["instances"] == []
+
+
+def test_it_bills_disk_but_not_gpu_while_stopped(api, sim):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"])
+    sim.advance(600)
+    assert api.put(f"/instances/{instance_id}/", json={"state": "stopped"}).json() == {"success": True}
+    stopped = instance(api, instance_id)
+    assert (stopped["actual_status"], stopped["intended_status"]) == ("stopped", "stopped")
+    sim.advance(3000)
+    lines = charges_of(api, instance_id)
+    assert lines["gpu"]["quantity"] == pytest.approx(600 / 3600, abs=1e-6)
+    assert lines["disk"]["quantity"] == pytest.approx(100 * 3600 / 3600, abs=1e-6)  # GB-hours, stopped time included
+
+    api.put(f"/instances/{instance_id}/", json={"state": "running"})
+    assert instance(api, instance_id)["actual_status"] in ("created", "loading")
+    sim.advance(90)
+    assert instance(api, instance_id)["actual_status"] == "running"
+
+
+def test_it_bills_reported_traffic(api, sim, control):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"])
+    traffic = {"instance_id": instance_id, "upload_gb": 7.4, "download_gb": 67}
+    assert control.post("/traffic", json=traffic).status_code == 200
+    lines = charges_of(api, instance_id)
+    assert lines["bwu"]["amount"] == pytest.approx(7.4 * offer["inet_up_cost"], abs=1e-6)
+    assert lines["bwd"]["amount"] == pytest.approx(67 * offer["inet_down_cost"], abs=1e-6)
+    assert lines["bwd"]["quantity"] == 67
+
+
+def test_it_answers_injected_429s_with_retry_after(api, control):
+    assert control.post("/faults", json={"http_429": 2, "retry_after_s": 7}).status_code == 200
+    for _ in range(2):
+        refused = api.get("/instances/")
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "7"
+    assert api.get("/instances/").status_code == 200
+
+
+def test_it_answers_injected_server_errors(api, sim, control):
+    control.post("/faults", json={"http_5xx": 1, "status_5xx": 502})
+    bad_gateway = api.get("/instances/")
+    assert bad_gateway.status_code == 502 and "Bad Gateway" in bad_gateway.text
+    assert api.get("/instances/").status_code == 200
+
+    control.post("/faults", json={"http_5xx": 1, "status_5xx": 500, "path_contains": "/asks/"})
+    offer = healthy_offer(api, sim)  # searches pass; only the rent fails
+    assert rent(api, offer["id"]).status_code == 500
+    assert rent(api, offer["id"]).status_code == 200
+
+
+def test_it_fails_a_rent_when_the_offer_went_between_search_and_rent(api, sim, control):
+    first, second, third = search(api, order=[["dph_total", "asc"]])[:3]
+    control.post("/faults", json={"offers_gone": [first["id"]]})
+    gone = rent(api, first["id"])
+    assert gone.status_code == 400 and gone.json()["error"] == "no_such_ask"
+    assert first["id"] not in {o["id"] for o in search(api)}
+
+    sim.inject_faults(fail_next_rents=1)
+    assert rent(api, second["id"]).json()["error"] == "no_such_ask"
+    assert rent(api, third["id"]).status_code == 200
+
+
+def test_it_kills_a_host(api, sim, control):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"])
+    sim.advance(100)
+    assert control.post(f"/instances/{instance_id}/kill", json={}).status_code == 200
+
+    dead = instance(api, instance_id)
+    assert (dead["actual_status"], dead["intended_status"], dead["gpu_util"]) == ("exited", "running", 0)
+    assert dead["status_msg"].startswith("Host offline")
+    sim.advance(3600)
+    assert api.get(f"/instances/{instance_id}/").status_code == 404  # vanished 600 s after death
+    assert api.get("/instances/").json()["instances"] == []
+    lines = charges_of(api, instance_id)
+    assert lines["gpu"]["quantity"] == pytest.approx(100 / 3600, abs=1e-6)
+    assert lines["disk"]["quantity"] == pytest.approx(100 * 700 / 3600, abs=1e-6)  # disk bills until it vanished
+    assert offer["id"] not in {o["id"] for o in search(api)}
+
+
+def test_it_kills_the_hosts_of_offers_with_a_hidden_death_date(api, sim):
+    doomed = next(o for o in sim.offers() if o["dies_after_s"] and o["disk_space"] >= 100)
+    assert doomed["id"] in {o["id"] for o in search(api)}
+    instance_id = rented(api, doomed["id"], image="ubuntu:22.04")
+    sim.advance(doomed["dies_after_s"] - 1)
+    assert instance(api, instance_id)["actual_status"] == "running"
+    sim.advance(2)
+    assert instance(api, instance_id)["actual_status"] == "exited"
+    assert charges_of(api, instance_id)["gpu"]["quantity"] == pytest.approx(doomed["dies_after_s"] / 3600, abs=1e-6)
+
+
+def test_it_hangs_a_host(api, sim, control):
+    offer = healthy_offer(api, sim)
+    instance_id = rented(api, offer["id"])
+    sim.advance(100)
+    assert instance(api, instance_id)["gpu_util"] > 0
+    control.post(f"/instances/{instance_id}/hang")
+    sim.advance(1000)
+
+    hung = instance(api, instance_id)
+    assert (hung["actual_status"], hung["gpu_util"]) == ("running", 0)
+    assert "hung" not in hung
+    assert hidden(control, instance_id)["hung"] is True
+    assert charges_of(api, instance_id)["gpu"]["quantity"] == pytest.approx(1100 / 3600, abs=1e-6)  # still billing
+
+
+def test_it_fails_cuda_init_when_the_driver_is_too_old(api, sim, control):
+    old = search(api, driver_version={"in": ["535.183.01", "535.230.02"]}, disk_space={"gte": 100})[0]
+    assert old["cuda_max_good"] == 12.2
+    instance_id = rented(api, old["id"])  # a CUDA 12.8 image
+    sim.advance(90)
+    box = instance(api, instance_id)
+    assert box["actual_status"] == "running" and box["gpu_util"] == 0
+    assert "CUDA error 803" in box["status_msg"]
+    assert "CUDA error 803" in hidden(control, instance_id)["cuda_init_error"]
+
+    fine = healthy_offer(api, sim, cuda_max_good={"gte": 13.0})
+    control.post("/faults", json={"driver_too_old_offers": [fine["id"]]})
+    instance_id = rented(api, fine["id"], image="ubuntu:22.04")
+    sim.advance(90)
+    assert "CUDA error 803" in instance(api, instance_id)["status_msg"]
+
+
+def test_it_reclaims_an_interruptible_instance(api, sim):
+    offer = search(api, type="bid", disk_space={"gte": 100})[0]
+    instance_id = rented(api, offer["id"], price=offer["min_bid"])
+    sim.advance(100)
+    sim.reclaim(instance_id)
+    box = instance(api, instance_id)
+    assert (box["actual_status"], box["intended_status"]) == ("stopped", "running")
+    assert "outbid" in box["status_msg"]
+
+
+def test_it_refuses_charges_polled_too_fast():
+    with SimulatedMarketplace(api_key=KEY, speed=0) as sim:  # the default 1 s minimum interval
+        headers = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(sim.base_url + "/charges/", headers=headers).status_code == 200
+        refused = httpx.get(sim.base_url + "/charges/", headers=headers)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert httpx.get(sim.base_url + "/instances/", headers=headers).status_code == 200
+
+
+def test_it_rate_limits_searches():
+    with SimulatedMarketplace(api_key=KEY, speed=0, search_limit_per_min=3) as sim:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        for _ in range(3):
+            assert httpx.post(sim.base_url + "/bundles/", json={}, headers=headers).status_code == 200
+        refused = httpx.post(sim.base_url + "/bundles/", json={}, headers=headers)
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+
+
+def test_it_guards_the_control_api_with_a_token():
+    with SimulatedMarketplace(api_key=KEY, speed=0, control_token="secret") as sim:
+        assert httpx.get(sim.control_url + "/state").status_code == 403
+        assert httpx.get(sim.control_url + "/state", headers={"X-Sim-Token": "secret"}).status_code == 200
+
+
+def test_it_resets_to_the_seeds_catalogue(api, sim, control):
+    offer = healthy_offer(api, sim)
+    rented(api, offer["id"])
+    assert control.post("/reset").status_code == 200
+    assert api.get("/instances/").json()["instances"] == []
+    assert len(search(api)) == 300
+    assert control.get("/state").json()["billing_total"] == 0
+
+
+def test_it_runs_on_a_real_clock_at_a_speed():
+    with SimulatedMarketplace(api_key=KEY, speed=3600, boot_delay_s=90) as sim:
+        client = httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"})
+        offer = search(client)[0]
+        instance_id = rent(client, offer["id"], image="ubuntu:22.04", disk=10).json()["new_contract"]
+        deadline = time.monotonic() + 3
+        while instance(client, instance_id)["actual_status"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        client.close()
+
+
+def test_it_calls_instance_hooks_in_event_order(api):
+    events = []
+
+    class Recorder(InstanceHooks):
+        def on_rented(self, box): events.append(("rented", box["id"]))
+        def on_running(self, box): events.append(("running", box["id"]))
+        def on_hung(self, box): events.append(("hung", box["hung"]))
+        def on_host_died(self, box): events.append(("died", box["actual_status"]))
+        def on_destroyed(self, box): events.append(("destroyed", box["id"]))
+
+    with SimulatedMarketplace(api_key=KEY, speed=0, hooks=Recorder()) as sim:
+        offer_id = sim.market.search({"cuda_max_good": {"gte": 12.8}, "disk_space": {"gte": 100}})[0]["id"]
+        instance_id = sim.market.rent(offer_id, {"image": IMAGE})
+        sim.advance(90)
+        sim.hang_host(instance_id)
+        sim.kill_host(instance_id, vanish_after_s=60)
+        sim.advance(60)
+    assert events == [("rented", instance_id), ("running", instance_id), ("hung", True), ("died", "exited"),
+                      ("destroyed", instance_id)]
+
+
+def test_it_serves_from_the_command_line():
+    env = {**os.environ, "SIMULATOR_API_KEY": KEY, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fleet.simulator", "--port", "0", "--speed", "0", "--seed", "3"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        base_url = re.search(r"(http://\S+/api/v0)", line).group(1)
+        response = httpx.get(base_url + "/instances/", headers={"Authorization": f"Bearer {KEY}"})
+        assert response.json() == {"instances": []}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=5) == 0
+    finally:
+        process.kill()
+        process.wait()
