@@ -1,0 +1,36 @@
+import pytest
+
+MARKET_KEY = "test-market-key"
+
+
+@pytest.fixture(scope="session")
+def _market_server():
+    from fleet.simulator import SimulatedMarketplace
+
+    server = SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=90, port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def market(_market_server, settings):
+    """The simulated marketplace over real HTTP, fresh for each test, with the product pointed at it."""
+    _market_server.reset()
+    settings.VAST_API_URL = _market_server.base_url
+    settings.VAST_API_KEY = MARKET_KEY
+    settings.PROVIDER_MAX_RETRIES = 2
+    return _market_server
+
+
+@pytest.fixture
+def celery_worker(transactional_db):
+    """A real Celery worker consuming from the Redis broker, in a thread of this process."""
+    from celery.contrib.testing.worker import start_worker
+
+    from config.celery import app
+
+    app.control.purge()
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, loglevel="WARNING",
+                      shutdown_timeout=10):
+        yield app
