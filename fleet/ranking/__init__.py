@@ -1,0 +1,14 @@
+"""Ranking marketplace offers for a fine-tune by steps per dollar of the whole run. Pure: no Django, no I/O."""
+
+from .cost import CostBreakdown, CostModel, Projection
+from .filters import GPU_TIERS, REGIONS, OfferFilters, compile_filters, exclusion_reasons
+from .rank import Exclusion, RankedOffer, Ranking, rank_offers
+from .recipe import PRESETS, Phase, Recipe
+from .throughput import SEED_CALIBRATION, Calibration, CalibrationEntry, ThroughputModel, record_step_time
+
+__all__ = [
+    "GPU_TIERS", "PRESETS", "REGIONS", "SEED_CALIBRATION",
+    "Calibration", "CalibrationEntry", "CostBreakdown", "CostModel", "Exclusion", "OfferFilters", "Phase",
+    "Projection", "RankedOffer", "Ranking", "Recipe", "ThroughputModel",
+    "compile_filters", "exclusion_reasons", "rank_offers", "record_step_time",
+]

@@ -1,0 +1,164 @@
+"""What a whole run costs on one offer, not what its hour costs.
+
+The listed $/h hides most of the difference between hosts (seed reports): a 67 GB model download and 7 GB checkpoint
+uploads are billed at the host's own $/GB (one 7B run: $0.81, mostly download traffic, then $0.19 on hosts chosen by
+total price); 4.5 to 8.5 minutes are billed before the first step, more on a slow downlink; a slow uplink stalls
+training when an upload outlasts the checkpoint interval; and a host that dies throws away work and the start-up.
+
+The model, per run:
+  start-up   boot + image pull + model download at the offer's downlink, billed at GPU + disk $/h.
+  training   steps x step time, plus any stall where a checkpoint upload outlasts the interval, plus the final
+             upload the box must finish before it is destroyed; billed at GPU $/h and disk $/h (the rented disk at
+             the offer's $/GB/month over a 30-day month, as vast.ai bills it hourly).
+  traffic    the model download once, and a checkpoint every interval and at every phase end, at the offer's $/GB.
+  restarts   expected host losses x what one loss costs. A loss throws away up to one checkpoint interval (the
+             bound the recovery design guarantees; priced at the bound, not the average, because the checkpoint in
+             flight may not have landed), the time to notice, a new start-up and a new model download. We read
+             1 - reliability as the chance of losing the host in an hour of rental: pessimistic for good hosts and
+             about right for the cheap 0.95-0.99 tier the seeds describe, and it is what keeps a 0.95 host from
+             ranking first for being a few percent cheaper. Interruptible (bid) rentals add a reclaim rate (seed:
+             reclaimed twice in one session). Restarts are themselves exposed to loss, hence the 1 / (1 - rate x
+             loss) factor.
+
+Scoring needs this for thousands of offers, so `CostModel.estimate` does it in floats; `CostModel.breakdown` redoes
+it in Decimal, once per ranked offer, for the money the page shows.
+"""
+
+import math
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from typing import NamedTuple
+
+from fleet.providers.records import OfferRecord
+
+from .recipe import Recipe
+
+HOURS_PER_MONTH = 720  # vast.ai prices storage per GB per 30-day month and bills it by the hour
+MEGABITS_PER_GB = 8000  # decimal GB, as marketplaces bill traffic
+LOSS_DETECTION_S = 60.0  # the recovery design's goal for noticing a lost host
+BID_RECLAIM_PER_HOUR = 0.2  # interruptible boxes: two reclaims in one session in the seed report
+MIN_RESTART_DENOMINATOR = 0.1  # keeps the restart factor finite for hosts that lose more than they train
+
+_CENT_HUNDREDTHS = Decimal("0.0001")
+_SECONDS_PER_HOUR = Decimal(3600)
+_HOURS_PER_MONTH = Decimal(HOURS_PER_MONTH)
+_new_projection = tuple.__new__  # skips NamedTuple's keyword handling on the hot path
+
+
+class Projection(NamedTuple):
+    """The float figures the ranking sorts on, and what breakdown needs to redo the money in Decimal."""
+
+    step_s: float
+    startup_s: float
+    train_s: float  # steps x step time + upload stalls + the final upload
+    checkpoints: int
+    loss_rate_per_hour: float
+    expected_restarts: float
+    lost_s_per_restart: float
+    wall_hours: float  # start-up + training + expected restarts
+    total_usd: float  # float twin of CostBreakdown.total_usd, for scoring
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """Dollars for the whole run, each rounded to $0.0001; total_usd is their sum."""
+
+    gpu_usd: Decimal  # GPU $/h over the training hours
+    disk_usd: Decimal  # rented disk over the training hours
+    startup_usd: Decimal  # GPU + disk over the billed start-up minutes
+    download_usd: Decimal  # the model, once
+    upload_usd: Decimal  # every checkpoint
+    restart_usd: Decimal  # expected host losses
+    total_usd: Decimal
+    usd_per_hour: Decimal  # total over the projected wall time: the full hourly cost
+
+
+class CostModel:
+    """Per-recipe constants computed once; then one call per offer."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.steps = recipe.total_steps
+        self.interval_s = float(recipe.checkpoint_interval_s)
+        self.extra_checkpoints = len(recipe.phases) - 1  # each phase ends with one, beside the interval ones
+        self.checkpoint_gb = float(recipe.checkpoint_gb)
+        self.checkpoint_megabits = recipe.checkpoint_gb * MEGABITS_PER_GB
+        self.fetch_megabits = (recipe.image_gb + recipe.model_download_gb) * MEGABITS_PER_GB
+        self.boot_s = float(recipe.boot_s)
+        self.download_gb = float(recipe.model_download_gb)
+        self.disk_gb_months_per_hour = recipe.rent_disk_gb / HOURS_PER_MONTH
+        self._download_gb = _dec(recipe.model_download_gb)
+        self._checkpoint_gb = _dec(recipe.checkpoint_gb)
+        self._rent_disk_gb = _dec(recipe.rent_disk_gb)
+
+    def estimate(self, offer: OfferRecord, step_s: float, interruptible: bool = False) -> Projection:
+        down = offer.inet_down_mbps
+        up = offer.inet_up_mbps
+        startup_s = self.boot_s + (self.fetch_megabits / down if down > 0 else math.inf)
+        upload_s = self.checkpoint_megabits / up if up > 0 else math.inf
+        compute_s = self.steps * step_s
+        interval = self.interval_s
+        interval_checkpoints = math.ceil(compute_s / interval) if compute_s > 0 else 0
+        checkpoints = interval_checkpoints + self.extra_checkpoints
+        stall_s = (upload_s - interval) * interval_checkpoints if upload_s > interval else 0.0
+        train_s = compute_s + stall_s + upload_s
+
+        gpu_h = float(offer.gpu_usd_per_hour or offer.total_usd_per_hour)
+        disk_h = float(offer.storage_usd_per_gb_month) * self.disk_gb_months_per_hour
+        box_h = gpu_h + disk_h
+        download_usd = self.download_gb * float(offer.inet_down_usd_per_gb)
+
+        reliability = offer.reliability
+        rate = -math.log(reliability) if 0 < reliability < 1 else (0.0 if reliability >= 1 else math.inf)
+        if interruptible:
+            rate += BID_RECLAIM_PER_HOUR
+        lost_s = (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S + startup_s
+        billed_h = (startup_s + train_s) / 3600
+        total = box_h * billed_h + download_usd + checkpoints * self.checkpoint_gb * float(offer.inet_up_usd_per_gb)
+        restarts = restart_h = 0.0
+        if rate:
+            # restarts are themselves exposed to loss: rate x exposed / (1 - rate x lost), kept finite
+            exposed = 1.0 - rate * lost_s / 3600
+            restarts = rate * billed_h / (exposed if exposed > MIN_RESTART_DENOMINATOR else MIN_RESTART_DENOMINATOR)
+            restart_h = restarts * lost_s / 3600
+            total += restart_h * box_h + restarts * download_usd
+        return _new_projection(
+            Projection, (step_s, startup_s, train_s, checkpoints, rate, restarts, lost_s, billed_h + restart_h, total))
+
+    def breakdown(self, offer: OfferRecord, p: Projection) -> CostBreakdown:
+        gpu_h = offer.gpu_usd_per_hour or offer.total_usd_per_hour
+        disk_h = offer.storage_usd_per_gb_month * self._rent_disk_gb / _HOURS_PER_MONTH
+        box_h = gpu_h + disk_h
+        train_h = _dec(p.train_s) / _SECONDS_PER_HOUR
+        startup_h = _dec(p.startup_s) / _SECONDS_PER_HOUR
+        download = self._download_gb * offer.inet_down_usd_per_gb
+        restarts = _dec(p.expected_restarts)
+
+        gpu = _money(gpu_h * train_h)
+        disk = _money(disk_h * train_h)
+        startup = _money(box_h * startup_h)
+        download_usd = _money(download)
+        upload = _money(p.checkpoints * self._checkpoint_gb * offer.inet_up_usd_per_gb)
+        restart = _money(restarts * (box_h * _dec(p.lost_s_per_restart) / _SECONDS_PER_HOUR + download)) \
+            if restarts else Decimal("0.0000")
+        total = gpu + disk + startup + download_usd + upload + restart
+        hours = _dec(p.wall_hours)
+        return CostBreakdown(
+            gpu_usd=gpu,
+            disk_usd=disk,
+            startup_usd=startup,
+            download_usd=download_usd,
+            upload_usd=upload,
+            restart_usd=restart,
+            total_usd=total,
+            usd_per_hour=_money(total / hours) if hours else total,
+        )
+
+
+def _dec(value) -> Decimal:
+    # Through the float's shortest text, so 72000.0 s stays exactly 72000 and hand-worked examples stay exact.
+    return Decimal(repr(float(value))) if not isinstance(value, (int, Decimal)) else Decimal(value)
+
+
+def _money(amount: Decimal) -> Decimal:
+    return amount.quantize(_CENT_HUNDREDTHS, rounding=ROUND_HALF_UP)

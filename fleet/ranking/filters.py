@@ -1,0 +1,522 @@
+"""Hard filters: the offers a run must never land on, each with the reason a user reads.
+
+Every filter here exists because a box failed without it (seed report): GPU names vary ("H200" vs "H200 NVL"), so
+tiers are memory ranges; a driver older than the image's CUDA rents fine and then dies with CUDA error 803; 250 GB
+holds the 67 GB base plus a merged and an FP8 copy; a slow uplink turns every 7 GB checkpoint into idle GPU hours;
+advertised bandwidth is local, so hosts must sit near the checkpoint bucket; a 0.99 reliability floor empties the
+cheap tier, so the floor is 0.95 and the ranking prices the rest (see cost.py); interruptible boxes get reclaimed
+mid-phase, so bids are opt-in. The price cap stops "cheapest rentable" from landing on $1.90-2.50/h boxes.
+
+An excluded offer gets every reason that applies, not just the first, so a user who looks an offer up sees all of
+what is wrong with it. Fields an offer leaves blank exclude it with "... unknown" rather than pass or crash.
+"""
+
+import math
+from dataclasses import dataclass, field, fields
+from decimal import Decimal, InvalidOperation
+
+from fleet.providers.records import OfferRecord
+
+from .recipe import Recipe
+
+# Per-GPU memory ranges, matched on memory because marketplaces name the same card several ways.
+GPU_TIERS: dict[str, tuple[str, float, float]] = {
+    "rtx_pro_6000": ("RTX PRO 6000", 90.0, 100.0),
+    "h200": ("H200", 130.0, 150.0),
+    "b200": ("B200", 170.0, 190.0),
+}
+_TIER_ALIASES = {"h200_nvl": "h200", "rtx_pro_6000_ws": "rtx_pro_6000", "rtx_pro_6000_blackwell": "rtx_pro_6000"}
+
+# Regions near a checkpoint bucket, as country codes (vast.ai geolocation ends with one).
+REGIONS: dict[str, frozenset[str]] = {
+    "EU": frozenset(
+        "AT BE BG HR CY CZ DK EE FI FR DE GR HU IE IT LV LT LU MT NL PL PT RO SK SI ES SE IS LI NO CH GB".split()
+    ),
+    "NA": frozenset("US CA MX".split()),
+    "APAC": frozenset("JP KR SG TW HK AU NZ IN".split()),
+}
+
+_ANY = ("any", "*", "")
+
+
+@dataclass(frozen=True)
+class OfferFilters:
+    gpu_tiers: tuple[str, ...] = ("rtx_pro_6000", "h200", "b200")  # () = any tier
+    vram_min_gb: float | None = None  # set either bound: an explicit range that replaces the tiers
+    vram_max_gb: float | None = None
+    max_usd_per_hour: Decimal | None = Decimal("1.30")  # on the offer's total $/h; None = no cap
+    min_driver_version: str = "570"  # the worker image's CUDA 12.8 needs driver >= 570
+    min_cuda: float = 12.8  # compared with the offer's cuda_max
+    min_disk_gb: float = 250.0
+    min_inet_down_mbps: float = 250.0
+    min_inet_up_mbps: float = 200.0
+    locations: frozenset[str] = field(default_factory=frozenset)  # country codes and/or regions; empty = any
+    min_reliability: float = 0.95
+    require_verified: bool = False
+    allow_bids: bool = False
+    min_gpus: int = 1
+    max_gpus: int | None = 1  # None = no maximum
+
+    def __post_init__(self):
+        # Normalise here too, so filters built in code are checked exactly like a saved profile.
+        set_ = object.__setattr__
+        set_(self, "gpu_tiers", _tiers(self.gpu_tiers))
+        set_(self, "vram_min_gb", _optional_number("vram_min_gb", self.vram_min_gb))
+        set_(self, "vram_max_gb", _optional_number("vram_max_gb", self.vram_max_gb))
+        if self.vram_min_gb is not None and self.vram_max_gb is not None and self.vram_min_gb > self.vram_max_gb:
+            raise ValueError(f"vram_min_gb {self.vram_min_gb:g} is above vram_max_gb {self.vram_max_gb:g}")
+        set_(self, "max_usd_per_hour", _optional_money("max_usd_per_hour", self.max_usd_per_hour))
+        version = str(self.min_driver_version).strip()
+        if version and parse_version(version) is None:
+            raise ValueError(f"min_driver_version must look like 570 or 570.124.06, got {self.min_driver_version!r}")
+        set_(self, "min_driver_version", version)
+        for name in ("min_cuda", "min_disk_gb", "min_inet_down_mbps", "min_inet_up_mbps"):
+            set_(self, name, _number(name, getattr(self, name)))
+        reliability = _number("min_reliability", self.min_reliability)
+        if reliability > 1:
+            raise ValueError(f"min_reliability must be between 0 and 1, got {self.min_reliability!r}")
+        set_(self, "min_reliability", reliability)
+        set_(self, "locations", _locations(self.locations))
+        for name in ("require_verified", "allow_bids"):
+            set_(self, name, _flag(name, getattr(self, name)))
+        set_(self, "min_gpus", _count("min_gpus", self.min_gpus))
+        if self.max_gpus is None or self.max_gpus == "":
+            set_(self, "max_gpus", None)
+        else:
+            set_(self, "max_gpus", _count("max_gpus", self.max_gpus))
+            if self.max_gpus < self.min_gpus:
+                raise ValueError(f"max_gpus {self.max_gpus} is below min_gpus {self.min_gpus}")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: money as a string, sets as sorted lists."""
+        return {
+            "gpu_tiers": list(self.gpu_tiers),
+            "vram_min_gb": self.vram_min_gb,
+            "vram_max_gb": self.vram_max_gb,
+            "max_usd_per_hour": None if self.max_usd_per_hour is None else str(self.max_usd_per_hour),
+            "min_driver_version": self.min_driver_version,
+            "min_cuda": self.min_cuda,
+            "min_disk_gb": self.min_disk_gb,
+            "min_inet_down_mbps": self.min_inet_down_mbps,
+            "min_inet_up_mbps": self.min_inet_up_mbps,
+            "locations": sorted(self.locations),
+            "min_reliability": self.min_reliability,
+            "require_verified": self.require_verified,
+            "allow_bids": self.allow_bids,
+            "min_gpus": self.min_gpus,
+            "max_gpus": self.max_gpus,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "OfferFilters":
+        """Missing keys take their defaults; unknown keys and bad values raise ValueError naming the field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"filters must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown filter(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    @property
+    def vram_ranges(self) -> tuple[tuple[float, float], ...]:
+        if self.vram_min_gb is not None or self.vram_max_gb is not None:
+            low = self.vram_min_gb if self.vram_min_gb is not None else 0.0
+            high = self.vram_max_gb if self.vram_max_gb is not None else math.inf
+            return ((low, high),)
+        return tuple((GPU_TIERS[t][1], GPU_TIERS[t][2]) for t in self.gpu_tiers)
+
+    @property
+    def allowed_countries(self) -> frozenset[str]:
+        countries = set()
+        for item in self.locations:
+            countries |= REGIONS.get(item, {item})
+        return frozenset(countries)
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """"535.129.03" -> (535, 129, 3); None when it is blank or not dotted numbers."""
+    parts = text.strip().split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def version_at_least(version: tuple[int, ...], needed: tuple[int, ...]) -> bool:
+    # Part by part, missing parts count as zero: "570" == "570.0.0" < "570.124".
+    width = max(len(version), len(needed))
+    return version + (0,) * (width - len(version)) >= needed + (0,) * (width - len(needed))
+
+
+# One bit per reason, in the order a user reads them. Checking sets bits (cheap, for 10,000 offers); the words are
+# written only for the exclusions someone looks at.
+NOT_RENTABLE = 1 << 0
+BID_NOT_ALLOWED = 1 << 1
+GPUS_UNKNOWN = 1 << 2
+GPU_COUNT = 1 << 3
+VRAM_UNKNOWN = 1 << 4
+VRAM_RANGE = 1 << 5
+VRAM_NEEDED = 1 << 6
+PRICE_UNKNOWN = 1 << 7
+PRICE_CAP = 1 << 8
+DRIVER_UNKNOWN = 1 << 9
+DRIVER_OLD = 1 << 10
+CUDA_UNKNOWN = 1 << 11
+CUDA_OLD = 1 << 12
+DISK_UNKNOWN = 1 << 13
+DISK = 1 << 14
+DOWNLINK_UNKNOWN = 1 << 15
+DOWNLINK = 1 << 16
+UPLINK_UNKNOWN = 1 << 17
+UPLINK = 1 << 18
+LOCATION_UNKNOWN = 1 << 19
+LOCATION = 1 << 20
+RELIABILITY_UNKNOWN = 1 << 21
+RELIABILITY = 1 << 22
+NOT_VERIFIED = 1 << 23
+# Set by the ranking after the filters, for offers it cannot price.
+NO_THROUGHPUT = 1 << 24
+UNBOUNDED_COST = 1 << 25
+
+
+class CompiledFilters:
+    """The filters bound to one recipe: `mask(offer)` is 0 when the offer passes, else one bit per reason, and
+    `reasons(offer, mask)` turns the bits into the words a user reads.
+
+    Thresholds are bound once as closure locals so the per-offer work is a run of plain comparisons; parsed driver
+    versions and country codes are cached per distinct string (a catalogue has a handful of each).
+    """
+
+    def __init__(self, filters: OfferFilters, recipe: Recipe):
+        self.filters = filters
+        self.recipe = recipe
+        ranges = filters.vram_ranges
+        vram_needed = recipe.vram_gb
+        cap = filters.max_usd_per_hour
+        needed_driver = parse_version(filters.min_driver_version) if filters.min_driver_version else None
+        min_cuda = round(filters.min_cuda, 3)
+        min_disk = filters.min_disk_gb
+        min_down = filters.min_inet_down_mbps
+        min_up = filters.min_inet_up_mbps
+        countries = filters.allowed_countries if filters.locations else None
+        min_rel = filters.min_reliability
+        require_verified = filters.require_verified
+        allow_bids = filters.allow_bids
+        min_gpus = filters.min_gpus
+        max_gpus = filters.max_gpus if filters.max_gpus is not None else 1 << 30
+        driver_bits: dict = {}
+        location_bits: dict = {}
+
+        def driver_bit(text) -> int:
+            if not isinstance(text, str) or not text.strip():
+                return DRIVER_UNKNOWN
+            version = parse_version(text)
+            if version is None:
+                return DRIVER_UNKNOWN
+            return 0 if version_at_least(version, needed_driver) else DRIVER_OLD
+
+        def location_bit(geo) -> int:
+            code = country_code(geo)
+            if not code:
+                return LOCATION_UNKNOWN
+            return 0 if code in countries else LOCATION
+
+        def mask(o: OfferRecord) -> int:
+            m = 0
+            if not o.rentable:
+                m = NOT_RENTABLE
+            if o.is_bid and not allow_bids:
+                m |= BID_NOT_ALLOWED
+            n = o.num_gpus
+            if not n:
+                m |= GPUS_UNKNOWN
+            elif n < min_gpus or n > max_gpus:
+                m |= GPU_COUNT
+            ram = o.gpu_ram_gb
+            if not ram:
+                m |= VRAM_UNKNOWN
+            else:
+                if ranges:
+                    for low, high in ranges:
+                        if low <= ram <= high:
+                            break
+                    else:
+                        m |= VRAM_RANGE
+                if ram < vram_needed:
+                    m |= VRAM_NEEDED
+            price = o.total_usd_per_hour
+            if price is None:
+                m |= PRICE_UNKNOWN
+            elif cap is not None and price > cap:
+                m |= PRICE_CAP
+            if needed_driver is not None:
+                text = o.driver_version
+                try:
+                    m |= driver_bits[text]
+                except KeyError:
+                    m |= driver_bits.setdefault(text, driver_bit(text))
+                except TypeError:  # unhashable junk where a string belongs
+                    m |= DRIVER_UNKNOWN
+            if min_cuda > 0:
+                cuda = o.cuda_max
+                if not cuda:
+                    m |= CUDA_UNKNOWN
+                elif round(cuda, 3) < min_cuda:
+                    m |= CUDA_OLD
+            disk = o.disk_gb
+            if disk is None:
+                m |= DISK_UNKNOWN
+            elif disk < min_disk:
+                m |= DISK
+            down = o.inet_down_mbps
+            if down is None:
+                m |= DOWNLINK_UNKNOWN
+            elif down < min_down:
+                m |= DOWNLINK
+            up = o.inet_up_mbps
+            if up is None:
+                m |= UPLINK_UNKNOWN
+            elif up < min_up:
+                m |= UPLINK
+            if countries is not None:
+                geo = o.geolocation
+                try:
+                    m |= location_bits[geo]
+                except KeyError:
+                    m |= location_bits.setdefault(geo, location_bit(geo))
+            rel = o.reliability
+            if rel is None:
+                m |= RELIABILITY_UNKNOWN
+            elif rel < min_rel:
+                m |= RELIABILITY
+            if require_verified and not o.verified:
+                m |= NOT_VERIFIED
+            return m
+
+        self.mask = mask
+
+    def check(self, offer: OfferRecord) -> tuple[str, ...]:
+        """Every reason the offer is excluded; () when it passes."""
+        return self.reasons(offer, self.mask(offer))
+
+    def reasons(self, o: OfferRecord, mask: int) -> tuple[str, ...]:
+        f = self.filters
+        words = []
+        bit = 1
+        while bit <= mask:
+            if mask & bit:
+                words.append(self._words(bit, o, f))
+            bit <<= 1
+        return tuple(words)
+
+    def _words(self, bit: int, o: OfferRecord, f: OfferFilters) -> str:
+        if bit == NOT_RENTABLE:
+            return "not rentable"
+        if bit == BID_NOT_ALLOWED:
+            return "interruptible (bid) offer; bids not allowed"
+        if bit == GPUS_UNKNOWN:
+            return "GPU count unknown"
+        if bit == GPU_COUNT:
+            return _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus)
+        if bit == VRAM_UNKNOWN:
+            return "VRAM unknown"
+        if bit == VRAM_RANGE:
+            return f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"
+        if bit == VRAM_NEEDED:
+            return f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(self.recipe.vram_gb)} GB for {self.recipe.model}"
+        if bit == PRICE_UNKNOWN:
+            return "price unknown"
+        if bit == PRICE_CAP:
+            return f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"
+        if bit == DRIVER_UNKNOWN:
+            text = o.driver_version
+            return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
+        if bit == DRIVER_OLD:
+            return f"driver {o.driver_version.strip()} < needed {f.min_driver_version}"
+        if bit == CUDA_UNKNOWN:
+            return "CUDA unknown"
+        if bit == CUDA_OLD:
+            return f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"
+        if bit == DISK_UNKNOWN:
+            return "disk unknown"
+        if bit == DISK:
+            return f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"
+        if bit == DOWNLINK_UNKNOWN:
+            return "downlink unknown"
+        if bit == DOWNLINK:
+            return f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"
+        if bit == UPLINK_UNKNOWN:
+            return "uplink unknown"
+        if bit == UPLINK:
+            return f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"
+        if bit == LOCATION_UNKNOWN:
+            return "location unknown"
+        if bit == LOCATION:
+            return f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"
+        if bit == RELIABILITY_UNKNOWN:
+            return "reliability unknown"
+        if bit == RELIABILITY:
+            return f"reliability {o.reliability:.4g} < {f.min_reliability:g}"
+        if bit == NOT_VERIFIED:
+            return "not verified"
+        if bit == NO_THROUGHPUT:
+            return (f"no throughput figure: {o.gpu_name or 'unnamed GPU'} has no calibration and the listing has no "
+                    f"TFLOPS or DLPerf")
+        if bit == UNBOUNDED_COST:
+            if not o.inet_down_mbps or o.inet_down_mbps <= 0:
+                return "downlink 0 Mb/s: the model download never finishes"
+            if not o.inet_up_mbps or o.inet_up_mbps <= 0:
+                return "uplink 0 Mb/s: checkpoints never upload"
+            return f"reliability {o.reliability:g}: the host is expected to be lost before any work is saved"
+        raise ValueError(f"unknown exclusion bit {bit}")
+
+
+def compile_filters(filters: OfferFilters, recipe: Recipe) -> CompiledFilters:
+    return CompiledFilters(filters, recipe)
+
+
+def exclusion_reasons(offer: OfferRecord, filters: OfferFilters, recipe: Recipe | None = None) -> tuple[str, ...]:
+    """Every reason the filters exclude one offer (() when it passes); for a page that looks one offer up."""
+    return CompiledFilters(filters, recipe or Recipe()).check(offer)
+
+
+def country_code(geolocation) -> str:
+    """The two-letter code that ends vast.ai's geolocation ("US-CA, US" -> "US"); "" when there is none."""
+    if not isinstance(geolocation, str) or not geolocation.strip():
+        return ""
+    return geolocation.rsplit(",", 1)[-1].strip().upper()
+
+
+def usd(amount: Decimal) -> str:
+    """$2.93, $1.30; more places only when they matter ($0.0125)."""
+    cents = amount.quantize(Decimal("0.01"))
+    if cents == amount:
+        return f"${cents}"
+    return "$" + f"{amount:.4f}".rstrip("0")
+
+
+def _gpus_text(n, min_gpus, max_gpus) -> str:
+    plural = "GPU" if n == 1 else "GPUs"
+    if max_gpus == min_gpus:
+        return f"{n} {plural}, need exactly {min_gpus}"
+    if n < min_gpus:
+        return f"{n} {plural} < min {min_gpus}"
+    return f"{n} {plural} > max {max_gpus}"
+
+
+def _vram_range_text(filters: OfferFilters) -> str:
+    if filters.vram_min_gb is not None or filters.vram_max_gb is not None:
+        low, high = filters.vram_min_gb, filters.vram_max_gb
+        if high is None:
+            return f"{_num(low)}+ GB"
+        return f"{_num(low or 0)}-{_num(high)} GB"
+    tiers = [GPU_TIERS[t] for t in filters.gpu_tiers]
+    if len(tiers) == 1:
+        label, low, high = tiers[0]
+        return f"{_num(low)}-{_num(high)} GB ({label} tier)"
+    return "the " + ", ".join(f"{label} ({_num(low)}-{_num(high)} GB)" for label, low, high in tiers) + " tiers"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def _tiers(value) -> tuple[str, ...]:
+    if value is None or (isinstance(value, str) and value.strip().lower() in _ANY):
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise ValueError(f"gpu_tiers must be a list of tier names or 'any', got {value!r}") from None
+    tiers = []
+    for item in items:
+        key = str(item).strip().lower().replace(" ", "_").replace("-", "_")
+        if key in _ANY:
+            return ()
+        key = _TIER_ALIASES.get(key, key)
+        if key not in GPU_TIERS:
+            raise ValueError(f"gpu_tiers: unknown tier {item!r} (known: {', '.join(GPU_TIERS)}, or 'any')")
+        if key not in tiers:
+            tiers.append(key)
+    return tuple(tiers)
+
+
+def _locations(value) -> frozenset[str]:
+    if value is None or (isinstance(value, str) and value.strip().lower() in _ANY):
+        return frozenset()
+    if isinstance(value, str):
+        value = value.split(",")
+    try:
+        items = list(value)
+    except TypeError:
+        raise ValueError(f"locations must be a list of country codes or regions, got {value!r}") from None
+    result = set()
+    for item in items:
+        code = str(item).strip().upper()
+        if code.lower() in _ANY:
+            return frozenset()
+        if code in REGIONS or (len(code) == 2 and code.isalpha()):
+            result.add(code)
+        else:
+            raise ValueError(
+                f"locations: {item!r} is neither a two-letter country code nor a region ({', '.join(REGIONS)})")
+    return frozenset(result)
+
+
+def _number(name, value) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _optional_number(name, value) -> float | None:
+    return None if value is None or value == "" else _number(name, value)
+
+
+def _optional_money(name, value) -> Decimal | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, (bool, float)):
+        # floats are accepted from JSON forms, through their shortest text, never their binary value
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be an amount in dollars like '1.30', got {value!r}")
+        value = repr(value)
+    try:
+        amount = Decimal(str(value).strip().lstrip("$"))
+    except InvalidOperation:
+        raise ValueError(f"{name} must be an amount in dollars like '1.30', got {value!r}") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{name} must be an amount >= 0, got {value!r}")
+    return amount
+
+
+def _flag(name, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off", ""):
+        return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _count(name, value) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}") from None
+    if not math.isfinite(number) or number != int(number) or number < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return int(number)
