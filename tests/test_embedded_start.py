@@ -4,6 +4,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -27,7 +28,7 @@ def embedded(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
     env.update(DATA_DIR=str(tmp_path / "data"), PORT=str(port), SIMULATOR_PORT=str(sim_port),
                OPERATOR_USERNAME="newcomer", OPERATOR_PASSWORD="first-login-pass", WEB_WORKERS="1",
-               WORKER_CONCURRENCY="1")
+               WORKER_CONCURRENCY="1", OFFER_REFRESH_SECONDS="5")
     process = subprocess.Popen([str(ROOT / "scripts" / "start")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output: list[str] = []
@@ -44,7 +45,7 @@ def embedded(tmp_path):
         if not ready.wait(240):
             pytest.fail("the product did not come up:\n" + "".join(output[-60:]))
         url = re.search(r"open (http://\S+/)", "".join(output)).group(1)
-        yield url, output
+        yield url, output, tmp_path / "data" / "db.sqlite3"
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -55,7 +56,7 @@ def embedded(tmp_path):
 
 @pytest.mark.slow
 def test_it_starts_and_lists_offers_after_login(embedded):
-    url, output = embedded
+    url, output, database = embedded
     with httpx.Client(base_url=url, timeout=10, follow_redirects=True) as browser:
         login_page = browser.get("/")
         assert "Log in" in login_page.text  # anonymous visitors land on the login form
@@ -77,3 +78,16 @@ def test_it_starts_and_lists_offers_after_login(embedded):
         assert "H200" in offers.text and "RTX PRO 6000" in offers.text
         assert browser.get("/static/css/app.css").status_code == 200
         assert browser.get("/admin/").status_code == 200
+
+
+@pytest.mark.slow
+def test_it_refreshes_offers_on_the_beat_schedule(embedded):
+    url, output, database = embedded
+    deadline = time.monotonic() + 60
+    refreshes = 0
+    while time.monotonic() < deadline and refreshes < 3:
+        time.sleep(1)
+        with sqlite3.connect(database, timeout=10) as db:
+            refreshes = db.execute("select count(*) from fleet_offerrefresh where error = ''").fetchone()[0]
+    # one refresh at start, the rest from beat every 5 s
+    assert refreshes >= 3, "".join(output[-40:])
