@@ -4,7 +4,8 @@ Each backend offers the same four operations over rows sorted by expert (`Groups
 - `mm(x, w, groups, rows, lora)`: y[j] = x[rows[j]] @ w[e]^T (+ s * xa[j] @ b[e]^T), w any (E, N, K) view;
 - `weight_grad(p, q, groups, q_rows, scale)`: out[e] = scale * p[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q);
 - `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
-- `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows.
+- `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows (the backward also gives the
+  routing weight's gradient).
 The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
 """
 
@@ -39,14 +40,18 @@ def accumulation_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def swiglu_backward(gate_up, grad_h):
+def swiglu_backward(gate_up, g, row_weight):
+    """From G (the down projection's input gradient before the routing weight) and the routing weight of each row:
+    (d gate_up, d routing weight) with dh = w * G and dw = <G, h>."""
     acc = accumulation_dtype(gate_up.dtype)
     gate, up = gate_up.to(acc).chunk(2, dim=-1)
     sig = torch.sigmoid(gate)
-    grad_h = grad_h.to(acc)
+    g = g.to(acc)
+    grad_row_weight = (g * gate * sig * up).sum(-1)
+    grad_h = g * row_weight.to(acc).unsqueeze(-1)
     grad_gate = grad_h * up * sig * (1 + gate * (1 - sig))
     grad_up = grad_h * gate * sig
-    return torch.cat([grad_gate, grad_up], dim=-1).to(gate_up.dtype)
+    return torch.cat([grad_gate, grad_up], dim=-1).to(gate_up.dtype), grad_row_weight
 
 
 def _torch_combine(src, slots, weights):
@@ -138,6 +143,16 @@ class TritonOps(LoopOps):
         from training.kernels.combine import combine
 
         return combine(src, slots, weights)
+
+    def swiglu(self, gate_up):
+        from training.kernels.swiglu import swiglu
+
+        return swiglu(gate_up)
+
+    def swiglu_backward(self, gate_up, g, row_weight):
+        from training.kernels.swiglu import swiglu_backward
+
+        return swiglu_backward(gate_up, g, row_weight)
 
 
 BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps())}

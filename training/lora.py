@@ -7,10 +7,10 @@ directly, and the "moe_lora" experts forward reads the factors and runs them as 
 """
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, get_peft_model, inject_adapter_in_model
 from peft.tuners.lora.layer import ParamWrapper
 
-from training.moe_lora import use_moe_lora
+from training.moe_lora import IMPLEMENTATION_NAME, register, use_moe_lora
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
@@ -89,10 +89,25 @@ def attach_lora(model, r=32, alpha=64, attention=True):
     if not experts:
         raise ValueError("the model has no routed experts with 3-D gate_up_proj / down_proj parameters")
     peft_model = get_peft_model(model, lora_config(r, alpha, attention))
-    for wrapper in _experts_wrappers(peft_model):
-        RoutedExpertsLora.adopt(wrapper)
     use_moe_lora(peft_model.get_base_model())
+    adopt_routed_lora(peft_model)
     return peft_model
+
+
+def adopt_routed_lora(module):
+    """Let "moe_lora" run the routed-expert LoRA that peft attached to `module` (a model or a bare MoE block)."""
+    register()
+    for wrapper in _experts_wrappers(module):
+        RoutedExpertsLora.adopt(wrapper)
+    for _, experts in routed_experts_modules(module):
+        if experts.config._experts_implementation != IMPLEMENTATION_NAME:
+            experts.config._experts_implementation = IMPLEMENTATION_NAME
+    return module
+
+
+def inject_routed_lora(module, r=32, alpha=64):
+    """peft's plain routed-expert LoRA (ParamWrapper, which folds W + BA) on any module: the benchmark's baseline."""
+    return inject_adapter_in_model(lora_config(r, alpha, attention=False), module)
 
 
 @torch.no_grad()

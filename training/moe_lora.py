@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from training.grouped_ops import BACKENDS, Groups, accumulation_dtype
+from training.grouped_ops import BACKENDS, Groups
 
 IMPLEMENTATION_NAME = "moe_lora"
 KERNEL_PATHS = ("triton", "grouped_mm", "loop")
@@ -95,7 +95,7 @@ class MoeLoraExperts(torch.autograd.Function):
         x, top_k_weights, w1, w2, a1, b1, a2, b2, rows, slots, order, xa1, gate_up, h, xa2 = ctx.saved_tensors
         ops, groups, s1, s2 = BACKENDS[ctx.path], ctx.groups, ctx.s1, ctx.s2
         grad_out = grad_out.contiguous().to(x.dtype)
-        row_weight = top_k_weights.reshape(-1)[order].to(x.dtype).unsqueeze(-1)  # (S, 1)
+        row_weight = top_k_weights.reshape(-1)[order]  # (S,)
 
         # Down projection. G = dy[token] @ (W2 + s2 B2 A2): the gradient before the routing weight, so that the
         # routing weight's gradient is <G, h> (= <dy, down output>) without keeping the down output.
@@ -104,19 +104,16 @@ class MoeLoraExperts(torch.autograd.Function):
             g = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows, lora=(t2, a2.transpose(1, 2), s2))
         else:
             g = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows)
-        acc = accumulation_dtype(x.dtype)
-        grad_row_weight = (g.to(acc) * h.to(acc)).sum(-1)
-        grad_h = g * row_weight
+        grad_gate_up, grad_row_weight = ops.swiglu_backward(gate_up, g, row_weight)
         grad_a2 = grad_b2 = None
         if a2 is not None:
-            grad_xa2 = t2 * (row_weight * s2)
+            scaled_weight = (row_weight * s2).to(x.dtype).unsqueeze(-1)
             if ctx.needs_input_grad[7]:
-                grad_a2 = ops.weight_grad(grad_xa2, h, groups)
+                grad_a2 = ops.weight_grad(t2 * scaled_weight, h, groups)
             if ctx.needs_input_grad[8]:
-                grad_b2 = ops.weight_grad(xa2 * (row_weight * s2), grad_out, groups, q_rows=rows).transpose(1, 2)
+                grad_b2 = ops.weight_grad(xa2 * scaled_weight, grad_out, groups, q_rows=rows).transpose(1, 2)
 
         # Gate/up projection.
-        grad_gate_up = ops.swiglu_backward(gate_up, grad_h)
         grad_a1 = grad_b1 = None
         if a1 is not None:
             grad_xa1 = ops.mm(grad_gate_up, b1.transpose(1, 2), groups) * s1  # (S, r)

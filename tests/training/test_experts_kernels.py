@@ -70,3 +70,16 @@ def test_it_combines_each_tokens_expert_outputs(routed, weighted):
     torch.testing.assert_close(TRITON.combine(src, slots, w), LOOP.combine(src, slots, w))
     # Slot k of token t holds that token's row: combining with weight 1 is the sum over its choices.
     assert torch.equal(rows[slots], torch.arange(slots.shape[0]).unsqueeze(1).expand_as(slots))
+
+
+def test_it_computes_the_gated_activation_and_its_backward_like_torch(routed):
+    _, rows, _, weights, gen = routed
+    m = rows.shape[0]
+    gate_up = torch.randn(m, 2 * 40, generator=gen)
+    g = torch.randn(m, 40, generator=gen)
+    row_weight = torch.rand(m, generator=gen)
+    torch.testing.assert_close(TRITON.swiglu(gate_up), LOOP.swiglu(gate_up))
+    got = TRITON.swiglu_backward(gate_up, g, row_weight)
+    want = LOOP.swiglu_backward(gate_up, g, row_weight)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)

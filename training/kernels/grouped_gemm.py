@@ -25,6 +25,10 @@ def _configs():
             (64, 128, 64, 4, 4),
             (128, 128, 128, 8, 3),
             (64, 256, 64, 8, 4),
+            # narrow outputs: x @ A^T and dy @ B (N = the LoRA rank)
+            (128, 32, 128, 4, 4),
+            (64, 32, 128, 4, 4),
+            (128, 64, 64, 4, 4),
         ],
         names=("BLOCK_M", "BLOCK_N", "BLOCK_K"),
     )

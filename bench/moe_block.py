@@ -1,0 +1,324 @@
+"""One MoE block, LoRA r=32 alpha=64 on the routed experts, forward + backward, on one GPU (made for an H200).
+
+Paths: eager + peft, grouped_mm + peft (transformers' experts with peft's ParamWrapper), ours on `torch._grouped_mm`,
+ours on Triton, and ours on the per-expert loop; plus the single grouped GEMM (gate_up forward) on Triton,
+`torch._grouped_mm` and the loop. Reports ms (median of do_bench, rotating inputs), peak memory, TFLOP/s, and the
+relative error (||got - ref|| / ||ref||) of the output and every LoRA gradient against a float32 reference.
+The last printed line is one JSON object.
+
+    python bench/moe_block.py [--quick]
+"""
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from training import moe_lora  # noqa: E402
+from training.grouped_ops import BACKENDS  # noqa: E402
+from training.lora import adopt_routed_lora, inject_routed_lora, routed_lora_wrappers  # noqa: E402
+from training.moe_lora import lora_factors, route  # noqa: E402
+from training.reference import reference_moe_lora  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script itself, tiny shape
+TINY = dict(hidden=64, inter=32, experts=8, top_k=2)  # --shapes tiny: a CPU smoke run
+SHAPES = {
+    "qwen3-30b-a3b": dict(hidden=2048, inter=768, experts=128, top_k=8),
+    "qwen3.6-35b-a3b-like": dict(hidden=2048, inter=512, experts=256, top_k=8),
+    "qwen3-235b-a22b-like": dict(hidden=4096, inter=1536, experts=128, top_k=8),
+}
+RANK, ALPHA = 32, 64
+
+
+def flops(tokens, hidden, inter, top_k, rank=RANK, **_):
+    rows = tokens * top_k
+    base = 12 * rows * hidden * inter  # forward + input gradient of both projections
+    lora = 6 * rows * rank * (2 * hidden + 3 * inter)  # forward, input gradient and factor gradients
+    return base + lora
+
+
+def make_block(shape, seed=0):
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    config = Qwen3MoeConfig(
+        hidden_size=shape["hidden"], moe_intermediate_size=shape["inter"], num_experts=shape["experts"],
+        num_experts_per_tok=shape["top_k"], norm_topk_prob=True, hidden_act="silu",
+    )
+    config._experts_implementation = "grouped_mm"
+    torch.manual_seed(seed)
+    block = Qwen3MoeSparseMoeBlock(config)
+    with torch.no_grad():
+        block.experts.gate_up_proj.normal_(0, 0.02)
+        block.experts.down_proj.normal_(0, 0.02)
+        block.gate.weight.normal_(0, 0.02)
+    block = block.to(DEVICE, torch.bfloat16)
+    holder = torch.nn.Module()
+    holder.mlp = block
+    inject_routed_lora(holder, RANK, ALPHA)
+    holder.requires_grad_(False)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    for _, _, wrapper in routed_lora_wrappers_plain(holder):
+        for layer in list(wrapper.lora_A.values()) + list(wrapper.lora_B.values()):
+            layer.weight.requires_grad_(True)
+        with torch.no_grad():  # B nonzero, so both factors carry gradient and error
+            for layer in wrapper.lora_B.values():
+                layer.weight.copy_(torch.randn(layer.weight.shape, device=DEVICE, generator=gen) * 0.02)
+    return holder
+
+
+def routed_lora_wrappers_plain(holder):
+    from peft.tuners.lora.layer import ParamWrapper
+
+    return [(None, m.parameter_name, m) for m in holder.modules() if isinstance(m, ParamWrapper)]
+
+
+def lora_params(holder):
+    return [p for p in holder.parameters() if p.requires_grad]
+
+
+def set_path(holder, path):
+    """eager+peft / grouped_mm+peft: transformers' experts under peft's wrappers; else ours with a kernel path."""
+    experts = holder.mlp.experts.get_base_layer()
+    if path in ("eager+peft", "grouped_mm+peft"):
+        experts.config._experts_implementation = path.split("+")[0]
+        return
+    moe_lora.set_kernel_path(path.split(":")[1])
+
+
+def time_block(holder, inputs, grad, repeats=None):
+    params = lora_params(holder)
+    state = {"i": 0}
+
+    def step():
+        x = inputs[state["i"] % len(inputs)]
+        state["i"] += 1
+        out = holder.mlp(x)
+        out.backward(grad)
+
+    import triton.testing
+
+    step()
+    if DEVICE == "cpu":
+        started = time.perf_counter()
+        step()
+        return (time.perf_counter() - started) * 1e3, 0.0, 0.0
+    torch.cuda.synchronize()
+    if repeats:  # very slow paths: a few timed runs
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+    else:
+        ms = triton.testing.do_bench(step, warmup=50, rep=300, grad_to_none=params + inputs, return_mode="median")
+    for p in params + inputs:
+        p.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    for p in params + inputs:
+        p.grad = None
+    return ms, (peak - base) / 2**30, peak / 2**30
+
+
+def rel(got, ref):
+    got, ref = got.float(), ref.float()
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def reference_grads(holder, x, index, weights, grad):
+    """float32 reference of the experts with the same routing: output and grads of x and the LoRA params."""
+    experts = holder.mlp.experts.get_base_layer()
+    wrappers = {w.parameter_name: w for _, _, w in routed_lora_wrappers_plain(holder)}
+    num_experts = experts.gate_up_proj.shape[0]
+    leaves, loras = [], []
+    for name in ("gate_up_proj", "down_proj"):
+        w = wrappers[name]
+        a_w = w.lora_A["default"].weight.detach().float().requires_grad_()
+        b_w = w.lora_B["default"].weight.detach().float().requires_grad_()
+        leaves += [a_w, b_w]
+        a = a_w.reshape(num_experts, -1, a_w.shape[-1])
+        b = b_w.reshape(b_w.shape[0], -1, num_experts).permute(2, 0, 1)
+        loras.append((a, b, w.scaling["default"]))
+    xf = x.detach().float().requires_grad_()
+    out = reference_moe_lora(
+        xf, index, weights.float(), experts.gate_up_proj.float(), experts.down_proj.float(), loras[0], loras[1]
+    )
+    grads = torch.autograd.grad(out, [xf] + leaves, grad.float())
+    return out.detach(), grads
+
+
+def path_grads(holder, x, index, weights, grad):
+    experts_module = holder.mlp.experts
+    params = []
+    for _, _, w in sorted_wrappers(holder):
+        params += [w.lora_A["default"].weight, w.lora_B["default"].weight]
+    xg = x.detach().requires_grad_()
+    out = experts_module(xg, index, weights)
+    grads = torch.autograd.grad(out, [xg] + params, grad)
+    return out.detach(), grads
+
+
+def sorted_wrappers(holder):
+    order = {"gate_up_proj": 0, "down_proj": 1}
+    return sorted(routed_lora_wrappers_plain(holder), key=lambda t: order[t[1]])
+
+
+def errors(holder, tokens, shape, path, ref):
+    x, index, weights, grad = ref["inputs"]
+    set_path(holder, path)
+    out, grads = path_grads(holder, x, index, weights, grad)
+    names = ["out", "dx", "dA_gate_up", "dB_gate_up", "dA_down", "dB_down"]
+    vals = [rel(out, ref["out"])] + [rel(g, r) for g, r in zip(grads, ref["grads"])]
+    return dict(zip(names, vals))
+
+
+def grouped_gemm_bench(shape, tokens):
+    """The gate_up forward grouped GEMM alone (gather excluded): Triton vs torch._grouped_mm vs the loop."""
+    import triton.testing
+
+    if DEVICE == "cpu":
+        triton.testing.do_bench = lambda fn, **kw: (fn(), 1.0)[1]
+    experts, hidden, inter, top_k = shape["experts"], shape["hidden"], shape["inter"], shape["top_k"]
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    index = torch.rand(tokens, experts, device=DEVICE, generator=gen).topk(top_k, dim=-1).indices
+    weights = torch.full((tokens, top_k), 1.0 / top_k, device=DEVICE)
+    groups, rows, _, _ = route(index, weights, experts)
+    groups.host_counts  # the loop's one sync, outside the timing
+    xs = [torch.randn(rows.shape[0], hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+    w = torch.randn(experts, 2 * inter, hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
+    flop = 2 * rows.shape[0] * hidden * 2 * inter
+    result = {}
+    ref = BACKENDS["loop"].mm(xs[0].float(), w.float(), groups)
+    for path in ("triton", "grouped_mm", "loop"):
+        ops = BACKENDS[path]
+        got = ops.mm(xs[0], w, groups)
+        state = {"i": 0}
+
+        def run():
+            state["i"] += 1
+            return ops.mm(xs[state["i"] % 3], w, groups)
+
+        ms = triton.testing.do_bench(run, warmup=25, rep=200 if path != "loop" else 100, return_mode="median")
+        result[path] = dict(ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1), rel_err=rel(got, ref))
+    result["triton_vs_loop"] = round(result["loop"]["ms"] / result["triton"]["ms"], 2)
+    result["triton_vs_grouped_mm"] = round(result["grouped_mm"]["ms"] / result["triton"]["ms"], 3)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="30B shape at 4096 tokens only")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--tokens", default="4096,16384")
+    parser.add_argument("--paths", default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:loop")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shapes = ["qwen3-30b-a3b"] if args.quick else args.shapes.split(",")
+    token_counts = [4096] if args.quick else [int(t) for t in args.tokens.split(",")]
+    paths = args.paths.split(",")
+    if DEVICE == "cuda":
+        dev = torch.cuda.get_device_properties(0)
+        results = dict(device=dev.name, sm=f"{dev.major}.{dev.minor}", torch=torch.__version__, rows=[], gemm=[])
+    else:
+        results = dict(device="cpu", torch=torch.__version__, rows=[], gemm=[])
+    import transformers
+    import peft
+    import triton
+
+    results.update(transformers=transformers.__version__, peft=peft.__version__, triton=triton.__version__)
+    started = time.time()
+    table = []
+    for shape_name in shapes:
+        shape = SHAPES.get(shape_name, TINY)
+        holder = make_block(shape)
+        for tokens in token_counts:
+            gen = torch.Generator(device=DEVICE).manual_seed(tokens)
+            inputs = [
+                torch.randn(1, tokens, shape["hidden"], device=DEVICE, dtype=torch.bfloat16, generator=gen)
+                .requires_grad_()
+                for _ in range(3)
+            ]
+            grad = torch.randn(1, tokens, shape["hidden"], device=DEVICE, dtype=torch.bfloat16, generator=gen)
+            # Reference on the same routing as every path.
+            with torch.no_grad():
+                x2 = inputs[0].detach().view(-1, shape["hidden"])
+                _, weights, index = holder.mlp.gate(x2)
+            ref_out, ref_grads = reference_grads(holder, x2, index, weights, grad.view(-1, shape["hidden"]))
+            ref = dict(inputs=(x2, index, weights, grad.view(-1, shape["hidden"])), out=ref_out, grads=ref_grads)
+            del ref_out, ref_grads
+            flop = flops(tokens, **shape)
+            for path in paths:
+                if path.startswith("ours"):
+                    adopt_routed_lora(holder)
+                else:
+                    unadopt(holder)
+                if path == "eager+peft" and (shape_name != "qwen3-30b-a3b" or tokens != 4096):
+                    continue  # about 250 ms a step: measured once, at the anchor shape
+                if path == "ours:loop" and tokens != 4096:
+                    continue
+                set_path(holder, path)
+                try:
+                    err = errors(holder, tokens, shape, path, ref)
+                    slow = 2 if path in ("eager+peft", "ours:loop") else None
+                    ms, extra_gib, peak_gib = time_block(holder, inputs, grad, repeats=slow)
+                    row = dict(shape=shape_name, tokens=tokens, path=path, ms=round(ms, 3),
+                               peak_extra_gib=round(extra_gib, 3), peak_gib=round(peak_gib, 3),
+                               tflops=round(flop / ms / 1e9, 1), err={k: float(f"{v:.2e}") for k, v in err.items()})
+                except Exception as exc:  # keep the other paths' figures
+                    row = dict(shape=shape_name, tokens=tokens, path=path, error=f"{type(exc).__name__}: {exc}"[:400])
+                results["rows"].append(row)
+                print(json.dumps(row), flush=True)
+            moe_lora.set_kernel_path(None)
+            del ref, inputs, grad
+            try:
+                gemm = dict(shape=shape_name, tokens=tokens, **grouped_gemm_bench(shape, tokens))
+            except Exception as exc:
+                gemm = dict(shape=shape_name, tokens=tokens, error=f"{type(exc).__name__}: {exc}"[:400])
+            results["gemm"].append(gemm)
+            print(json.dumps(gemm), flush=True)
+        del holder
+        gc.collect()
+    results["seconds"] = round(time.time() - started, 1)
+    for row in results["rows"]:
+        if "error" in row:
+            table.append(f"{row['shape']:22s} {row['tokens']:6d} {row['path']:16s} ERROR {row['error'][:80]}")
+        else:
+            worst = max(v for k, v in row["err"].items())
+            table.append(f"{row['shape']:22s} {row['tokens']:6d} {row['path']:16s} {row['ms']:9.3f} ms "
+                         f"{row['tflops']:7.1f} TF/s peak+{row['peak_extra_gib']:7.2f} GiB err<={worst:.1e}")
+    for g in results["gemm"]:
+        if "error" not in g:
+            table.append(f"gemm {g['shape']:22s} {g['tokens']:6d} triton {g['triton']['tflops']} TF/s, "
+                         f"_grouped_mm {g['grouped_mm']['tflops']}, loop {g['loop']['tflops']}; "
+                         f"triton/loop x{g['triton_vs_loop']}")
+    print("\n".join(table))
+    print(json.dumps(results))
+
+
+def unadopt(holder):
+    """Back to peft's own (folding) wrappers for the baseline paths."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    for _, _, wrapper in routed_lora_wrappers_plain(holder):
+        wrapper.__class__ = ParamWrapper
+
+
+if __name__ == "__main__":
+    main()
