@@ -8,6 +8,7 @@ from runs import views as run_views
 urlpatterns = [
     path("", fleet_views.dashboard, name="dashboard"),
     path("offers/", fleet_views.offers, name="offers"),
+    path("offers/profiles/", fleet_views.save_profile, name="save_profile"),
     path("instances/", fleet_views.instances, name="instances"),
     path("inference/", fleet_views.inference, name="inference"),
     path("alerts/", fleet_views.alerts, name="alerts"),

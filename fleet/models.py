@@ -72,3 +72,36 @@ class OfferRefresh(models.Model):
     class Meta:
         get_latest_by = "started_at"
         indexes = [models.Index(fields=["provider", "-started_at"])]
+
+
+class OfferProfile(models.Model):
+    """A saved recipe and set of filters, so a user ranks offers for the same run the same way every time."""
+
+    name = models.SlugField(max_length=60, unique=True)
+    recipe = models.JSONField(help_text="fleet.ranking.Recipe.to_dict()")
+    filters = models.JSONField(help_text="fleet.ranking.OfferFilters.to_dict()")
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_ranked_at = models.DateTimeField(null=True, blank=True)
+    last_ranking = models.JSONField(null=True, blank=True, help_text="the best offers at the last refresh")
+
+    def __str__(self):
+        return self.name
+
+
+class ThroughputCalibration(models.Model):
+    """Measured throughput per GPU model and kernel path, folded in from finished runs (over the seeded table)."""
+
+    gpu_model = models.CharField(max_length=80)
+    kernel_path = models.CharField(max_length=20)
+    model_tflops = models.FloatField(help_text="achieved model TFLOP/s per GPU")
+    weight = models.FloatField()
+    measured_runs = models.PositiveIntegerField(default=0)
+    note = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu_model", "kernel_path"], name="unique_calibration")]
+
+    def __str__(self):
+        return f"{self.gpu_model} / {self.kernel_path}: {self.model_tflops:.1f} TFLOP/s"

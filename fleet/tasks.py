@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from fleet import offers
+from fleet import offer_ranking, offers
 from fleet.providers.errors import ProviderUnavailable, RateLimited
 
 
@@ -14,4 +14,11 @@ from fleet.providers.errors import ProviderUnavailable, RateLimited
 )
 def refresh_offers(provider: str = "vast") -> dict:
     refresh = offers.refresh_offers(provider)
+    rank_profiles.delay()
     return {"provider": provider, "offers": refresh.offers_seen, "skipped": refresh.offers_skipped}
+
+
+@shared_task
+def rank_profiles() -> int:
+    """Ranks the fresh offers for every saved profile so the dashboard shows each one's best offer."""
+    return offer_ranking.refresh_profile_rankings()

@@ -45,13 +45,13 @@ def test_it_records_a_refused_key_on_the_refresh(market, settings):
 
 @pytest.mark.django_db
 def test_it_lists_stored_offers_on_the_offers_page(client, member, market):
-    refresh_offers()
+    refresh = refresh_offers()
     client.force_login(member)
     body = client.get(reverse("offers")).content.decode()
-    cheapest = Offer.objects.filter(available=True).order_by("total_usd_per_hour").first()
-    assert f"<td>{cheapest.offer_id}</td>" in body
-    assert "bid (interruptible)" in body
-    assert "on-demand" in body
+    assert f"{refresh.offers_seen} offers listed" in body
+    cheapest = Offer.objects.filter(available=True, is_bid=False).order_by("total_usd_per_hour").first()
+    found = client.get(reverse("offers"), {"find": cheapest.offer_id}).content.decode()
+    assert f'data-offer="{cheapest.offer_id}" data-bid="0"' in found
 
 
 @pytest.mark.django_db

@@ -1,0 +1,565 @@
+"""RunPod over its GraphQL API (https://api.runpod.io/graphql), behind the same interface as the vast.ai client.
+
+Every call is one POST of a query with `variables`; the key travels as `Authorization: Bearer`, never in the URL
+(RunPod's older `?api_key=` form would put it in every access log). Answers are converted here, once, into the
+same records and the same status words as vast.ai's, so nothing past the client knows which marketplace it is.
+
+What RunPod's API does not tell, and the product must live without:
+- An offer is a GPU type x cloud (SECURE, COMMUNITY) x GPU count at a list price, not a host: there is no machine
+  or host id, driver or CUDA version, disk, bandwidth, reliability or location before renting. Those fields carry
+  the product's "unknown" values ("" and 0), so the ranking excludes such offers with a reason unless its filters
+  are relaxed. Compute capability is a property of the GPU model and is filled from a small table.
+- RunPod does not bill traffic, so the $/GB fields are a true 0. Disk is priced at RunPod's published $/GB/month,
+  which the API does not return (`storage_usd_per_gb_month` in the constructor).
+- There is no per-instance charges endpoint in this API subset: `charges()` returns [] and the cost ledger relies on
+  per-second accrual from each pod's `costPerHr` alone, with nothing to reconcile against.
+- A pod's start time is not returned; `started_at` is now minus the runtime's uptime, so it moves by a second or so
+  between polls, and it is None until the container runs.
+"""
+
+import logging
+import random
+import shlex
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+
+import httpx
+
+from .base import OfferSearch
+from .errors import (
+    AuthenticationFailed,
+    InstanceNotFound,
+    MalformedResponse,
+    OfferUnavailable,
+    OutcomeUnknown,
+    ProviderError,
+    ProviderUnavailable,
+    RateLimited,
+)
+from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
+from .vast import _retry_after_s
+
+log = logging.getLogger(__name__)
+
+CLOUD_TYPES = ("SECURE", "COMMUNITY")
+STORAGE_USD_PER_GB_MONTH = Decimal("0.10")  # RunPod's published container/volume disk rate on a running pod
+
+# Compute capability (x10, like sm_90) per GPU model; RunPod lists the model, never the capability. Longest first.
+_COMPUTE_CAPABILITY = (
+    ("RTX PRO 6000", 120), ("RTX 5090", 120), ("B200", 100), ("H200", 90), ("H100", 90),
+    ("L40S", 89), ("L40", 89), ("L4", 89), ("RTX 6000 ADA", 89), ("RTX 4090", 89),
+    ("A100", 80), ("A40", 86), ("A6000", 86), ("RTX 3090", 86),
+)
+
+# How RunPod says that the GPU type has no free machine for the request (checked lowercased).
+_NO_CAPACITY = (
+    "no longer any instances available",
+    "no instances available",
+    "not enough capacity",
+    "insufficient capacity",
+    "out of stock",
+)
+_AUTH_WORDS = ("unauthorized", "unauthenticated", "forbidden", "invalid api key", "api key is invalid")
+_NOT_FOUND_WORDS = ("not found", "does not exist", "no pod", "could not find")
+
+_GPU_TYPES_QUERY = """
+query GpuTypes($gpuCount: Int!) {
+  gpuTypes {
+    id displayName memoryInGb maxGpuCount secureCloud communityCloud
+    securePrice communityPrice secureSpotPrice communitySpotPrice
+    lowestPrice(input: {gpuCount: $gpuCount}) { minimumBidPrice uninterruptablePrice }
+  }
+}"""
+
+_POD_FIELDS = """
+    id name desiredStatus lastStatusChange costPerHr gpuCount podType machineId imageName
+    machine { gpuDisplayName }
+    runtime {
+      uptimeInSeconds
+      ports { ip isIpPublic privatePort publicPort type }
+      gpus { id gpuUtilPercent }
+    }"""
+
+_PODS_QUERY = "query Pods { myself { pods {" + _POD_FIELDS + "\n  } } }"
+_POD_QUERY = "query Pod($podId: String!) { pod(input: {podId: $podId}) {" + _POD_FIELDS + "\n  } }"
+_DEPLOY_MUTATION = """
+mutation Deploy($input: PodFindAndDeployOnDemandInput!) {
+  podFindAndDeployOnDemand(input: $input) { id machineId }
+}"""
+_BID_MUTATION = """
+mutation Bid($input: PodRentInterruptableInput!) {
+  podRentInterruptable(input: $input) { id machineId }
+}"""
+_TERMINATE_MUTATION = "mutation Terminate($podId: String!) { podTerminate(input: {podId: $podId}) }"
+
+
+class QueryRefused(ProviderError):
+    """RunPod answered the GraphQL call with an error that is neither about the key nor about capacity."""
+
+
+class RentAnswerUnreadable(OutcomeUnknown, MalformedResponse):
+    """The rent mutation reached RunPod but its answer carries no pod id: it may have rented, so reconcile by
+    label (it is an OutcomeUnknown) and the answer broke the API's contract (it is a MalformedResponse)."""
+
+
+class RunPodClient:
+    name = "runpod"
+
+    def __init__(
+        self,
+        api_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 20.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_wait_s: float = 30.0,
+        gpu_counts: tuple[int, ...] = (1,),
+        ports: str = "22/tcp,8000/tcp",
+        storage_usd_per_gb_month: Decimal = STORAGE_USD_PER_GB_MONTH,
+        sleep=time.sleep,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        if not api_key:
+            raise AuthenticationFailed("No RunPod API key is configured: set RUNPOD_API_KEY.")
+        self.api_url = api_url
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_wait_s = max_wait_s
+        self.gpu_counts = tuple(gpu_counts)
+        self.ports = ports
+        self.storage_usd_per_gb_month = storage_usd_per_gb_month
+        self._sleep = sleep
+        self._http = httpx.Client(
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:  # never the key
+        return f"RunPodClient({self.api_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the provider interface ------------------------------------------------------------------------------
+
+    def search_offers(self, filters: dict | None = None, *, bid: bool = False, limit: int = 1000) -> OfferSearch:
+        """One offer per GPU type x cloud x GPU count, cheapest first.
+
+        `filters` takes RunPod's own terms only: {"gpu_counts": [1, 8], "cloud_types": ["SECURE"]}; vast.ai's
+        field filters mean nothing here and are refused rather than silently ignored.
+        """
+        filters = dict(filters or {})
+        gpu_counts = tuple(filters.pop("gpu_counts", self.gpu_counts))
+        cloud_types = tuple(filters.pop("cloud_types", CLOUD_TYPES))
+        if filters:
+            raise ValueError(f"RunPod offer search takes gpu_counts and cloud_types, not {sorted(filters)}.")
+        result = OfferSearch()
+        for gpu_count in gpu_counts:
+            data = self._graphql("gpuTypes", _GPU_TYPES_QUERY, {"gpuCount": gpu_count})
+            gpu_types = data.get("gpuTypes")
+            if not isinstance(gpu_types, list):
+                raise MalformedResponse("RunPod gpuTypes answered without a list of GPU types.")
+            for raw in gpu_types:
+                try:
+                    result.extend(parse_offers(raw, gpu_count, cloud_types, bid=bid,
+                                               storage_usd_per_gb_month=self.storage_usd_per_gb_month))
+                except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
+                    gpu_id = raw.get("id", "?") if isinstance(raw, dict) else "?"
+                    result.skipped.append(f"GPU type {gpu_id} x{gpu_count}: {exc}")
+        result.sort(key=lambda o: (o.total_usd_per_hour, o.offer_id))
+        del result[limit:]
+        if result.skipped:
+            log.warning("Skipped %d malformed RunPod GPU types: %s", len(result.skipped), "; ".join(result.skipped[:5]))
+        return result
+
+    def rent(self, request: RentRequest) -> str:
+        """Deploys a pod for an offer id "<gpu type>:<cloud>:<count>"; a bid rents it interruptible.
+
+        The label becomes the pod's name, which is how a rent whose outcome is unknown is found again.
+        """
+        gpu_type_id, cloud_type, gpu_count = parse_offer_id(request.offer_id)
+        pod = {
+            "name": request.label,
+            "imageName": request.image,
+            "gpuTypeId": gpu_type_id,
+            "cloudType": cloud_type,
+            "gpuCount": gpu_count,
+            "containerDiskInGb": request.disk_gb,
+            "volumeInGb": 0,
+            "env": [{"key": k, "value": v} for k, v in request.env.items()],
+            "ports": self.ports,
+            "supportPublicIp": True,
+            "startSsh": True,
+        }
+        if request.onstart:  # RunPod has no on-start script; the container's command runs it instead
+            pod["dockerArgs"] = f"bash -c {shlex.quote(request.onstart)}"
+        if request.bid_usd_per_hour is None:
+            operation, mutation = "podFindAndDeployOnDemand", _DEPLOY_MUTATION
+        else:
+            # RentRequest's bid is for the whole machine, as on vast.ai; RunPod takes it per GPU.
+            operation, mutation = "podRentInterruptable", _BID_MUTATION
+            pod["bidPerGpu"] = float(request.bid_usd_per_hour / gpu_count)
+        what = f"RunPod {operation} for offer {request.offer_id}"
+        try:
+            data = self._graphql(operation, mutation, {"input": pod}, idempotent=False)
+        except MalformedResponse as exc:
+            raise RentAnswerUnreadable(f"{what}: {exc} It may have rented: reconcile by label.") from None
+        except OfferUnavailable as exc:
+            raise OfferUnavailable(f"Offer {request.offer_id} can no longer be rented: {exc}") from None
+        created = data.get(operation)
+        pod_id = created.get("id") if isinstance(created, dict) else None
+        if not isinstance(pod_id, str) or not pod_id:
+            raise RentAnswerUnreadable(f"{what} answered without a pod id; it may have rented: reconcile by label.")
+        return pod_id
+
+    def list_instances(self) -> list[InstanceRecord]:
+        data = self._graphql("myself", _PODS_QUERY)
+        myself = data.get("myself")
+        pods = myself.get("pods") if isinstance(myself, dict) else None
+        if not isinstance(pods, list):
+            raise MalformedResponse("RunPod myself answered without a list of pods.")
+        # A terminated pod is gone for good; vast.ai simply stops listing such instances, and so do we.
+        return [parse_pod(raw) for raw in pods if not (isinstance(raw, dict) and _is_terminated(raw))]
+
+    def get_instance(self, instance_id: str) -> InstanceRecord:
+        try:
+            data = self._graphql("pod", _POD_QUERY, {"podId": instance_id})
+        except QueryRefused as exc:
+            if _says_not_found(str(exc)):
+                raise InstanceNotFound(f"RunPod has no pod {instance_id}.") from None
+            raise
+        raw = data.get("pod")
+        if raw is None or (isinstance(raw, dict) and _is_terminated(raw)):
+            raise InstanceNotFound(f"RunPod has no pod {instance_id}.")
+        return parse_pod(raw)
+
+    def destroy(self, instance_id: str) -> bool:
+        """Terminates the pod; False if it was already gone (destroying twice is not an error).
+
+        The pod is looked up first, because how RunPod answers a terminate for an unknown pod is not documented;
+        a terminate that fails is followed by another look, so a pod that vanished meanwhile is not an error.
+        """
+        try:
+            self.get_instance(instance_id)
+        except InstanceNotFound:
+            return False
+        try:
+            self._graphql("podTerminate", _TERMINATE_MUTATION, {"podId": instance_id})
+        except QueryRefused:
+            try:
+                self.get_instance(instance_id)
+            except InstanceNotFound:
+                return False
+            raise
+        return True
+
+    def charges(self) -> list[ChargeRecord]:
+        """RunPod's GraphQL subset has no per-pod charge lines: the ledger accrues from costPerHr alone."""
+        return []
+
+    # -- GraphQL over HTTP with retries ----------------------------------------------------------------------
+
+    def _graphql(self, operation: str, query: str, variables: dict | None = None, *, idempotent: bool = True) -> dict:
+        """Runs one query or mutation and returns its `data`; GraphQL `errors` become the product's errors."""
+        response = self._request(operation, {"query": query, "variables": variables or {}}, idempotent=idempotent)
+        what = f"RunPod {operation}"
+        if response.status_code >= 400:
+            # Refused as sent (GraphQL answers 400 to a query it cannot validate): nothing happened.
+            message = _error_text(_decode(response, what, strict=False)) or response.reason_phrase
+            raise _refusal(what, f"HTTP {response.status_code}: {message}")
+        body = _decode(response, what)
+        if body.get("errors"):
+            raise _refusal(what, _error_text(body) or "an error without a message")
+        data = body.get("data")
+        if not isinstance(data, dict):
+            raise MalformedResponse(f"{what} answered without a 'data' object.")
+        return data
+
+    def _request(self, operation: str, body: dict, *, idempotent: bool = True) -> httpx.Response:
+        """Posts the call, retrying 429s, 5xx and network failures with backoff.
+
+        A mutation that creates a pod is retried only where RunPod cannot have acted on it: a refused connection or
+        a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and the caller reconciles
+        by the pod's name (our label) instead of renting again. A terminate is safe to repeat.
+        """
+        what = f"RunPod {operation}"
+        for attempt in range(self.max_retries + 1):
+            last_attempt = attempt == self.max_retries
+            try:
+                response = self._http.post(self.api_url, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: cannot connect ({type(exc).__name__}).") from None
+                self._sleep(self._backoff(attempt))
+                continue
+            except httpx.TransportError as exc:
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: {type(exc).__name__} after sending; it may have happened.") from None
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: {type(exc).__name__} after {attempt + 1} tries.") from None
+                self._sleep(self._backoff(attempt))
+                continue
+
+            status = response.status_code
+            if status in (401, 403):
+                raise AuthenticationFailed(f"RunPod refused the API key (HTTP {status}): check RUNPOD_API_KEY.")
+            if status == 429:
+                wait_s = _retry_after_s(response) or self._backoff(attempt)
+                if last_attempt or wait_s > self.max_wait_s:
+                    raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
+                log.info("%s rate limited; waiting %.1f s", what, wait_s)
+                self._sleep(wait_s)
+                continue
+            if status >= 500:
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: HTTP {status} after sending; it may have happened.")
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: HTTP {status} after {attempt + 1} tries.")
+                self._sleep(_retry_after_s(response) or self._backoff(attempt))
+                continue
+            return response
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int) -> float:
+        # Exponential with jitter so that several workers do not retry in step.
+        return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+def _decode(response: httpx.Response, what: str, *, strict: bool = True) -> dict:
+    try:
+        data = response.json()
+    except ValueError:
+        if not strict:
+            return {}
+        raise MalformedResponse(f"{what} answered HTTP {response.status_code} with a body that is not JSON.") from None
+    if not isinstance(data, dict):
+        if not strict:
+            return {}
+        raise MalformedResponse(f"{what} answered JSON that is not an object.")
+    return data
+
+
+def _refusal(what: str, message: str) -> ProviderError:
+    lowered = message.lower()
+    if any(words in lowered for words in _AUTH_WORDS):
+        return AuthenticationFailed(f"RunPod refused the API key ({message}): check RUNPOD_API_KEY.")
+    if any(words in lowered for words in _NO_CAPACITY):
+        return OfferUnavailable(f"RunPod has no capacity for it: {message}")
+    return QueryRefused(f"{what}: {message}")
+
+
+def _error_text(body: dict) -> str:
+    errors = body.get("errors")
+    if not isinstance(errors, list):
+        return ""
+    messages = [str(e.get("message")) for e in errors if isinstance(e, dict) and e.get("message")]
+    return "; ".join(messages)
+
+
+def _says_not_found(message: str) -> bool:
+    lowered = message.lower()
+    return any(words in lowered for words in _NOT_FOUND_WORDS)
+
+
+def _is_terminated(raw: dict) -> bool:
+    return str(raw.get("desiredStatus") or "").upper() == "TERMINATED"
+
+
+# -- conversion: RunPod JSON -> records --------------------------------------------------------------------------
+
+
+def offer_id(gpu_type_id: str, cloud_type: str, gpu_count: int) -> str:
+    return f"{gpu_type_id}:{cloud_type}:{gpu_count}"
+
+
+def parse_offer_id(value: str) -> tuple[str, str, int]:
+    """"NVIDIA H200:SECURE:1" -> ("NVIDIA H200", "SECURE", 1); GPU type ids hold spaces but no colons."""
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3 or not parts[0] or parts[1] not in CLOUD_TYPES or not parts[2].isdigit() or int(parts[2]) < 1:
+        raise OfferUnavailable(f"Offer {value!r} is not a RunPod offer (GPU type:SECURE|COMMUNITY:count).")
+    return parts[0], parts[1], int(parts[2])
+
+
+def compute_capability(gpu_name: str) -> int:
+    """The GPU model's compute capability x10; 0 (unknown) for a model not in the table."""
+    upper = gpu_name.upper()
+    for model, capability in _COMPUTE_CAPABILITY:
+        if model in upper:
+            return capability
+    return 0
+
+
+def _price(raw: dict | None, key: str) -> Decimal | None:
+    if not isinstance(raw, dict) or raw.get(key) is None:
+        return None
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key} is {value!r}, not a number")
+    price = Decimal(str(value))
+    if price < 0:
+        raise ValueError(f"{key} is negative")
+    return price if price > 0 else None  # RunPod reports 0 where it has no price
+
+
+def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: bool = False,
+                 storage_usd_per_gb_month: Decimal = STORAGE_USD_PER_GB_MONTH) -> list[OfferRecord]:
+    """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine.
+
+    The per-cloud list price is used where RunPod gives it, its lowestPrice otherwise. A bid offer is priced at
+    the minimum bid. `rentable` says whether lowestPrice reports a machine for this count at all.
+    """
+    if not isinstance(raw, dict):
+        raise TypeError("GPU type is not an object")
+    gpu_type_id = raw["id"]
+    if not isinstance(gpu_type_id, str) or not gpu_type_id or ":" in gpu_type_id:
+        raise ValueError(f"id is {gpu_type_id!r}")
+    memory = raw["memoryInGb"]
+    if isinstance(memory, bool) or not isinstance(memory, int | float) or memory <= 0:
+        raise ValueError(f"memoryInGb is {memory!r}")
+    max_count = raw.get("maxGpuCount")
+    if isinstance(max_count, int) and not isinstance(max_count, bool) and gpu_count > max_count:
+        return []
+    lowest = raw.get("lowestPrice")
+    lowest_on_demand = _price(lowest, "uninterruptablePrice")
+    lowest_bid = _price(lowest, "minimumBidPrice")
+    name = str(raw.get("displayName") or gpu_type_id)
+    offers = []
+    for cloud in cloud_types:
+        key = "secure" if cloud == "SECURE" else "community"
+        if raw.get(f"{key}Cloud") is not True:
+            continue
+        on_demand = _price(raw, f"{key}Price") or lowest_on_demand
+        spot = _price(raw, f"{key}SpotPrice") or lowest_bid
+        per_gpu = spot if bid else on_demand
+        if per_gpu is None:
+            if bid:
+                continue  # this cloud takes no bids for the type: no offer, nothing malformed
+            raise ValueError(f"no {key} price")
+        machine = per_gpu * gpu_count
+        offers.append(OfferRecord(
+            provider="runpod",
+            offer_id=offer_id(gpu_type_id, cloud, gpu_count),
+            machine_id="",
+            host_id="",
+            gpu_name=name,
+            num_gpus=gpu_count,
+            gpu_ram_gb=float(memory),
+            compute_capability=compute_capability(f"{gpu_type_id} {name}"),
+            cuda_max=0.0,
+            driver_version="",
+            disk_gb=0.0,
+            inet_up_mbps=0.0,
+            inet_down_mbps=0.0,
+            inet_up_usd_per_gb=Decimal(0),  # RunPod does not bill traffic
+            inet_down_usd_per_gb=Decimal(0),
+            storage_usd_per_gb_month=storage_usd_per_gb_month,
+            gpu_usd_per_hour=machine,
+            total_usd_per_hour=machine,
+            min_bid_usd_per_hour=None if spot is None else spot * gpu_count,
+            reliability=0.0,
+            verified=cloud == "SECURE",  # Secure Cloud is RunPod's vetted data-centre tier
+            rentable=(lowest_bid if bid else lowest_on_demand) is not None,
+            is_bid=bid,
+            geolocation="",
+            dlperf=None,
+            total_flops=None,
+        ))
+    return offers
+
+
+# RunPod's desiredStatus -> vast.ai's actual_status words, which the rest of the product speaks.
+_STATUS = {
+    "CREATED": "created",
+    "RESTARTING": "loading",
+    "EXITED": "exited",
+    "DEAD": "exited",
+    "PAUSED": "stopped",
+    "STOPPED": "stopped",
+}
+
+
+def pod_status(desired_status: str, has_runtime: bool) -> str:
+    """RUNNING with a runtime is "running"; RUNNING without one is still pulling or starting: "loading"."""
+    desired = desired_status.upper()
+    if desired == "RUNNING":
+        return "running" if has_runtime else "loading"
+    return _STATUS.get(desired, desired.lower())
+
+
+def _intended_status(desired_status: str) -> str:
+    return "running" if desired_status.upper() in ("CREATED", "RUNNING", "RESTARTING") else "stopped"
+
+
+def _public_ports(runtime: dict) -> tuple[str, dict[str, int], str, int | None]:
+    """(public ip, {"8000/tcp": 41234}, ssh host, ssh port) from the runtime's port list; only public mappings."""
+    public_ip, ports, ssh_host, ssh_port = "", {}, "", None
+    for port in runtime.get("ports") or ():
+        if not isinstance(port, dict) or not port.get("isIpPublic"):
+            continue
+        try:
+            private, public = int(port["privatePort"]), int(port["publicPort"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        ip = str(port.get("ip") or "").strip()
+        public_ip = public_ip or ip
+        ports[f"{private}/{str(port.get('type') or 'tcp').lower()}"] = public
+        if private == 22:
+            ssh_host, ssh_port = ip, public
+    return public_ip, ports, ssh_host, ssh_port
+
+
+def _gpu_util(runtime: dict) -> float | None:
+    values = [g.get("gpuUtilPercent") for g in runtime.get("gpus") or () if isinstance(g, dict)]
+    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    return sum(numbers) / len(numbers) if numbers else None
+
+
+def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
+    if not isinstance(raw, dict) or not raw.get("id"):
+        raise MalformedResponse("RunPod returned a pod without an id.")
+    try:
+        desired = str(raw.get("desiredStatus") or "")
+        runtime = raw.get("runtime")
+        if runtime is not None and not isinstance(runtime, dict):
+            raise TypeError(f"runtime is {runtime!r}")
+        public_ip, ports, ssh_host, ssh_port = _public_ports(runtime or {})
+        machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
+        uptime = (runtime or {}).get("uptimeInSeconds")
+        started_at = None
+        if isinstance(uptime, int | float) and not isinstance(uptime, bool):
+            started_at = (now or datetime.now(UTC)).replace(microsecond=0) - timedelta(seconds=int(uptime))
+        cost = raw.get("costPerHr")
+        if isinstance(cost, bool) or not isinstance(cost, int | float | None):
+            raise ValueError(f"costPerHr is {cost!r}")
+        return InstanceRecord(
+            provider="runpod",
+            instance_id=str(raw["id"]),
+            label=str(raw.get("name") or ""),
+            status=pod_status(desired, runtime is not None),
+            status_msg=str(raw.get("lastStatusChange") or ""),
+            intended_status=_intended_status(desired),
+            is_bid=str(raw.get("podType") or "").upper() == "INTERRUPTABLE",
+            gpu_name=str(machine.get("gpuDisplayName") or ""),
+            num_gpus=int(raw.get("gpuCount") or 0),
+            machine_id=str(raw.get("machineId") or ""),
+            usd_per_hour=Decimal(str(cost or 0)),
+            gpu_util_percent=_gpu_util(runtime or {}),
+            public_ip=public_ip,
+            ports=ports,
+            ssh_host=ssh_host,
+            ssh_port=ssh_port,
+            started_at=started_at,
+        )
+    except (TypeError, ValueError, InvalidOperation) as exc:
+        raise MalformedResponse(f"RunPod pod {raw.get('id')}: {exc}") from None
+
