@@ -227,6 +227,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="30B shape at 4096 tokens only")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default="4096,16384")
+    parser.add_argument("--profile", action="store_true", help="first: per-kernel times of ours:triton, 30B, 4096")
     parser.add_argument("--paths", default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:loop")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -245,6 +246,8 @@ def main():
     results.update(transformers=transformers.__version__, peft=peft.__version__, triton=triton.__version__)
     started = time.time()
     table = []
+    if args.profile:
+        profile(SHAPES["qwen3-30b-a3b"], 4096)
     for shape_name in shapes:
         shape = SHAPES.get(shape_name, TINY)
         holder = make_block(shape)
@@ -310,6 +313,53 @@ def main():
                          f"triton/loop x{g['triton_vs_loop']}")
     print("\n".join(table))
     print(json.dumps(results))
+
+
+def profile(shape, tokens, path="ours:triton"):
+    """Per-kernel device time of a few fwd+bwd steps, to see where the time goes."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    holder = make_block(shape)
+    adopt_routed_lora(holder)
+    set_path(holder, path)
+    x = torch.randn(1, tokens, shape["hidden"], device=DEVICE, dtype=torch.bfloat16).requires_grad_()
+    grad = torch.randn_like(x)
+    for _ in range(3):
+        holder.mlp(x).backward(grad)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            holder.mlp(x).backward(grad)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60), flush=True)
+    import triton.testing
+
+    # Host time to enqueue one step (no sync inside): above the device time, the step is launch-bound.
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(20):
+        holder.mlp(x).backward(grad)
+    enqueue_ms = (time.perf_counter() - started) / 20 * 1e3
+    torch.cuda.synchronize()
+    eager_ms = triton.testing.do_bench(lambda: holder.mlp(x).backward(grad), warmup=50, rep=300, return_mode="median")
+    graph_ms = None
+    try:  # the same step captured in one CUDA graph: what it costs without Python launch overhead
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                holder.mlp(x).backward(grad)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            holder.mlp(x).backward(grad)
+        graph_ms = triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
+    except Exception as exc:
+        print(f"graph capture failed: {type(exc).__name__}: {exc}"[:300])
+    print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),
+                          eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
+    moe_lora.set_kernel_path(None)
+    del holder
 
 
 def unadopt(holder):
