@@ -160,6 +160,8 @@ if SIMULATOR_ENABLED:
 else:
     VAST_API_URL = env_str("VAST_API_URL", "https://console.vast.ai/api/v0")
     VAST_API_KEY = env_str("VAST_API_KEY", "")
+RUNPOD_API_URL = env_str("RUNPOD_API_URL", "https://api.runpod.io/graphql")
+RUNPOD_API_KEY = env_str("RUNPOD_API_KEY", "")
 PROVIDER_TIMEOUT_S = env_float("PROVIDER_TIMEOUT_S", 20.0, minimum=0.1)
 PROVIDER_MAX_RETRIES = env_int("PROVIDER_MAX_RETRIES", 4, minimum=0)
 
@@ -172,3 +174,17 @@ LOGGING = {
     # httpx logs every request line at INFO; keep it at WARNING so a busy worker's log stays readable.
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
+
+# Instances
+INSTANCE_LABEL_PREFIX = env_str("INSTANCE_LABEL_PREFIX", "moe-fleet")  # names the product on the provider's side
+WORKER_IMAGE = env_str("WORKER_IMAGE", "ghcr.io/moe-fleet/worker:0.1.0-cuda12.8")
+RENT_DISK_GB = env_int("RENT_DISK_GB", 250, minimum=10)
+INSTANCE_SYNC_SECONDS = env_int("INSTANCE_SYNC_SECONDS", 15, minimum=1)
+CHARGES_RECONCILE_SECONDS = env_int("CHARGES_RECONCILE_SECONDS", 300, minimum=10)
+RENT_OUTCOME_GRACE_S = env_int("RENT_OUTCOME_GRACE_S", 120, minimum=1)  # a rent not listed after this never happened
+DESTROY_VERIFY_S = env_int("DESTROY_VERIFY_S", 60, minimum=1)  # a destroy still listed after this is retried
+MAX_KEEP_FOR_DEBUG_HOURS = env_int("MAX_KEEP_FOR_DEBUG_HOURS", 24, minimum=1)
+CELERY_BEAT_SCHEDULE.update({
+    "sync-instances": {"task": "fleet.tasks.sync_instances", "schedule": float(INSTANCE_SYNC_SECONDS)},
+    "reconcile-charges": {"task": "fleet.tasks.reconcile_charges", "schedule": float(CHARGES_RECONCILE_SECONDS)},
+})

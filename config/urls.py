@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from fleet import instance_views
 from fleet import views as fleet_views
 from runs import views as run_views
 
@@ -9,7 +10,11 @@ urlpatterns = [
     path("", fleet_views.dashboard, name="dashboard"),
     path("offers/", fleet_views.offers, name="offers"),
     path("offers/profiles/", fleet_views.save_profile, name="save_profile"),
-    path("instances/", fleet_views.instances, name="instances"),
+    path("instances/", instance_views.instance_list, name="instances"),
+    path("instances/rent/", instance_views.rent_confirm, name="rent_confirm"),
+    path("instances/<int:pk>/", instance_views.instance_detail, name="instance_detail"),
+    path("instances/<int:pk>/destroy/", instance_views.destroy_confirm, name="destroy_confirm"),
+    path("instances/<int:pk>/keep/", instance_views.keep_for_debugging, name="keep_for_debugging"),
     path("inference/", fleet_views.inference, name="inference"),
     path("alerts/", fleet_views.alerts, name="alerts"),
     path("runs/", run_views.run_list, name="runs"),

@@ -1,11 +1,18 @@
 from celery import shared_task
+from django.conf import settings
 
-from fleet import offer_ranking, offers
+from fleet import actions, charges, offer_ranking, offers
 from fleet.providers.errors import ProviderUnavailable, RateLimited
+
+TRANSIENT = (ProviderUnavailable, RateLimited)
+
+
+def configured_providers() -> list[str]:
+    return [name for name, key in (("vast", settings.VAST_API_KEY), ("runpod", settings.RUNPOD_API_KEY)) if key]
 
 
 @shared_task(
-    autoretry_for=(ProviderUnavailable, RateLimited),
+    autoretry_for=TRANSIENT,
     retry_backoff=10,
     retry_backoff_max=120,
     max_retries=3,
@@ -22,3 +29,31 @@ def refresh_offers(provider: str = "vast") -> dict:
 def rank_profiles() -> int:
     """Ranks the fresh offers for every saved profile so the dashboard shows each one's best offer."""
     return offer_ranking.refresh_profile_rankings()
+
+
+@shared_task(acks_late=True)
+def rent_instance(instance_id: int) -> str:
+    # Safe to run twice: actions.rent claims the row and calls the provider at most once.
+    return actions.rent(instance_id).state
+
+
+@shared_task(acks_late=True)
+def destroy_instance(instance_id: int, reason: str, force: bool = False) -> str:
+    from fleet.models import Instance
+
+    return actions.destroy(Instance.objects.get(pk=instance_id), reason=reason, force=force).state
+
+
+@shared_task(autoretry_for=TRANSIENT, retry_backoff=5, max_retries=2, expires=30)
+def sync_instances() -> dict:
+    reports = {}
+    for provider in configured_providers():
+        report = actions.sync(provider)
+        reports[provider] = {"seen": report.seen, "adopted": report.adopted, "gone": report.gone,
+                             "destroyed": report.destroyed, "failed": report.failed}
+    return reports
+
+
+@shared_task(autoretry_for=TRANSIENT, retry_backoff=30, max_retries=2)
+def reconcile_charges() -> int:
+    return charges.reconcile("vast") if settings.VAST_API_KEY else 0

@@ -1,13 +1,16 @@
 from django.contrib import messages
+from django.db.models import Count
 from django.contrib.auth.decorators import permission_required
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from fleet.forms import RankingForm
-from fleet.models import Offer, OfferProfile, OfferRefresh
+from fleet import ledger
+from fleet.models import Instance, Offer, OfferProfile, OfferRefresh
 from fleet.offer_ranking import profile_settings, rank_stored_offers
 from fleet.ranking import OfferFilters, Recipe
 
@@ -79,10 +82,6 @@ def _redirect(request, url: str):
     return redirect(url)
 
 
-def instances(request):
-    return render(request, "fleet/instances.html")
-
-
 def inference(request):
     return render(request, "fleet/inference.html")
 
@@ -92,7 +91,11 @@ def alerts(request):
 
 
 def dashboard(request):
+    now = timezone.now()
+    states = dict(Instance.objects.values_list("state").annotate(n=Count("id")).order_by())
     return render(request, "dashboard.html", {
+        "account": ledger.account_cost(now),
+        "instance_states": [(state, states.get(state, 0)) for state, _ in Instance.State.choices],
         "offer_count": Offer.objects.filter(available=True).count(),
         "last_refresh": OfferRefresh.objects.order_by("-started_at").first(),
         "profiles": OfferProfile.objects.exclude(last_ranking=None).order_by("name"),

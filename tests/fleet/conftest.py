@@ -34,3 +34,23 @@ def celery_worker(transactional_db):
     with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, loglevel="WARNING",
                       shutdown_timeout=10):
         yield app
+
+
+@pytest.fixture
+def frozen_market(settings):
+    """A marketplace whose clock moves only when the test advances it, for costs worked out by hand."""
+    from fleet.simulator import SimulatedMarketplace
+
+    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=0, boot_delay_s=90, port=0,
+                              charges_min_interval_s=0) as server:
+        settings.VAST_API_URL = server.base_url
+        settings.VAST_API_KEY = MARKET_KEY
+        settings.PROVIDER_MAX_RETRIES = 2
+        yield server
+
+
+def sim_now(market):
+    """The marketplace's clock as a datetime, so the ledger and the market bill over the same seconds."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(market.state()["clock"], tz=UTC)

@@ -1,0 +1,322 @@
+"""The only code that rents or destroys machines.
+
+Renting is two steps: `request_rent` writes the row (idempotent per request key) and `rent` calls the provider,
+labelling the machine with the row's own id. A worker that dies between the two, or a call that fails after the
+provider acted, leaves a row that `sync` reconciles by that label, so nothing bills without a row. Destroying moves
+the row to "stopping"; only a sync that no longer sees the machine marks it destroyed, and one that still sees it
+after DESTROY_VERIFY_S destroys it again and raises an alert. Every failure path ends in `fail`, which tears the
+machine down unless a person asked to keep it, until a time (`keep_until`), never by the mere presence of a flag.
+"""
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from fleet import ledger
+from fleet.alerts import raise_alert
+from fleet.models import Instance, InstanceEvent, Offer
+from fleet.providers import get_provider
+from fleet.providers.errors import OutcomeUnknown, ProviderError
+from fleet.providers.records import InstanceRecord, RentRequest
+
+log = logging.getLogger(__name__)
+State = Instance.State
+
+BOOTING_STATUSES = {"created", "loading", ""}
+DEAD_STATUSES = {"exited", "stopped", "offline"}
+
+
+def record_event(instance: Instance, kind: str, message: str, now: datetime | None = None) -> None:
+    InstanceEvent.objects.create(instance=instance, kind=kind, message=message, at=now or timezone.now())
+
+
+def label_for(instance: Instance) -> str:
+    return f"{settings.INSTANCE_LABEL_PREFIX}-{instance.pk}"
+
+
+def pk_from_label(label: str) -> int | None:
+    match = re.fullmatch(rf"{re.escape(settings.INSTANCE_LABEL_PREFIX)}-(\d+)", label or "")
+    return int(match.group(1)) if match else None
+
+
+# -- renting ---------------------------------------------------------------------------------------------------------
+
+
+def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image: str | None = None,
+                 disk_gb: int | None = None, purpose: str = "manual", now: datetime | None = None
+                 ) -> tuple[Instance, bool]:
+    """Records the intent to rent the offer; the same key returns the same row, so a retried request rents once."""
+    now = now or timezone.now()
+    bid = None
+    if offer.is_bid:
+        bid = max(offer.min_bid_usd_per_hour or Decimal(0), offer.gpu_usd_per_hour)
+    disk_gb = disk_gb or settings.RENT_DISK_GB
+    price = ledger.rented_usd_per_hour(bid or offer.gpu_usd_per_hour, offer.storage_usd_per_gb_month, disk_gb)
+    with transaction.atomic():
+        instance, created = Instance.objects.get_or_create(idempotency_key=idempotency_key, defaults=dict(
+            provider=offer.provider, offer_id=offer.offer_id, gpu_name=offer.gpu_name, num_gpus=offer.num_gpus,
+            image=image or settings.WORKER_IMAGE, disk_gb=disk_gb, is_bid=offer.is_bid,
+            bid_usd_per_hour=bid, usd_per_hour=price, requested_by=requested_by,
+            requested_at=now, purpose=purpose))
+        if created:
+            instance.label = label_for(instance)
+            instance.save(update_fields=["label"])
+            who = requested_by.get_username() if requested_by else "the product"
+            record_event(instance, "requested",
+                         f"{who} asked for offer {offer.offer_id}: {offer.num_gpus}x {offer.gpu_name} at "
+                         f"${offer.total_usd_per_hour:.3f}/h, {'bid (interruptible)' if offer.is_bid else 'on-demand'}"
+                         f", {instance.disk_gb} GB disk, image {instance.image}", now)
+    return instance, created
+
+
+def rent(instance_id: int, *, now: datetime | None = None) -> Instance:
+    """Calls the provider for a requested instance, at most once per row whatever retries the task gets."""
+    now = now or timezone.now()
+    claimed = Instance.objects.filter(pk=instance_id, state=State.REQUESTED, rent_attempted_at=None).update(
+        rent_attempted_at=now)
+    instance = Instance.objects.get(pk=instance_id)
+    if not claimed:
+        return instance
+    request = RentRequest(offer_id=instance.offer_id, image=instance.image, disk_gb=instance.disk_gb,
+                          label=instance.label, env={"FLEET_INSTANCE": instance.label},
+                          bid_usd_per_hour=instance.bid_usd_per_hour)
+    try:
+        with get_provider(instance.provider) as provider:
+            provider_id = provider.rent(request)
+    except OutcomeUnknown as exc:
+        record_event(instance, "rent-unknown", f"{exc} The next sync looks for label {instance.label}.", now)
+        return instance
+    except ProviderError as exc:
+        return fail(instance, f"Rent failed, nothing was rented: {exc}", now=now, nothing_rented=True)
+    _attach(instance, provider_id, now, how=f"rented as {instance.provider} instance {provider_id}")
+    return Instance.objects.get(pk=instance_id)
+
+
+def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) -> None:
+    """Links a row to the machine the provider made for it and starts billing it; destroys it at once if the row was
+    cancelled or failed meanwhile (teardown wins over a late rent)."""
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance.pk).update(provider_instance_id=provider_id)
+        Instance.objects.filter(pk=instance.pk, state=State.REQUESTED).update(state=State.PROVISIONING)
+        instance.refresh_from_db()
+        ledger.bill(instance, instance.usd_per_hour, now)
+        record_event(instance, "rented", how, now)
+    if instance.state in (State.STOPPING, State.FAILED):
+        # Cancelled or given up on while the rent was in flight: it must not bill.
+        Instance.objects.filter(pk=instance.pk).update(
+            state=State.STOPPING, destroy_requested_at=now,
+            destroy_reason=instance.destroy_reason or "it appeared after its rent had been cancelled or given up on")
+        _call_destroy(instance, now)
+
+
+# -- failing and destroying --------------------------------------------------------------------------------------------
+
+
+def fail(instance: Instance, reason: str, *, now: datetime | None = None, nothing_rented: bool = False) -> Instance:
+    """Every failure path ends here: the reason is recorded and alerted once, and the machine is torn down unless a
+    person asked to keep it for debugging and that time has not passed. `nothing_rented` is for a rent the provider
+    refused outright; a rent whose outcome is unknown is torn down like a machine, once a sync finds it."""
+    now = now or timezone.now()
+    first_time = Instance.objects.filter(pk=instance.pk, failure_reason="").update(failure_reason=reason)
+    instance.refresh_from_db()
+    if first_time:
+        record_event(instance, "failed", reason, now)
+        raise_alert("instance_failed", f"{instance.label}: {reason}", instance=instance, now=now)
+    if instance.provider_instance_id is None and (nothing_rented or instance.rent_attempted_at is None):
+        _end(instance, State.FAILED, now)
+        return instance
+    return destroy(instance, reason=reason, now=now)
+
+
+def _rent_settled(instance: Instance, now: datetime) -> bool:
+    """Whether a rent that may or may not have happened has had time to show up in the provider's list."""
+    if instance.rent_attempted_at is None:
+        return True
+    return now - instance.rent_attempted_at >= timedelta(seconds=settings.RENT_OUTCOME_GRACE_S)
+
+
+def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: datetime | None = None) -> Instance:
+    now = now or timezone.now()
+    hours = min(float(hours), settings.MAX_KEEP_FOR_DEBUG_HOURS)
+    instance.keep_until = now + timedelta(hours=hours)
+    instance.save(update_fields=["keep_until"])
+    who = by.get_username() if by else "the product"
+    record_event(instance, "kept", f"{who} keeps it for debugging until {instance.keep_until:%Y-%m-%d %H:%M} UTC "
+                                   "(destroyed then if it has failed)", now)
+    return instance
+
+
+def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=None, force: bool = False) -> Instance:
+    """Idempotent. A person's destroy (`force`) overrides keep-for-debugging; the product's own does not."""
+    now = now or timezone.now()
+    instance.refresh_from_db()
+    if instance.state in (State.DESTROYED, State.FAILED):
+        return instance
+    if not force and instance.keep_until and instance.keep_until > now:
+        record_event(instance, "kept", f"Not destroyed ({reason}): kept for debugging until "
+                                       f"{instance.keep_until:%Y-%m-%d %H:%M} UTC.", now)
+        return instance
+    if instance.provider_instance_id is None and instance.rent_attempted_at is None:
+        if Instance.objects.filter(pk=instance.pk, state=State.REQUESTED, rent_attempted_at=None).update(
+                state=State.FAILED, ended_at=now, destroy_reason=reason):
+            record_event(instance, "cancelled", f"Cancelled before it was rented: {reason}", now)
+        instance.refresh_from_db()
+        return instance
+    claimed = Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING]
+                                      ).update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now)
+    instance.refresh_from_db()
+    if not claimed:
+        return instance  # already stopping: the sync verifies and retries
+    who = f" by {by.get_username()}" if by else ""
+    record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
+    if instance.provider_instance_id is not None:
+        _call_destroy(instance, now)
+    return Instance.objects.get(pk=instance.pk)
+
+
+def _call_destroy(instance: Instance, now: datetime) -> None:
+    Instance.objects.filter(pk=instance.pk).update(destroy_attempts=F("destroy_attempts") + 1,
+                                                   destroy_requested_at=now)
+    try:
+        with get_provider(instance.provider) as provider:
+            existed = provider.destroy(instance.provider_instance_id)
+    except ProviderError as exc:
+        record_event(instance, "destroy-error", f"Destroy call failed, retried by the next sync: {exc}", now)
+        return
+    if not existed:
+        _end(instance, State.DESTROYED, now, "The provider no longer had it: destroyed.")
+    else:
+        ledger.stop_billing(instance, now)  # the provider stops charging when it accepts the destroy
+        record_event(instance, "destroy-sent", "The provider accepted the destroy; the next sync verifies it.", now)
+
+
+def _end(instance: Instance, state: str, now: datetime, message: str = "") -> None:
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance.pk).update(state=state, ended_at=now)
+        ledger.stop_billing(instance, now)
+        if message:
+            record_event(instance, state, message, now)
+    instance.refresh_from_db()
+
+
+# -- sync ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SyncReport:
+    seen: int = 0
+    adopted: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    destroy_retried: list[str] = field(default_factory=list)
+
+
+def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncReport:
+    """Brings every row in line with what the provider lists, adopting our labelled machines it has and we lack."""
+    now = now or timezone.now()
+    with get_provider(provider_name) as provider:
+        records = provider.list_instances()
+    report = SyncReport(seen=len(records))
+    by_id = {r.instance_id: r for r in records}
+    known = set(Instance.objects.filter(provider=provider_name, provider_instance_id__isnull=False)
+                .values_list("provider_instance_id", flat=True))
+    for record in records:
+        if record.instance_id not in known and pk_from_label(record.label) is not None:
+            _adopt(provider_name, record, now, report)
+
+    for instance in Instance.objects.filter(provider=provider_name, state__in=Instance.LIVE_STATES):
+        record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
+        if record is not None:
+            _apply(instance, record, now, report)
+        elif instance.provider_instance_id is not None:
+            if instance.state == State.STOPPING:
+                _end(instance, State.DESTROYED, now, "Destroy verified: the provider no longer lists it.")
+                report.destroyed.append(instance.label)
+            else:
+                _end(instance, State.FAILED, now, "Gone: the provider no longer lists it (host lost or removed).")
+                fail(instance, "The provider no longer lists it (host lost or removed).", now=now)
+                report.gone.append(instance.label)
+        elif instance.rent_attempted_at is not None and _rent_settled(instance, now):
+            _end(instance, State.FAILED, now,
+                 f"Never rented: no instance labelled {instance.label} appeared within {settings.RENT_OUTCOME_GRACE_S} s.")
+            report.failed.append(instance.label)
+    return report
+
+
+def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: SyncReport) -> None:
+    pk = pk_from_label(record.label)
+    row = Instance.objects.filter(pk=pk, provider=provider_name, provider_instance_id__isnull=True).first()
+    if row is not None:
+        _attach(row, record.instance_id, now, how=f"Found on {provider_name} by its label as instance "
+                                                  f"{record.instance_id} after the rent call's outcome was lost.")
+        report.adopted.append(row.label)
+        return
+    adopted = Instance.objects.create(
+        provider=provider_name, provider_instance_id=record.instance_id, idempotency_key=f"adopted-{provider_name}-"
+        f"{record.instance_id}", label=record.label, state=State.PROVISIONING, purpose="adopted", offer_id="",
+        gpu_name=record.gpu_name, num_gpus=record.num_gpus or 1, image="", disk_gb=0, is_bid=record.is_bid,
+        usd_per_hour=record.usd_per_hour, requested_at=now)
+    ledger.bill(adopted, record.usd_per_hour, record.started_at or now)
+    message = (f"{provider_name} instance {record.instance_id} carries our label {record.label} but no row knew it: "
+               "adopted, so it is reaped like any other.")
+    record_event(adopted, "adopted", message, now)
+    raise_alert("instance_adopted", message, instance=adopted, now=now)
+    report.adopted.append(record.label)
+
+
+def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: SyncReport) -> None:
+    status = record.status
+    changes = dict(provider_status=status, status_msg=record.status_msg[:2000], gpu_util_percent=record.gpu_util_percent,
+                   public_ip=record.public_ip, ports=record.ports, ssh_host=record.ssh_host, ssh_port=record.ssh_port,
+                   started_at=record.started_at, last_synced_at=now)
+    if record.usd_per_hour > 0:
+        changes["usd_per_hour"] = record.usd_per_hour
+        if instance.last_synced_at is None:
+            ledger.reprice_from_start(instance, record.usd_per_hour)
+    Instance.objects.filter(pk=instance.pk).update(**changes)
+    if status == "running":
+        Instance.objects.filter(pk=instance.pk, state=State.PROVISIONING).update(state=State.RUNNING, running_at=now)
+    instance.refresh_from_db()
+    if instance.state != State.STOPPING:
+        ledger.bill(instance, instance.usd_per_hour, now)
+
+    if instance.state == State.STOPPING:
+        if instance.destroy_requested_at and now - instance.destroy_requested_at >= timedelta(
+                seconds=settings.DESTROY_VERIFY_S):
+            message = (f"{instance.label} is still listed {int((now - instance.destroy_requested_at).total_seconds())}"
+                       f" s after destroy attempt {instance.destroy_attempts}: destroying again.")
+            record_event(instance, "destroy-unconfirmed", message, now)
+            raise_alert("destroy_unconfirmed", message, instance=instance, now=now)
+            # Still there, so it billed all along: count it from the failed attempt on.
+            ledger.bill(instance, instance.usd_per_hour, instance.destroy_requested_at)
+            _call_destroy(instance, now)
+            report.destroy_retried.append(instance.label)
+        return
+    if instance.failure_reason and instance.keep_until and instance.keep_until <= now:
+        destroy(instance, reason=f"keep-for-debugging expired at {instance.keep_until:%Y-%m-%d %H:%M} UTC after: "
+                                 f"{instance.failure_reason}", now=now)
+        report.destroyed.append(instance.label)
+        return
+    reason = failure_of(record)
+    if reason:
+        fail(instance, reason, now=now)
+        report.failed.append(instance.label)
+
+
+def failure_of(record: InstanceRecord) -> str:
+    """Why a machine the provider lists is of no use, or "" if it is fine (a pure decision over the record)."""
+    if record.failed_to_start:
+        return f"Failed to start: {record.status_msg}"
+    if "error 803" in record.status_msg.lower() or "cuda error" in record.status_msg.lower():
+        return f"CUDA failed to initialise (the host's driver is too old for the image): {record.status_msg}"
+    if record.status in DEAD_STATUSES and record.intended_status == "running":
+        return f"The host {record.status} on its own: {record.status_msg or 'no message'}"
+    return ""

@@ -1,0 +1,117 @@
+"""Instances pages: the list with live cost, one instance, and the rent / destroy / keep confirmations."""
+
+import uuid
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+
+from fleet import actions, ledger, tasks
+from fleet.models import Instance, Offer
+
+RECENT_ENDED = 20
+
+
+def require_permission(user, codename: str) -> None:
+    """Renting and destroying are for staff who hold the permission; everyone else gets 403."""
+    if not (user.is_staff and user.has_perm(f"fleet.{codename}")):
+        raise PermissionDenied(f"You need the {codename.replace('_', ' ')} permission.")
+
+
+def instance_rows(now):
+    live = list(Instance.objects.filter(state__in=Instance.LIVE_STATES).order_by("-requested_at"))
+    ended = list(Instance.objects.exclude(state__in=Instance.LIVE_STATES).order_by("-requested_at")[:RECENT_ENDED])
+    costs = ledger.instance_costs(live + ended, now)
+    for instance in live + ended:
+        instance.cost_usd = costs[instance.pk]
+        instance.billing = instance.state in Instance.BILLING_STATES
+    return live, ended
+
+
+def instance_list(request):
+    now = timezone.now()
+    live, ended = instance_rows(now)
+    context = {"live": live, "ended": ended, "account": ledger.account_cost(now), "now": now}
+    template = "fleet/_instances.html" if request.headers.get("HX-Request") else "fleet/instances.html"
+    return render(request, template, context)
+
+
+def instance_detail(request, pk):
+    instance = get_object_or_404(Instance, pk=pk)
+    now = timezone.now()
+    instance.cost_usd = ledger.instance_cost(instance, now)
+    instance.billing = instance.state in Instance.BILLING_STATES
+    difference = None
+    if instance.provider_charged_usd is not None:
+        difference = instance.cost_usd - instance.provider_charged_usd
+    template = "fleet/_instance_state.html" if request.headers.get("HX-Request") else "fleet/instance_detail.html"
+    return render(request, template, {
+        "instance": instance, "events": instance.events.all()[:200], "now": now, "difference": difference,
+        "max_keep_hours": settings.MAX_KEEP_FOR_DEBUG_HOURS,
+    })
+
+
+class RentForm(forms.Form):
+    idempotency_key = forms.CharField(max_length=64, widget=forms.HiddenInput)
+    image = forms.CharField(max_length=300)
+    disk_gb = forms.IntegerField(min_value=10, max_value=20000)
+
+
+def _offer_from(request) -> Offer:
+    source = request.POST if request.method == "POST" else request.GET
+    return get_object_or_404(Offer, provider=source.get("provider", "vast"), offer_id=source.get("offer", ""),
+                             is_bid=source.get("bid") == "1", available=True)
+
+
+def rent_confirm(request):
+    require_permission(request.user, "rent_instance")
+    offer = _offer_from(request)
+    if request.method == "POST":
+        form = RentForm(request.POST)
+        if form.is_valid():
+            with transaction.atomic():
+                instance, created = actions.request_rent(
+                    offer=offer, idempotency_key=form.cleaned_data["idempotency_key"], requested_by=request.user,
+                    image=form.cleaned_data["image"], disk_gb=form.cleaned_data["disk_gb"])
+                if created:
+                    transaction.on_commit(lambda: tasks.rent_instance.delay(instance.pk))
+            if created:
+                messages.success(request, f"Renting offer {offer.offer_id}: {instance.label} is requested.")
+            return redirect("instance_detail", pk=instance.pk)
+    else:
+        form = RentForm(initial={"idempotency_key": uuid.uuid4().hex, "image": settings.WORKER_IMAGE,
+                                 "disk_gb": settings.RENT_DISK_GB})
+    return render(request, "fleet/rent_confirm.html", {"offer": offer, "form": form})
+
+
+def destroy_confirm(request, pk):
+    require_permission(request.user, "destroy_instance")
+    instance = get_object_or_404(Instance, pk=pk)
+    if request.method == "POST":
+        reason = f"destroyed by {request.user.get_username()} from the dashboard"
+        # The provider call runs on a worker; the page shows "stopping" as soon as it has claimed the row.
+        tasks.destroy_instance.delay(instance.pk, reason, True)
+        messages.success(request, f"Destroying {instance.label}.")
+        return redirect("instance_detail", pk=pk)
+    return render(request, "fleet/destroy_confirm.html", {"instance": instance})
+
+
+def keep_for_debugging(request, pk):
+    require_permission(request.user, "destroy_instance")
+    instance = get_object_or_404(Instance, pk=pk)
+    if request.method != "POST":
+        return redirect("instance_detail", pk=pk)
+    try:
+        hours = float(request.POST.get("hours", ""))
+    except ValueError:
+        hours = 0
+    if not 0 < hours <= settings.MAX_KEEP_FOR_DEBUG_HOURS:
+        messages.error(request, f"Keep it for 0 to {settings.MAX_KEEP_FOR_DEBUG_HOURS} hours.")
+    else:
+        actions.keep_for_debugging(instance, hours, by=request.user)
+        messages.success(request, f"{instance.label} is kept until {instance.keep_until:%H:%M} UTC.")
+    return redirect("instance_detail", pk=pk)

@@ -1,0 +1,95 @@
+"""The cost ledger: an instance bills per second at the provider's own hourly price over its cost segments; one
+segment per price, closed when the price changes or the instance stops billing. Money is Decimal throughout."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Q
+
+from fleet.models import CostSegment, Instance
+
+SECONDS_PER_HOUR = Decimal(3600)
+CENT = Decimal("0.01")
+
+
+def segment_cost(usd_per_hour: Decimal, start: datetime, end: datetime) -> Decimal:
+    seconds = max(0.0, (end - start).total_seconds())
+    return usd_per_hour * Decimal(str(seconds)) / SECONDS_PER_HOUR
+
+
+def cost_in_window(segments, window_start: datetime | None, window_end: datetime) -> Decimal:
+    """What (usd_per_hour, started_at, ended_at-or-None) segments billed between the two times."""
+    total = Decimal(0)
+    for usd_per_hour, started_at, ended_at in segments:
+        start = started_at if window_start is None else max(started_at, window_start)
+        end = window_end if ended_at is None else min(ended_at, window_end)
+        if end > start:
+            total += segment_cost(usd_per_hour, start, end)
+    return total
+
+
+@dataclass(frozen=True)
+class AccountCost:
+    this_hour_usd: Decimal
+    today_usd: Decimal
+    burn_usd_per_hour: Decimal  # what the open segments bill per hour right now
+    at: datetime
+
+
+HOURS_PER_MONTH = Decimal(720)  # marketplaces price storage per GB per 30-day month
+
+
+def rented_usd_per_hour(gpu_usd_per_hour: Decimal, storage_usd_per_gb_month: Decimal, disk_gb: int) -> Decimal:
+    """The hourly price of a rental: the machine (or the bid) plus the disk actually rented (a listing's all-in price
+    counts only a token disk)."""
+    return gpu_usd_per_hour + storage_usd_per_gb_month * Decimal(disk_gb) / HOURS_PER_MONTH
+
+
+def reprice_from_start(instance: Instance, usd_per_hour: Decimal) -> None:
+    """The provider's first word on the price applies from the rent on, not from when we first heard it."""
+    instance.cost_segments.filter(ended_at__isnull=True).update(usd_per_hour=usd_per_hour)
+
+
+def bill(instance: Instance, usd_per_hour: Decimal, at: datetime) -> None:
+    """Bills the instance at this price from `at` on: opens a segment, closing one at another price first."""
+    current = instance.cost_segments.filter(ended_at__isnull=True).first()
+    if current is not None:
+        if current.usd_per_hour == usd_per_hour:
+            return
+        current.ended_at = max(at, current.started_at)
+        current.save(update_fields=["ended_at"])
+    CostSegment.objects.create(instance=instance, usd_per_hour=usd_per_hour, started_at=at)
+
+
+def stop_billing(instance: Instance, at: datetime) -> None:
+    for segment in instance.cost_segments.filter(ended_at__isnull=True):
+        segment.ended_at = max(at, segment.started_at)
+        segment.save(update_fields=["ended_at"])
+
+
+def instance_cost(instance: Instance, now: datetime) -> Decimal:
+    segments = [(s.usd_per_hour, s.started_at, s.ended_at) for s in instance.cost_segments.all()]
+    return cost_in_window(segments, None, now) + instance.traffic_usd
+
+
+def instance_costs(instances, now: datetime) -> dict[int, Decimal]:
+    """Cost so far of many instances with one query."""
+    ids = [i.pk for i in instances]
+    totals = {i.pk: i.traffic_usd for i in instances}
+    for s in CostSegment.objects.filter(instance_id__in=ids):
+        totals[s.instance_id] += cost_in_window([(s.usd_per_hour, s.started_at, s.ended_at)], None, now)
+    return totals
+
+
+def account_cost(now: datetime) -> AccountCost:
+    hour_start = now.replace(minute=0, second=0, microsecond=0)
+    day_start = hour_start.replace(hour=0)
+    rows = list(CostSegment.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=day_start), started_at__lt=now)
+                .values_list("usd_per_hour", "started_at", "ended_at"))
+    return AccountCost(
+        this_hour_usd=cost_in_window(rows, hour_start, now),
+        today_usd=cost_in_window(rows, day_start, now),
+        burn_usd_per_hour=sum((rate for rate, _, ended in rows if ended is None), Decimal(0)),
+        at=now,
+    )

@@ -1,0 +1,250 @@
+"""Renting, syncing and destroying instances on the simulated marketplace over HTTP, and what a crash leaves."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from fleet import actions, charges, ledger
+from fleet.models import Alert, Instance, Offer
+from fleet.offers import refresh_offers
+from fleet.providers import get_provider
+from fleet.providers.records import RentRequest
+
+from .conftest import sim_now
+
+pytestmark = pytest.mark.django_db
+State = Instance.State
+
+
+def _cheap_offer(**filters) -> Offer:
+    """The cheapest on-demand offer whose driver runs the worker image (CUDA 12.8), unless told otherwise."""
+    filters.setdefault("cuda_max__gte", 12.8)
+    return Offer.objects.filter(available=True, is_bid=False, disk_gb__gte=100, **filters).order_by(
+        "total_usd_per_hour").first()
+
+
+def _provider_instances(label=None):
+    with get_provider() as provider:
+        listed = provider.list_instances()
+    return [i for i in listed if label is None or i.label == label]
+
+
+@pytest.fixture
+def offer(frozen_market):
+    refresh_offers()
+    return _cheap_offer()
+
+
+def _rent(offer, market, key="k1"):
+    instance, created = actions.request_rent(offer=offer, idempotency_key=key, disk_gb=100, now=sim_now(market))
+    return actions.rent(instance.pk, now=sim_now(market))
+
+
+def test_it_rents_syncs_through_every_state_and_destroys(offer, frozen_market):
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="a", disk_gb=100, now=sim_now(frozen_market))
+    assert instance.state == State.REQUESTED and instance.label == f"moe-fleet-{instance.pk}"
+    instance = actions.rent(instance.pk, now=sim_now(frozen_market))
+    assert instance.state == State.PROVISIONING and instance.provider_instance_id
+    assert [i.label for i in _provider_instances(instance.label)] == [instance.label]
+
+    frozen_market.advance(120)
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.RUNNING and instance.provider_status == "running"
+
+    instance = actions.destroy(instance, reason="test done", now=sim_now(frozen_market))
+    assert instance.state == State.STOPPING  # until a sync sees it gone
+    report = actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.DESTROYED and report.destroyed == [instance.label]
+    assert _provider_instances(instance.label) == []
+    assert actions.destroy(instance, reason="again").state == State.DESTROYED  # a no-op
+    kinds = list(instance.events.order_by("at", "id").values_list("kind", flat=True))
+    assert kinds[:2] == ["requested", "rented"] and "destroying" in kinds and kinds[-1] == "destroyed"
+
+
+def test_it_rents_once_when_the_task_is_retried(offer, frozen_market):
+    first, created = actions.request_rent(offer=offer, idempotency_key="same", disk_gb=100)
+    again, created_again = actions.request_rent(offer=offer, idempotency_key="same", disk_gb=100)
+    assert created and not created_again and first.pk == again.pk
+    actions.rent(first.pk)
+    actions.rent(first.pk)  # the retried task
+    assert len(_provider_instances(first.label)) == 1
+
+
+def test_it_leaves_no_orphan_when_the_worker_dies_before_the_call(offer, frozen_market, settings):
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="dies", disk_gb=100)
+    # The worker claimed the row and died before calling the provider.
+    Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.REQUESTED  # within the grace the rent may still show up
+    actions.sync(now=sim_now(frozen_market) + timedelta(seconds=settings.RENT_OUTCOME_GRACE_S))
+    instance.refresh_from_db()
+    assert instance.state == State.FAILED and "Never rented" in instance.events.first().message
+    assert _provider_instances() == []
+
+
+def test_it_adopts_a_rent_whose_answer_was_lost(offer, frozen_market):
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="lost", disk_gb=100)
+    Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))
+    with get_provider() as provider:  # the provider rented, then the worker died before saving the answer
+        provider_id = provider.rent(RentRequest(offer_id=offer.offer_id, image="img", disk_gb=100,
+                                                label=instance.label, env={}))
+    report = actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert report.adopted == [instance.label]
+    assert instance.provider_instance_id == provider_id and instance.state == State.PROVISIONING
+    assert instance.cost_segments.filter(ended_at=None).exists()  # it bills, so the ledger counts it
+
+
+def test_it_adopts_and_reports_an_unknown_machine_with_our_label(offer, frozen_market):
+    with get_provider() as provider:
+        provider_id = provider.rent(RentRequest(offer_id=offer.offer_id, image="img", disk_gb=100,
+                                                label="moe-fleet-9999", env={}))
+    actions.sync(now=sim_now(frozen_market))
+    adopted = Instance.objects.get(provider_instance_id=provider_id)
+    assert adopted.purpose == "adopted" and adopted.is_live
+    assert Alert.objects.filter(kind="instance_adopted", instance=adopted).exists()
+    # a machine without our label is someone else's: left alone
+    other = _cheap_offer(gpu_name__contains="H200")
+    with get_provider() as provider:
+        provider.rent(RentRequest(offer_id=other.offer_id, image="img", disk_gb=100, label="not-ours", env={}))
+    actions.sync(now=sim_now(frozen_market))
+    assert Instance.objects.count() == 1
+
+
+def test_it_destroys_a_machine_whose_rent_was_given_up_on(offer, frozen_market, settings):
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="late", disk_gb=100)
+    Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))
+    actions.sync(now=sim_now(frozen_market) + timedelta(seconds=settings.RENT_OUTCOME_GRACE_S + 1))
+    instance.refresh_from_db()
+    assert instance.state == State.FAILED
+    with get_provider() as provider:  # ...and then it shows up after all
+        provider.rent(RentRequest(offer_id=offer.offer_id, image="img", disk_gb=100, label=instance.label, env={}))
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.STOPPING
+    actions.sync(now=sim_now(frozen_market))
+    assert _provider_instances(instance.label) == []
+
+
+def test_it_tears_down_a_host_that_died(offer, frozen_market):
+    instance = _rent(offer, frozen_market)
+    frozen_market.advance(120)
+    actions.sync(now=sim_now(frozen_market))
+    frozen_market.kill_host(int(instance.provider_instance_id))
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.STOPPING and "exited on its own" in instance.failure_reason
+    assert Alert.objects.filter(kind="instance_failed", instance=instance).count() == 1
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.DESTROYED
+
+
+def test_it_marks_an_instance_the_provider_lost_as_failed(offer, frozen_market):
+    instance = _rent(offer, frozen_market)
+    frozen_market.kill_host(int(instance.provider_instance_id), vanish_after_s=0)
+    frozen_market.advance(1)
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.FAILED and "no longer lists it" in instance.failure_reason
+    assert not instance.cost_segments.filter(ended_at=None).exists()
+
+
+def test_it_destroys_a_host_whose_driver_is_too_old(frozen_market):
+    refresh_offers()
+    old = _cheap_offer(cuda_max__lt=12.8, cuda_max__gte=0)
+    instance, _ = actions.request_rent(offer=old, idempotency_key="old", disk_gb=100,
+                                       image="ghcr.io/example/worker:cuda12.8")
+    actions.rent(instance.pk, now=sim_now(frozen_market))
+    frozen_market.advance(120)
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert "803" in instance.failure_reason and instance.state == State.STOPPING
+
+
+def test_it_keeps_a_failed_instance_for_debugging_until_the_time_passes(frozen_market):
+    refresh_offers()
+    old = _cheap_offer(cuda_max__lt=12.8, cuda_max__gte=0)
+    instance, _ = actions.request_rent(offer=old, idempotency_key="keep", disk_gb=100,
+                                       image="ghcr.io/example/worker:cuda12.8")
+    actions.rent(instance.pk, now=sim_now(frozen_market))
+    actions.keep_for_debugging(instance, 2, now=sim_now(frozen_market))
+    frozen_market.advance(120)
+    actions.sync(now=sim_now(frozen_market))  # CUDA error 803: failed, but kept
+    instance.refresh_from_db()
+    assert "803" in instance.failure_reason and instance.state == State.RUNNING
+    assert "kept for debugging until" in instance.events.first().message
+    frozen_market.advance(3600)
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.RUNNING  # an hour in: still kept
+    frozen_market.advance(3600)
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.STOPPING
+    assert instance.destroy_reason.startswith("keep-for-debugging expired")
+    actions.sync(now=sim_now(frozen_market))
+    instance.refresh_from_db()
+    assert instance.state == State.DESTROYED
+
+
+def test_it_retries_a_destroy_the_provider_did_not_carry_out(offer, frozen_market, settings):
+    instance = _rent(offer, frozen_market)
+    frozen_market.inject_faults(http_5xx=3, status_5xx=503, path_contains=f"/instances/{instance.provider_instance_id}")
+    instance = actions.destroy(instance, reason="done", now=sim_now(frozen_market))
+    assert instance.state == State.STOPPING
+    assert instance.events.first().kind == "destroy-error"
+    actions.sync(now=sim_now(frozen_market) + timedelta(seconds=settings.DESTROY_VERIFY_S))
+    assert Alert.objects.filter(kind="destroy_unconfirmed", instance=instance).exists()
+    instance.refresh_from_db()
+    assert instance.destroy_attempts == 2
+    actions.sync(now=sim_now(frozen_market) + timedelta(seconds=settings.DESTROY_VERIFY_S + 1))
+    instance.refresh_from_db()
+    assert instance.state == State.DESTROYED
+
+
+def test_it_accrues_cost_per_second_like_the_market_bills(offer, frozen_market):
+    instance = _rent(offer, frozen_market)
+    frozen_market.advance(1800)
+    now = sim_now(frozen_market)
+    actions.sync(now=now)
+    instance.refresh_from_db()
+    frozen_market.report_traffic(int(instance.provider_instance_id), upload_gb=7, download_gb=67)
+    charges.reconcile(now=now)
+    instance.refresh_from_db()
+    # Worked by hand: half an hour at the provider's all-in price (GPU + 100 GB disk), plus 7 GB up and 67 GB
+    # down at the offer's own $/GB.
+    expected_traffic = Decimal(7) * offer.inet_up_usd_per_gb + Decimal(67) * offer.inet_down_usd_per_gb
+    assert instance.traffic_usd == pytest.approx(expected_traffic, abs=Decimal("0.000002"))
+    ours = ledger.instance_cost(instance, now)
+    assert ours == pytest.approx(instance.usd_per_hour / 2 + expected_traffic, abs=Decimal("0.0001"))
+    assert ours == pytest.approx(instance.provider_charged_usd, abs=Decimal("0.001"))
+    actions.destroy(instance, reason="done", now=now)
+    actions.sync(now=now + timedelta(seconds=5))
+    assert ledger.instance_cost(instance, now + timedelta(hours=5)) == pytest.approx(ours, abs=Decimal("0.0001"))
+
+
+def test_it_sums_the_account_spend_this_hour_and_today(offer, frozen_market):
+    now = sim_now(frozen_market)
+    first = _rent(offer, frozen_market, key="one")
+    second = _rent(_cheap_offer(gpu_name__contains="H200"), frozen_market, key="two")
+    later = now + timedelta(minutes=10)
+    spend = ledger.account_cost(later)
+    rate = first.usd_per_hour + second.usd_per_hour
+    assert spend.burn_usd_per_hour == rate
+    hour_start = later.replace(minute=0, second=0, microsecond=0)
+    billed_this_hour = (later - max(now, hour_start)).total_seconds()
+    assert spend.this_hour_usd == pytest.approx(rate * Decimal(billed_this_hour) / 3600, abs=Decimal("0.0001"))
+    assert spend.today_usd >= spend.this_hour_usd
+
+
+def test_it_fails_without_destroying_when_the_provider_refuses_the_rent(offer, frozen_market):
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="big", disk_gb=int(offer.disk_gb) + 1000)
+    instance = actions.rent(instance.pk)
+    assert instance.state == State.FAILED and "nothing was rented" in instance.failure_reason
+    assert instance.destroy_reason == "" and _provider_instances() == []
+    assert Alert.objects.filter(kind="instance_failed", instance=instance).count() == 1
