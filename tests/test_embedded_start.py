@@ -69,7 +69,7 @@ def test_it_starts_and_lists_offers_after_login(embedded):
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             offers = browser.get("/offers/")
-            rows = re.findall(r"<tr>\s*<td>(\d+)</td>", offers.text)
+            rows = re.findall(r'data-offer="(\d+)"', offers.text)
             if rows:
                 break
             time.sleep(1)
