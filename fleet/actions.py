@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from fleet import ledger
 from fleet.alerts import raise_alert
-from fleet.models import Instance, InstanceEvent, Offer
+from fleet.models import Alert, Instance, InstanceEvent, Offer
 from fleet.providers import get_provider
 from fleet.providers.errors import OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
@@ -108,6 +108,8 @@ def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) ->
         instance.refresh_from_db()
         ledger.bill(instance, instance.usd_per_hour, now)
         record_event(instance, "rented", how, now)
+        raise_alert(Alert.Kind.INSTANCE_RENTED, f"{instance.label}: {how} ({instance.num_gpus}x {instance.gpu_name}, "
+                    f"${instance.usd_per_hour:.3f}/h)", instance=instance, now=now)
     if instance.state in (State.STOPPING, State.FAILED):
         # Cancelled or given up on while the rent was in flight: it must not bill.
         Instance.objects.filter(pk=instance.pk).update(
@@ -128,7 +130,7 @@ def fail(instance: Instance, reason: str, *, now: datetime | None = None, nothin
     instance.refresh_from_db()
     if first_time:
         record_event(instance, "failed", reason, now)
-        raise_alert("instance_failed", f"{instance.label}: {reason}", instance=instance, now=now)
+        raise_alert(Alert.Kind.INSTANCE_FAILED, f"{instance.label}: {reason}", instance=instance, now=now)
     if instance.provider_instance_id is None and (nothing_rented or instance.rent_attempted_at is None):
         _end(instance, State.FAILED, now)
         return instance
@@ -203,6 +205,8 @@ def _end(instance: Instance, state: str, now: datetime, message: str = "") -> No
         ledger.stop_billing(instance, now)
         if message:
             record_event(instance, state, message, now)
+        if state == State.DESTROYED:
+            raise_alert(Alert.Kind.INSTANCE_DESTROYED, f"{instance.label}: {message}", instance=instance, now=now)
     instance.refresh_from_db()
 
 
@@ -268,7 +272,7 @@ def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: Sy
     message = (f"{provider_name} instance {record.instance_id} carries our label {record.label} but no row knew it: "
                "adopted, so it is reaped like any other.")
     record_event(adopted, "adopted", message, now)
-    raise_alert("instance_adopted", message, instance=adopted, now=now)
+    raise_alert(Alert.Kind.INSTANCE_ADOPTED, message, instance=adopted, now=now)
     report.adopted.append(record.label)
 
 
@@ -294,7 +298,7 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
             message = (f"{instance.label} is still listed {int((now - instance.destroy_requested_at).total_seconds())}"
                        f" s after destroy attempt {instance.destroy_attempts}: destroying again.")
             record_event(instance, "destroy-unconfirmed", message, now)
-            raise_alert("destroy_unconfirmed", message, instance=instance, now=now)
+            raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
             # Still there, so it billed all along: count it from the failed attempt on.
             ledger.bill(instance, instance.usd_per_hour, instance.destroy_requested_at)
             _call_destroy(instance, now)

@@ -106,7 +106,7 @@ def test_it_adopts_and_reports_an_unknown_machine_with_our_label(offer, frozen_m
     actions.sync(now=sim_now(frozen_market))
     adopted = Instance.objects.get(provider_instance_id=provider_id)
     assert adopted.purpose == "adopted" and adopted.is_live
-    assert Alert.objects.filter(kind="instance_adopted", instance=adopted).exists()
+    assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_ADOPTED, instance=adopted).exists()
     # a machine without our label is someone else's: left alone
     other = _cheap_offer(gpu_name__contains="H200")
     with get_provider() as provider:
@@ -138,7 +138,7 @@ def test_it_tears_down_a_host_that_died(offer, frozen_market):
     actions.sync(now=sim_now(frozen_market))
     instance.refresh_from_db()
     assert instance.state == State.STOPPING and "exited on its own" in instance.failure_reason
-    assert Alert.objects.filter(kind="instance_failed", instance=instance).count() == 1
+    assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=instance).count() == 1
     actions.sync(now=sim_now(frozen_market))
     instance.refresh_from_db()
     assert instance.state == State.DESTROYED
@@ -199,7 +199,7 @@ def test_it_retries_a_destroy_the_provider_did_not_carry_out(offer, frozen_marke
     assert instance.state == State.STOPPING
     assert instance.events.first().kind == "destroy-error"
     actions.sync(now=sim_now(frozen_market) + timedelta(seconds=settings.DESTROY_VERIFY_S))
-    assert Alert.objects.filter(kind="destroy_unconfirmed", instance=instance).exists()
+    assert Alert.objects.filter(kind=Alert.Kind.DESTROY_UNCONFIRMED, instance=instance).exists()
     instance.refresh_from_db()
     assert instance.destroy_attempts == 2
     actions.sync(now=sim_now(frozen_market) + timedelta(seconds=settings.DESTROY_VERIFY_S + 1))
@@ -247,4 +247,4 @@ def test_it_fails_without_destroying_when_the_provider_refuses_the_rent(offer, f
     instance = actions.rent(instance.pk)
     assert instance.state == State.FAILED and "nothing was rented" in instance.failure_reason
     assert instance.destroy_reason == "" and _provider_instances() == []
-    assert Alert.objects.filter(kind="instance_failed", instance=instance).count() == 1
+    assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=instance).count() == 1

@@ -1,0 +1,33 @@
+from django.db import models
+
+
+class InferenceModel(models.Model):
+    """A model the inference fleet serves, and how many replicas of it should be up."""
+
+    name = models.CharField(max_length=200, unique=True, help_text="as /v1/models lists it")
+    desired_replicas = models.PositiveSmallIntegerField(default=1)
+    image = models.CharField(max_length=300, help_text="the serving image (vLLM)")
+    port = models.PositiveIntegerField(default=8000, help_text="the container port that serves /v1/models")
+    profile = models.ForeignKey("fleet.OfferProfile", null=True, blank=True, on_delete=models.SET_NULL,
+                                help_text="how replacement boxes are ranked; the defaults when empty")
+    max_replacements_per_day = models.PositiveSmallIntegerField(default=3, help_text="the replacement budget")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.name
+
+
+class ProbeResult(models.Model):
+    """One probe of a serving box's /v1/models."""
+
+    instance = models.ForeignKey("fleet.Instance", on_delete=models.CASCADE, related_name="probes")
+    at = models.DateTimeField()
+    ok = models.BooleanField()
+    latency_ms = models.FloatField(null=True, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+    models_served = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["instance", "-at"])]

@@ -1,0 +1,107 @@
+from dataclasses import fields
+
+from django.db import models
+
+from fleet.providers.records import OfferRecord
+
+_OFFER_FIELDS = [f.name for f in fields(OfferRecord)]
+
+
+class Offer(models.Model):
+    """The latest listing of one marketplace offer, as the last refresh saw it."""
+
+    provider = models.CharField(max_length=20)
+    offer_id = models.CharField(max_length=40)
+    machine_id = models.CharField(max_length=40, blank=True)
+    host_id = models.CharField(max_length=40, blank=True)
+    gpu_name = models.CharField(max_length=80)
+    num_gpus = models.PositiveSmallIntegerField()
+    gpu_ram_gb = models.FloatField(help_text="per GPU")
+    compute_capability = models.PositiveSmallIntegerField(help_text="90 for sm_90")
+    cuda_max = models.FloatField()
+    driver_version = models.CharField(max_length=40, blank=True)
+    disk_gb = models.FloatField()
+    inet_up_mbps = models.FloatField()
+    inet_down_mbps = models.FloatField()
+    inet_up_usd_per_gb = models.DecimalField(max_digits=12, decimal_places=6)
+    inet_down_usd_per_gb = models.DecimalField(max_digits=12, decimal_places=6)
+    storage_usd_per_gb_month = models.DecimalField(max_digits=12, decimal_places=6)
+    gpu_usd_per_hour = models.DecimalField(max_digits=12, decimal_places=6)
+    total_usd_per_hour = models.DecimalField(max_digits=12, decimal_places=6)
+    min_bid_usd_per_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    reliability = models.FloatField()
+    verified = models.BooleanField()
+    rentable = models.BooleanField()
+    is_bid = models.BooleanField()
+    geolocation = models.CharField(max_length=80, blank=True)
+    dlperf = models.FloatField(null=True, blank=True)
+    total_flops = models.FloatField(null=True, blank=True)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    available = models.BooleanField(default=True, help_text="listed in the latest refresh")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "offer_id", "is_bid"], name="unique_offer")]
+        indexes = [models.Index(fields=["available", "total_usd_per_hour"])]
+
+    def __str__(self):
+        return f"{self.provider} {self.offer_id}: {self.num_gpus}x {self.gpu_name} ${self.total_usd_per_hour}/h"
+
+    @classmethod
+    def field_values(cls, record: OfferRecord) -> dict:
+        return {name: getattr(record, name) for name in _OFFER_FIELDS}
+
+    def to_record(self) -> OfferRecord:
+        return OfferRecord(**{name: getattr(self, name) for name in _OFFER_FIELDS})
+
+    @property
+    def location(self) -> str:
+        return self.geolocation or "unknown"
+
+
+class OfferRefresh(models.Model):
+    """One refresh of a marketplace's offers: when, how many, and what went wrong, for the Offers page."""
+
+    provider = models.CharField(max_length=20)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True)
+    offers_seen = models.PositiveIntegerField(default=0)
+    offers_skipped = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        get_latest_by = "started_at"
+        indexes = [models.Index(fields=["provider", "-started_at"])]
+
+
+class OfferProfile(models.Model):
+    """A saved recipe and set of filters, so a user ranks offers for the same run the same way every time."""
+
+    name = models.SlugField(max_length=60, unique=True)
+    recipe = models.JSONField(help_text="fleet.ranking.Recipe.to_dict()")
+    filters = models.JSONField(help_text="fleet.ranking.OfferFilters.to_dict()")
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_ranked_at = models.DateTimeField(null=True, blank=True)
+    last_ranking = models.JSONField(null=True, blank=True, help_text="the best offers at the last refresh")
+
+    def __str__(self):
+        return self.name
+
+
+class ThroughputCalibration(models.Model):
+    """Measured throughput per GPU model and kernel path, folded in from finished runs (over the seeded table)."""
+
+    gpu_model = models.CharField(max_length=80)
+    kernel_path = models.CharField(max_length=20)
+    model_tflops = models.FloatField(help_text="achieved model TFLOP/s per GPU")
+    weight = models.FloatField()
+    measured_runs = models.PositiveIntegerField(default=0)
+    note = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu_model", "kernel_path"], name="unique_calibration")]
+
+    def __str__(self):
+        return f"{self.gpu_model} / {self.kernel_path}: {self.model_tflops:.1f} TFLOP/s"
