@@ -62,6 +62,7 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
     with transaction.atomic():
         instance, created = Instance.objects.get_or_create(idempotency_key=idempotency_key, defaults=dict(
             provider=offer.provider, offer_id=offer.offer_id, gpu_name=offer.gpu_name, num_gpus=offer.num_gpus,
+            machine_id=offer.machine_id,
             image=image or settings.WORKER_IMAGE, disk_gb=disk_gb, is_bid=offer.is_bid,
             bid_usd_per_hour=bid, usd_per_hour=price, requested_by=requested_by,
             requested_at=now, purpose=purpose))

@@ -26,6 +26,7 @@ class Instance(models.Model):
     offer_id = models.CharField(max_length=40)
     gpu_name = models.CharField(max_length=80)
     num_gpus = models.PositiveSmallIntegerField(default=1)
+    machine_id = models.CharField(max_length=40, blank=True, help_text="the host, so a bad one is not rented again")
     image = models.CharField(max_length=300)
     disk_gb = models.PositiveIntegerField()
     is_bid = models.BooleanField(default=False)
