@@ -325,3 +325,33 @@ def failure_of(record: InstanceRecord) -> str:
     if record.status in DEAD_STATUSES and record.intended_status == "running":
         return f"The host {record.status} on its own: {record.status_msg or 'no message'}"
     return ""
+
+
+# -- moving work to a new box ------------------------------------------------------------------------------------------
+
+
+def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance | None:
+    """Destroys a box that cannot go on and rents the best-ranked offer on another host for the same work; the new
+    row points back at the old one. Retried, it rents once (the key names the replaced row)."""
+    from fleet.offer_ranking import profile_settings, rank_stored_offers
+    from fleet.ranking import OfferFilters, Recipe
+
+    now = now or timezone.now()
+    destroy(instance, reason=reason, now=now)
+    profile = instance.serving_model.profile if instance.serving_model_id else None
+    ranking = rank_stored_offers(*(profile_settings(profile) if profile else (Recipe(), OfferFilters())))
+    bad_hosts = {instance.machine_id} - {""}
+    best = next((e.offer for e in ranking.entries if e.offer.machine_id not in bad_hosts), None)
+    if best is None:
+        message = f"{instance.label} could not be replaced: no offer passes the filters ({reason})."
+        record_event(instance, "replace-failed", message, now)
+        raise_alert(Alert.Kind.INSTANCE_FAILED, message, instance=instance, now=now)
+        return None
+    offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
+    new, created = request_rent(offer=offer, idempotency_key=f"replace-{instance.pk}", image=instance.image,
+                                disk_gb=instance.disk_gb or None, purpose=instance.purpose, now=now)
+    if created:
+        Instance.objects.filter(pk=new.pk).update(replaces=instance, serving_model=instance.serving_model)
+        record_event(instance, "replaced", f"Work moves to {new.label} (offer {offer.offer_id}, "
+                                           f"{offer.num_gpus}x {offer.gpu_name}): {reason}", now)
+    return rent(new.pk, now=now)

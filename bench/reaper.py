@@ -1,0 +1,94 @@
+"""One reaper pass over 1,000 (and 2,000) instances in PostgreSQL: wall time and number of queries.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/reaper.py
+
+Creates a throwaway test database, fills it with live instances of which a fixed number must be reaped (too old,
+idle, failing probes, hung, over the spend cap), times `fleet.reaping.reap` (median of several passes, the reaped
+rows reset between passes) and counts its queries. The last line is JSON.
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only")
+os.environ.pop("REDIS_URL", None)  # hand-overs go to a broker kept in files, so no worker acts during the bench
+os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix="reaper-bench-")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+    sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own test database there).")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test.utils import CaptureQueriesContext, setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from fleet import reaping  # noqa: E402
+from fleet.models import Instance  # noqa: E402
+
+REPEAT = 5
+TO_REAP = 10
+
+
+def fill(count: int) -> None:
+    now = timezone.now()
+    rows = []
+    for i in range(count):
+        healthy = dict(running_at=now - timedelta(hours=2), last_process_at=now, last_step_at=now,
+                       gpu_last_ok_at=now, gpu_util_percent=95.0)
+        kind = i % (count // TO_REAP) == 0  # a fixed number of condemned boxes, whatever the count
+        if kind:
+            healthy.update(running_at=now - timedelta(hours=13))
+        rows.append(Instance(provider="vast", provider_instance_id=str(10_000_000 + i), idempotency_key=f"bench-{i}",
+                             label=f"moe-fleet-bench-{i}", state=Instance.State.RUNNING, purpose="training",
+                             offer_id=str(i), gpu_name="H200", image="img", disk_gb=250, requested_at=now,
+                             usd_per_hour=Decimal("0.0010"), **healthy))
+    Instance.objects.bulk_create(rows, batch_size=1000)
+
+
+def measure(count: int) -> dict:
+    Instance.objects.all().delete()
+    fill(count)
+    times, queries = [], []
+    for _ in range(REPEAT):
+        Instance.objects.update(reaped_at=None, reap_reason="")
+        with CaptureQueriesContext(connection) as captured:
+            start = time.perf_counter()
+            report = reaping.reap()
+            times.append(time.perf_counter() - start)
+        queries.append(len(captured.captured_queries))
+        assert len(report.acted) == TO_REAP, report.acted
+    return {"instances": count, "median_ms": round(statistics.median(times) * 1000, 1),
+            "max_ms": round(max(times) * 1000, 1), "queries": max(queries), "reaped": TO_REAP}
+
+
+def main() -> None:
+    setup_test_environment()
+    connection.settings_dict["TEST"]["NAME"] = "bench_reaper"  # never the test suite's database
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        results = [measure(1000), measure(2000)]
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    for r in results:
+        print(f"{r['instances']:>5} instances: reaper pass median {r['median_ms']} ms (max {r['max_ms']} ms), "
+              f"{r['queries']} queries, {r['reaped']} reaped")
+    first, second = results
+    print(json.dumps({"instances": first["instances"], "median_ms": first["median_ms"], "queries": first["queries"],
+                      "queries_at_2000": second["queries"], "median_ms_at_2000": second["median_ms"],
+                      "goal_ms": 1000, "constant_queries": first["queries"] == second["queries"]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Reaper policies: which live instances to destroy or move, and why. Pure: plain records in, decisions out.
+
+Every rule was paid for (seed reports): boxes forgotten for days (maximum age), boxes that never started their
+work (no training or serving process after a grace period), a hung vLLM that still looks alive to a process check
+(failed /v1/models probes), a hung host that bills while nothing trains (GPU not answering, or no step progress
+while the GPU idles: the run moves to a new box), and an account-wide spend cap that sheds the newest boxes first.
+A box kept for debugging is skipped until its keep time passes, and the decision says so.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+DESTROY = "destroy"
+MOVE = "move"  # destroy and continue the work on a new box
+SKIP = "skip"  # a rule fired but the box is protected
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    pk: int
+    label: str
+    purpose: str  # manual, training, serving, adopted
+    requested_at: datetime
+    running_at: datetime | None
+    usd_per_hour: Decimal
+    keep_until: datetime | None = None
+    last_process_at: datetime | None = None  # a training or serving process was seen
+    last_step_at: datetime | None = None  # training made step progress
+    gpu_last_ok_at: datetime | None = None  # the GPU answered the on-box agent
+    gpu_util_percent: float | None = None
+    consecutive_probe_failures: int = 0
+
+
+@dataclass(frozen=True)
+class ReaperPolicy:
+    max_age: timedelta = timedelta(hours=12)
+    idle_grace: timedelta = timedelta(minutes=30)
+    probe_failures: int = 3
+    gpu_unresponsive: timedelta = timedelta(minutes=5)
+    no_progress: timedelta = timedelta(minutes=30)
+    gpu_idle_percent: float = 5.0
+    spend_cap_usd_per_hour: Decimal | None = Decimal("12")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pk: int
+    label: str
+    action: str  # DESTROY, MOVE or SKIP
+    rule: str  # max_age, idle, probes, hung, spend_cap
+    reason: str
+
+
+def _span(delta: timedelta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes} min"
+
+
+def _limit(delta: timedelta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    return f"{minutes // 60}h" if minutes % 60 == 0 and minutes >= 60 else f"{minutes} min"
+
+
+def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tuple[str, str, str] | None:
+    """The first rule that condemns this box, as (action, rule, reason), or None if it may live."""
+    started = box.running_at or box.requested_at
+    age = now - started
+    if age > policy.max_age:
+        return DESTROY, "max_age", f"age {_span(age)} > max {_limit(policy.max_age)}"
+    if box.purpose == "serving" and box.consecutive_probe_failures >= policy.probe_failures:
+        return DESTROY, "probes", f"{box.consecutive_probe_failures} failed probes of /v1/models"
+    if box.running_at is None:
+        return None  # still booting: only its age counts
+    if box.purpose == "training" and box.last_process_at is not None:
+        if box.gpu_last_ok_at is not None and now - box.gpu_last_ok_at > policy.gpu_unresponsive:
+            return MOVE, "hung", f"GPU not responding for {_span(now - box.gpu_last_ok_at)}"
+        progress = box.last_step_at or box.last_process_at
+        idle = box.gpu_util_percent is not None and box.gpu_util_percent < policy.gpu_idle_percent
+        if idle and now - progress > policy.no_progress:
+            return MOVE, "hung", f"GPU idle {_span(now - progress)} and no step progress"
+    if box.last_process_at is None and age > policy.idle_grace:
+        return DESTROY, "idle", f"no training or serving process {_span(age)} after start"
+    return None
+
+
+def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -> list[Decision]:
+    decisions = []
+    condemned = set()
+    for box in boxes:
+        verdict = rule_for(box, policy, now)
+        if verdict is None:
+            continue
+        action, rule, reason = verdict
+        decisions.append(_protect(box, action, rule, reason, now))
+        if decisions[-1].action != SKIP:
+            condemned.add(box.pk)
+
+    cap = policy.spend_cap_usd_per_hour
+    if cap is not None:
+        billing = [b for b in boxes if b.pk not in condemned]
+        spend = sum((b.usd_per_hour for b in billing), Decimal(0))
+        if spend > cap:
+            cause = f"spend ${spend:.2f}/h > cap ${cap:.2f}/h: newest first"
+            for box in sorted(billing, key=lambda b: (b.requested_at, b.pk), reverse=True):
+                if spend <= cap:
+                    break
+                decision = _protect(box, DESTROY, "spend_cap", cause, now)
+                decisions.append(decision)
+                if decision.action != SKIP:
+                    spend -= box.usd_per_hour
+    return decisions
+
+
+def _protect(box: InstanceSnapshot, action: str, rule: str, reason: str, now: datetime) -> Decision:
+    if box.keep_until is not None and box.keep_until > now:
+        return Decision(box.pk, box.label, SKIP, rule,
+                        f"kept for debugging until {box.keep_until:%Y-%m-%d %H:%M} UTC; would {action}: {reason}")
+    return Decision(box.pk, box.label, action, rule, reason)

@@ -1,0 +1,106 @@
+"""Running the reaper: snapshot the live instances in one query, decide (fleet.reaper), claim each condemned row
+with a conditional update so two passes at once act once, then hand the destroys and moves to the actions module
+through tasks. A dry run reports the same decisions and touches nothing."""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from fleet.alerts import raise_alert
+from fleet.models import Alert, Instance, InstanceEvent
+from fleet.reaper import DESTROY, MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
+
+log = logging.getLogger(__name__)
+State = Instance.State
+
+_SNAPSHOT_FIELDS = ["pk", "label", "purpose", "requested_at", "running_at", "usd_per_hour", "keep_until",
+                    "last_process_at", "last_step_at", "gpu_last_ok_at", "gpu_util_percent",
+                    "consecutive_probe_failures"]
+
+
+def policy_from_settings() -> ReaperPolicy:
+    cap = settings.SPEND_CAP_USD_PER_HOUR
+    return ReaperPolicy(
+        max_age=timedelta(hours=settings.REAPER_MAX_AGE_HOURS),
+        idle_grace=timedelta(minutes=settings.REAPER_IDLE_GRACE_MIN),
+        probe_failures=settings.REAPER_PROBE_FAILURES,
+        gpu_unresponsive=timedelta(minutes=settings.REAPER_GPU_UNRESPONSIVE_MIN),
+        no_progress=timedelta(minutes=settings.REAPER_NO_PROGRESS_MIN),
+        spend_cap_usd_per_hour=cap if cap > 0 else None,
+    )
+
+
+def snapshots() -> list[InstanceSnapshot]:
+    rows = Instance.objects.filter(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
+    return [InstanceSnapshot(*values) for values in rows.values_list(*_SNAPSHOT_FIELDS)]
+
+
+@dataclass
+class ReapReport:
+    dry_run: bool
+    decisions: list[Decision] = field(default_factory=list)
+    acted: list[int] = field(default_factory=list)  # the pks this pass claimed
+
+    def lines(self) -> list[str]:
+        verb = {DESTROY: "destroy", MOVE: "move", SKIP: "skip"}
+        return [f"{verb[d.action]:<7} {d.label}: {d.reason}" for d in self.decisions]
+
+
+def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: ReaperPolicy | None = None
+         ) -> ReapReport:
+    now = now or timezone.now()
+    dry_run = settings.REAPER_DRY_RUN if dry_run is None else dry_run
+    policy = policy or policy_from_settings()
+    decisions = decide(snapshots(), policy, now)
+    report = ReapReport(dry_run=dry_run, decisions=decisions)
+    for line in report.lines():
+        log.info("reaper%s: %s", " (dry run)" if dry_run else "", line)
+    if dry_run or not decisions:
+        return report
+
+    acting = {d.pk: d for d in decisions if d.action != SKIP}
+    with transaction.atomic():
+        # Rows another pass holds are skipped, rows it already reaped are filtered out: each is claimed once.
+        claimed = list(Instance.objects.select_for_update(skip_locked=True)
+                       .filter(pk__in=list(acting), reaped_at__isnull=True))
+        for instance in claimed:
+            instance.reaped_at, instance.reap_reason = now, acting[instance.pk].reason
+        Instance.objects.bulk_update(claimed, ["reaped_at", "reap_reason"])
+        InstanceEvent.objects.bulk_create([
+            InstanceEvent(instance=i, at=now, kind="reaped", message=f"Reaper: {acting[i.pk].action} "
+                                                                      f"({acting[i.pk].reason})") for i in claimed])
+        for instance in claimed:
+            decision = acting[instance.pk]
+            raise_alert(Alert.Kind.INSTANCE_REAPED, f"{instance.label} reaped: {decision.reason}",
+                        instance=instance, now=now)
+            transaction.on_commit(lambda d=decision: _hand_over(d))
+        if any(d.rule == "spend_cap" for d in acting.values()):
+            cause = next(d.reason for d in acting.values() if d.rule == "spend_cap").split(":")[0]
+            raise_alert(Alert.Kind.SPEND_CAP_HIT, f"{cause}: destroying the newest boxes until under the cap.",
+                        now=now)
+        _say_skipped([d for d in decisions if d.action == SKIP], now)
+    report.acted = [i.pk for i in claimed]
+    return report
+
+
+def _hand_over(decision: Decision) -> None:
+    from fleet import tasks
+
+    if decision.action == MOVE:
+        tasks.move_instance.delay(decision.pk, f"reaped: {decision.reason}")
+    else:
+        tasks.destroy_instance.delay(decision.pk, f"reaped: {decision.reason}")
+
+
+def _say_skipped(skipped: list[Decision], now: datetime) -> None:
+    """A protected box's page says once why the reaper let it be, not once a minute."""
+    for decision in skipped:
+        message = f"Reaper: not reaped, {decision.reason}"
+        kept_until = message.split(";")[0]  # the same keep, whatever the rule's figures say this minute
+        if not InstanceEvent.objects.filter(instance_id=decision.pk, kind="reap-skipped",
+                                            message__startswith=kept_until).exists():
+            InstanceEvent.objects.create(instance_id=decision.pk, at=now, kind="reap-skipped", message=message)

@@ -1,0 +1,116 @@
+"""Reaper passes against the database and the simulated marketplace: claims, dry runs, moves, alerts."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from fleet import actions, reaping
+from fleet.models import Alert, Instance, Offer
+from fleet.offers import refresh_offers
+
+State = Instance.State
+
+
+def _offers(n=3):
+    return list(Offer.objects.filter(available=True, is_bid=False, cuda_max__gte=12.8, disk_gb__gte=100)
+                .order_by("total_usd_per_hour")[:n])
+
+
+def _rented(offer, key, **fields) -> Instance:
+    instance, _ = actions.request_rent(offer=offer, idempotency_key=key, disk_gb=100, purpose=fields.pop(
+        "purpose", "training"))
+    instance = actions.rent(instance.pk)
+    Instance.objects.filter(pk=instance.pk).update(state=State.RUNNING, **fields)
+    instance.refresh_from_db()
+    return instance
+
+
+def _wait(predicate, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.django_db
+def test_it_reports_without_destroying_in_a_dry_run(market):
+    refresh_offers()
+    old = _rented(_offers()[0], "old", running_at=timezone.now() - timedelta(hours=13),
+                  last_process_at=timezone.now())
+    report = reaping.reap(dry_run=True)
+    assert report.lines() == [f"destroy {old.label}: age 13h00m > max 12h"]
+    old.refresh_from_db()
+    assert old.reaped_at is None and old.state == State.RUNNING
+    assert not Alert.objects.filter(kind=Alert.Kind.INSTANCE_REAPED).exists()
+
+
+def test_it_destroys_once_when_two_passes_run_at_once(frozen_market, celery_worker):
+    refresh_offers()
+    now = timezone.now()
+    idle = _rented(_offers()[0], "idle", running_at=now - timedelta(minutes=45))
+
+    def one_pass():
+        try:
+            reaping.reap(now=now)
+        finally:
+            connection.close()
+
+    passes = [threading.Thread(target=one_pass) for _ in range(2)]
+    for p in passes:
+        p.start()
+    for p in passes:
+        p.join()
+    _wait(lambda: Instance.objects.get(pk=idle.pk).state == State.STOPPING)
+    time.sleep(1)  # a second destroy, had one been sent, would have landed by now
+    idle.refresh_from_db()
+    assert idle.reap_reason == "no training or serving process 45 min after start"
+    assert idle.destroy_attempts == 1
+    assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_REAPED, instance=idle).count() == 1
+    assert idle.events.filter(kind="reaped").count() == 1
+    assert reaping.reap(now=now).acted == []  # a later pass leaves a reaped row alone
+
+
+def test_it_moves_hung_training_to_a_new_box(frozen_market, celery_worker):
+    refresh_offers()
+    now = timezone.now()
+    hung = _rented(_offers()[0], "hung", running_at=now - timedelta(hours=2), last_process_at=now,
+                   gpu_last_ok_at=now - timedelta(minutes=7), last_step_at=now - timedelta(minutes=7))
+    reaping.reap(now=now)
+    _wait(lambda: Instance.objects.filter(replaces=hung).exclude(provider_instance_id=None).exists())
+    hung.refresh_from_db()
+    new = Instance.objects.get(replaces=hung)
+    assert hung.state == State.STOPPING and hung.reap_reason == "GPU not responding for 7 min"
+    assert new.purpose == "training" and new.machine_id != hung.machine_id
+    assert f"Work moves to {new.label}" in hung.events.get(kind="replaced").message
+
+
+@pytest.mark.django_db
+def test_it_alerts_once_when_the_spend_cap_is_hit(market, settings):
+    refresh_offers()
+    now = timezone.now()
+    boxes = [_rented(offer, f"b{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
+                     requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
+    settings.SPEND_CAP_USD_PER_HOUR = boxes[0].usd_per_hour + boxes[1].usd_per_hour
+    report = reaping.reap(now=now)
+    assert report.acted == [boxes[2].pk]  # the newest goes first, and one is enough
+    assert "newest first" in boxes[2].events.get(kind="reaped").message
+    assert Alert.objects.filter(kind=Alert.Kind.SPEND_CAP_HIT).count() == 1
+
+
+@pytest.mark.django_db
+def test_it_says_once_that_it_spared_a_kept_box(market):
+    refresh_offers()
+    now = timezone.now()
+    kept = _rented(_offers()[0], "kept", running_at=now - timedelta(hours=13), last_process_at=now,
+                   keep_until=now + timedelta(hours=1))
+    reaping.reap(now=now)
+    reaping.reap(now=now + timedelta(minutes=1))
+    kept.refresh_from_db()
+    assert kept.reaped_at is None
+    assert kept.events.filter(kind="reap-skipped").count() == 1
