@@ -6,12 +6,13 @@ the production stack.
 """
 
 import secrets
+from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.env import env_bool, env_decimal, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("DATA_DIR", str(BASE_DIR / "var")))
@@ -188,3 +189,14 @@ CELERY_BEAT_SCHEDULE.update({
     "sync-instances": {"task": "fleet.tasks.sync_instances", "schedule": float(INSTANCE_SYNC_SECONDS)},
     "reconcile-charges": {"task": "fleet.tasks.reconcile_charges", "schedule": float(CHARGES_RECONCILE_SECONDS)},
 })
+
+# The reaper
+REAPER_SECONDS = env_int("REAPER_SECONDS", 60, minimum=5)
+REAPER_DRY_RUN = env_bool("REAPER_DRY_RUN", False)
+REAPER_MAX_AGE_HOURS = env_float("REAPER_MAX_AGE_HOURS", 12.0, minimum=0.1)
+REAPER_IDLE_GRACE_MIN = env_float("REAPER_IDLE_GRACE_MIN", 30.0, minimum=1)
+REAPER_PROBE_FAILURES = env_int("REAPER_PROBE_FAILURES", 3, minimum=1)
+REAPER_GPU_UNRESPONSIVE_MIN = env_float("REAPER_GPU_UNRESPONSIVE_MIN", 5.0, minimum=1)
+REAPER_NO_PROGRESS_MIN = env_float("REAPER_NO_PROGRESS_MIN", 30.0, minimum=1)
+SPEND_CAP_USD_PER_HOUR = env_decimal("SPEND_CAP_USD_PER_HOUR", Decimal("12"))  # 0 turns the cap off
+CELERY_BEAT_SCHEDULE.update({"reap-instances": {"task": "fleet.tasks.reap_instances", "schedule": float(REAPER_SECONDS)}})

@@ -57,3 +57,18 @@ def sync_instances() -> dict:
 @shared_task(autoretry_for=TRANSIENT, retry_backoff=30, max_retries=2)
 def reconcile_charges() -> int:
     return charges.reconcile("vast") if settings.VAST_API_KEY else 0
+
+
+@shared_task(expires=60)
+def reap_instances() -> list[str]:
+    from fleet import reaping
+
+    return reaping.reap().lines()
+
+
+@shared_task(acks_late=True)
+def move_instance(instance_id: int, reason: str) -> int | None:
+    from fleet.models import Instance
+
+    new = actions.replace(Instance.objects.get(pk=instance_id), reason=reason)
+    return new.pk if new else None
