@@ -200,3 +200,12 @@ REAPER_GPU_UNRESPONSIVE_MIN = env_float("REAPER_GPU_UNRESPONSIVE_MIN", 5.0, mini
 REAPER_NO_PROGRESS_MIN = env_float("REAPER_NO_PROGRESS_MIN", 30.0, minimum=1)
 SPEND_CAP_USD_PER_HOUR = env_decimal("SPEND_CAP_USD_PER_HOUR", Decimal("12"))  # 0 turns the cap off
 CELERY_BEAT_SCHEDULE.update({"reap-instances": {"task": "fleet.tasks.reap_instances", "schedule": float(REAPER_SECONDS)}})
+
+# Webhook alerts
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 15.0, minimum=0.01)
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 6, minimum=1)
+WEBHOOK_BACKOFF_BASE_S = env_float("WEBHOOK_BACKOFF_BASE_S", 10.0, minimum=0.001)
+WEBHOOK_BACKOFF_FACTOR = env_float("WEBHOOK_BACKOFF_FACTOR", 2.0, minimum=1.0)
+WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0, minimum=0.001)
+WEBHOOK_RETRY_SECONDS = env_int("WEBHOOK_RETRY_SECONDS", 60, minimum=5)  # beat: picks up deliveries whose task was lost
+CELERY_BEAT_SCHEDULE.update({"retry-webhooks": {"task": "fleet.tasks.retry_webhooks", "schedule": float(WEBHOOK_RETRY_SECONDS)}})

@@ -72,3 +72,25 @@ def move_instance(instance_id: int, reason: str) -> int | None:
 
     new = actions.replace(Instance.objects.get(pk=instance_id), reason=reason)
     return new.pk if new else None
+
+
+@shared_task(acks_late=True)
+def deliver_webhook(delivery_id: int) -> str | None:
+    # Safe to run twice: alerts.deliver claims the attempt, and only the claimer sends.
+    from fleet import alerts
+
+    delivered = alerts.deliver(delivery_id)
+    if delivered.retry_in_s is not None:
+        deliver_webhook.apply_async((delivery_id,), countdown=delivered.retry_in_s)
+    return delivered.state
+
+
+@shared_task(expires=60)
+def retry_webhooks() -> int:
+    """Picks up deliveries whose task was lost (broker outage, worker killed mid-send)."""
+    from fleet import alerts
+
+    due = alerts.due_deliveries()
+    for delivery_id in due:
+        deliver_webhook.delay(delivery_id)
+    return len(due)

@@ -1,0 +1,94 @@
+"""The Alerts page: recent alerts, webhook endpoints with their deliveries, and (for staff with the permission)
+adding an endpoint, a test alert, disabling and enabling."""
+
+from urllib.parse import urlsplit
+
+from django import forms
+from django.contrib import messages
+from django.core.validators import URLValidator
+from django.db.models import Count, Max, Q
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from fleet import alerts
+from fleet.instance_views import require_permission
+from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
+
+RECENT_ALERTS = 50
+RECENT_DELIVERIES = 5
+MANAGE = "add_webhookendpoint"
+State = WebhookDelivery.State
+
+
+class EndpointForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    url = forms.URLField(max_length=500, label="URL", assume_scheme="https",
+                         validators=[URLValidator(schemes=["http", "https"])])
+    events = forms.MultipleChoiceField(choices=Alert.Kind.choices, required=False,
+                                       widget=forms.CheckboxSelectMultiple,
+                                       help_text="None picked: every kind.")
+    slack = forms.BooleanField(required=False, label="Slack-compatible body")
+
+
+def _can_manage(user) -> bool:
+    return user.is_staff and user.has_perm(f"fleet.{MANAGE}")
+
+
+def endpoint_rows():
+    counts = {state: Count("deliveries", filter=Q(deliveries__state=state)) for state in State.values}
+    endpoints = list(WebhookEndpoint.objects.annotate(**{f"n_{state}": n for state, n in counts.items()},
+                                                      last_delivery_at=Max("deliveries__created_at"))
+                     .order_by("-enabled", "name", "id"))
+    for endpoint in endpoints:
+        endpoint.host = urlsplit(endpoint.url).netloc  # the path of a Slack URL is its secret: show the host only
+        endpoint.recent = list(endpoint.deliveries.select_related("alert")[:RECENT_DELIVERIES])
+        endpoint.last_error = next((d.last_error for d in endpoint.recent if d.last_error), "")
+    return endpoints
+
+
+def _page(request, *, form=None, created=None, secret=None, status=200):
+    return render(request, "fleet/alerts.html", {
+        "alerts": Alert.objects.select_related("instance")[:RECENT_ALERTS],
+        "endpoints": endpoint_rows(),
+        "can_manage": _can_manage(request.user),
+        "form": form or EndpointForm(),
+        "created": created,
+        "secret": secret,
+    }, status=status)
+
+
+def alert_list(request):
+    return _page(request)
+
+
+@require_POST
+def add_endpoint(request):
+    require_permission(request.user, MANAGE)
+    form = EndpointForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form=form, status=400)
+    endpoint = alerts.create_endpoint(**form.cleaned_data, by=request.user)
+    # Rendered, not redirected: the secret is shown in this one response and never again.
+    return _page(request, created=endpoint, secret=endpoint.secret, status=201)
+
+
+@require_POST
+def send_test(request, pk):
+    require_permission(request.user, MANAGE)
+    endpoint = get_object_or_404(WebhookEndpoint, pk=pk)
+    if not endpoint.enabled:
+        messages.error(request, f"{endpoint.name} is disabled; enable it to send a test.")
+    else:
+        delivery = alerts.send_test(endpoint, by=request.user)
+        messages.success(request, f"Test alert {delivery.message_id} queued for {endpoint.name}.")
+    return redirect("alerts")
+
+
+@require_POST
+def set_enabled(request, pk):
+    require_permission(request.user, MANAGE)
+    endpoint = get_object_or_404(WebhookEndpoint, pk=pk)
+    enabled = request.POST.get("enabled") == "1"
+    alerts.set_enabled(endpoint, enabled, by=request.user)
+    messages.success(request, f"{endpoint.name} is {'enabled' if enabled else 'disabled'}.")
+    return redirect("alerts")
