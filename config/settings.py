@@ -209,3 +209,19 @@ WEBHOOK_BACKOFF_FACTOR = env_float("WEBHOOK_BACKOFF_FACTOR", 2.0, minimum=1.0)
 WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0, minimum=0.001)
 WEBHOOK_RETRY_SECONDS = env_int("WEBHOOK_RETRY_SECONDS", 60, minimum=5)  # beat: picks up deliveries whose task was lost
 CELERY_BEAT_SCHEDULE.update({"retry-webhooks": {"task": "fleet.tasks.retry_webhooks", "schedule": float(WEBHOOK_RETRY_SECONDS)}})
+
+# Runs: the agent API and checkpoint storage
+S3_ENDPOINT_URL = env_str("S3_ENDPOINT_URL", "")
+S3_REGION = env_str("S3_REGION", "")
+S3_ACCESS_KEY = env_str("S3_ACCESS_KEY", "")
+S3_SECRET_KEY = env_str("S3_SECRET_KEY", "")
+DASHBOARD_URL = env_str("DASHBOARD_URL", "")  # how rented boxes reach the agent API; the embedded default's address
+AGENT_HEARTBEAT_TIMEOUT_S = env_int("AGENT_HEARTBEAT_TIMEOUT_S", 60, minimum=5)  # silent longer: host lost
+AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=60)  # unrenewed longer: box stops
+STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60)
+RUN_INSTALL_TIMEOUT_S = env_int("RUN_INSTALL_TIMEOUT_S", 1800, minimum=60)
+RUN_STALL_TIMEOUT_S = env_int("RUN_STALL_TIMEOUT_S", 1800, minimum=30)  # no step progress while the GPU idles
+SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
+AGENT_MAX_METRIC_POINTS = env_int("AGENT_MAX_METRIC_POINTS", 2000, minimum=1)
+CELERY_BEAT_SCHEDULE.update({"supervise-runs": {"task": "runs.tasks.supervise_runs",
+                                                "schedule": float(SUPERVISOR_SECONDS)}})

@@ -5,6 +5,17 @@ from django.urls import path
 from fleet import alert_views, instance_views
 from fleet import views as fleet_views
 from runs import views as run_views
+from runs.api import api as agent_api
+
+
+def _without_login(patterns):
+    """The agent API authenticates boxes by their run token, not by a dashboard login."""
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            _without_login(pattern.url_patterns)
+        else:
+            pattern.callback.login_required = False
+    return patterns
 
 urlpatterns = [
     path("", fleet_views.dashboard, name="dashboard"),
@@ -21,7 +32,11 @@ urlpatterns = [
     path("alerts/endpoints/<int:pk>/test/", alert_views.send_test, name="test_webhook_endpoint"),
     path("alerts/endpoints/<int:pk>/enabled/", alert_views.set_enabled, name="enable_webhook_endpoint"),
     path("runs/", run_views.run_list, name="runs"),
+    path("runs/launch/", run_views.run_launch, name="run_launch"),
+    path("runs/<int:pk>/", run_views.run_detail, name="run_detail"),
+    path("runs/<int:pk>/cancel/", run_views.run_cancel, name="run_cancel"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/agent/v1/", (_without_login(agent_api.urls[0]), *agent_api.urls[1:])),
 ]

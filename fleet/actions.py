@@ -77,8 +77,10 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
     return instance, created
 
 
-def rent(instance_id: int, *, now: datetime | None = None) -> Instance:
-    """Calls the provider for a requested instance, at most once per row whatever retries the task gets."""
+def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] | None = None,
+         onstart: str = "") -> Instance:
+    """Calls the provider for a requested instance, at most once per row whatever retries the task gets. `env`
+    reaches the box only (it may hold a run's agent token): it is not stored."""
     now = now or timezone.now()
     claimed = Instance.objects.filter(pk=instance_id, state=State.REQUESTED, rent_attempted_at=None).update(
         rent_attempted_at=now)
@@ -86,8 +88,8 @@ def rent(instance_id: int, *, now: datetime | None = None) -> Instance:
     if not claimed:
         return instance
     request = RentRequest(offer_id=instance.offer_id, image=instance.image, disk_gb=instance.disk_gb,
-                          label=instance.label, env={"FLEET_INSTANCE": instance.label},
-                          bid_usd_per_hour=instance.bid_usd_per_hour)
+                          label=instance.label, env={**(env or {}), "FLEET_INSTANCE": instance.label},
+                          onstart=onstart, bid_usd_per_hour=instance.bid_usd_per_hour)
     try:
         with get_provider(instance.provider) as provider:
             provider_id = provider.rent(request)
@@ -330,6 +332,11 @@ def failure_of(record: InstanceRecord) -> str:
 # -- moving work to a new box ------------------------------------------------------------------------------------------
 
 
+# Work that knows how to move itself (a training run resumes from its checkpoint on a box it rents) registers here;
+# a handler returns True when it took the move over.
+MOVE_HANDLERS: list = []
+
+
 def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance | None:
     """Destroys a box that cannot go on and rents the best-ranked offer on another host for the same work; the new
     row points back at the old one. Retried, it rents once (the key names the replaced row)."""
@@ -337,6 +344,8 @@ def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> 
     from fleet.ranking import OfferFilters, Recipe
 
     now = now or timezone.now()
+    if any(handler(instance, reason, now) for handler in MOVE_HANDLERS):
+        return None
     destroy(instance, reason=reason, now=now)
     profile = instance.serving_model.profile if instance.serving_model_id else None
     ranking = rank_stored_offers(*(profile_settings(profile) if profile else (Recipe(), OfferFilters())))

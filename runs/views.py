@@ -1,5 +1,59 @@
-from django.shortcuts import render
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from runs import launch as launching
+from runs.forms import LaunchForm
+from runs.models import Run
+from runs.supervisor import run_cost
+
+
+def require_launch_permission(user) -> None:
+    if not (user.is_staff and user.has_perm("runs.launch_run")):
+        raise PermissionDenied("You need the launch run permission.")
 
 
 def run_list(request):
-    return render(request, "runs/run_list.html")
+    now = timezone.now()
+    runs = list(Run.objects.select_related("current_instance")[:200])
+    for run in runs:
+        run.cost_usd = run_cost(run, now)
+    template = "runs/_run_table.html" if request.headers.get("HX-Request") else "runs/run_list.html"
+    return render(request, template, {"runs": runs})
+
+
+def run_launch(request):
+    require_launch_permission(request.user)
+    form = LaunchForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            run = launching.launch(name=data["name"], recipe=data["recipe"], bucket=data["bucket"],
+                                   budget_usd=data["budget_usd"], max_restarts=data["max_restarts"],
+                                   profile=data["profile"], user=request.user)
+        except launching.LaunchError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Run {run.name} launched: the supervisor rents its box now.")
+            return redirect("run_detail", pk=run.pk)
+    return render(request, "runs/run_launch.html", {"form": form})
+
+
+def run_detail(request, pk):
+    run = get_object_or_404(Run.objects.select_related("current_instance", "profile"), pk=pk)
+    context = {"run": run, "cost_usd": run_cost(run, timezone.now()), "phases": run.phases.all(),
+               "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],
+               "checkpoints": run.checkpoints.all()[:50]}
+    template = "runs/_run_state.html" if request.headers.get("HX-Request") else "runs/run_detail.html"
+    return render(request, template, context)
+
+
+@require_POST
+def run_cancel(request, pk):
+    require_launch_permission(request.user)
+    run = get_object_or_404(Run, pk=pk)
+    launching.cancel(run, user=request.user)
+    messages.success(request, f"Run {run.name} cancelled; its box is destroyed by the supervisor's next pass.")
+    return redirect("run_detail", pk=pk)

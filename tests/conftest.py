@@ -1,6 +1,8 @@
 import pytest
 from django.contrib.auth.models import Permission
 
+from tests.marketplace import _market_server, celery_worker, frozen_market, market  # noqa: F401
+
 
 @pytest.fixture
 def operator(django_user_model):

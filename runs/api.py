@@ -1,0 +1,155 @@
+"""The agent API that rented boxes report to, with its OpenAPI schema at /api/agent/v1/openapi.json.
+
+Every call carries the run's own token (Authorization: Bearer run_...), which opens that run and no other.
+Payloads are validated and size-limited; bad input gets a 4xx with a message and changes nothing.
+"""
+
+from datetime import datetime
+from typing import Literal
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from ninja import Field, NinjaAPI, Schema
+from ninja.errors import HttpError
+from ninja.security import HttpBearer
+from pydantic import field_validator
+
+from runs import reports, tokens
+
+
+class RunToken(HttpBearer):
+    def authenticate(self, request, token):
+        return tokens.run_for(token)
+
+
+api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=RunToken(),
+               docs_url=None)
+
+
+@api.exception_handler(RequestDataTooBig)
+def too_big(request, exc):
+    return api.create_response(request, {"detail": "The request body is too large."}, status=413)
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class PhaseOut(Schema):
+    index: int
+    name: str
+    kind: str
+    steps: int
+
+
+class SpecOut(Schema):
+    run_id: int
+    name: str
+    recipe: dict
+    phases: list[PhaseOut]
+    resume: dict | None
+    upload: dict
+    heartbeat_interval_s: int
+    dead_man_window_s: int
+    renewed_until: datetime
+    max_metric_points: int
+
+
+class HeartbeatIn(Schema):
+    state: Literal["installing", "training", "uploading", "idle", "stopping"]
+    process_alive: bool = False
+    phase: int | None = Field(None, ge=0, le=100)
+    step: int | None = Field(None, ge=0)
+    gpu_util_percent: float | None = Field(None, ge=0, le=100)
+    gpu_mem_gb: float | None = Field(None, ge=0, le=10_000)
+    gpu_ok: bool | None = None
+    upload_queue: int = Field(0, ge=0, le=100_000)
+
+
+class HeartbeatOut(Schema):
+    renewed_until: datetime
+    command: Literal["continue", "stop"]
+    upload: dict
+
+
+class PointIn(Schema):
+    phase: int = Field(..., ge=0, le=100)
+    step: int = Field(..., ge=0, le=10_000_000)
+    at: datetime | None = None
+    loss: float | None = Field(None, allow_inf_nan=False)
+    lr: float | None = Field(None, ge=0, allow_inf_nan=False)
+    step_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    tokens_per_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    grad_norm_routed: float | None = Field(None, ge=0, allow_inf_nan=False)
+    grad_norm_attention: float | None = Field(None, ge=0, allow_inf_nan=False)
+    grad_norm_total: float | None = Field(None, ge=0, allow_inf_nan=False)
+    routed_b_norm: float | None = Field(None, ge=0, allow_inf_nan=False)
+    routed_b_zero: int | None = Field(None, ge=0, le=10_000_000)
+    gpu_mem_gb: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
+    kernel_path: str = Field("", max_length=20)
+
+
+class MetricsIn(Schema):
+    points: list[PointIn] = Field(..., max_length=10_000)
+
+
+class MetricsOut(Schema):
+    stored: int
+
+
+class CheckpointIn(Schema):
+    phase: int = Field(..., ge=0, le=100)
+    step: int = Field(..., ge=0, le=10_000_000)
+    uri: str = Field(..., min_length=1, max_length=500, pattern=r"^[A-Za-z0-9._/-]+$",
+                     description="the checkpoint's folder, relative to the run's own prefix")
+    complete: bool
+    size_bytes: int | None = Field(None, ge=0)
+
+    @field_validator("uri")
+    @classmethod
+    def inside_the_run(cls, uri: str) -> str:
+        if uri.startswith("/") or ".." in uri.split("/"):
+            raise ValueError("the checkpoint must lie inside the run's own prefix")
+        return uri
+
+
+class CheckpointOut(Schema):
+    phase: int
+    step: int
+    complete: bool
+
+
+class EventIn(Schema):
+    kind: Literal[reports.AGENT_EVENTS]
+    message: str = Field("", max_length=4000)
+
+
+class EventOut(Schema):
+    state: str
+
+
+@api.get("/spec", response={200: SpecOut})
+def spec(request):
+    return reports.spec(request.auth)
+
+
+@api.post("/heartbeat", response={200: HeartbeatOut})
+def heartbeat(request, beat: HeartbeatIn):
+    return reports.heartbeat(request.auth, beat.dict())
+
+
+@api.post("/metrics", response={200: MetricsOut, 413: ErrorOut})
+def metrics(request, batch: MetricsIn):
+    if len(batch.points) > settings.AGENT_MAX_METRIC_POINTS:
+        raise HttpError(413, f"At most {settings.AGENT_MAX_METRIC_POINTS} points a batch.")
+    return {"stored": reports.ingest_metrics(request.auth, [p.dict() for p in batch.points])}
+
+
+@api.post("/checkpoints", response={200: CheckpointOut})
+def checkpoint(request, notice: CheckpointIn):
+    return reports.checkpoint(request.auth, notice.dict())
+
+
+@api.post("/events", response={200: EventOut})
+def event(request, report: EventIn):
+    return {"state": reports.agent_event(request.auth, report.kind, report.message)}

@@ -1,0 +1,27 @@
+"""Recording what happened to a run and moving its state accordingly (runs.lifecycle decides the state)."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs import lifecycle
+from runs.models import Run, RunEvent
+
+
+def record(run: Run, kind: str, message: str, *, now=None) -> tuple[str, str]:
+    """Writes the event; if it moves the run, claims the move with a conditional update so that two reports of the
+    same thing (a retried post, two supervisor passes) move it once. Returns (before, after)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        RunEvent.objects.create(run=run, at=now, kind=kind, message=message)
+        before = Run.objects.values_list("state", flat=True).get(pk=run.pk)
+        after = lifecycle.transition(before, kind)
+        if after != before:
+            changes = {"state": after, "state_reason": message}
+            if lifecycle.is_restart(before, after):
+                changes["restarts"] = run.restarts + 1
+            if after in (lifecycle.FINISHED, lifecycle.FAILED, lifecycle.CANCELLED):
+                changes["finished_at"] = now
+            if not Run.objects.filter(pk=run.pk, state=before).update(**changes):
+                after = before  # someone else moved it first
+    run.refresh_from_db()
+    return before, after

@@ -1,0 +1,45 @@
+"""Launching and cancelling runs: validate what the user gave, write the run, let the supervisor take it from there."""
+
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs import events, storage, tokens
+from runs.models import Phase, Run
+from training.recipe import RecipeError, validate
+
+
+class LaunchError(ValueError):
+    pass
+
+
+def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_restarts: int, profile=None,
+           user=None, now=None) -> Run:
+    now = now or timezone.now()
+    try:
+        checked = validate(recipe, base_dir="/")
+    except RecipeError as exc:
+        raise LaunchError(f"The recipe is not usable: {exc}") from None
+    try:
+        storage.validate_bucket(bucket)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if budget_usd <= 0:
+        raise LaunchError("The budget must be more than $0.")
+    with transaction.atomic():
+        run = Run.objects.create(name=name, recipe=recipe, profile=profile, bucket=bucket, budget_usd=budget_usd,
+                                 max_restarts=max_restarts, token_nonce=tokens.new_nonce(), created_by=user,
+                                 created_at=now)
+        Phase.objects.bulk_create([Phase(run=run, index=i, name=p["name"], kind=p["kind"], steps=p["steps"])
+                                   for i, p in enumerate(checked["phases"])])
+        run.events.create(at=now, kind="launched", message=f"Launched by {user.get_username() if user else 'the product'}"
+                          f" with a ${budget_usd} budget and at most {max_restarts} restarts.")
+    return run
+
+
+def cancel(run: Run, *, user=None, now=None) -> Run:
+    who = user.get_username() if user else "the product"
+    events.record(run, "cancelled", f"Cancelled by {who}.", now=now)
+    run.refresh_from_db()
+    return run

@@ -1,0 +1,54 @@
+"""A run's state machine: the state is a pure function of the events that happened to it, in order.
+
+    pending ──rented──> provisioning ──agent_started──> installing ──probe_ok──> training ──finished──> finished
+       ^                     │                              │                       │
+       └──── recovering <────┴── host_lost / probe_failed ──┴── host_lost / hung ───┘
+                 │ rented: back to provisioning on a new box
+    any active state ──trainer_failed / restarts_exhausted / budget_exhausted / no_offer──> failed
+    any active state ──cancelled──> cancelled
+
+An event that does not apply in the current state (a late heartbeat after a failure, a duplicate notice) changes
+nothing, so replaying the events always gives the same state.
+"""
+
+PENDING, PROVISIONING, INSTALLING, TRAINING, RECOVERING = "pending", "provisioning", "installing", "training", "recovering"
+FINISHED, FAILED, CANCELLED = "finished", "failed", "cancelled"
+ACTIVE = (PENDING, PROVISIONING, INSTALLING, TRAINING, RECOVERING)
+ON_A_BOX = (PROVISIONING, INSTALLING, TRAINING)
+
+_MOVES = {
+    "rented": {PENDING: PROVISIONING, RECOVERING: PROVISIONING},
+    "agent_started": {PROVISIONING: INSTALLING},
+    # A probe or a step can arrive before the agent's first heartbeat is processed: they imply the earlier steps.
+    "probe_ok": {PROVISIONING: TRAINING, INSTALLING: TRAINING},
+    "step": {PROVISIONING: TRAINING, INSTALLING: TRAINING},
+    "probe_failed": {PROVISIONING: RECOVERING, INSTALLING: RECOVERING},
+    "host_lost": {state: RECOVERING for state in ON_A_BOX},
+    "hung": {TRAINING: RECOVERING, INSTALLING: RECOVERING},
+    "finished": {TRAINING: FINISHED},
+    "trainer_failed": {state: FAILED for state in ACTIVE},
+    "restarts_exhausted": {state: FAILED for state in ACTIVE},
+    "budget_exhausted": {state: FAILED for state in ACTIVE},
+    "no_offer": {state: FAILED for state in ACTIVE},
+    "cancelled": {state: CANCELLED for state in ACTIVE},
+}
+EVENT_KINDS = tuple(_MOVES)
+
+
+def transition(state: str, event: str) -> str:
+    """The state after `event`; the same state if the event does not apply there."""
+    if event not in _MOVES:
+        raise ValueError(f"unknown run event {event!r}")
+    return _MOVES[event].get(state, state)
+
+
+def replay(events) -> str:
+    state = PENDING
+    for event in events:
+        state = transition(state, event)
+    return state
+
+
+def is_restart(before: str, after: str) -> bool:
+    """Leaving a box for a new one counts against the run's maximum restarts."""
+    return before in ON_A_BOX and after == RECOVERING

@@ -1,0 +1,133 @@
+from django.db import models
+
+
+class Run(models.Model):
+    """A fine-tune of several phases that the product carries through host failures to the end."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        PROVISIONING = "provisioning"
+        INSTALLING = "installing"
+        TRAINING = "training"
+        RECOVERING = "recovering"
+        FINISHED = "finished"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATES = (State.PENDING, State.PROVISIONING, State.INSTALLING, State.TRAINING, State.RECOVERING)
+
+    name = models.CharField(max_length=100)
+    recipe = models.JSONField(help_text="the training recipe (training.recipe), as the box receives it")
+    profile = models.ForeignKey("fleet.OfferProfile", null=True, blank=True, on_delete=models.SET_NULL,
+                                help_text="how offers are ranked for this run; the defaults when empty")
+    bucket = models.CharField(max_length=300, help_text="where checkpoints go: s3://bucket/prefix or a local path")
+    budget_usd = models.DecimalField(max_digits=10, decimal_places=2)
+    max_restarts = models.PositiveSmallIntegerField(default=3)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    state_reason = models.TextField(blank=True)
+    restarts = models.PositiveSmallIntegerField(default=0)
+    token_nonce = models.CharField(max_length=32, help_text="part of the signed agent token; a new one revokes the old")
+    current_instance = models.ForeignKey("fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL,
+                                         related_name="+")
+    bad_machines = models.JSONField(default=list, blank=True, help_text="hosts this run will not be rented on again")
+    current_phase = models.PositiveSmallIntegerField(default=0)
+    current_step = models.PositiveIntegerField(default=0)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_step_at = models.DateTimeField(null=True, blank=True)
+    credentials_renewed_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    wound_up_at = models.DateTimeField(null=True, blank=True, help_text="box destroyed and alert sent, once")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state"])]
+        permissions = [("launch_run", "Can launch and cancel training runs")]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+
+class Phase(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="phases")
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=40)
+    kind = models.CharField(max_length=10)
+    steps = models.PositiveIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="unique_phase_index")]
+
+
+class RunAttempt(models.Model):
+    """One box a run trained on: the run's cost is the sum of its attempts' instances."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    instance = models.ForeignKey("fleet.Instance", on_delete=models.PROTECT, related_name="run_attempts")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+
+
+class MetricPoint(models.Model):
+    """One training step as the box reported it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    phase = models.PositiveSmallIntegerField()
+    step = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    loss = models.FloatField(null=True)
+    lr = models.FloatField(null=True)
+    step_s = models.FloatField(null=True)
+    tokens_per_s = models.FloatField(null=True)
+    grad_norm_routed = models.FloatField(null=True)
+    grad_norm_attention = models.FloatField(null=True)
+    grad_norm_total = models.FloatField(null=True)
+    routed_b_norm = models.FloatField(null=True)
+    routed_b_zero = models.PositiveIntegerField(null=True)
+    gpu_mem_gb = models.FloatField(null=True)
+    kernel_path = models.CharField(max_length=20, blank=True)
+    instance = models.ForeignKey("fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "phase", "step"], name="one_point_per_step")]
+        indexes = [models.Index(fields=["run", "at"])]
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    phase = models.PositiveSmallIntegerField()
+    step = models.PositiveIntegerField()
+    uri = models.CharField(max_length=500)
+    complete = models.BooleanField(default=False, help_text="its completion marker was written")
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-phase", "-step"]
+        constraints = [models.UniqueConstraint(fields=["run", "phase", "step"], name="one_checkpoint_per_step")]
+
+
+class RunEvent(models.Model):
+    """Every transition of a run, and everything its box reported, with the reason."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    kind = models.CharField(max_length=40)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-at", "-id"]

@@ -1,0 +1,58 @@
+"""The simulated marketplace and a real Celery worker as pytest fixtures, shared by every test folder."""
+
+import pytest
+
+MARKET_KEY = "test-market-key"
+
+
+@pytest.fixture(scope="session")
+def _market_server():
+    from fleet.simulator import SimulatedMarketplace
+
+    server = SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=90, port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def market(_market_server, settings):
+    """The simulated marketplace over real HTTP, fresh for each test, with the product pointed at it."""
+    _market_server.reset()
+    settings.VAST_API_URL = _market_server.base_url
+    settings.VAST_API_KEY = MARKET_KEY
+    settings.PROVIDER_MAX_RETRIES = 2
+    return _market_server
+
+
+@pytest.fixture
+def celery_worker(transactional_db):
+    """A real Celery worker consuming from the Redis broker, in a thread of this process."""
+    from celery.contrib.testing.worker import start_worker
+
+    from config.celery import app
+
+    app.control.purge()
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, loglevel="WARNING",
+                      shutdown_timeout=10):
+        yield app
+
+
+@pytest.fixture
+def frozen_market(settings):
+    """A marketplace whose clock moves only when the test advances it, for costs worked out by hand."""
+    from fleet.simulator import SimulatedMarketplace
+
+    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=0, boot_delay_s=90, port=0,
+                              charges_min_interval_s=0) as server:
+        settings.VAST_API_URL = server.base_url
+        settings.VAST_API_KEY = MARKET_KEY
+        settings.PROVIDER_MAX_RETRIES = 2
+        yield server
+
+
+def sim_now(market):
+    """The marketplace's clock as a datetime, so the ledger and the market bill over the same seconds."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(market.state()["clock"], tz=UTC)

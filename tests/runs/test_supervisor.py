@@ -1,0 +1,161 @@
+"""The supervisor carries runs through their states on the simulated marketplace; the test plays the box's agent
+through the agent API, as a rented box would."""
+
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from fleet import actions
+from fleet.models import Alert, Instance, ThroughputCalibration
+from fleet.offers import refresh_offers
+from runs import supervisor, tokens
+from runs.models import Run
+
+pytestmark = pytest.mark.django_db
+API = "/api/agent/v1"
+State = Instance.State
+
+
+class Agent:
+    """What the on-box agent sends, with the token the box received in its environment."""
+
+    def __init__(self, market, run):
+        env = next(i["env"] for i in market.state()["instances"] if i["label"] == run.current_instance.label)
+        assert env["FLEET_RUN_ID"] == str(run.pk)
+        self.client = Client(HTTP_AUTHORIZATION=f"Bearer {env['FLEET_AGENT_TOKEN']}")
+
+    def post(self, path, body):
+        response = self.client.post(API + path, json.dumps(body), content_type="application/json")
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    def starts_training(self):
+        self.post("/heartbeat", {"state": "installing"})
+        self.post("/events", {"kind": "probe_ok", "message": "MOE-FLEET-PROBE-OK"})
+        self.post("/heartbeat", {"state": "training", "process_alive": True, "gpu_ok": True, "gpu_util_percent": 90})
+
+    def steps(self, *steps, step_s=2.0, kernel_path="triton"):
+        self.post("/metrics", {"points": [{"phase": 0, "step": s, "loss": 2.0, "step_s": step_s,
+                                           "kernel_path": kernel_path} for s in steps]})
+
+
+@pytest.fixture
+def offers(frozen_market):
+    refresh_offers()
+
+
+def _supervise(run, now=None):
+    supervisor.supervise(now=now or timezone.now())
+    run.refresh_from_db()
+    return run
+
+
+def test_it_rents_the_best_box_and_follows_the_agent_into_training(launched, frozen_market, offers):
+    run = _supervise(launched())
+    box = run.current_instance
+    assert run.state == "provisioning" and box.purpose == "training" and box.provider_instance_id
+    assert tokens.run_for(tokens.issue(run)) == run
+    agent = Agent(frozen_market, run)
+    agent.post("/heartbeat", {"state": "installing"})
+    run.refresh_from_db()
+    assert run.state == "installing"
+    agent.starts_training()
+    agent.steps(1, 2)
+    run.refresh_from_db()
+    assert run.state == "training" and run.current_step == 2
+    assert list(run.events.order_by("at", "id").values_list("kind", flat=True))[:4] == [
+        "launched", "rented", "agent_started", "probe_ok"]
+
+
+def test_it_resumes_on_a_new_host_when_the_heartbeats_stop(launched, frozen_market, offers, settings):
+    run = _supervise(launched())
+    first = run.current_instance
+    Agent(frozen_market, run).starts_training()
+    later = timezone.now() + timedelta(seconds=settings.AGENT_HEARTBEAT_TIMEOUT_S + 1)
+    run = _supervise(run, later)
+    second = run.current_instance
+    assert run.state == "provisioning" and run.restarts == 1
+    assert second.pk != first.pk and second.machine_id != first.machine_id
+    assert first.machine_id in run.bad_machines
+    first.refresh_from_db()
+    assert first.state == State.STOPPING and "No heartbeat" in first.destroy_reason
+    assert run.events.filter(kind="host_lost").count() == 1
+    assert [a.instance_id for a in run.attempts.all()] == [first.pk, second.pk]
+
+
+def test_it_moves_to_another_host_when_the_install_probe_fails(launched, frozen_market, offers):
+    run = _supervise(launched())
+    first = run.current_instance
+    agent = Agent(frozen_market, run)
+    agent.post("/heartbeat", {"state": "installing"})
+    agent.post("/events", {"kind": "probe_failed", "message": "No module named 'peft' (no sentinel)"})
+    run = _supervise(run)
+    first.refresh_from_db()
+    assert first.state == State.STOPPING and run.current_instance.machine_id != first.machine_id
+    assert run.state == "provisioning" and run.restarts == 1
+
+
+def test_it_destroys_the_box_alerts_and_calibrates_when_the_run_finishes(launched, frozen_market, offers):
+    run = _supervise(launched())
+    box = run.current_instance
+    agent = Agent(frozen_market, run)
+    agent.starts_training()
+    agent.steps(*range(1, 8), step_s=1.5)
+    agent.post("/events", {"kind": "finished", "message": "all 5 phases done"})
+    run = _supervise(run)
+    box.refresh_from_db()
+    assert run.state == "finished" and run.current_instance is None
+    assert box.state == State.STOPPING
+    assert Alert.objects.filter(kind=Alert.Kind.RUN_FINISHED).count() == 1
+    assert ThroughputCalibration.objects.filter(kernel_path="triton", measured_runs=1).exists()
+    _supervise(run)
+    assert Alert.objects.filter(kind=Alert.Kind.RUN_FINISHED).count() == 1  # once
+
+
+def test_it_fails_and_tears_down_after_its_restarts(launched, frozen_market, offers, settings):
+    run = _supervise(launched(max_restarts=0))
+    box = run.current_instance
+    Agent(frozen_market, run).starts_training()
+    run = _supervise(run, timezone.now() + timedelta(seconds=settings.AGENT_HEARTBEAT_TIMEOUT_S + 1))
+    assert run.state == "failed" and "1 restarts > the maximum 0" in run.state_reason
+    assert not Instance.objects.filter(state__in=[State.PROVISIONING, State.RUNNING]).exists()
+    box.refresh_from_db()
+    assert box.state == State.STOPPING
+    assert Alert.objects.filter(kind=Alert.Kind.RUN_FAILED).exists()
+
+
+def test_it_stops_at_its_budget(launched, frozen_market, offers):
+    run = _supervise(launched(budget=Decimal("0.50")))
+    box = run.current_instance
+    run = _supervise(run, timezone.now() + timedelta(hours=2))
+    assert run.state == "failed" and "budget" in run.state_reason
+    box.refresh_from_db()
+    assert box.state == State.STOPPING
+
+
+def test_it_tears_down_a_cancelled_run(launched, frozen_market, offers, client, staff):
+    from django.contrib.auth.models import Permission
+
+    staff.user_permissions.add(Permission.objects.get(codename="launch_run"))
+    run = _supervise(launched())
+    box = run.current_instance
+    client.force_login(staff)
+    client.post(f"/runs/{run.pk}/cancel/")
+    run = _supervise(run)
+    box.refresh_from_db()
+    assert run.state == "cancelled" and box.state == State.STOPPING
+
+
+def test_it_takes_over_the_reapers_move_of_its_hung_box(launched, frozen_market, offers):
+    run = _supervise(launched())
+    box = run.current_instance
+    Agent(frozen_market, run).starts_training()
+    assert actions.replace(box, reason="GPU not responding for 7 min") is None
+    run.refresh_from_db()
+    assert run.state == "recovering" and not Instance.objects.filter(replaces=box).exists()
+    run = _supervise(run)
+    assert run.state == "provisioning" and run.current_instance.pk != box.pk
