@@ -1,0 +1,112 @@
+"""The five phase losses. Each takes (model, batch, phase, ctx) and returns (loss, stats); the training loop owns
+everything else (accumulation, guards, clipping, metrics), so every phase runs the same loop.
+
+stats: tokens (tokens through the forward), signal (False when the batch carries no gradient by construction, e.g.
+a GRPO group whose rewards are all equal: the step-1 gradient guard waits for a step with signal), and extras for
+the metrics (DPO accuracy and margin, KTO KL estimate, GRPO reward).
+
+DPO and KTO compare with a reference: the adapter as it stood when the phase began (not the bare base), scored once
+per item at phase start and kept in the checkpoint (as TRL's precompute_ref_log_probs). KTO estimates the KL term from
+the batch (mean policy/reference log-ratio, clamped at 0, no gradient) instead of TRL's mismatched pairs. GRPO is
+on-policy with one update per generation batch, so the clipped ratio is 1 and the loss is the token-level policy
+gradient with group-normalised advantages (no KL term).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from training.data import IGNORE
+
+
+def token_logps(model, input_ids, attention_mask, labels):
+    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    targets = labels[:, 1:]
+    logps = -F.cross_entropy(logits.float().transpose(1, 2), targets.clamp(min=0), reduction="none")
+    mask = targets != IGNORE
+    return logps * mask, mask
+
+
+def sequence_logps(model, batch):
+    logps, _ = token_logps(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    return logps.sum(-1)
+
+
+def causal_lm_loss(model, batch, phase, ctx):
+    """CPT and SFT: mean next-token cross-entropy over label tokens (SFT labels cover assistant turns only)."""
+    logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+    targets = batch["labels"][:, 1:]
+    count = (targets != IGNORE).sum()  # a tensor: no host sync per micro-batch
+    loss = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=IGNORE, reduction="sum")
+    return loss / count.clamp(min=1), {"tokens": batch["input_ids"].numel(), "signal": count > 0}
+
+
+def dpo_loss(model, batch, phase, ctx):
+    logps = sequence_logps(model, batch)
+    ref = batch["ref_logps"].to(logps)
+    n = logps.shape[0] // 2
+    margin = (logps[:n] - ref[:n]) - (logps[n:] - ref[n:])
+    loss = -F.logsigmoid(phase["beta"] * margin).mean()
+    return loss, {"tokens": int(batch["attention_mask"].sum()), "signal": True,
+                  "dpo_accuracy": (margin.detach() > 0).float().mean(), "dpo_margin": margin.detach().mean()}
+
+
+def kto_loss(model, batch, phase, ctx):
+    logps = sequence_logps(model, batch)
+    ratio = logps - batch["ref_logps"].to(logps)
+    kl = ratio.detach().mean().clamp(min=0)
+    beta, desirable = phase["beta"], batch["desirable"].to(logps.device)
+    losses = torch.where(
+        desirable,
+        phase["desirable_weight"] * (1 - torch.sigmoid(beta * (ratio - kl))),
+        phase["undesirable_weight"] * (1 - torch.sigmoid(beta * (kl - ratio))),
+    )
+    return losses.mean(), {"tokens": int(batch["attention_mask"].sum()), "signal": True, "kto_kl": kl}
+
+
+@torch.no_grad()
+def _generate(model, prompts, phase, tokenizer, device):
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=phase["temperature"],
+            top_k=0, top_p=1.0, max_new_tokens=phase["max_new_tokens"], pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    finally:
+        model.train(was_training)
+    completions = out[:, width:]
+    # A completion ends at its first eos (kept, so the model learns to stop); what follows is padding.
+    ended = (completions == tokenizer.eos_token_id).long().cumsum(-1)
+    keep = (ended == 0) | ((ended == 1) & (completions == tokenizer.eos_token_id))
+    return input_ids, attention_mask, completions, keep
+
+
+def grpo_loss(model, batch, phase, ctx):
+    tokenizer, group = ctx["tokenizer"], phase["num_generations"]
+    prompts = [p for p in batch["prompts"] for _ in range(group)]
+    records = [r for r in batch["records"] for _ in range(group)]
+    prompt_ids, prompt_mask, completions, keep = _generate(model, prompts, phase, tokenizer, ctx["device"])
+    rewards = torch.tensor([
+        float(ctx["reward_fn"](record.get("prompt"), tokenizer.decode(c[k].tolist(), skip_special_tokens=True), record))
+        for record, c, k in zip(records, completions, keep)
+    ])
+    grouped = rewards.view(-1, group)
+    advantages = ((grouped - grouped.mean(-1, keepdim=True)) / (grouped.std(-1, keepdim=True) + 1e-4)).view(-1)
+    input_ids = torch.cat([prompt_ids, completions], dim=1)
+    attention_mask = torch.cat([prompt_mask, keep.long()], dim=1)
+    labels = torch.cat([torch.full_like(prompt_ids, IGNORE), completions.masked_fill(~keep, IGNORE)], dim=1)
+    logps, mask = token_logps(model, input_ids, attention_mask, labels)
+    ratio = torch.exp(logps - logps.detach())  # 1 in value; its gradient is that of log pi
+    advantages = advantages.to(logps.device).unsqueeze(-1)
+    loss = -(ratio * advantages * mask).sum() / mask.sum().clamp(min=1)
+    return loss, {"tokens": int(attention_mask.sum()), "signal": bool(advantages.abs().sum() > 0),
+                  "reward": float(rewards.mean()), "completion_tokens": int(keep.sum())}
+
+
+LOSSES = {"cpt": causal_lm_loss, "sft": causal_lm_loss, "dpo": dpo_loss, "kto": kto_loss, "grpo": grpo_loss}

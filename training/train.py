@@ -1,0 +1,292 @@
+"""The MoE-LoRA trainer: `python -m training.train --recipe recipe.yaml`.
+
+Read top to bottom: build the model (or a random one from a config), put LoRA on attention and routed experts, run
+the start-up guards, resume from the newest complete checkpoint if there is one, then run the recipe's phases in
+order through one loop. Every phase (CPT, SFT, DPO, KTO, GRPO) goes through `optimizer_step`, so each gets the same
+step-1 routed-gradient guard, the same clipping and the same metrics. Started again with the same recipe after a
+kill, it continues from the last complete checkpoint.
+"""
+
+import argparse
+import importlib
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from training import checkpoint, guards, moe_lora
+from training.data import batch_indices, collate, load_phase_data, load_tokenizer
+from training.lora import attach_lora, routed_lora_parameters
+from training.losses import LOSSES, sequence_logps
+from training.metrics import open_sinks
+from training.recipe import RecipeError, load_recipe
+
+_log = logging.getLogger("training")
+
+
+def build_model(model_recipe, device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, model_recipe["dtype"])
+    if "config" in model_recipe:
+        fields = dict(model_recipe["config"])
+        config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+        torch.manual_seed(model_recipe["seed"])
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(model_recipe["path"], dtype=dtype, device_map=device)
+
+
+def lr_lambda(schedule, warmup_steps, total_steps, min_lr_ratio):
+    def factor(step):
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if schedule == "linear":
+            return 1.0 - (1.0 - min_lr_ratio) * progress
+        if schedule == "cosine":
+            return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def parameter_groups(model):
+    """The trainable parameters, and apart: routed-expert LoRA, attention LoRA, routed LoRA B (for the metrics)."""
+    routed = routed_lora_parameters(model)
+    routed_ids = {id(p) for p in routed.values()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return {
+        "trainable": trainable,
+        "routed": [p for p in trainable if id(p) in routed_ids],
+        "attention": [p for p in trainable if id(p) not in routed_ids],
+        "routed_b": [p for n, p in routed.items() if ".lora_B." in n],
+    }
+
+
+def _norm(params):
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))
+
+
+def _to_device(batch, device):
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, scheduler, groups, max_grad_norm,
+                   check_guard=False):
+    """One optimizer step over the micro-batches (gradient accumulation); returns the step's metrics.
+
+    check_guard: run the step-1 routed-gradient guard after the backward (skipped while the batch carries no
+    gradient signal by construction; the caller keeps asking until a step has signal)."""
+    start = time.perf_counter()
+    device = ctx["device"]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    loss_sum = torch.zeros((), device=device)
+    tokens, signals, extras = 0, [], {}
+    for batch in micro_batches:
+        loss, stats = loss_fn(model, batch, phase, ctx)
+        (loss / len(micro_batches)).backward()
+        loss_sum += loss.detach().float()
+        tokens += int(stats["tokens"])
+        signals.append(stats["signal"])
+        for key, value in stats.items():
+            if key not in ("tokens", "signal"):
+                extras[key] = extras.get(key, 0.0) + value / len(micro_batches)
+    signal = any(bool(s) for s in signals)
+    guard_checked = False
+    if check_guard and signal:
+        guards.check_routed_lora_grads(model)
+        guard_checked = True
+    routed_norm, attention_norm = _norm(groups["routed"]), _norm(groups["attention"])
+    total_norm = torch.linalg.vector_norm(torch.stack([routed_norm.to(device), attention_norm.to(device)]))
+    if max_grad_norm:
+        coef = (max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
+        grads = [p.grad for p in groups["trainable"] if p.grad is not None]
+        torch._foreach_mul_(grads, coef.to(grads[0].device))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    b_norms = [p.detach().float().norm() for p in groups["routed_b"]]
+    b_zero = sum(1 for p in groups["routed_b"] if not bool(p.detach().ne(0).any()))
+    record = {
+        "loss": float(loss_sum) / len(micro_batches),
+        "lr": lr,
+        "grad_norm_routed": float(routed_norm),
+        "grad_norm_attention": float(attention_norm),
+        "grad_norm_total": float(total_norm),
+        "routed_b_norm": float(torch.linalg.vector_norm(torch.stack(b_norms))) if b_norms else 0.0,
+        "routed_b_zero": b_zero,
+        "routed_b_count": len(groups["routed_b"]),
+        "tokens": tokens,
+        "signal": signal,
+        "guard_checked": guard_checked,
+        "kernel_path": moe_lora.kernel_path(),
+        **{key: float(value) for key, value in extras.items()},
+    }
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        record["gpu_mem_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
+        record["gpu_peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    else:
+        record["gpu_mem_gib"] = record["gpu_peak_gib"] = None
+    record["step_seconds"] = time.perf_counter() - start
+    record["tokens_per_second"] = tokens / record["step_seconds"]
+    return record
+
+
+@torch.no_grad()
+def score_reference(model, kind, items, batch_size, pad_id, device):
+    """Log-probs of every DPO pair (N, 2) or KTO completion (N,) under the adapter as the phase begins."""
+    scores = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        logps = sequence_logps(model, _to_device(collate(kind, chunk, pad_id), device)).float().cpu()
+        scores.append(torch.stack(logps.split(len(chunk)), dim=-1) if kind == "dpo" else logps)
+    return torch.cat(scores)
+
+
+def load_reward(spec):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def format_line(record):
+    mem = f" mem {record['gpu_mem_gib']:.1f}/{record['gpu_peak_gib']:.1f} GiB" if record["gpu_mem_gib"] is not None else ""
+    return (
+        f"{record['phase']} step {record['step']}/{record['steps']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+        f"{record['step_seconds']:.2f}s {record['tokens_per_second']:,.0f} tok/s | grad routed "
+        f"{record['grad_norm_routed']:.3g} attn {record['grad_norm_attention']:.3g} total "
+        f"{record['grad_norm_total']:.3g} | routed B norm {record['routed_b_norm']:.4g} zero "
+        f"{record['routed_b_zero']}/{record['routed_b_count']} |{mem} experts {record['kernel_path']}"
+    )
+
+
+def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device, resumed=None, out=print):
+    phase = recipe["phases"][phase_index]
+    kind = phase["kind"]
+    items = load_phase_data(kind, phase["data"], tokenizer, recipe["seq_len"])
+    optimizer = torch.optim.AdamW(groups["trainable"], lr=phase["lr"], weight_decay=recipe["weight_decay"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
+        recipe["schedule"], recipe["warmup_steps"], phase["steps"], recipe["min_lr_ratio"]))
+    ctx = {"tokenizer": tokenizer, "device": device,
+           "reward_fn": load_reward(phase["reward"]) if kind == "grpo" else None}
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        checkpoint.set_rng_state(resumed["rng"])
+        step, position, reference = resumed["step"], resumed["data_position"], resumed["reference"]
+    else:
+        step, position = 0, 0
+        reference = None
+        if kind in ("dpo", "kto"):
+            reference = score_reference(model, kind, items, recipe["batch_size"], tokenizer.pad_token_id, device)
+    data_seed = recipe["seed"] * 1000 + phase_index
+    guard_pending = True  # at the first step of every phase, and of every resumed process
+    loss_fn = LOSSES[kind]
+    while step < phase["steps"]:
+        micro_batches = []
+        for _ in range(recipe["grad_accum"]):
+            index = batch_indices(len(items), recipe["batch_size"], position, data_seed)
+            position += 1
+            batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id)
+            if kind == "dpo":
+                batch["ref_logps"] = torch.cat([reference[index, 0], reference[index, 1]])
+            elif kind == "kto":
+                batch["ref_logps"] = reference[index]
+            micro_batches.append(_to_device(batch, device))
+        record = optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, scheduler, groups,
+                                recipe["max_grad_norm"], check_guard=guard_pending)
+        guard_pending = guard_pending and not record["guard_checked"]
+        step += 1
+        record = {"phase": phase["name"], "kind": kind, "phase_index": phase_index, "step": step,
+                  "steps": phase["steps"], "time": time.time(), **record}
+        for sink in sinks:
+            sink.emit(record)
+        out(format_line(record))
+        if not math.isfinite(record["loss"]):
+            raise FloatingPointError(f"{phase['name']} step {step}: loss is {record['loss']}; stopping")
+        if step % phase["checkpoint_every"] == 0 or step == phase["steps"]:
+            uploader.save(model, {
+                "phase_index": phase_index, "phase_name": phase["name"], "step": step, "data_position": position,
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": checkpoint.rng_state(), "reference": reference,
+            }, checkpoint.checkpoint_name(phase_index, step))
+
+
+def run(recipe, out=print):
+    """Run (or continue) every phase of a validated recipe."""
+    from peft import set_peft_model_state_dict
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = build_model(recipe["model"], device)
+    tokenizer = load_tokenizer(recipe["model"], base.config.vocab_size)
+    if recipe["gradient_checkpointing"]:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = recipe["lora"]
+    model = attach_lora(base, r=lora["r"], alpha=lora["alpha"], attention=lora["attention"])
+    model.train()
+    groups = parameter_groups(model)
+
+    guards.check_experts_forward_is_ours(model)
+    probe = torch.randint(3, base.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)).to(device)
+    guards.check_lora_delta_in_forward(model, lambda: model(input_ids=probe, labels=probe).loss)
+
+    store = checkpoint.open_store(recipe["checkpoint"])
+    uploader = checkpoint.Uploader(store, recipe["checkpoint"]["staging"], recipe["checkpoint"]["keep"])
+    phases = recipe["phases"]
+    start_phase, resumed = 0, None
+    name = checkpoint.latest_complete(store)
+    if name:
+        adapter, state = checkpoint.load(store, name, Path(recipe["checkpoint"]["staging"]) / "resume")
+        if state["phase_index"] >= len(phases) or phases[state["phase_index"]]["name"] != state["phase_name"]:
+            raise RecipeError(f"checkpoint {name} is from phase {state['phase_name']!r}, which this recipe does not "
+                              f"have at position {state['phase_index']}; use the recipe the run started with or "
+                              "another checkpoint.store")
+        set_peft_model_state_dict(model, {k: v.to(device) for k, v in adapter.items()})
+        start_phase = state["phase_index"]
+        if state["step"] >= phases[start_phase]["steps"]:
+            start_phase += 1  # that phase finished; the next starts from its adapter
+        else:
+            resumed = state
+        out(f"resuming from checkpoint {name}")
+
+    sinks = open_sinks(recipe["metrics"])
+    try:
+        for phase_index in range(start_phase, len(phases)):
+            run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
+                      resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out)
+        uploader.wait()
+    finally:
+        for sink in sinks:
+            sink.close()
+    out("run complete" if start_phase < len(phases) else "run already complete; nothing to do")
+    return model
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", required=True, help="the recipe (YAML or JSON)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        recipe = load_recipe(args.recipe)
+        run(recipe, out=lambda line: print(line, flush=True))
+    except RecipeError as exc:
+        print(f"recipe error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except guards.GuardError as exc:
+        print(f"ABORTED by a guard: {exc}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
