@@ -77,9 +77,7 @@ class HttpSink:
                     return
             except Exception as exc:  # noqa: BLE001 - network errors are retried, never raised into training
                 _log.debug("metrics post failed: %s", exc)
-            if self._stop.is_set() and attempt >= 1:
-                break
-            time.sleep(min(0.5 * 2 ** attempt, 8.0))
+            time.sleep(0.1 if self._stop.is_set() else min(0.5 * 2 ** attempt, 8.0))
         self.dropped += len(batch)
 
     def _run(self):
