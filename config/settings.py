@@ -155,6 +155,7 @@ SIMULATOR_HOST = env_str("SIMULATOR_HOST", "127.0.0.1")
 SIMULATOR_PORT = env_int("SIMULATOR_PORT", 8765, minimum=1)
 SIMULATOR_API_KEY = env_str("SIMULATOR_API_KEY", "simulated-key")
 SIMULATOR_SPEED = env_float("SIMULATOR_SPEED", 1.0, minimum=0.001)
+SIMULATOR_BOOT_DELAY_S = env_float("SIMULATOR_BOOT_DELAY_S", 30.0, minimum=0)
 if SIMULATOR_ENABLED:
     VAST_API_URL = env_str("VAST_API_URL", f"http://{SIMULATOR_HOST}:{SIMULATOR_PORT}/api/v0")
     VAST_API_KEY = env_str("VAST_API_KEY", SIMULATOR_API_KEY)
@@ -210,12 +211,26 @@ WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0, minimum=0.001
 WEBHOOK_RETRY_SECONDS = env_int("WEBHOOK_RETRY_SECONDS", 60, minimum=5)  # beat: picks up deliveries whose task was lost
 CELERY_BEAT_SCHEDULE.update({"retry-webhooks": {"task": "fleet.tasks.retry_webhooks", "schedule": float(WEBHOOK_RETRY_SECONDS)}})
 
+# The inference fleet: probes of every serving box's /v1/models, and replicas kept at each model's desired count
+PROBE_SECONDS = env_int("PROBE_SECONDS", 30, minimum=5)
+PROBE_TIMEOUT_S = env_float("PROBE_TIMEOUT_S", 5.0, minimum=0.1)  # one probe, connect to last byte
+PROBE_CONCURRENCY = env_int("PROBE_CONCURRENCY", 256, minimum=1)
+PROBE_STARTUP_GRACE_S = env_int("PROBE_STARTUP_GRACE_S", 1800, minimum=0)  # failures before vLLM ever answered
+PROBE_ALLOW_PRIVATE_ADDRESSES = env_bool("PROBE_ALLOW_PRIVATE_ADDRESSES", False)  # tests and labs only
+INFERENCE_FLEET_SECONDS = env_int("INFERENCE_FLEET_SECONDS", 60, minimum=5)
+CELERY_BEAT_SCHEDULE.update({
+    "probe-serving-instances": {"task": "fleet.tasks.probe_serving_instances", "schedule": float(PROBE_SECONDS)},
+    "maintain-inference-fleet": {"task": "fleet.tasks.maintain_inference_fleet",
+                                 "schedule": float(INFERENCE_FLEET_SECONDS)},
+})
+
 # Runs: the agent API and checkpoint storage
 S3_ENDPOINT_URL = env_str("S3_ENDPOINT_URL", "")
 S3_REGION = env_str("S3_REGION", "")
 S3_ACCESS_KEY = env_str("S3_ACCESS_KEY", "")
 S3_SECRET_KEY = env_str("S3_SECRET_KEY", "")
-DASHBOARD_URL = env_str("DASHBOARD_URL", "")  # how rented boxes reach the agent API; the embedded default's address
+# How rented boxes reach the agent API; on the embedded default, the address `manage.py up` serves on.
+DASHBOARD_URL = env_str("DASHBOARD_URL", f"http://127.0.0.1:{env_int('PORT', 8000, minimum=1)}")
 AGENT_HEARTBEAT_TIMEOUT_S = env_int("AGENT_HEARTBEAT_TIMEOUT_S", 60, minimum=5)  # silent longer: host lost
 AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=60)  # unrenewed longer: box stops
 STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60)

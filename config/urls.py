@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from fleet import alert_views, instance_views
+from fleet import alert_views, inference_views, instance_views
 from fleet import views as fleet_views
 from runs import views as run_views
 from runs.api import api as agent_api
@@ -26,7 +26,8 @@ urlpatterns = [
     path("instances/<int:pk>/", instance_views.instance_detail, name="instance_detail"),
     path("instances/<int:pk>/destroy/", instance_views.destroy_confirm, name="destroy_confirm"),
     path("instances/<int:pk>/keep/", instance_views.keep_for_debugging, name="keep_for_debugging"),
-    path("inference/", fleet_views.inference, name="inference"),
+    path("inference/", inference_views.inference, name="inference"),
+    path("inference/<int:pk>/replicas/", inference_views.set_desired_replicas, name="inference_replicas"),
     path("alerts/", alert_views.alert_list, name="alerts"),
     path("alerts/endpoints/", alert_views.add_endpoint, name="add_webhook_endpoint"),
     path("alerts/endpoints/<int:pk>/test/", alert_views.send_test, name="test_webhook_endpoint"),

@@ -94,3 +94,19 @@ def retry_webhooks() -> int:
     for delivery_id in due:
         deliver_webhook.delay(delivery_id)
     return len(due)
+
+
+@shared_task(expires=settings.PROBE_SECONDS)
+def probe_serving_instances() -> dict:
+    # A round that waits past the next tick is stale; one round at a time (an advisory lock), so a late one skips.
+    from fleet import probes
+
+    return probes.probe_serving_instances().to_dict()
+
+
+@shared_task(autoretry_for=TRANSIENT, retry_backoff=10, max_retries=2, expires=settings.INFERENCE_FLEET_SECONDS)
+def maintain_inference_fleet() -> dict:
+    # Safe to retry or run twice: each replacement's key names its model, slot, day and count, so it rents once.
+    from fleet import inference
+
+    return inference.maintain().to_dict()

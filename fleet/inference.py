@@ -1,0 +1,259 @@
+"""The inference fleet: keep each InferenceModel at its desired number of replicas, within a daily budget.
+
+A replica is a serving box of the model in a live state that is not failing (fewer consecutive failed probes than
+the reaper's threshold, not being destroyed). When a model has fewer than it wants, the fleet rents replacements from
+the best-ranked offer (the model's profile, or the defaults), skipping machines where a box of this model failed
+recently, through the actions module. Each rent's idempotency key names the model, the replica slot, the day and
+the replacement count of that day, so a retried or doubled task asks for the same row and rents once. Replacements
+rented today count against max_replacements_per_day; a model over budget is not rented for, and is alerted once a
+day instead.
+
+`plan` is the decision, pure over plain records; `maintain` reads the database, plans, and calls actions.
+"""
+
+import logging
+import shlex
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet import actions
+from fleet.alerts import raise_alert
+from fleet.models import Alert, InferenceModel, Instance, Offer
+from fleet.offer_ranking import profile_settings, rank_stored_offers
+from fleet.ranking import OfferFilters, Recipe
+
+log = logging.getLogger(__name__)
+State = Instance.State
+
+# Live and meant to serve; STOPPING is live for billing but is on its way out.
+REPLICA_STATES = (State.REQUESTED, State.PROVISIONING, State.RUNNING)
+AVOID_FAILED_MACHINES_FOR = timedelta(hours=24)
+
+
+# -- the decision (pure) --------------------------------------------------------------------------------------------
+
+
+def failing_threshold() -> int:
+    return getattr(settings, "REAPER_PROBE_FAILURES", 3)  # the count at which the reaper destroys a serving box
+
+
+def is_replica(state: str, consecutive_probe_failures: int, threshold: int) -> bool:
+    return state in REPLICA_STATES and consecutive_probe_failures < threshold
+
+
+@dataclass(frozen=True)
+class ModelState:
+    model_id: int
+    name: str
+    desired_replicas: int
+    live_replicas: int
+    rented_today: int  # serving boxes requested for this model since 00:00 UTC
+    max_replacements_per_day: int
+
+
+@dataclass(frozen=True)
+class Rental:
+    slot: int  # which replica this fills, 1-based
+    count: int  # the how-manieth rent of the day for this model, 1-based
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_id: int
+    missing: int
+    rentals: tuple[Rental, ...] = ()
+    over_budget: int = 0  # missing replicas the budget does not cover
+
+    @property
+    def reason(self) -> str:
+        if not self.missing:
+            return "at its desired replicas"
+        words = f"{self.missing} replica(s) short"
+        if self.over_budget:
+            words += f"; {self.over_budget} not rented: the daily replacement budget is spent"
+        return words
+
+
+def replacement_key(model_id: int, slot: int, day: date, count: int) -> str:
+    return f"inference-{model_id}-{day:%Y%m%d}-slot{slot}-n{count}"
+
+
+def plan(model: ModelState, day: date) -> Plan:
+    """How many replacements to rent for one model today, and under which keys."""
+    missing = max(0, model.desired_replicas - model.live_replicas)
+    budget_left = max(0, model.max_replacements_per_day - model.rented_today)
+    to_rent = min(missing, budget_left)
+    rentals = tuple(
+        Rental(slot=model.live_replicas + i + 1, count=model.rented_today + i + 1,
+               idempotency_key=replacement_key(model.model_id, model.live_replicas + i + 1, day,
+                                               model.rented_today + i + 1))
+        for i in range(to_rent))
+    return Plan(model.model_id, missing, rentals, missing - to_rent)
+
+
+def pick_offer(ranked_offers, avoid_machines: set[str], avoid_offers: frozenset = frozenset()):
+    """The best-ranked offer (records, best first) not on a machine to avoid and not already taken (provider,
+    offer_id), or None."""
+    return next((o for o in ranked_offers if not (o.machine_id and o.machine_id in avoid_machines)
+                 and (o.provider, o.offer_id) not in avoid_offers), None)
+
+
+# -- acting on it ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelReport:
+    model: str
+    desired: int
+    live: int
+    rented: list[str] = field(default_factory=list)  # instance labels
+    over_budget: int = 0
+    note: str = ""
+
+
+@dataclass
+class FleetReport:
+    models: list[ModelReport] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {m.model: {"desired": m.desired, "live": m.live, "rented": m.rented, "over_budget": m.over_budget,
+                          "note": m.note} for m in self.models}
+
+
+def day_start(now: datetime) -> datetime:
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def model_states(now: datetime) -> list[tuple[InferenceModel, ModelState]]:
+    """Every model with its live replicas and today's rents, in a constant number of queries."""
+    threshold = failing_threshold()
+    models = list(InferenceModel.objects.select_related("profile").order_by("name"))
+    live, today = {}, {}
+    for model_id, state, failures in Instance.objects.filter(
+            serving_model__in=models, state__in=REPLICA_STATES).values_list(
+            "serving_model_id", "state", "consecutive_probe_failures"):
+        live[model_id] = live.get(model_id, 0) + is_replica(state, failures, threshold)
+    for model_id in Instance.objects.filter(serving_model__in=models, purpose="serving",
+                                            requested_at__gte=day_start(now)).values_list("serving_model_id",
+                                                                                          flat=True):
+        today[model_id] = today.get(model_id, 0) + 1
+    return [(m, ModelState(m.pk, m.name, m.desired_replicas, live.get(m.pk, 0), today.get(m.pk, 0),
+                           m.max_replacements_per_day)) for m in models]
+
+
+def machines_to_avoid(model: InferenceModel, now: datetime) -> set[str]:
+    """Machines where a box of this model failed (or is failing) recently; rows from before instances kept their
+    machine id are looked up through the offer they were rented from."""
+    failed = Instance.objects.filter(serving_model=model, requested_at__gte=now - AVOID_FAILED_MACHINES_FOR).filter(
+        Q(consecutive_probe_failures__gte=failing_threshold()) | ~Q(failure_reason="") | ~Q(reap_reason="")
+        | Q(state=State.FAILED))
+    machines, unknown = set(), set()
+    for provider, offer_id, machine_id in failed.values_list("provider", "offer_id", "machine_id"):
+        if machine_id:
+            machines.add(machine_id)
+        else:
+            unknown.add((provider, offer_id))
+    if unknown:
+        q = Q()
+        for provider, offer_id in unknown:
+            q |= Q(provider=provider, offer_id=offer_id)
+        machines |= set(Offer.objects.filter(q).exclude(machine_id="").values_list("machine_id", flat=True))
+    return machines
+
+
+def serving_env(model: InferenceModel) -> dict[str, str]:
+    # vast.ai maps the ports named as docker "-p" options in env keys; without it /v1/models has no public port.
+    return {f"-p {model.port}:{model.port}": "1"}
+
+
+def serving_onstart(model: InferenceModel) -> str:
+    # An ssh-type box does not run the image's entrypoint, so the serving command is the box's start script.
+    return (f"nohup vllm serve {shlex.quote(model.name)} --host 0.0.0.0 --port {model.port} "
+            ">> /var/log/vllm.log 2>&1 &")
+
+
+def _replaced(model: InferenceModel) -> Instance | None:
+    """The latest box of this model that is no longer a replica and that nothing replaced yet."""
+    threshold = failing_threshold()
+    gone = Instance.objects.filter(serving_model=model, replaced_by__isnull=True).filter(
+        ~Q(state__in=REPLICA_STATES) | Q(consecutive_probe_failures__gte=threshold))
+    return gone.order_by("-requested_at").first()
+
+
+def _resume_unrented(model: InferenceModel, now: datetime) -> list[str]:
+    """A task that died between writing a row and calling the provider left a row that counts as a replica but was
+    never rented: rent it now (actions.rent calls the provider at most once per row)."""
+    rented = []
+    for instance in Instance.objects.filter(serving_model=model, state=State.REQUESTED, rent_attempted_at=None):
+        rented.append(actions.rent(instance.pk, now=now, env=serving_env(model),
+                                   onstart=serving_onstart(model)).label)
+    return rented
+
+
+def maintain(*, now: datetime | None = None) -> FleetReport:
+    now = now or timezone.now()
+    report = FleetReport()
+    for model, state in model_states(now):
+        decision = plan(state, now.astimezone(UTC).date())
+        entry = ModelReport(model.name, state.desired_replicas, state.live_replicas,
+                            rented=_resume_unrented(model, now), over_budget=decision.over_budget,
+                            note=decision.reason)
+        report.models.append(entry)
+        if decision.rentals:
+            entry.rented += _rent_replacements(model, decision.rentals, now, entry)
+        if decision.over_budget:
+            _alert_over_budget(model, state, decision, now)
+    return report
+
+
+def _rent_replacements(model: InferenceModel, rentals, now: datetime, entry: ModelReport) -> list[str]:
+    recipe, filters = profile_settings(model.profile) if model.profile else (Recipe(), OfferFilters())
+    ranked = [e.offer for e in rank_stored_offers(recipe, filters).entries]
+    avoid = machines_to_avoid(model, now)
+    taken = set()  # an offer is one machine's GPUs: two replicas of one run go to two offers, and two machines
+    rented = []
+    for rental in rentals:
+        best = pick_offer(ranked, avoid, frozenset(taken))
+        if best is None:
+            entry.note += f"; no offer passes the filters{' off the machines that failed' if avoid else ''}"
+            log.warning("inference fleet: %s is short of replicas and no offer passes the filters", model.name)
+            break
+        taken.add((best.provider, best.offer_id))
+        if best.machine_id:
+            avoid.add(best.machine_id)
+        offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
+        with transaction.atomic():
+            instance, created = actions.request_rent(offer=offer, idempotency_key=rental.idempotency_key,
+                                                     image=model.image, purpose="serving", now=now)
+            if created:
+                replaced = _replaced(model)
+                Instance.objects.filter(pk=instance.pk).update(serving_model=model, replaces=replaced)
+                actions.record_event(instance, "inference-replica",
+                                     f"Replica {rental.slot} of {model.name} (rent {rental.count} of "
+                                     f"{model.max_replacements_per_day} today)"
+                                     + (f", replacing {replaced.label}" if replaced else ""), now)
+        if not created:
+            continue  # an earlier run wrote this row; it is counted as a replica and resumed if never rented
+        rented.append(actions.rent(instance.pk, now=now, env=serving_env(model),
+                                   onstart=serving_onstart(model)).label)
+    return rented
+
+
+def _alert_over_budget(model: InferenceModel, state: ModelState, decision: Plan, now: datetime) -> None:
+    # There is no alert kind of its own for this; a spent budget is a spending limit hit. Once a model a day.
+    prefix = f"Inference fleet: {model.name} "
+    if Alert.objects.filter(kind=Alert.Kind.SPEND_CAP_HIT, message__startswith=prefix,
+                            created_at__gte=day_start(now)).exists():
+        return
+    rented = len(decision.rentals)
+    message = (f"{prefix}has {state.live_replicas + rented} of {state.desired_replicas} replicas and its replacement "
+               f"budget is spent ({state.rented_today + rented} of {state.max_replacements_per_day} rented today): "
+               f"{decision.over_budget} not rented until tomorrow (UTC) or until the budget is raised.")
+    log.warning(message)
+    raise_alert(Alert.Kind.SPEND_CAP_HIT, message, now=now)

@@ -1,0 +1,344 @@
+"""Probing the inference fleet: every serving box's /v1/models, all at once, in one round.
+
+A hung vLLM still looks alive to a process check, so the only proof a serving box works is that its OpenAI-compatible
+endpoint lists the model it is meant to serve. One round sends every probe concurrently (one httpx AsyncClient,
+bounded by PROBE_CONCURRENCY, each probe cut off at PROBE_TIMEOUT_S), then writes what it saw in a few bulk queries:
+a ProbeResult per box and the box's last_probe_* fields, its consecutive failures (counted up on failure, reset on
+success) and last_process_at (a serving process answered). The round in which a box reaches the failing threshold
+raises one PROBE_FAILING alert; the reaper, not this module, destroys it.
+
+Where a probe may go (`probe_url`): only the instance's own public address, as a literal IP, and the public port
+the provider maps to the model's container port. Hostnames are refused rather than resolved: the provider reports an
+IP, and a name resolved here and again by the HTTP client could point somewhere else the second time (DNS
+rebinding). Loopback, private, link-local, multicast, reserved, unspecified and non-global addresses are refused
+(including IPv4 addresses embedded in IPv6: mapped, 6to4, Teredo, NAT64) unless PROBE_ALLOW_PRIVATE_ADDRESSES is
+set, for tests and a lab; cloud metadata, unspecified and multicast addresses are refused even then. A refused
+target is a failed probe with the reason and no request sent. Redirects are not followed: a 30x is a failure.
+"""
+
+import asyncio
+import ipaddress
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import httpx
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.alerts import raise_alert
+from fleet.models import Alert, Instance, ProbeResult
+
+log = logging.getLogger(__name__)
+
+MODELS_PATH = "/v1/models"
+MAX_BODY_BYTES = 1_000_000  # a models list is a few KB; a box that sends more is not a vLLM
+ERROR_CHARS = 300  # ProbeResult.error's length
+DEFAULT_CONTAINER_PORT = 8000  # vLLM's, for a serving box without a model row
+
+# Never a serving box, whatever the settings say.
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
+    "169.254.170.2",  # AWS ECS task metadata
+    "169.254.169.253",  # AWS DNS
+    "169.254.0.23",  # Tencent Cloud
+    "100.100.100.200",  # Alibaba Cloud
+    "fd00:ec2::254",  # AWS IMDS over IPv6
+    "fd00:ec2::253",
+))
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+# -- where a probe may go (pure) -----------------------------------------------------------------------------------
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    found = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
+    if ip in _NAT64:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return [a for a in found if a is not None]
+
+
+def address_refusal(address: str, *, allow_private: bool) -> str:
+    """Why a probe must not be sent to this address, or "" if it may."""
+    try:
+        ip = ipaddress.ip_address(address.strip())
+    except ValueError:
+        return f"{address!r} is not a literal IP address (hostnames are not resolved)"
+    # An IPv4 address carried inside an IPv6 one is where the packets go: judge (and name) it first.
+    candidates = (_embedded_ipv4(ip) if ip.version == 6 else []) + [ip]
+    for candidate in candidates:
+        shown = str(candidate) if candidate == ip else f"{candidate} (inside {ip})"
+        if candidate in METADATA_ADDRESSES:
+            return f"{shown} is a cloud metadata address"
+        if candidate.is_unspecified:
+            return f"{shown} is the unspecified address"
+        if candidate.is_multicast:
+            return f"{shown} is a multicast address"
+        if allow_private:
+            continue
+        for kind in ("loopback", "link_local", "reserved", "private"):
+            if getattr(candidate, f"is_{kind}"):
+                return f"{shown} is a {kind.replace('_', '-')} address"
+        if not candidate.is_global:
+            return f"{shown} is not a public address"
+    return ""
+
+
+def public_port(ports: dict, container_port: int) -> int | None:
+    """The public port the provider maps to this container port, from Instance.ports ({"8000/tcp": 41234})."""
+    value = (ports or {}).get(f"{container_port}/tcp")
+    if isinstance(value, list) and value and isinstance(value[0], dict):  # docker's raw shape, in case
+        value = value[0].get("HostPort")
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+def probe_url(public_ip: str, ports: dict, container_port: int, *, allow_private: bool) -> tuple[str, str]:
+    """(url, "") for the box's own /v1/models, or ("", why not)."""
+    if not public_ip:
+        return "", "no public address reported yet"
+    refusal = address_refusal(public_ip, allow_private=allow_private)
+    if refusal:
+        return "", f"refused: {refusal}"
+    port = public_port(ports, container_port)
+    if port is None:
+        return "", f"no public port mapped to container port {container_port}/tcp"
+    ip = ipaddress.ip_address(public_ip.strip())
+    host = f"[{ip}]" if ip.version == 6 else str(ip)
+    return f"http://{host}:{port}{MODELS_PATH}", ""
+
+
+def models_in(body: bytes) -> list[str]:
+    """The model ids of an OpenAI models list ({"object": "list", "data": [{"id": ...}]}); ValueError otherwise."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("the body is not JSON") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise ValueError("the body is not an OpenAI models list (no data list)")  # noqa: TRY004 (a bad body)
+    if payload.get("object", "list") != "list":
+        raise ValueError(f"the body's object is {payload.get('object')!r}, not 'list'")
+    ids = []
+    for item in payload["data"]:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            raise ValueError("an entry of the models list has no id")
+        ids.append(item["id"])
+    return ids
+
+
+# -- one round over the network --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    instance_id: int
+    url: str  # "" when refused
+    refusal: str = ""
+    expected_model: str = ""  # the model the box is meant to serve; "" for any
+
+
+@dataclass
+class Outcome:
+    instance_id: int
+    ok: bool
+    latency_ms: float | None = None
+    status_code: int | None = None
+    error: str = ""
+    models_served: list[str] = field(default_factory=list)
+
+
+async def _probe(client: httpx.AsyncClient, limit: asyncio.Semaphore, target: Target, timeout_s: float) -> Outcome:
+    if not target.url:
+        return Outcome(target.instance_id, ok=False, error=target.refusal)
+    async with limit:
+        started = time.perf_counter()
+        outcome = Outcome(target.instance_id, ok=False)
+        try:
+            # httpx's timeout is per socket operation; this bounds the whole probe, a server that drips included.
+            async with asyncio.timeout(timeout_s):
+                async with client.stream("GET", target.url) as response:
+                    outcome.status_code = response.status_code
+                    body = b""
+                    if response.status_code == 200:
+                        async for chunk in response.aiter_bytes():
+                            body += chunk
+                            if len(body) > MAX_BODY_BYTES:
+                                raise ValueError(f"the body is over {MAX_BODY_BYTES} bytes")
+        except TimeoutError:
+            outcome.error = f"timed out after {timeout_s:g} s"
+        except httpx.TimeoutException as exc:
+            outcome.error = f"timed out after {timeout_s:g} s ({type(exc).__name__})"
+        except httpx.HTTPError as exc:
+            outcome.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except ValueError as exc:
+            outcome.error = str(exc)
+        outcome.latency_ms = round((time.perf_counter() - started) * 1000, 2)
+    if outcome.error:
+        return outcome
+    if response.is_redirect:
+        outcome.error = f"HTTP {response.status_code} redirected to {response.headers.get('location', '?')} " \
+                        "(redirects are not followed)"
+    elif response.status_code != 200:
+        outcome.error = f"HTTP {response.status_code}"
+    else:
+        try:
+            outcome.models_served = models_in(body)
+        except ValueError as exc:
+            outcome.error = f"HTTP 200 but {exc}"
+        else:
+            if not outcome.models_served:
+                outcome.error = "HTTP 200 but no model is loaded"
+            elif target.expected_model and target.expected_model not in outcome.models_served:
+                outcome.error = f"serves {', '.join(outcome.models_served)} but not {target.expected_model}"
+            else:
+                outcome.ok = True
+    outcome.error = outcome.error[:ERROR_CHARS]
+    return outcome
+
+
+async def probe_targets(targets: list[Target], *, timeout_s: float, concurrency: int) -> list[Outcome]:
+    """Probes every target concurrently; one Outcome per target, in order, whatever fails."""
+    limit = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
+    # trust_env=False: a proxy from the worker's environment must not carry (or see) the probes.
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, follow_redirects=False, trust_env=False,
+                                 headers={"accept": "application/json"}) as client:
+        return list(await asyncio.gather(*(_probe(client, limit, t, timeout_s) for t in targets)))
+
+
+# -- counting failures (pure) ----------------------------------------------------------------------------------------
+
+
+def failures_after(previous: int, ok: bool, *, counts: bool) -> int:
+    """Consecutive failures after one probe: reset by a success, counted up by a failure that counts."""
+    if ok:
+        return 0
+    return previous + 1 if counts else previous
+
+
+def failure_counts(*, ever_answered: bool, running_at: datetime | None, now: datetime, grace: timedelta) -> bool:
+    """A box that has never answered is still loading its model for a while after it starts running; its failures
+    then are recorded but not counted, or every new replica would be reaped while vLLM loads the weights."""
+    return ever_answered or running_at is None or now - running_at >= grace
+
+
+def reaches_failing(previous: int, now_failures: int, threshold: int) -> bool:
+    """The one round that crosses the threshold alerts; later failing rounds do not."""
+    return previous < threshold <= now_failures
+
+
+# -- a round against the database -----------------------------------------------------------------------------------
+
+
+@dataclass
+class ProbeRound:
+    probed: int = 0
+    ok: int = 0
+    failed: int = 0
+    refused: int = 0
+    alerted: list[str] = field(default_factory=list)
+    skipped: bool = False  # another round held the lock
+    round_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"probed": self.probed, "ok": self.ok, "failed": self.failed, "refused": self.refused,
+                "alerted": self.alerted, "skipped": self.skipped, "round_s": round(self.round_s, 3)}
+
+
+def serving_instances():
+    """The boxes a round probes: serving boxes the provider reports running."""
+    return Instance.objects.filter(Q(purpose="serving") | Q(serving_model__isnull=False),
+                                   state=Instance.State.RUNNING).order_by("pk")
+
+
+def target_for(instance: Instance, *, allow_private: bool) -> Target:
+    model = instance.serving_model
+    url, refusal = probe_url(instance.public_ip, instance.ports, model.port if model else DEFAULT_CONTAINER_PORT,
+                             allow_private=allow_private)
+    return Target(instance.pk, url, refusal, model.name if model else "")
+
+
+_LOCK_KEY = 0x70726F6265  # "probe": one round at a time, so a failure is counted (and alerted) once
+
+
+class _RoundLock:
+    """A PostgreSQL advisory lock for the round; on another database rounds simply are not overlapped by beat."""
+
+    def __enter__(self):
+        self.held = True
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])
+                self.held = cursor.fetchone()[0]
+        return self
+
+    def __exit__(self, *exc):
+        if self.held and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+
+
+def probe_serving_instances(*, now: datetime | None = None, instances=None) -> ProbeRound:
+    """One probe round over every serving box: probes concurrently, then writes in bulk."""
+    started = time.perf_counter()
+    report = ProbeRound()
+    with _RoundLock() as lock:
+        if not lock.held:
+            report.skipped = True
+            return report
+        boxes = list((instances if instances is not None else serving_instances()).select_related("serving_model"))
+        if not boxes:
+            return report
+        allow_private = settings.PROBE_ALLOW_PRIVATE_ADDRESSES
+        targets = [target_for(box, allow_private=allow_private) for box in boxes]
+        outcomes = asyncio.run(probe_targets(targets, timeout_s=settings.PROBE_TIMEOUT_S,
+                                             concurrency=settings.PROBE_CONCURRENCY))
+        record_round(boxes, targets, outcomes, now or timezone.now(), report)
+    report.round_s = time.perf_counter() - started
+    return report
+
+
+def record_round(boxes: list[Instance], targets: list[Target], outcomes: list[Outcome], now: datetime,
+                 report: ProbeRound) -> None:
+    threshold = getattr(settings, "REAPER_PROBE_FAILURES", 3)  # the reaper destroys at the same count
+    grace = timedelta(seconds=settings.PROBE_STARTUP_GRACE_S)
+    results, crossed = [], []
+    for box, target, outcome in zip(boxes, targets, outcomes, strict=True):
+        report.probed += 1
+        report.ok += outcome.ok
+        report.failed += not outcome.ok
+        report.refused += bool(target.refusal)
+        previous = box.consecutive_probe_failures
+        counts = failure_counts(ever_answered=box.last_process_at is not None, running_at=box.running_at, now=now,
+                                grace=grace)
+        error = outcome.error if outcome.ok or counts else f"(starting, not counted) {outcome.error}"
+        results.append(ProbeResult(instance=box, at=now, ok=outcome.ok, latency_ms=outcome.latency_ms,
+                                   status_code=outcome.status_code, error=error[:ERROR_CHARS],
+                                   models_served=outcome.models_served))
+        box.consecutive_probe_failures = failures_after(previous, outcome.ok, counts=counts)
+        box.last_probe_at = now
+        box.last_probe_latency_ms = outcome.latency_ms
+        if outcome.ok:
+            box.models_served = outcome.models_served
+            box.last_process_at = now
+        if reaches_failing(previous, box.consecutive_probe_failures, threshold):
+            crossed.append((box, outcome))
+    ProbeResult.objects.bulk_create(results, batch_size=1000)
+    Instance.objects.bulk_update(boxes, ["consecutive_probe_failures", "last_probe_at", "last_probe_latency_ms"],
+                                 batch_size=500)
+    # Only what answered: a failed probe must not write back a last_process_at another writer may have moved on.
+    answered = [box for box, outcome in zip(boxes, outcomes) if outcome.ok]
+    Instance.objects.bulk_update(answered, ["models_served", "last_process_at"], batch_size=500)
+    for box, outcome in crossed:
+        raise_alert(Alert.Kind.PROBE_FAILING,
+                    f"{box.label}: {box.consecutive_probe_failures} failed probes of /v1/models in a row "
+                    f"(last: {outcome.error})", instance=box, now=now)
+        report.alerted.append(box.label)
