@@ -173,7 +173,8 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
     phase = recipe["phases"][phase_index]
     kind = phase["kind"]
     items = load_phase_data(kind, phase["data"], tokenizer, recipe["seq_len"])
-    optimizer = torch.optim.AdamW(groups["trainable"], lr=phase["lr"], weight_decay=recipe["weight_decay"])
+    optimizer = torch.optim.AdamW(groups["trainable"], lr=phase["lr"], weight_decay=recipe["weight_decay"],
+                                  fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
         recipe["schedule"], recipe["warmup_steps"], phase["steps"], recipe["min_lr_ratio"]))
     ctx = {"tokenizer": tokenizer, "device": device,

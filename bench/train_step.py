@@ -1,0 +1,135 @@
+"""Training-step benchmark on one GPU: our MoE-LoRA backend vs transformers grouped_mm + peft, in the same run.
+
+Qwen3-30B-A3B-shaped model (48 layers, 128 experts top-8, hidden 2048, moe_intermediate 768), random bf16 weights,
+LoRA r=32 alpha=64 on attention and routed experts, micro-batch 2 x 2048 packed tokens, 8 accumulation steps, AdamW.
+Both backends run through the trainer's own `optimizer_step` (same loss, clipping and metrics). Reports tokens/s,
+seconds per optimizer step and peak memory; if a configuration runs out of memory it says so and tries the next (for
+the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JSON object.
+
+    python bench/train_step.py [--layers 48] [--steps 2] [--accum 8]
+"""
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.lora import attach_lora, lora_config  # noqa: E402
+from training.losses import causal_lm_loss  # noqa: E402
+from training.train import build_model, lr_lambda, optimizer_step, parameter_groups  # noqa: E402
+
+CONFIG = {
+    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "max_position_embeddings": 4096,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+}
+
+
+def build(backend, layers, checkpointing):
+    base = build_model({"config": {**CONFIG, "num_hidden_layers": layers}, "dtype": "bfloat16", "seed": 0},
+                       torch.device("cuda"))
+    if checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if backend == "ours":
+        model = attach_lora(base, r=32, alpha=64)
+    else:
+        from peft import get_peft_model
+
+        base.set_experts_implementation("grouped_mm")
+        model = get_peft_model(base, lora_config(32, 64))
+    model.train()
+    return model
+
+
+def measure(backend, layers, checkpointing, steps, accum, batch, seq_len):
+    model = build(backend, layers, checkpointing)
+    groups = parameter_groups(model)
+    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ids = [torch.randint(0, CONFIG["vocab_size"], (batch, seq_len), device="cuda", generator=gen) for _ in range(accum)]
+    micro = [{"input_ids": x, "labels": x} for x in ids]
+    ctx = {"device": torch.device("cuda"), "tokenizer": None, "reward_fn": None}
+    phase = {"kind": "cpt"}
+    # Warm-up: one step of 2 micro-batches (Triton autotuning, allocator), guard on (it must pass on ours).
+    optimizer_step(model, micro[:2], causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+                   check_guard=backend == "ours")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    records = []
+    for _ in range(steps):
+        records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0))
+    seconds = sorted(r["step_seconds"] for r in records)[len(records) // 2]
+    tokens = accum * batch * seq_len
+    result = {
+        "backend": backend, "layers": layers, "gradient_checkpointing": checkpointing,
+        "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
+        "tokens_per_second": round(tokens / seconds), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        "loss": round(records[-1]["loss"], 4), "kernel_path": records[-1]["kernel_path"],
+        "grad_norm_routed": records[-1]["grad_norm_routed"], "routed_b_zero": records[-1]["routed_b_zero"],
+    }
+    del model, optimizer, scheduler, groups, micro, ids
+    return result
+
+
+def attempt(backend, layers, checkpointing, args):
+    result, error = None, None
+    try:
+        result = measure(backend, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len)
+    except torch.OutOfMemoryError as exc:
+        error = str(exc)[:160]
+    # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
+    gc.collect()
+    torch.cuda.empty_cache()
+    if result is None:
+        print(f"{backend} layers={layers} checkpointing={checkpointing}: out of memory ({error})", flush=True)
+        return {"backend": backend, "layers": layers, "gradient_checkpointing": checkpointing, "oom": True}
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--accum", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--backends", default="ours,grouped_mm+peft")
+    args = parser.parse_args()
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    results = []
+    for backend in args.backends.split(","):
+        # Without gradient checkpointing first; then with it; then fewer layers, until one fits.
+        plans = [(args.layers, False), (args.layers, True)] + [(n, True) for n in (36, 24, 12) if n < args.layers]
+        for layers, checkpointing in plans:
+            start = time.perf_counter()
+            result = attempt(backend, layers, checkpointing, args)
+            result["wall_s"] = round(time.perf_counter() - start, 1)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+            if not result.get("oom"):
+                break
+    ok = {r["backend"]: r for r in results if not r.get("oom")}
+    print("| backend | layers | grad ckpt | tokens/s | s/opt step (8 x 2x2048) | peak GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        if r.get("oom"):
+            print(f"| {r['backend']} | {r['layers']} | {r['gradient_checkpointing']} | OOM | - | - |")
+        else:
+            print(f"| {r['backend']} | {r['layers']} | {r['gradient_checkpointing']} | {r['tokens_per_second']:,} | "
+                  f"{r['seconds_per_optimizer_step']} | {r['peak_gib']} |")
+    summary = {"results": results, "goal_tokens_per_second": 12000}
+    if "ours" in ok and "grouped_mm+peft" in ok:
+        summary["speedup"] = round(ok["ours"]["tokens_per_second"] / ok["grouped_mm+peft"]["tokens_per_second"], 2)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
