@@ -14,6 +14,11 @@ METRIC_FIELDS = ["loss", "lr", "step_s", "tokens_per_s", "grad_norm_routed", "gr
 AGENT_EVENTS = ("agent_started", "probe_ok", "probe_failed", "finished", "trainer_failed", "log")
 
 
+def heartbeat_interval_s() -> int:
+    # Four beats inside the timeout, so one slow answer does not make a healthy box look lost.
+    return max(1, settings.AGENT_HEARTBEAT_TIMEOUT_S // 4)
+
+
 def renewed_until(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.AGENT_DEAD_MAN_WINDOW_S)
 
@@ -93,7 +98,7 @@ def spec(run: Run, *, now=None) -> dict:
             "phase": resume.phase, "step": resume.step, "uri": resume.uri,
             "download": storage.download_grant(where, resume.uri, settings.STORAGE_GRANT_S)},
         "upload": storage.upload_grant(where, settings.STORAGE_GRANT_S),
-        "heartbeat_interval_s": max(1, settings.AGENT_HEARTBEAT_TIMEOUT_S // 4),
+        "heartbeat_interval_s": heartbeat_interval_s(),
         "dead_man_window_s": settings.AGENT_DEAD_MAN_WINDOW_S,
         "renewed_until": renewed_until(now),
         "max_metric_points": settings.AGENT_MAX_METRIC_POINTS,

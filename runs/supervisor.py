@@ -17,7 +17,7 @@ from fleet.calibration import record_finished_run
 from fleet.models import Alert, Instance, Offer
 from fleet.offer_ranking import profile_settings, rank_stored_offers
 from fleet.ranking import OfferFilters, Recipe
-from runs import events, lifecycle, tokens
+from runs import events, lifecycle, reports, tokens
 from runs.models import Run, RunAttempt
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,12 @@ def _rent_box(run: Run, now: datetime) -> None:
 
 
 def agent_env(run: Run) -> dict[str, str]:
+    """What the box's agent needs before it can ask for anything: where to report, as whom, and how often (it
+    heartbeats through the install too, so these cannot wait for the spec)."""
     return {"FLEET_RUN_ID": str(run.pk), "FLEET_AGENT_TOKEN": tokens.issue(run),
-            "FLEET_API_URL": settings.DASHBOARD_URL.rstrip("/") + "/api/agent/v1/"}
+            "FLEET_API_URL": settings.DASHBOARD_URL.rstrip("/") + "/api/agent/v1/",
+            "FLEET_HEARTBEAT_S": str(reports.heartbeat_interval_s()),
+            "FLEET_DEAD_MAN_S": str(settings.AGENT_DEAD_MAN_WINDOW_S)}
 
 
 def _end(run: Run, kind: str, reason: str, now: datetime) -> None:

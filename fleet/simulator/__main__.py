@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 
+from .agents import AgentProcesses
 from .marketplace import SimulatedMarketplace
 
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="real seconds a client must wait between two GET /charges/")
     parser.add_argument("--control-token", default=os.environ.get("SIMULATOR_CONTROL_TOKEN"))
     parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.add_argument("--run-agents", metavar="FOLDER",
+                        help="run each booted instance's onstart command (the on-box agent) as a local process, "
+                             "each in its own subfolder of FOLDER")
     args = parser.parse_args(argv)
     if not args.api_key:
         parser.error("an API key is required: --api-key or SIMULATOR_API_KEY")
@@ -40,15 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
 
+    agents = AgentProcesses(args.run_agents) if args.run_agents else None
     sim = SimulatedMarketplace(
         api_key=args.api_key, seed=args.seed, speed=args.speed, boot_delay_s=args.boot_delay, host=args.host,
         port=args.port, offer_count=args.offers, search_limit_per_min=args.search_limit,
-        charges_min_interval_s=args.charges_interval, control_token=args.control_token,
+        charges_min_interval_s=args.charges_interval, control_token=args.control_token, hooks=agents,
     )
-    with sim:
-        print(f"simulated vast.ai API at {sim.base_url} (control API at {sim.control_url})", flush=True)
-        while not stop.wait(0.5):
-            pass
+    try:
+        with sim:
+            print(f"simulated vast.ai API at {sim.base_url} (control API at {sim.control_url})", flush=True)
+            while not stop.wait(0.5):
+                pass
+    finally:
+        if agents:
+            agents.stop_all()
     return 0
 
 

@@ -45,6 +45,8 @@ class Command(BaseCommand):
                 simulator = self._start("simulated marketplace", [
                     python, "-m", "fleet.simulator", "--host", settings.SIMULATOR_HOST,
                     "--port", str(settings.SIMULATOR_PORT), "--speed", str(settings.SIMULATOR_SPEED),
+                    "--boot-delay", str(settings.SIMULATOR_BOOT_DELAY_S),
+                    "--run-agents", str(settings.DATA_DIR / "simulated-boxes"),
                 ], env={"SIMULATOR_API_KEY": settings.SIMULATOR_API_KEY})
                 _wait_for_port(settings.SIMULATOR_HOST, settings.SIMULATOR_PORT, 30, simulator)
             self._start("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",

@@ -1,0 +1,110 @@
+"""A five-phase run on the tiny model, end to end on the simulated marketplace over real HTTP: the real agent and
+trainer run as the simulated boxes' processes and report to a live dashboard; the host is killed mid-phase and
+mid-upload and hangs once, and the run still finishes with every phase done once, nothing left billing."""
+
+import time
+from decimal import Decimal
+
+import pytest
+
+from fleet import actions, charges, ledger
+from fleet.models import Instance
+from fleet.offers import refresh_offers
+from fleet.simulator import SimulatedMarketplace
+from fleet.simulator.agents import AgentProcesses
+from runs import supervisor
+from runs.launch import launch
+from runs.models import Run
+from tests.marketplace import MARKET_KEY
+
+from .conftest import tiny_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+STEPS = 30
+
+
+@pytest.fixture
+def boxes(tmp_path, settings, live_server):
+    agents = AgentProcesses(tmp_path / "boxes", extra_env={"FLEET_SIM_UPLINK_MBPS": "1"})
+    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
+                              charges_min_interval_s=0, hooks=agents) as market:
+        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, MARKET_KEY
+        settings.DASHBOARD_URL = live_server.url
+        settings.AGENT_HEARTBEAT_TIMEOUT_S = 8
+        settings.RENT_OUTCOME_GRACE_S = 5
+        settings.DESTROY_VERIFY_S = 5
+        refresh_offers()
+        try:
+            yield market, agents
+        finally:
+            agents.stop_all()
+
+
+def _drive(run, until, timeout_s=240, on_tick=None):
+    """What beat does: an instance sync and a supervisor pass, here every quarter second."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        actions.sync()
+        supervisor.supervise()
+        run.refresh_from_db()
+        if on_tick:
+            on_tick(run)
+        if until(run):
+            return run
+        time.sleep(0.25)
+    events = "\n".join(f"{e.kind}: {e.message[:200]}" for e in run.events.order_by("at", "id"))
+    raise AssertionError(f"run is {run.state} at phase {run.current_phase} step {run.current_step}:\n{events}")
+
+
+def test_a_run_survives_a_dead_host_a_lost_upload_and_a_hang(boxes, tmp_path):
+    market, agents = boxes
+    recipe = tiny_recipe(phases=[dict(p, steps=STEPS) for p in tiny_recipe()["phases"]],
+                         checkpoint={"every": 2, "keep": 3})
+    run = launch(name="e2e", recipe=recipe, bucket=str(tmp_path / "bucket"), budget_usd=Decimal("40"),
+                 max_restarts=5)
+    faults = []
+
+    def inject(run):
+        box = run.current_instance
+        if box is None or run.state != "training" or not box.provider_instance_id:
+            return
+        pid, attempt = int(box.provider_instance_id), run.attempts.last()
+        uploading = run.checkpoints.filter(complete=False, created_at__gt=attempt.started_at).exists()
+        if not faults and run.current_phase >= 1:
+            market.kill_host(pid, vanish_after_s=0)
+            faults.append("killed mid-phase")
+        elif len(faults) == 1 and run.attempts.count() == 2 and uploading:
+            market.kill_host(pid, vanish_after_s=0)
+            faults.append("killed mid-upload")
+        elif len(faults) == 2 and run.attempts.count() == 3 and (run.last_step_at or attempt.started_at) > attempt.started_at:
+            market.hang_host(pid)
+            faults.append("hung")
+
+    run = _drive(run, until=lambda r: not r.is_active, on_tick=inject)
+    assert run.state == "finished", run.state_reason
+    story = "\n".join(f"{e.at:%H:%M:%S.%f} {e.kind}: {e.message[:150]}" for e in run.events.order_by("at", "id"))
+    assert faults == ["killed mid-phase", "killed mid-upload", "hung"], story
+    assert run.restarts == 3 and run.attempts.count() == 4
+
+    # Every phase trained to its last step, and each step is stored once.
+    for phase in range(5):
+        steps = list(run.metrics.filter(phase=phase).order_by("step").values_list("step", flat=True))
+        assert steps == list(range(1, STEPS + 1)), (phase, steps)
+    # Each box resumed from a checkpoint that was complete when it started.
+    resumed = [e.message for e in run.events.filter(kind="rented").order_by("at")]
+    assert len(resumed) == 4
+
+    # Nothing is left billing, and the ledger agrees with the marketplace's bill.
+    _drive(run, until=lambda r: not Instance.objects.filter(state__in=Instance.LIVE_STATES).exists(), timeout_s=60)
+    assert all(i["state"] in ("destroyed", "dead") or not i.get("listed", True) for i in market.state()["instances"])
+    charges.reconcile()
+    boxes_of_run = list(Instance.objects.filter(run_attempts__run=run))
+    ours = sum(ledger.instance_costs(boxes_of_run, _now()).values(), Decimal(0))
+    theirs = sum(i.provider_charged_usd for i in boxes_of_run)
+    assert ours == pytest.approx(theirs, rel=Decimal("0.05"))
+
+
+def _now():
+    from django.utils import timezone
+
+    return timezone.now()

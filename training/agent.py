@@ -1,0 +1,343 @@
+"""The on-box agent, the worker image's entry point: `python -m training.agent`.
+
+It proves the install with the import probe, fetches the run's spec with the run's token, restores the newest
+complete checkpoint, runs the trainer as a child process, and while it trains: forwards the trainer's per-step
+metrics in batches, uploads each complete checkpoint (files first, the completion marker last) on a thread of its
+own so a slow uplink never holds up the heartbeat, and heartbeats. Each heartbeat answer renews its credentials; if
+none renews them for the dead-man window it stops the trainer (which checkpoints on SIGTERM), uploads what is
+left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
+
+Environment: FLEET_API_URL, FLEET_AGENT_TOKEN (the run's own token), FLEET_WORKDIR (default ./fleet-run),
+FLEET_SELF_STOP (a shell command that stops this machine; on vast.ai the container's own key can), and on
+vast.ai CONTAINER_ID / CONTAINER_API_KEY.
+"""
+
+import json
+import logging
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from training.probe import SENTINEL as PROBE_SENTINEL
+
+log = logging.getLogger("training.agent")
+# Mirrors training.checkpoint, which imports torch: the agent must be able to report a broken install, so it
+# imports nothing heavy before the probe has passed.
+MARKER = "COMPLETE"
+METRIC_KEYS = {"loss": "loss", "lr": "lr", "step_seconds": "step_s", "tokens_per_second": "tokens_per_s",
+               "grad_norm_routed": "grad_norm_routed", "grad_norm_attention": "grad_norm_attention",
+               "grad_norm_total": "grad_norm_total", "routed_b_norm": "routed_b_norm",
+               "routed_b_zero": "routed_b_zero", "gpu_mem_gib": "gpu_mem_gb", "kernel_path": "kernel_path"}
+
+
+class Api:
+    """The dashboard's agent API, retried with backoff; a 4xx is a bug in what we sent, not worth retrying."""
+
+    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0, attempts: int = 4):
+        self.http = httpx.Client(base_url=base_url.rstrip("/") + "/", timeout=timeout_s,
+                                 headers={"Authorization": f"Bearer {token}"})
+        self.attempts = attempts
+
+    def call(self, method: str, path: str, body=None):
+        for attempt in range(self.attempts):
+            try:
+                response = self.http.request(method, path, json=body)
+            except httpx.TransportError as exc:
+                error = f"{type(exc).__name__}"
+            else:
+                if response.status_code < 400:
+                    return response.json()
+                if response.status_code < 500 and response.status_code != 429:
+                    raise ValueError(f"{method} {path}: HTTP {response.status_code}: {response.text[:300]}")
+                error = f"HTTP {response.status_code}"
+            time.sleep(min(8.0, 0.5 * 2**attempt))
+        raise ConnectionError(f"{method} {path}: {error} after {self.attempts} tries")
+
+
+def probe(python: str) -> tuple[bool, str]:
+    """Runs the import probe; it passed only if it exited 0 and printed the sentinel (exit codes alone lie)."""
+    try:
+        done = subprocess.run([python, "-m", "training.probe"], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return False, "the import probe timed out"
+    output = (done.stdout + done.stderr)[-3000:]
+    return done.returncode == 0 and PROBE_SENTINEL in done.stdout, output
+
+
+def gpu_status() -> dict:
+    """GPU utilisation and whether the GPU answers at all (nvidia-smi hangs or fails on a wedged GPU)."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return {"gpu_ok": False}
+    if out.returncode != 0:
+        return {"gpu_ok": False}
+    rows = [line.split(",") for line in out.stdout.strip().splitlines() if line.strip()]
+    utils = [float(r[0]) for r in rows]
+    return {"gpu_ok": True, "gpu_util_percent": sum(utils) / len(utils),
+            "gpu_mem_gb": sum(float(r[1]) for r in rows) / 1024}
+
+
+def to_point(record: dict) -> dict:
+    point = {"phase": record["phase_index"], "step": record["step"],
+             "at": datetime.fromtimestamp(record.get("time", time.time()), tz=UTC).isoformat()}
+    for theirs, ours in METRIC_KEYS.items():
+        if record.get(theirs) is not None:
+            point[ours] = record[theirs]
+    return point
+
+
+def restore(resume: dict | None, store: Path) -> None:
+    """Puts the checkpoint to resume from into the trainer's store, its marker last."""
+    if not resume:
+        return
+    target = store / Path(resume["uri"]).name
+    grant = resume["download"]
+    if grant["kind"] == "local":
+        shutil.copytree(grant["path"], target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MARKER))
+        shutil.copyfile(Path(grant["path"]) / MARKER, target / MARKER)
+        return
+    files = grant["files"]
+    with httpx.Client(timeout=120) as http:
+        for name in sorted(files, key=lambda n: n == MARKER):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            with http.stream("GET", files[name]) as response:
+                response.raise_for_status()
+                with open(target / name, "wb") as f:
+                    for chunk in response.iter_bytes():
+                        f.write(chunk)
+
+
+class Uploader(threading.Thread):
+    """Uploads complete checkpoints one at a time, files first and the marker last, then tells the dashboard."""
+
+    def __init__(self, api: Api, grant: dict):
+        super().__init__(name="checkpoint-uploads", daemon=True)
+        self.api, self.grant = api, grant
+        self.jobs: queue.Queue = queue.Queue()
+        self.done: set[str] = set()
+        self.failed: list[str] = []
+
+    def run(self):
+        while True:
+            folder = self.jobs.get()
+            if folder is None:
+                return
+            try:
+                self._upload(folder)
+            except Exception as exc:  # noqa: BLE001 - a failed upload must not kill the agent; it is retried
+                log.warning("upload of %s failed: %s", folder.name, exc)
+                self.failed.append(folder.name)
+                self.done.discard(folder.name)
+            finally:
+                self.jobs.task_done()
+
+    def _upload(self, folder: Path):
+        phase, step = parse_name(folder.name)
+        self.api.call("POST", "checkpoints", {"phase": phase, "step": step, "uri": folder.name, "complete": False})
+        files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != MARKER))
+        for path in [*files, folder / MARKER]:
+            self._put(path, f"{folder.name}/{path.relative_to(folder)}")
+        size = sum(p.stat().st_size for p in files)
+        self.api.call("POST", "checkpoints", {"phase": phase, "step": step, "uri": folder.name, "complete": True,
+                                              "size_bytes": size})
+
+    def _put(self, path: Path, key: str):
+        grant = self.grant
+        if grant["kind"] == "local":
+            target = Path(grant["path"]) / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            # A simulated box's uplink: a real one is as slow as its network, a local copy is instant.
+            uplink_mbps = float(os.environ.get("FLEET_SIM_UPLINK_MBPS") or 0)
+            if uplink_mbps > 0:
+                time.sleep(path.stat().st_size * 8 / 1e6 / uplink_mbps)
+            return
+        fields = {**grant["fields"], "key": grant["prefix"] + key}
+        with open(path, "rb") as f, httpx.Client(timeout=None) as http:
+            response = http.post(grant["url"], data=fields, files={"file": (path.name, f)})
+        response.raise_for_status()
+
+    def offer(self, folder: Path):
+        if folder.name not in self.done:
+            self.done.add(folder.name)
+            self.jobs.put(folder)
+
+
+def parse_name(name: str):
+    from training.checkpoint import parse_name as parse
+
+    return parse(name)
+
+
+def complete_checkpoints(store: Path) -> list[Path]:
+    if not store.exists():
+        return []
+    found = [p for p in store.iterdir() if p.is_dir() and parse_name(p.name) and (p / MARKER).exists()]
+    return sorted(found, key=lambda p: parse_name(p.name))
+
+
+def stop_machine() -> None:
+    command = os.environ.get("FLEET_SELF_STOP", "")
+    if not command and os.environ.get("CONTAINER_ID") and shutil.which("vastai"):
+        command = f"vastai stop instance {shlex.quote(os.environ['CONTAINER_ID'])}"
+    if command:
+        log.warning("dead-man switch: stopping this machine: %s", command)
+        subprocess.run(command, shell=True, timeout=120)
+    else:
+        log.warning("dead-man switch: no FLEET_SELF_STOP command; the trainer is stopped, the machine is not")
+
+
+class Heartbeat(threading.Thread):
+    """Heartbeats from start to end, through the install and the probe too: a box that goes quiet is taken for
+    lost. Each answer renews the credentials; `stop` is set when the dashboard says stop or the dead-man window
+    passes without a renewal."""
+
+    def __init__(self, api: Api, interval_s: float, window_s: float):
+        super().__init__(name="heartbeat", daemon=True)
+        self.api, self.interval_s, self.window_s = api, interval_s, window_s
+        self.status: dict = {"state": "installing"}
+        self.stop = threading.Event()
+        self.stop_reason = ""
+        self.dead_man = False
+        self._done = threading.Event()
+        self._renewed_at = time.monotonic()
+
+    def run(self):
+        while not self._done.is_set():
+            self.beat()
+            self._done.wait(self.interval_s)
+
+    def beat(self):
+        try:
+            answer = self.api.call("POST", "heartbeat", {**self.status, **gpu_status()})
+        except (ConnectionError, ValueError) as exc:
+            log.warning("heartbeat failed: %s", exc)
+            if time.monotonic() - self._renewed_at > self.window_s and not self.stop.is_set():
+                self.stop_reason = f"credentials not renewed for {self.window_s:.0f} s (dead-man switch)"
+                self.dead_man = True
+                self.stop.set()
+            return
+        self._renewed_at = time.monotonic()
+        if answer["command"] == "stop" and not self.stop.is_set():
+            self.stop_reason = "the dashboard said stop"
+            self.stop.set()
+
+    def finish(self):
+        self._done.set()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(message)s")
+    api = Api(os.environ["FLEET_API_URL"], os.environ["FLEET_AGENT_TOKEN"])
+    workdir = Path(os.environ.get("FLEET_WORKDIR", "fleet-run")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    python = os.environ.get("FLEET_PYTHON", sys.executable)
+    heartbeat = Heartbeat(api, float(os.environ.get("FLEET_HEARTBEAT_S", "5")),
+                          float(os.environ.get("FLEET_DEAD_MAN_S", str(3 * 3600))))
+    heartbeat.start()
+    try:
+        return run(api, heartbeat, workdir, python)
+    finally:
+        heartbeat.finish()
+
+
+def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
+    ok, output = probe(python)
+    if not ok:
+        api.call("POST", "events", {"kind": "probe_failed", "message": f"No probe sentinel. {output}"[-4000:]})
+        return 1
+    api.call("POST", "events", {"kind": "probe_ok", "message": output.strip().splitlines()[-1][:500]})
+
+    spec = api.call("GET", "spec")
+    heartbeat.interval_s, heartbeat.window_s = spec["heartbeat_interval_s"], spec["dead_man_window_s"]
+    store, staging, metrics_path = workdir / "store", workdir / "staging", workdir / "metrics.jsonl"
+    recipe = {**spec["recipe"], "metrics": {"jsonl": str(metrics_path), "http": None},
+              "checkpoint": {**spec["recipe"].get("checkpoint", {}), "store": str(store), "staging": str(staging),
+                             "endpoint_url": None, "region": None}}
+    store.mkdir(parents=True, exist_ok=True)
+    restore(spec.get("resume"), store)
+    recipe_path = workdir / "recipe.json"
+    recipe_path.write_text(json.dumps(recipe))
+
+    uploader = Uploader(api, spec["upload"])
+    uploader.done.update(p.name for p in complete_checkpoints(store))  # already in the bucket
+    uploader.start()
+    with open(workdir / "trainer.log", "ab") as trainer_log:
+        # The trainer stays in the agent's process group: whatever takes the agent down (a dead host, a kill of
+        # the group) takes the trainer with it, and a frozen host freezes both.
+        trainer = subprocess.Popen([python, "-m", "training.train", "--recipe", str(recipe_path)],
+                                   stdout=trainer_log, stderr=subprocess.STDOUT)
+        return watch(api, spec, trainer, uploader, heartbeat, store, metrics_path, workdir)
+
+
+def watch(api: Api, spec: dict, trainer: subprocess.Popen, uploader: Uploader, heartbeat: Heartbeat, store: Path,
+          metrics_path: Path, workdir: Path) -> int:
+    """While the trainer runs: forward its metrics, hand complete checkpoints to the uploader, keep the heartbeat's
+    status current, and stop the trainer (it checkpoints on SIGTERM) when told to."""
+    max_points = spec["max_metric_points"]
+    position = 0
+    while True:
+        position = forward_metrics(api, metrics_path, position, max_points)
+        for folder in complete_checkpoints(store):
+            uploader.offer(folder)
+        alive = trainer.poll() is None
+        heartbeat.status = {"state": "training" if alive else "uploading", "process_alive": alive,
+                            "upload_queue": uploader.jobs.qsize()}
+        if alive and heartbeat.stop.is_set():
+            log.warning("stopping the trainer: %s", heartbeat.stop_reason)
+            trainer.send_signal(signal.SIGTERM)
+            trainer.wait(timeout=600)
+            alive = False
+        if not alive:
+            break
+        heartbeat.stop.wait(heartbeat.interval_s)
+
+    forward_metrics(api, metrics_path, position, max_points)
+    for folder in complete_checkpoints(store):
+        uploader.offer(folder)
+    uploader.jobs.join()
+    uploader.jobs.put(None)
+    if heartbeat.dead_man:
+        stop_machine()
+        return 4
+    if heartbeat.stop.is_set():
+        return 0
+    if trainer.returncode == 0:
+        api.call("POST", "events", {"kind": "finished", "message": "The trainer finished every phase."})
+        return 0
+    tail = (workdir / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
+    api.call("POST", "events", {"kind": "trainer_failed",
+                                "message": f"The trainer exited with {trainer.returncode}: {tail}"[-4000:]})
+    return 3
+
+
+def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int:
+    """Sends the trainer's new JSONL lines in batches; returns how far the file has been read."""
+    if not path.exists():
+        return position
+    with open(path, "rb") as f:
+        f.seek(position)
+        data = f.read()
+    complete = data[: data.rfind(b"\n") + 1]  # a half-written last line waits for the next round
+    points = [to_point(json.loads(line)) for line in complete.splitlines() if line.strip()]
+    for start in range(0, len(points), max_points):
+        api.call("POST", "metrics", {"points": points[start:start + max_points]})
+    return position + len(complete)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
