@@ -240,3 +240,6 @@ SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
 AGENT_MAX_METRIC_POINTS = env_int("AGENT_MAX_METRIC_POINTS", 2000, minimum=1)
 CELERY_BEAT_SCHEDULE.update({"supervise-runs": {"task": "runs.tasks.supervise_runs",
                                                 "schedule": float(SUPERVISOR_SECONDS)}})
+
+# Run pages and the Prometheus exposition: /metrics answers only `Authorization: Bearer <METRICS_TOKEN>`; unset: off
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")

@@ -4,6 +4,7 @@ from django.urls import path
 
 from fleet import alert_views, inference_views, instance_views
 from fleet import views as fleet_views
+from runs import chart_views
 from runs import views as run_views
 from runs.api import api as agent_api
 
@@ -36,6 +37,10 @@ urlpatterns = [
     path("runs/launch/", run_views.run_launch, name="run_launch"),
     path("runs/<int:pk>/", run_views.run_detail, name="run_detail"),
     path("runs/<int:pk>/cancel/", run_views.run_cancel, name="run_cancel"),
+    path("runs/<int:pk>/charts.json", chart_views.run_chart_data, name="run_chart_data"),
+    path("runs/<int:pk>/metrics.csv", chart_views.run_metrics_csv, name="run_metrics_csv"),
+    path("runs/compare/", chart_views.compare, name="run_compare"),
+    path("metrics", chart_views.prometheus_metrics, name="prometheus_metrics"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -1,0 +1,57 @@
+// Plotly charts from figures the server built (data and layout). A run page fetches them from its chart data URL
+// and, while the run is active, fetches again every few seconds and redraws in place with Plotly.react (zoom kept
+// through layout.uirevision). The comparison page embeds its figures in a json_script element.
+(function () {
+  var CONFIG = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
+
+  function draw(figures) {
+    figures.forEach(function (figure) {
+      var el = document.querySelector('[data-chart="' + figure.id + '"]');
+      if (!el) return;
+      Plotly.react(el, figure.data, figure.layout, CONFIG);
+      el.dataset.rendered = "true";
+    });
+  }
+
+  function describe(payload) {
+    var points = payload.points.toLocaleString("en-US");
+    var thinned = payload.bucket_steps > 1 ? " (min/max of every " + payload.bucket_steps + " steps drawn)" : "";
+    if (payload.active) return "Live, refreshed every " + payload.refresh_s + " s · " + points + " steps" + thinned;
+    return "Run " + payload.state + " · " + points + " steps" + thinned;
+  }
+
+  function live(section) {
+    var status = section.querySelector("[data-chart-status]");
+    var summary = document.getElementById("run-summary");
+    function load() {
+      if (document.visibilityState === "hidden") {  // no polling from a background tab; resume when it shows
+        document.addEventListener("visibilitychange", load, {once: true});
+        return;
+      }
+      fetch(section.dataset.src, {credentials: "same-origin", headers: {Accept: "application/json"}})
+        .then(function (response) {
+          if (!response.ok) throw new Error("HTTP " + response.status);
+          return response.json();
+        })
+        .then(function (payload) {
+          draw(payload.figures);
+          summary.innerHTML = payload.summary_html;
+          status.textContent = describe(payload);
+          section.dataset.state = payload.state;
+          if (payload.active) setTimeout(load, payload.refresh_s * 1000);
+        })
+        .catch(function (error) {
+          status.textContent = "Could not load the charts (" + error.message + "); trying again in 15 s.";
+          setTimeout(load, 15000);
+        });
+    }
+    load();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var section = document.getElementById("run-charts");
+    if (section) live(section);
+    var embedded = document.getElementById("figures-data");
+    if (embedded) draw(JSON.parse(embedded.textContent));
+  });
+})();

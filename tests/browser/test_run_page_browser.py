@@ -1,0 +1,100 @@
+"""The run page in a real browser: Debian's Chromium driven by Playwright against the app on a live port."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHARTS = {
+    "timeline": {"phase 0 · cpt", "phase 1 · sft", "phase 2 · dpo", "box · 1× H200 · healthy-box0",
+                 "box · 1× RTX PRO 6000 · healthy-box1", "host lost / hung"},
+    "step-time": {"1× H200 · healthy-box0", "1× RTX PRO 6000 · healthy-box1"},
+    "tokens": {"1× H200 · healthy-box0", "1× RTX PRO 6000 · healthy-box1"},
+    "loss": {"0 · cpt", "1 · sft", "2 · dpo"},
+    "grad-norms": {"routed · cpt", "attention · cpt", "routed · sft", "attention · sft", "routed · dpo",
+                   "attention · dpo"},
+    "b-matrices": {"B norm · cpt", "B at zero · cpt", "B norm · sft", "B at zero · sft", "B norm · dpo",
+                   "B at zero · dpo"},
+    "cost-per-step": {"$/step · 1× H200 · healthy-box0", "$/step · 1× RTX PRO 6000 · healthy-box1"},
+    "cost": {"cost so far", "budget"},
+}
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"Debian's Chromium is not installed at {CHROMIUM} "
+                                                            "(apt-get install -y chromium)"),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+@pytest.fixture
+def seeded(member):
+    from tests.runs.test_run_pages import seed_run
+
+    return seed_run("healthy"), seed_run("broken", zero_routed_phase=1)
+
+
+@pytest.fixture
+def browser(live_server, seeded):
+    # Playwright runs an event loop in this thread, where Django refuses database calls: the rows come first.
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download)")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def log_in(page, live_server):
+    page.goto(f"{live_server.url}/login/")
+    page.fill("input[name=username]", "member")
+    page.fill("input[name=password]", "member-pass-123")
+    page.click("main button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+
+
+def rendered_traces(page) -> dict[str, list[str]]:
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 8", timeout=20_000)
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.js-plotly-plot')].map(
+        el => [el.dataset.chart, (el.data || []).map(t => t.name)]))""")
+
+
+def test_it_renders_every_chart_with_named_traces_and_warns_only_for_zero_routed_gradients(
+        live_server, seeded, browser):
+    healthy, broken = seeded
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, live_server)
+
+    page.goto(f"{live_server.url}/runs/{healthy.pk}/")
+    traces = rendered_traces(page)
+    assert set(traces) == set(CHARTS)
+    for chart, names in CHARTS.items():
+        assert all(traces[chart]), f"{chart} has a trace without a name: {traces[chart]}"
+        assert set(traces[chart]) == names, chart
+    page.wait_for_selector("#run-figures")
+    assert page.locator("#zero-gradient-warning").count() == 0
+    assert "Run finished" in page.locator("[data-chart-status]").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "run_page.png"), full_page=True)
+
+    page.goto(f"{live_server.url}/runs/{broken.pk}/")
+    rendered_traces(page)
+    warning = page.locator("#zero-gradient-warning")
+    warning.wait_for()
+    assert "Phase 1 (sft)" in warning.inner_text()
+    assert warning.evaluate("el => getComputedStyle(el).color") == "rgb(180, 35, 24)"  # the product's red
+    page.screenshot(path=str(ARTIFACTS / "run_page_zero_gradient.png"), full_page=True)
+
+    page.goto(f"{live_server.url}/runs/compare/")
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=20_000)
+    compare = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(
+        el => (el.data || []).map(t => t.name))""")
+    assert all(names == ["triton kernels"] for names in compare), compare
+    page.screenshot(path=str(ARTIFACTS / "compare_page.png"), full_page=True)
+    assert errors == []

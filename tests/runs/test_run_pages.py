@@ -1,0 +1,238 @@
+import csv
+import io
+import math
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet.models import Alert, CostSegment, Instance
+from runs.models import MetricPoint, Phase, Run, RunAttempt, RunEvent
+
+PHASES = (("cpt", "cpt", 40), ("sft", "sft", 40), ("dpo", "dpo", 30))
+ROUTED_B = 96
+
+
+def seed_run(name="qwen3-30b-sft", *, phases=PHASES, zero_routed_phase=None, state="finished", now=None,
+             step_s=(30.0, 55.0)) -> Run:
+    """A run of a few phases on two boxes (the first lost halfway), with a metric point per step, cost segments and
+    the events of the restart; `zero_routed_phase` trains with the routed-expert gradient at exactly zero."""
+    now = now or timezone.now()
+    total = sum(steps for _, _, steps in phases)
+    start = now - timedelta(seconds=sum(step_s) / 2 * total + 600)
+    run = Run.objects.create(name=name, recipe={}, bucket="s3://bucket/runs", budget_usd=Decimal("40"),
+                             token_nonce="n", state=state, created_at=start, started_at=start,
+                             current_phase=len(phases) - 1, current_step=phases[-1][2],
+                             finished_at=None if state in Run.ACTIVE_STATES else now)
+    for i, (phase_name, kind, steps) in enumerate(phases):
+        Phase.objects.create(run=run, index=i, name=phase_name, kind=kind, steps=steps)
+    boxes = []
+    for i, (gpu, rate) in enumerate((("H200", Decimal("1.20")), ("RTX PRO 6000", Decimal("1.05")))):
+        boxes.append(Instance.objects.create(provider="vast", idempotency_key=f"{name}-{i}", label=f"{name}-box{i}",
+                                             state="destroyed", purpose="training", offer_id=str(i), gpu_name=gpu,
+                                             machine_id=f"m{i}", image="img", disk_gb=250, requested_at=start,
+                                             usd_per_hour=rate))
+    switch = total // 2
+    at, rows, g = start + timedelta(seconds=300), [], 0
+    switch_at = None
+    for p, (_, _, steps) in enumerate(phases):
+        for step in range(1, steps + 1):
+            box = 0 if g < switch else 1
+            if g == switch:
+                switch_at, at = at, at + timedelta(seconds=300)
+            seconds = step_s[box] * (1.6 if step == 1 else 1.0)
+            at += timedelta(seconds=seconds)
+            zero = p == zero_routed_phase
+            rows.append(MetricPoint(
+                run=run, phase=p, step=step, at=at, loss=2.5 * math.exp(-g / 40) + 0.4, lr=1e-4, step_s=seconds,
+                tokens_per_s=65536 / seconds, grad_norm_routed=0.0 if zero else 0.3 + 0.01 * (step % 5),
+                grad_norm_attention=1.1 + 0.02 * (step % 3), grad_norm_total=1.3,
+                routed_b_norm=0.0 if zero else 0.02 * (g + 1), routed_b_zero=ROUTED_B if zero or g == 0 else 0,
+                gpu_mem_gb=70.0, kernel_path="triton", instance=boxes[box]))
+            g += 1
+    MetricPoint.objects.bulk_create(rows)
+    end = now if state not in Run.ACTIVE_STATES else None
+    RunAttempt.objects.create(run=run, instance=boxes[0], started_at=start, ended_at=switch_at,
+                              end_reason="No heartbeat from the box for 75 s.")
+    RunAttempt.objects.create(run=run, instance=boxes[1], started_at=switch_at, ended_at=end)
+    CostSegment.objects.create(instance=boxes[0], usd_per_hour=boxes[0].usd_per_hour, started_at=start,
+                               ended_at=switch_at)
+    CostSegment.objects.create(instance=boxes[1], usd_per_hour=boxes[1].usd_per_hour, started_at=switch_at,
+                               ended_at=end)
+    RunEvent.objects.create(run=run, at=switch_at, kind="host_lost", message="No heartbeat from the box for 75 s.")
+    if state in Run.ACTIVE_STATES:
+        Instance.objects.filter(pk=boxes[1].pk).update(state="running")
+        Run.objects.filter(pk=run.pk).update(current_instance=boxes[1])
+        run.refresh_from_db()
+    return run
+
+
+@pytest.fixture
+def logged_in(client, member):
+    client.force_login(member)
+    return client
+
+
+@pytest.mark.django_db
+def test_it_serves_chart_data_with_named_traces(logged_in):
+    run = seed_run()
+    body = logged_in.get(reverse("run_chart_data", args=[run.pk])).json()
+    assert body["points"] == 110 and body["active"] is False and body["state"] == "finished"
+    ids = [f["id"] for f in body["figures"]]
+    assert ids == ["timeline", "step-time", "loss", "grad-norms", "b-matrices", "tokens", "cost", "cost-per-step"]
+    for figure in body["figures"]:
+        assert figure["data"], figure["id"]
+        assert all(t["name"] for t in figure["data"]), figure["id"]
+    by_id = {f["id"]: f for f in body["figures"]}
+    assert [t["name"] for t in by_id["loss"]["data"]] == ["0 · cpt", "1 · sft", "2 · dpo"]
+    assert [t["name"] for t in by_id["step-time"]["data"]] == ["1× H200 · qwen3-30b-sft-box0",
+                                                             "1× RTX PRO 6000 · qwen3-30b-sft-box1"]
+    assert by_id["grad-norms"]["layout"]["yaxis"]["type"] == "log"
+    assert "host lost / hung" in [t["name"] for t in by_id["timeline"]["data"]]
+    assert any(s.get("label", {}).get("text") == "host change" for s in by_id["step-time"]["layout"]["shapes"])
+    assert body["warnings"] == [] and "zero-gradient-warning" not in body["summary_html"]
+
+
+@pytest.mark.django_db
+def test_it_warns_of_the_phase_with_zero_routed_gradients(logged_in):
+    run = seed_run(zero_routed_phase=1)
+    body = logged_in.get(reverse("run_chart_data", args=[run.pk])).json()
+    assert len(body["warnings"]) == 1 and body["warnings"][0].startswith("Phase 1 (sft)")
+    assert 'id="zero-gradient-warning"' in body["summary_html"] and "Phase 1 (sft)" in body["summary_html"]
+    grads = next(f for f in body["figures"] if f["id"] == "grad-norms")
+    assert any(s.get("label", {}).get("text") == "routed gradient = 0" for s in grads["layout"]["shapes"])
+
+
+@pytest.mark.django_db
+def test_it_projects_an_active_run(logged_in):
+    run = seed_run(state="training")
+    Run.objects.filter(pk=run.pk).update(current_phase=1, current_step=10)
+    body = logged_in.get(reverse("run_chart_data", args=[run.pk])).json()
+    assert body["active"] is True and body["refresh_s"] > 0
+    assert "Projected total" in body["summary_html"] and "Projected finish" in body["summary_html"]
+    cost = next(f for f in body["figures"] if f["id"] == "cost")
+    assert [t["name"] for t in cost["data"]] == ["cost so far", "projected", "budget"]
+
+
+@pytest.mark.django_db
+def test_it_renders_the_run_page_with_its_chart_containers(logged_in):
+    run = seed_run()
+    body = logged_in.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert reverse("run_chart_data", args=[run.pk]) in body and reverse("run_metrics_csv", args=[run.pk]) in body
+    assert "vendor/plotly.min.js" in body and "js/run-charts.js" in body
+    for chart in ("timeline", "step-time", "loss", "grad-norms", "b-matrices", "tokens", "cost", "cost-per-step"):
+        assert f'data-chart="{chart}"' in body
+
+
+@pytest.mark.django_db
+def test_it_streams_every_point_as_csv(logged_in):
+    run = seed_run()
+    response = logged_in.get(reverse("run_metrics_csv", args=[run.pk]))
+    assert response.streaming and response["Content-Type"].startswith("text/csv")
+    assert "attachment" in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert len(rows) == 110
+    assert rows[0]["phase"] == "0" and rows[0]["step"] == "1" and rows[0]["gpu"] == "H200"
+    assert rows[-1]["box"] == "qwen3-30b-sft-box1" and float(rows[-1]["step_s"]) == 55.0
+
+
+@pytest.mark.django_db
+def test_it_compares_runs_and_gpu_models(logged_in):
+    seed_run()
+    body = logged_in.get(reverse("run_compare")).content.decode()
+    assert 'id="compare-gpus"' in body and 'id="compare-runs"' in body and 'id="calibration"' in body
+    assert "1× H200" in body and "1× RTX PRO 6000" in body
+    assert "30.00 s" in body and "55.00 s" in body  # steady state: the slow first steps are left out
+    assert "$0.0100" in body  # 30 s on the H200 at $1.20/h
+    assert 'id="figures-data"' in body and "triton kernels" in body
+
+
+@pytest.mark.django_db
+def test_it_shows_an_empty_comparison(logged_in):
+    body = logged_in.get(reverse("run_compare")).content.decode()
+    assert "No run has reported steady-state steps yet." in body
+
+
+@pytest.mark.django_db
+def test_it_lists_runs_with_step_time_cost_and_projection(logged_in):
+    run = seed_run(state="training")
+    Run.objects.filter(pk=run.pk).update(current_phase=1, current_step=10)
+    body = logged_in.get(reverse("runs")).content.decode()
+    for column in ("Step time", "$/step", "Cost so far", "Projected total", "ETA"):
+        assert f"<th>{column}</th>" in body
+    assert "55.00 s" in body and "$0.0160" in body  # 55 s at $1.05/h
+    assert "1 sft · 10" in body
+
+
+@pytest.mark.django_db
+def test_it_shows_spend_against_the_cap_runs_and_alerts_on_the_dashboard(logged_in, settings):
+    settings.SPEND_CAP_USD_PER_HOUR = Decimal("2")
+    run = seed_run(state="training")
+    Alert.objects.create(kind=Alert.Kind.RUN_FAILED, message="Run other failed: budget", created_at=timezone.now())
+    body = logged_in.get(reverse("dashboard")).content.decode()
+    assert 'id="spend-cap"' in body and "$1.05/h of a $2.00/h cap" in body and "53%" in body
+    assert 'id="run-states"' in body and f'state-{run.state}">{run.state}</span> 1' in body
+    assert "Run other failed: budget" in body
+
+
+@pytest.mark.django_db
+def test_it_says_when_the_spend_cap_is_off(logged_in, settings):
+    settings.SPEND_CAP_USD_PER_HOUR = Decimal("0")
+    body = logged_in.get(reverse("dashboard")).content.decode()
+    assert "no spend cap" in body and "No alerts yet." in body
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["run_chart_data", "run_metrics_csv", "run_detail"])
+def test_it_sends_anonymous_visitors_to_login(client, name):
+    run = seed_run()
+    response = client.get(reverse(name, args=[run.pk]))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.django_db
+def test_it_sends_anonymous_visitors_from_the_comparison_to_login(client):
+    response = client.get(reverse("run_compare"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.django_db
+def test_it_answers_404_for_an_unknown_run(logged_in):
+    assert logged_in.get(reverse("run_chart_data", args=[999999])).status_code == 404
+    assert logged_in.get(reverse("run_metrics_csv", args=[999999])).status_code == 404
+
+
+@pytest.mark.django_db
+def test_it_refuses_metrics_while_no_token_is_set(client, settings):
+    settings.METRICS_TOKEN = ""
+    response = client.get(reverse("prometheus_metrics"), HTTP_AUTHORIZATION="Bearer ")
+    assert response.status_code == 403
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", [None, "Bearer wrong-token", "Basic c2VjcmV0LXRva2Vu", "secret-token"])
+def test_it_refuses_metrics_without_the_right_token(client, settings, header):
+    settings.METRICS_TOKEN = "secret-token"
+    extra = {"HTTP_AUTHORIZATION": header} if header else {}
+    response = client.get(reverse("prometheus_metrics"), **extra)
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+    assert b"fleet_" not in response.content
+
+
+@pytest.mark.django_db
+def test_it_exposes_fleet_and_run_metrics_to_prometheus(client, settings):
+    settings.METRICS_TOKEN = "secret-token"
+    settings.SPEND_CAP_USD_PER_HOUR = Decimal("12")
+    run = seed_run(name='odd "name"', state="training")
+    response = client.get(reverse("prometheus_metrics"), HTTP_AUTHORIZATION="Bearer secret-token")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = response.content.decode()
+    assert "# TYPE fleet_instances gauge" in text
+    assert 'fleet_instances{state="running"} 1.0' in text and 'fleet_instances{state="destroyed"} 1.0' in text
+    assert "fleet_spend_usd_per_hour 1.05" in text and "fleet_spend_cap_usd_per_hour 12.0" in text
+    assert 'fleet_runs{state="training"} 1.0' in text
+    labels = f'run="{run.pk}",name="odd \\"name\\"",gpu="RTX PRO 6000"'
+    assert f"fleet_run_step_seconds{{{labels}}} 55.0" in text
+    assert f"fleet_run_tokens_per_second{{{labels}}} {65536 / 55.0!r}" in text
