@@ -4,17 +4,29 @@ Every call carries the run's own token (Authorization: Bearer run_...), which op
 Payloads are validated and size-limited; bad input gets a 4xx with a message and changes nothing.
 """
 
-from datetime import datetime
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from ninja import Field, NinjaAPI, Schema
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import field_validator
+from pydantic import AfterValidator, field_validator
 
 from runs import reports, tokens
+
+
+EARLIEST = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("text must not contain NUL characters")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]  # PostgreSQL text cannot hold NUL
 
 
 class RunToken(HttpBearer):
@@ -59,7 +71,7 @@ class HeartbeatIn(Schema):
     state: Literal["installing", "training", "uploading", "idle", "stopping"]
     process_alive: bool = False
     phase: int | None = Field(None, ge=0, le=100)
-    step: int | None = Field(None, ge=0)
+    step: int | None = Field(None, ge=0, le=10_000_000)
     gpu_util_percent: float | None = Field(None, ge=0, le=100)
     gpu_mem_gb: float | None = Field(None, ge=0, le=10_000)
     gpu_ok: bool | None = None
@@ -86,7 +98,18 @@ class PointIn(Schema):
     routed_b_norm: float | None = Field(None, ge=0, allow_inf_nan=False)
     routed_b_zero: int | None = Field(None, ge=0, le=10_000_000)
     gpu_mem_gb: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
-    kernel_path: str = Field("", max_length=20)
+    kernel_path: Text = Field("", max_length=20)
+
+
+    @field_validator("at")
+    @classmethod
+    def in_utc_and_plausible(cls, at: datetime | None) -> datetime | None:
+        if at is None:
+            return None
+        at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+        if not EARLIEST <= at <= datetime.now(UTC) + timedelta(days=1):
+            raise ValueError("at must be when the step ran (UTC), not a time far in the past or the future")
+        return at
 
 
 class MetricsIn(Schema):
@@ -103,7 +126,7 @@ class CheckpointIn(Schema):
     uri: str = Field(..., min_length=1, max_length=500, pattern=r"^[A-Za-z0-9._/-]+$",
                      description="the checkpoint's folder, relative to the run's own prefix")
     complete: bool
-    size_bytes: int | None = Field(None, ge=0)
+    size_bytes: int | None = Field(None, ge=0, le=10**15)
 
     @field_validator("uri")
     @classmethod
@@ -121,7 +144,7 @@ class CheckpointOut(Schema):
 
 class EventIn(Schema):
     kind: Literal[reports.AGENT_EVENTS]
-    message: str = Field("", max_length=4000)
+    message: Text = Field("", max_length=4000)
 
 
 class EventOut(Schema):

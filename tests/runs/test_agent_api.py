@@ -127,3 +127,20 @@ def test_it_moves_the_run_on_agent_events_and_renews_on_heartbeats(launched):
 def test_it_serves_its_openapi_schema(client):
     schema = client.get(API + "/openapi.json").json()
     assert {"/api/agent/v1/spec", "/api/agent/v1/metrics", "/api/agent/v1/heartbeat"} <= set(schema["paths"])
+
+
+def test_it_stores_step_times_in_utc_and_refuses_impossible_ones(launched):
+    run = launched()
+    client = _client(run)
+    assert _post(client, "/metrics", {"points": [_point(1, at="5018-12-04T10:09:51+18:28")]}).status_code == 422
+    assert _post(client, "/metrics", {"points": [_point(1, at="2026-11-29T12:00:00+05:00")]}).status_code == 200
+    assert run.metrics.get().at.isoformat() == "2026-11-29T07:00:00+00:00"
+
+
+def test_it_refuses_what_the_database_cannot_hold(launched):
+    run = launched()
+    client = _client(run)
+    assert _post(client, "/events", {"kind": "log", "message": "bad\x00byte"}).status_code == 422
+    assert _post(client, "/checkpoints", {"phase": 0, "step": 1, "uri": "c", "complete": True,
+                                          "size_bytes": 10**20}).status_code == 422
+    assert not run.events.filter(kind="log").exists() and not run.checkpoints.exists()

@@ -1,0 +1,102 @@
+"""The on-box agent's parts, against a real local HTTP server standing in for the dashboard."""
+
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from runs.api import PointIn
+from training import agent, checkpoint
+
+
+class _Dashboard(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.posts.append((self.path, body, self.headers["Authorization"]))
+        answer = self.server.answers.get(self.path.rsplit("/", 1)[-1], {})
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def dashboard():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard)
+    server.posts, server.answers = [], {"metrics": {"stored": 0}, "heartbeat": {"command": "continue"}}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+def _api(server):
+    return agent.Api(f"http://127.0.0.1:{server.server_port}/api/agent/v1/", "run_token", attempts=1)
+
+
+def test_it_maps_every_trainer_metric_onto_the_api():
+    record = {"phase": "sft", "phase_index": 1, "step": 7, "time": time.time(), "loss": 1.5, "lr": 1e-4,
+              "step_seconds": 2.0, "tokens_per_second": 8192.0, "grad_norm_routed": 0.4, "grad_norm_attention": 0.3,
+              "grad_norm_total": 0.5, "routed_b_norm": 2.0, "routed_b_zero": 0, "routed_b_count": 96,
+              "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton"}
+    point = agent.to_point(record)
+    assert set(point) == set(PointIn.model_fields)  # nothing the dashboard stores is left unsent
+    assert point["phase"] == 1 and point["step_s"] == 2.0 and point["gpu_mem_gb"] == 70.0
+    PointIn(**point)
+
+
+def test_it_keeps_a_half_written_line_for_the_next_round(dashboard, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    line = {"phase_index": 0, "step": 1, "time": 1_800_000_000.0, "loss": 2.0}
+    path.write_text(json.dumps(line) + "\n" + '{"phase_index": 0, "st')
+    position = agent.forward_metrics(_api(dashboard), path, 0, max_points=100)
+    assert [body["points"][0]["step"] for _, body, _ in dashboard.posts] == [1]
+    with open(path, "a") as f:
+        f.write('ep": 2, "time": 1800000001.0}\n')
+    agent.forward_metrics(_api(dashboard), path, position, max_points=100)
+    assert [body["points"][0]["step"] for _, body, _ in dashboard.posts] == [1, 2]
+    assert dashboard.posts[0][2] == "Bearer run_token"
+
+
+def test_it_stops_when_its_credentials_are_not_renewed(tmp_path):
+    dead = agent.Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
+    beat = agent.Heartbeat(dead, interval_s=0.01, window_s=0.0)
+    beat.beat()
+    assert beat.stop.is_set() and beat.dead_man
+    assert "dead-man switch" in beat.stop_reason
+
+
+def test_it_stops_when_the_dashboard_says_so(dashboard):
+    dashboard.answers["heartbeat"] = {"command": "stop"}
+    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat.beat()
+    assert beat.stop.is_set() and not beat.dead_man
+
+
+def test_it_reads_the_same_completion_marker_as_the_trainer_writes():
+    assert agent.MARKER == checkpoint.MARKER
+
+
+@pytest.mark.slow
+def test_it_trusts_the_probe_only_with_its_sentinel(monkeypatch):
+    ok, output = agent.probe(sys.executable)
+    assert ok, output
+    monkeypatch.setenv("TRAINING_PROBE_EXTRA", "no_such_module_anywhere")
+    ok, output = agent.probe(sys.executable)
+    assert not ok and "no_such_module_anywhere" in output
+
+
+def test_it_stops_its_machine_with_the_configured_command(tmp_path, monkeypatch):
+    flag = tmp_path / "stopped"
+    monkeypatch.setenv("FLEET_SELF_STOP", f"touch {flag}")
+    agent.stop_machine()
+    assert flag.exists()
+    assert os.environ["FLEET_SELF_STOP"]
