@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from config import worker_image
 from config.env import env_bool, env_decimal, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -40,6 +41,26 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS: on whenever the stack (DATABASE_URL) answers a name beyond loopback, so a public deployment gets secure
+# cookies, HSTS and the redirect (`manage.py check --deploy` passes); the embedded default and a stack tried on
+# localhost stay plain HTTP. HTTPS=1/0 overrides. Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER to the
+# header it sets, e.g. X-Forwarded-Proto (only then: a client could send that header itself).
+_LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+HTTPS = env_bool("HTTPS", not EMBEDDED and bool(set(ALLOWED_HOSTS) - _LOOPBACK_HOSTS))
+if HTTPS:
+    if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5:
+        raise ImproperlyConfigured("SECRET_KEY must be 50 or more random characters on a deployment served over HTTPS.")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # the container health check speaks plain HTTP inside the network
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    _proxy_header = env_str("SECURE_PROXY_SSL_HEADER", "")
+    if _proxy_header:
+        SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_header.upper().replace("-", "_"), "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -144,6 +165,19 @@ CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Two queues, so a slow rent or destroy (minutes of provider calls) never holds up the probes, syncs and webhooks
+# that must run on time; compose runs a worker for each (-Q fast, -Q slow), a worker given no -Q consumes both.
+# Every task is named here (tests/test_deploy_settings.py checks). Running several workers per queue is safe: each
+# task claims its rows (conditional UPDATE, SELECT ... SKIP LOCKED, an advisory lock or an idempotency key).
+CELERY_TASK_QUEUES = {"fast": {}, "slow": {}}
+CELERY_TASK_DEFAULT_QUEUE = "fast"
+_FAST_TASKS = ["fleet.tasks.refresh_offers", "fleet.tasks.rank_profiles", "fleet.tasks.sync_instances",
+               "fleet.tasks.reconcile_charges", "fleet.tasks.probe_serving_instances", "fleet.tasks.deliver_webhook",
+               "fleet.tasks.retry_webhooks"]
+_SLOW_TASKS = ["fleet.tasks.rent_instance", "fleet.tasks.destroy_instance", "fleet.tasks.move_instance",
+               "fleet.tasks.reap_instances", "fleet.tasks.maintain_inference_fleet", "runs.tasks.supervise_runs"]
+CELERY_TASK_ROUTES = {**{name: {"queue": "fast"} for name in _FAST_TASKS},
+                      **{name: {"queue": "slow"} for name in _SLOW_TASKS}}
 OFFER_REFRESH_SECONDS = env_int("OFFER_REFRESH_SECONDS", 60, minimum=5)
 CELERY_BEAT_SCHEDULE = {
     "refresh-offers": {"task": "fleet.tasks.refresh_offers", "schedule": float(OFFER_REFRESH_SECONDS)},
@@ -179,7 +213,14 @@ LOGGING = {
 
 # Instances
 INSTANCE_LABEL_PREFIX = env_str("INSTANCE_LABEL_PREFIX", "moe-fleet")  # names the product on the provider's side
-WORKER_IMAGE = env_str("WORKER_IMAGE", "ghcr.io/moe-fleet/worker:0.1.0-cuda12.8")
+# The GPU worker image (config/worker_image.py): runs rent with WORKER_IMAGE and rank offers with at least the driver
+# and CUDA that WORKER_IMAGE_CUDA needs. Either one gives the other (the tag names the CUDA version); both must agree.
+try:
+    WORKER_IMAGE, WORKER_IMAGE_CUDA = worker_image.resolve(env_str("WORKER_IMAGE", ""),
+                                                           env_str("WORKER_IMAGE_CUDA", ""))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"WORKER_IMAGE / WORKER_IMAGE_CUDA: {exc}.") from None
+WORKER_IMAGE_MIN_DRIVER = worker_image.min_driver(WORKER_IMAGE_CUDA)
 RENT_DISK_GB = env_int("RENT_DISK_GB", 250, minimum=10)
 INSTANCE_SYNC_SECONDS = env_int("INSTANCE_SYNC_SECONDS", 15, minimum=1)
 CHARGES_RECONCILE_SECONDS = env_int("CHARGES_RECONCILE_SECONDS", 300, minimum=10)

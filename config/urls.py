@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from config.health import healthz
 from fleet import alert_views, inference_views, instance_views
 from fleet import views as fleet_views
 from runs import chart_views
@@ -44,5 +45,6 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
     path("api/agent/v1/", (_without_login(agent_api.urls[0]), *agent_api.urls[1:])),
 ]

@@ -1,10 +1,14 @@
 """Ranking the stored offers: the page, the Celery task and the rank_offers command all come through here."""
 
+import dataclasses
+
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.calibration import load_calibration
 from fleet.models import Offer, OfferProfile
 from fleet.ranking import OfferFilters, Ranking, Recipe, rank_offers
+from fleet.ranking.filters import parse_version, version_at_least
 
 PROFILE_SUMMARY_SIZE = 5
 
@@ -19,6 +23,25 @@ def rank_stored_offers(recipe: Recipe, filters: OfferFilters) -> Ranking:
 
 def profile_settings(profile: OfferProfile) -> tuple[Recipe, OfferFilters]:
     return Recipe.from_dict(profile.recipe), OfferFilters.from_dict(profile.filters)
+
+
+def for_worker_image(filters: OfferFilters, *, cuda: str | None = None, driver: str | None = None) -> OfferFilters:
+    """The filters raised to at least the driver and CUDA that the worker image needs (settings.WORKER_IMAGE_CUDA),
+    whatever a profile saved: a host with an older driver rents fine and then fails CUDA init with error 803."""
+    cuda = cuda or settings.WORKER_IMAGE_CUDA
+    driver = driver or settings.WORKER_IMAGE_MIN_DRIVER
+    saved = parse_version(filters.min_driver_version) if filters.min_driver_version else None
+    if saved is None or not version_at_least(saved, parse_version(driver)):
+        filters = dataclasses.replace(filters, min_driver_version=driver)
+    if filters.min_cuda < float(cuda):
+        filters = dataclasses.replace(filters, min_cuda=float(cuda))
+    return filters
+
+
+def run_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
+    """What a training run ranks offers with: its profile (or the defaults), never below what the image needs."""
+    recipe, filters = profile_settings(profile) if profile else (Recipe(), OfferFilters())
+    return recipe, for_worker_image(filters)
 
 
 def rank_profile(profile: OfferProfile) -> Ranking:

@@ -15,8 +15,8 @@ from fleet import actions, ledger
 from fleet.alerts import raise_alert
 from fleet.calibration import record_finished_run
 from fleet.models import Alert, Instance, Offer
-from fleet.offer_ranking import profile_settings, rank_stored_offers
-from fleet.ranking import OfferFilters, Recipe
+from fleet.offer_ranking import profile_settings, rank_stored_offers, run_settings
+from fleet.ranking import Recipe
 from runs import events, lifecycle, reports, tokens
 from runs.models import Run, RunAttempt
 
@@ -100,7 +100,7 @@ def _abandon_box(run: Run, reason: str, now: datetime) -> None:
 
 
 def _rent_box(run: Run, now: datetime) -> None:
-    recipe, filters = profile_settings(run.profile) if run.profile else (Recipe(), OfferFilters())
+    recipe, filters = run_settings(run.profile)
     ranking = rank_stored_offers(recipe, filters)
     bad = set(run.bad_machines)
     best = next((e.offer for e in ranking.entries if e.offer.machine_id not in bad), None)

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 from django.core.management import get_commands
+from django.urls import resolve
+
+from config.health import healthz
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 OUR_SERVICES = {name: spec for name, spec in SERVICES.items() if "build" in spec}
+WORKERS = {name: spec for name, spec in OUR_SERVICES.items() if spec.get("command", [""])[3:4] == ["worker"]}
 
 
 def _command(spec) -> list[str]:
@@ -24,10 +29,15 @@ def _command(spec) -> list[str]:
     return command if isinstance(command, list) else shlex.split(command)
 
 
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
 def test_it_has_the_whole_stack():
-    assert {"postgres", "redis", "minio", "web", "worker", "beat"} <= set(SERVICES)
+    assert {"postgres", "redis", "minio", "web", "worker-fast", "worker-slow", "beat"} <= set(SERVICES)
     images = {name: spec.get("image", "") for name, spec in SERVICES.items()}
     assert images["postgres"].startswith("postgres") and images["redis"].startswith("redis")
+    assert images["minio"].startswith("minio/")
 
 
 @pytest.mark.parametrize("name", sorted(OUR_SERVICES))
@@ -49,10 +59,61 @@ def test_it_runs_a_real_entry_point(name):
         pytest.fail(f"{name}: unknown program {program!r}")
 
 
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_has_a_health_check(name):
+    check = SERVICES[name].get("healthcheck")
+    assert check and not check.get("disable"), f"{name} has no health check"
+    assert check["test"][0] in ("CMD", "CMD-SHELL")
+
+
+@pytest.mark.parametrize("name", sorted(OUR_SERVICES))
+def test_its_health_checks_run_real_code(name):
+    test = OUR_SERVICES[name]["healthcheck"]["test"]
+    argv = test[1:] if test[0] == "CMD" else shlex.split(test[1])
+    if argv[:2] == ["python", "-c"]:
+        path = re.search(r"http://127\.0\.0\.1:8000(/[^'\"]*)", argv[2]).group(1)
+        assert resolve(path).func is healthz  # exempt from the HTTPS redirect: tests/test_deploy_settings.py
+        compile(argv[2], "healthcheck", "exec")
+    elif argv[:2] == ["python", "-m"]:
+        module = importlib.import_module(argv[2])
+        assert callable(module.main)
+    elif argv[:2] == ["python", "manage.py"]:
+        assert argv[2] in get_commands()
+    elif argv[0] == "celery":
+        assert argv[1:4] == ["-A", "config", "inspect"] and "ping" in argv
+        node = _option(argv, "-d").replace("$$HOSTNAME", "%h")
+        assert node == _option(_command(OUR_SERVICES[name]), "-n"), "the ping must name this worker's node"
+    else:
+        pytest.fail(f"{name}: unknown health check {argv!r}")
+
+
+def test_the_web_health_check_asks_for_an_allowed_host():
+    # Django answers 400 to a Host it does not serve; the check sends the first ALLOWED_HOSTS entry.
+    assert "ALLOWED_HOSTS" in SERVICES["web"]["healthcheck"]["test"][-1]
+    assert "ALLOWED_HOSTS" in SERVICES["web"]["environment"]
+
+
 def test_it_runs_exactly_one_beat():
     beats = [name for name, spec in OUR_SERVICES.items() if "beat" in _command(spec)]
     assert beats == ["beat"]
     assert "replicas" not in SERVICES["beat"].get("deploy", {})
+    assert SERVICES["beat"]["container_name"], "a fixed name makes --scale beat=2 fail"
+    assert settings.CELERY_BEAT_SCHEDULER == "django_celery_beat.schedulers:DatabaseScheduler"
+
+
+def test_its_workers_consume_every_queue_apart():
+    queues = {name: _option(_command(spec), "-Q") for name, spec in WORKERS.items()}
+    assert queues == {"worker-fast": "fast", "worker-slow": "slow"}
+    assert set(queues.values()) == set(settings.CELERY_TASK_QUEUES)
+    routed = {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
+    assert routed == set(settings.CELERY_TASK_QUEUES)
+    for spec in WORKERS.values():
+        assert "container_name" not in spec, "a fixed name would stop --scale worker-...=N"
+
+
+def test_its_workers_take_one_task_at_a_time_and_ack_late():
+    assert settings.CELERY_WORKER_PREFETCH_MULTIPLIER == 1
+    assert settings.CELERY_TASK_ACKS_LATE is True
 
 
 def test_it_copies_only_paths_that_exist_into_the_image():
@@ -64,7 +125,17 @@ def test_it_copies_only_paths_that_exist_into_the_image():
 
 
 def test_it_waits_for_healthy_databases():
-    for name in ("web", "worker", "beat"):
-        assert "migrate" in SERVICES[name]["depends_on"]
-    assert SERVICES["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert "healthcheck" in SERVICES["postgres"] and "healthcheck" in SERVICES["redis"]
+    for name in OUR_SERVICES:
+        depends = SERVICES[name]["depends_on"]
+        assert depends["postgres"]["condition"] == "service_healthy", name
+        if name != "migrate":
+            assert depends["migrate"]["condition"] == "service_completed_successfully", name
+            assert depends["redis"]["condition"] == "service_healthy", name
+    assert SERVICES["migrate"]["restart"] == "no"
+
+
+def test_it_takes_secrets_from_the_environment():
+    environment = OUR_SERVICES["web"]["environment"]
+    for name in ("SECRET_KEY", "S3_SECRET_KEY"):
+        assert re.fullmatch(rf"\$\{{{name}:\?[^}}]+\}}", environment[name]), f"{name} must be required"
+    assert ":?" in environment["DATABASE_URL"]

@@ -1,0 +1,63 @@
+"""The GPU worker image: the one place for its reference, its CUDA version and the libraries it pins.
+
+The launcher rents with WORKER_IMAGE and a run's offer ranking asks for at least the driver and CUDA that
+WORKER_IMAGE_CUDA needs; both settings are worked out here from one another, so they cannot disagree (a host whose
+driver is older than the image's CUDA rents fine and then fails CUDA init with error 803). docker/worker.Dockerfile
+and docker/onstart.sh carry the same pins as their defaults; tests/test_worker_image.py holds them to this module.
+Imports nothing from Django: settings turn a ValueError here into ImproperlyConfigured naming the variable.
+"""
+
+import re
+
+REPOSITORY = "ghcr.io/moe-fleet/worker"
+VERSION = "0.1.0"
+DEFAULT_CUDA = "12.8"  # the 12.x most marketplace drivers run; "13.0" is the other variant we build
+
+# The oldest driver branch each CUDA runtime needs on Linux (NVIDIA's CUDA toolkit release notes), for the CUDA
+# versions PyTorch publishes wheels for.
+MIN_DRIVER = {"12.6": "560", "12.8": "570", "13.0": "580"}
+
+# What the tests and the H200 benchmarks ran with (bench/NOTES_*.md): torch 2.11.0+cu130, triton 3.6.0,
+# transformers 5.17.0, peft 0.21.0.
+PINS = {"torch": "2.11.0", "triton": "3.6.0", "transformers": "5.17.0", "peft": "0.21.0"}
+
+_TAG_CUDA = re.compile(r"cuda[-_]?(\d+\.\d+)", re.IGNORECASE)
+
+
+def min_driver(cuda: str) -> str:
+    try:
+        return MIN_DRIVER[cuda]
+    except KeyError:
+        raise ValueError(f"CUDA {cuda!r} is not one the worker image is built for ({', '.join(MIN_DRIVER)})") from None
+
+
+def reference(cuda: str = DEFAULT_CUDA, *, repository: str = REPOSITORY, version: str = VERSION) -> str:
+    """"ghcr.io/moe-fleet/worker:0.1.0-cuda12.8": the tag names the CUDA version, so the image says what it needs."""
+    min_driver(cuda)
+    return f"{repository}:{version}-cuda{cuda}"
+
+
+def cuda_in(image: str) -> str:
+    """The CUDA version an image's tag names ("...:2.11.0-cuda12.8-cudnn9-runtime" -> "12.8"); "" when none."""
+    tag = image.rpartition("/")[2].partition(":")[2]
+    found = _TAG_CUDA.search(tag)
+    return found.group(1) if found else ""
+
+
+def resolve(image: str = "", cuda: str = "") -> tuple[str, str]:
+    """(image, cuda) from what the environment gave, either, both or neither; ValueError when they disagree."""
+    if not image:
+        cuda = cuda or DEFAULT_CUDA
+        return reference(cuda), cuda
+    named = cuda_in(image)
+    if cuda and named and cuda != named:
+        raise ValueError(f"the image {image!r} is built for CUDA {named}, not {cuda}")
+    cuda = cuda or named
+    if not cuda:
+        raise ValueError(f"the image {image!r} names no CUDA version in its tag; say which one it needs")
+    min_driver(cuda)
+    return image, cuda
+
+
+def pip_pins() -> list[str]:
+    return [f"{name}=={version}" for name, version in PINS.items()]

@@ -1,0 +1,58 @@
+# The GPU worker image that runs rent: the MoE-LoRA trainer, its Triton kernels and the on-box agent.
+#
+# CUDA is a build argument with one variant per driver generation (config/worker_image.py, which the settings read,
+# is the source of truth and tests/test_worker_image.py holds this file to it):
+#   12.8 (driver >= 570, what most marketplace hosts run; the default):
+#     docker build -f docker/worker.Dockerfile -t ghcr.io/moe-fleet/worker:0.1.0-cuda12.8 .
+#   13.0 (driver >= 580):
+#     docker build -f docker/worker.Dockerfile --build-arg CUDA_VERSION=13.0 --build-arg CUDA_PATCH=0 \
+#       -t ghcr.io/moe-fleet/worker:0.1.0-cuda13.0 .
+# The tag names the CUDA version: WORKER_IMAGE=...-cuda13.0 makes runs rank only offers whose driver runs it.
+ARG CUDA_VERSION=12.8
+ARG CUDA_PATCH=1
+FROM nvidia/cuda:${CUDA_VERSION}.${CUDA_PATCH}-runtime-ubuntu24.04
+
+ARG CUDA_VERSION
+# The versions the tests and the H200 benchmarks ran with (bench/NOTES_*.md); one place, mirrored by
+# config/worker_image.PINS.
+ARG TORCH_VERSION=2.11.0
+ARG TRITON_VERSION=3.6.0
+ARG TRANSFORMERS_VERSION=5.17.0
+ARG PEFT_VERSION=0.21.0
+
+# Every RUN fails on the first failing command, including one inside a pipe.
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/venv/bin:$PATH FLEET_WORKDIR=/workspace/fleet-run
+
+# Triton compiles its launcher stubs with a C compiler against Python's headers on first use, so both stay.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv
+
+# torch from PyTorch's index for this CUDA (cu128, cu130); the rest from PyPI, held to the same pins throughout.
+RUN printf '%s\n' "torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}" \
+        "transformers==${TRANSFORMERS_VERSION}" "peft==${PEFT_VERSION}" > /opt/pins.txt \
+    && pip install --upgrade pip \
+    && pip install --index-url "https://download.pytorch.org/whl/cu${CUDA_VERSION//./}" "torch==${TORCH_VERSION}" \
+    && pip install -c /opt/pins.txt "triton==${TRITON_VERSION}" "transformers==${TRANSFORMERS_VERSION}" \
+        "peft==${PEFT_VERSION}" safetensors pyyaml httpx boto3
+
+# Only `training` (it imports no Django), as a source tree on the path so its example recipes and data come along.
+COPY training /opt/fleet/training
+ENV PYTHONPATH=/opt/fleet
+
+# The install probe must print its sentinel; its exit status alone is not trusted (seed report: a `| tail` once
+# ate pip's failure and three boxes died later with "No module named peft"). With no GPU at build time it imports
+# everything and checks that torch is a CUDA build.
+RUN status=0; python -m training.probe > /tmp/probe.log 2>&1 || status=$?; cat /tmp/probe.log; \
+    if [ "$status" -ne 0 ] || ! grep -qx TRAINING_PROBE_OK /tmp/probe.log; then \
+        echo "worker image: the install probe failed (exit ${status}, or no sentinel line)" >&2; exit 1; fi; \
+    python -c "import torch; assert torch.version.cuda == '${CUDA_VERSION}', torch.version.cuda"; \
+    rm /tmp/probe.log
+
+LABEL org.opencontainers.image.title="moe-fleet worker" fleet.cuda="${CUDA_VERSION}"
+WORKDIR /workspace
+# CMD, not ENTRYPOINT: RunPod runs its onstart as the container's arguments (`bash -c ...`), which must replace this.
+CMD ["python", "-m", "training.agent"]
