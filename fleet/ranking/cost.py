@@ -125,6 +125,51 @@ class CostModel:
         return _new_projection(
             Projection, (step_s, startup_s, train_s, checkpoints, rate, restarts, lost_s, billed_h + restart_h, total))
 
+    def step_figures(self, step_s: float) -> tuple[float, int, float, float]:
+        """What `estimate` works out from the step time alone, for `total_usd_scorer`: offers with the same GPU
+        model and count share a step time, so a ranking computes these once per model, not once per offer."""
+        compute_s = self.steps * step_s
+        interval = self.interval_s
+        interval_checkpoints = math.ceil(compute_s / interval) if compute_s > 0 else 0
+        checkpoints = interval_checkpoints + self.extra_checkpoints
+        # the same products `estimate` forms first (a x b x c is (a x b) x c), so the floats come out identical
+        return (compute_s, interval_checkpoints, checkpoints * self.checkpoint_gb,
+                (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S)
+
+    def total_usd_scorer(self):
+        """`total_usd(offer, step_figures(step_s))`: `estimate(offer, step_s, offer.is_bid).total_usd`, bit for bit,
+        without building the Projection. The ranking scores thousands of offers and keeps the Projection of none:
+        a RankedOffer calls `estimate` when someone reads it. The float operations below are `estimate`'s, in its
+        order; test_ranking_order checks the two agree."""
+        boot_s, fetch_megabits, checkpoint_megabits = self.boot_s, self.fetch_megabits, self.checkpoint_megabits
+        interval, disk_gb_months_per_hour, download_gb = self.interval_s, self.disk_gb_months_per_hour, self.download_gb
+        inf, log = math.inf, math.log
+
+        def total_usd(offer: OfferRecord, figures: tuple[float, int, float, float]) -> float:
+            compute_s, interval_checkpoints, checkpoint_gb_uploaded, lost_before_startup_s = figures
+            down = offer.inet_down_mbps
+            up = offer.inet_up_mbps
+            startup_s = boot_s + (fetch_megabits / down if down > 0 else inf)
+            upload_s = checkpoint_megabits / up if up > 0 else inf
+            stall_s = (upload_s - interval) * interval_checkpoints if upload_s > interval else 0.0
+            box_h = float(offer.gpu_usd_per_hour or offer.total_usd_per_hour) \
+                + float(offer.storage_usd_per_gb_month) * disk_gb_months_per_hour
+            download_usd = download_gb * float(offer.inet_down_usd_per_gb)
+            billed_h = (startup_s + (compute_s + stall_s + upload_s)) / 3600
+            total = box_h * billed_h + download_usd + checkpoint_gb_uploaded * float(offer.inet_up_usd_per_gb)
+            reliability = offer.reliability
+            rate = -log(reliability) if 0 < reliability < 1 else (0.0 if reliability >= 1 else inf)
+            if offer.is_bid:
+                rate += BID_RECLAIM_PER_HOUR
+            if rate:
+                lost_s = lost_before_startup_s + startup_s
+                exposed = 1.0 - rate * lost_s / 3600
+                restarts = rate * billed_h / (exposed if exposed > MIN_RESTART_DENOMINATOR else MIN_RESTART_DENOMINATOR)
+                total += restarts * lost_s / 3600 * box_h + restarts * download_usd
+            return total
+
+        return total_usd
+
     def breakdown(self, offer: OfferRecord, p: Projection) -> CostBreakdown:
         gpu_h = offer.gpu_usd_per_hour or offer.total_usd_per_hour
         disk_h = offer.storage_usd_per_gb_month * self._rent_disk_gb / _HOURS_PER_MONTH

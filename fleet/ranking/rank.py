@@ -6,13 +6,15 @@ over the run. Ranking on the listed $/h alone is what put runs on hosts that wer
 filters drop what cannot work at all, and the cost model prices what works badly.
 
 Pure and fast: plain records in, plain records out, no database or network, so the Offers page, a Celery task and
-the rank_offers command share it. The scoring pass is floats; the Decimal money of a ranked offer, the words of an
-exclusion and the "why" lines are worked out when something reads them, so 10,000 offers cost a few milliseconds.
+the rank_offers command share it. The scoring pass is floats, worked out once per GPU model where it can be; a ranked
+offer's projection, throughput words and Decimal money, the words of an exclusion and the "why" lines are worked out
+when something reads them, so 10,000 offers that all pass rank in about 30 ms (bench/ranking.py).
 """
 
 import math
 from dataclasses import dataclass
 from decimal import Decimal
+from operator import attrgetter
 
 from fleet.providers.records import OfferRecord
 
@@ -23,19 +25,22 @@ from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputMod
 
 
 class RankedOffer:
-    """One offer that passed, with its score and projection. Immutable by convention; the Decimal money (`cost`)
-    is worked out on first read, so ranking 10,000 offers pays for it only on the ones a page shows."""
+    """One offer that passed, with its score. Immutable by convention. Only the score is worked out while ranking;
+    the throughput's words, the float projection and the Decimal money (`cost`) are worked out on first read, so
+    ranking 10,000 offers pays for them only on the ones a page shows."""
 
-    __slots__ = ("offer", "rank", "steps_per_usd", "tokens_per_usd", "throughput", "projection", "_costs", "_cost")
+    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_arrival", "_throughput", "_pricing", "_projection",
+                 "_cost")
 
-    def __init__(self, offer, rank, steps_per_usd, tokens_per_usd, throughput, projection, costs):
+    def __init__(self, offer, steps_per_usd, total, arrival, throughput, pricing):
         self.offer: OfferRecord = offer
-        self.rank: int = rank  # 1 = best
+        self.rank: int = 0  # 1 = best; set once the ranking is sorted
         self.steps_per_usd: float = steps_per_usd
-        self.tokens_per_usd: float = tokens_per_usd
-        self.throughput: Throughput = throughput
-        self.projection: Projection = projection
-        self._costs = costs
+        self._total = total  # the float total the score came from; breaks ties in the score
+        self._arrival = arrival  # position in the catalogue; breaks the last ties
+        self._throughput = throughput  # None for an estimate until read: its words cost more than its number
+        self._pricing: _Pricing = pricing
+        self._projection = None
         self._cost = None
 
     def __repr__(self):
@@ -44,9 +49,28 @@ class RankedOffer:
                 f"{self.steps_per_usd:.1f} steps/$>")
 
     @property
+    def tokens_per_usd(self) -> float:
+        total = self._total
+        return self._pricing.tokens_per_run / total if total > 0 else 0.0
+
+    @property
+    def throughput(self) -> Throughput:
+        if self._throughput is None:
+            self._throughput = self._pricing.estimate(self.offer)
+        return self._throughput
+
+    @property
+    def projection(self) -> Projection:
+        if self._projection is None:
+            o = self.offer
+            pricing = self._pricing
+            self._projection = pricing.costs.estimate(o, pricing.tokens_per_step / self.throughput.tokens_per_s, o.is_bid)
+        return self._projection
+
+    @property
     def cost(self) -> CostBreakdown:
         if self._cost is None:
-            self._cost = self._costs.breakdown(self.offer, self.projection)
+            self._cost = self._pricing.costs.breakdown(self.offer, self.projection)
         return self._cost
 
     @property
@@ -169,6 +193,34 @@ class Ranking:
         }
 
 
+class _Pricing:
+    """What a RankedOffer needs to work out its deferred fields, shared by every entry of one ranking."""
+
+    __slots__ = ("speeds", "costs", "tokens_per_step", "tokens_per_run", "listed_ratio", "dlperf_ratio",
+                 "any_listed", "any_dlperf")
+
+    def __init__(self, speeds: ThroughputModel, costs: CostModel, recipe: Recipe):
+        self.speeds = speeds
+        self.costs = costs
+        self.tokens_per_step = recipe.tokens_per_step
+        self.tokens_per_run = recipe.total_steps * recipe.tokens_per_step
+        # spec-sheet anchors per compute capability, and across all of them (see rank_offers)
+        self.listed_ratio: dict[int, float | None] = {}
+        self.dlperf_ratio: dict[int, float | None] = {}
+        self.any_listed: float | None = None
+        self.any_dlperf: float | None = None
+
+    def estimate(self, o: OfferRecord) -> Throughput | None:
+        cc = o.compute_capability
+        return self.speeds.estimate(
+            o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
+
+    def estimate_tokens_per_s(self, o: OfferRecord) -> float | None:
+        cc = o.compute_capability
+        return self.speeds.estimate_tokens_per_s(
+            o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
+
+
 def rank_offers(
     offers,
     recipe: Recipe | None = None,
@@ -186,66 +238,107 @@ def rank_offers(
     mask = compiled.mask
     speeds = ThroughputModel(calibration or SEED_CALIBRATION, recipe)
     costs = CostModel(recipe)
+    pricing = _Pricing(speeds, costs, recipe)
     calibrated = speeds.calibrated
-    estimate_cost = costs.estimate
+    step_figures = costs.step_figures
+    total_usd = costs.total_usd_scorer()
     tokens_per_step = recipe.tokens_per_step
     steps = recipe.total_steps
+    inf = math.inf
 
+    # Many offers share a GPU model and count, so a step time and what follows from it are worked out once per
+    # (gpu_name, compute_capability, num_gpus): (throughput, step figures, achieved model TFLOP/s per GPU), or
+    # None when no calibration covers it.
+    per_model: dict[tuple[str, int, int], tuple | None] = {}
     excluded = []
-    # (-score, total_usd, provider, offer_id, is_bid, arrival, offer, throughput, projection): sorting the tuples
-    # themselves is the ranking order (best score, then the cheaper run, then a stable id), with no key function.
-    scored = []
-    uncalibrated = []
+    ranked = []  # RankedOffers in scoring order, sorted below
+    unbounded = []  # scored, but at no finite cost
+    calibrated_offers = []  # in catalogue order, to anchor the estimates on
+    uncalibrated, uncalibrated_at = [], []  # offers and their catalogue positions (two lists: no tuple apiece)
     for i, o in enumerate(offers):
         m = mask(o)
         if m:
             excluded.append(Exclusion(o, m, compiled))
             continue
-        t = calibrated(o)
-        if t is None:
-            uncalibrated.append((i, o))
+        key = (o.gpu_name, o.compute_capability, o.num_gpus)
+        try:
+            known = per_model[key]
+        except KeyError:
+            t = calibrated(o)
+            known = per_model[key] = None if t is None else (
+                t, step_figures(tokens_per_step / t.tokens_per_s), model_tflops_of(t.tokens_per_s / o.num_gpus, recipe))
+        if known is None:
+            uncalibrated.append(o)
+            uncalibrated_at.append(i)
             continue
-        p = estimate_cost(o, tokens_per_step / t.tokens_per_s, o.is_bid)
-        total = p.total_usd
-        scored.append((-steps / total if total > 0 else 0.0, total, o.provider, o.offer_id, o.is_bid, i, o, t, p))
+        calibrated_offers.append(o)
+        total = total_usd(o, known[1])
+        if total < inf:  # also false for NaN
+            ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, known[0], pricing))
+        else:
+            unbounded.append(o)
 
     if uncalibrated:
         # Anchor spec-sheet figures on what calibrated offers in this same catalogue list, whatever unit the
         # marketplace uses for total_flops and dlperf; per architecture where one is calibrated, because the kernel
         # path (and so the achieved share of the listed figure) follows the architecture.
         listed_pairs, dlperf_pairs = {}, {}
-        for *_, o, t, _ in scored:
-            if not t.estimated:
-                per_gpu = model_tflops_of(t.tokens_per_s / o.num_gpus, recipe)
-                if o.total_flops:
-                    listed_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
-                if o.dlperf:
-                    dlperf_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
-        listed_ratio = {cc: anchor_ratio(pairs) for cc, pairs in listed_pairs.items()}
-        dlperf_ratio = {cc: anchor_ratio(pairs) for cc, pairs in dlperf_pairs.items()}
-        any_listed = anchor_ratio([pair for pairs in listed_pairs.values() for pair in pairs])
-        any_dlperf = anchor_ratio([pair for pairs in dlperf_pairs.values() for pair in pairs])
-        for i, o in uncalibrated:
-            cc = o.compute_capability
-            t = speeds.estimate(o, listed_ratio.get(cc, any_listed), dlperf_ratio.get(cc, any_dlperf))
-            if t is None or not t.tokens_per_s > 0:
+        for o in calibrated_offers:
+            per_gpu = per_model[(o.gpu_name, o.compute_capability, o.num_gpus)][2]
+            if o.total_flops:
+                listed_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
+            if o.dlperf:
+                dlperf_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
+        pricing.listed_ratio = {cc: anchor_ratio(pairs) for cc, pairs in listed_pairs.items()}
+        pricing.dlperf_ratio = {cc: anchor_ratio(pairs) for cc, pairs in dlperf_pairs.items()}
+        pricing.any_listed = anchor_ratio([pair for pairs in listed_pairs.values() for pair in pairs])
+        pricing.any_dlperf = anchor_ratio([pair for pairs in dlperf_pairs.values() for pair in pairs])
+        estimate = pricing.estimate_tokens_per_s
+        figures_at = {}  # step figures per estimated speed: offers capped at the best card share one
+        for i, o in zip(uncalibrated_at, uncalibrated):
+            speed = estimate(o)
+            if speed is None or not speed > 0:
                 excluded.append(Exclusion(o, NO_THROUGHPUT, compiled))
                 continue
-            p = estimate_cost(o, tokens_per_step / t.tokens_per_s, o.is_bid)
-            total = p.total_usd
-            scored.append((-steps / total if total > 0 else 0.0, total, o.provider, o.offer_id, o.is_bid, i, o, t, p))
+            try:
+                figures = figures_at[speed]
+            except KeyError:
+                figures = figures_at[speed] = step_figures(tokens_per_step / speed)
+            total = total_usd(o, figures)
+            if total < inf:
+                # throughput None: worked out when read, from the same anchors (RankedOffer.throughput)
+                ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, None, pricing))
+            else:
+                unbounded.append(o)
 
-    finite = []
-    for item in scored:
-        if item[1] < math.inf:  # also false for NaN
-            finite.append(item)
-        else:
-            excluded.append(Exclusion(item[6], UNBOUNDED_COST, compiled))
-    finite.sort()
+    excluded.extend([Exclusion(o, UNBOUNDED_COST, compiled) for o in unbounded])
+    _sort(ranked)
+    for rank, entry in enumerate(ranked, 1):
+        entry.rank = rank
+    return Ranking(tuple(ranked), tuple(excluded), recipe, filters)
 
-    tokens_per_run = steps * tokens_per_step
-    entries = tuple([
-        RankedOffer(o, rank, -negative_score, tokens_per_run / total if total > 0 else 0.0, t, p, costs)
-        for rank, (negative_score, total, _, _, _, _, o, t, p) in enumerate(finite, 1)
-    ])
-    return Ranking(entries, tuple(excluded), recipe, filters)
+
+_score = attrgetter("steps_per_usd")
+
+
+def _tie_order(e: RankedOffer):
+    o = e.offer
+    return e._total, o.provider, o.offer_id, o.is_bid, e._arrival
+
+
+def _sort(ranked: list[RankedOffer]) -> None:
+    """Best score first, then the cheaper run, then a stable id.
+
+    Sorting on the float score alone is several times faster than sorting tuples and allocates nothing per offer;
+    equal scores are rare, so only runs of them are put in tie order afterwards.
+    """
+    ranked.sort(key=_score, reverse=True)
+    scores = [e.steps_per_usd for e in ranked]
+    if len(set(scores)) == len(scores):
+        return
+    start = 0
+    for end in range(1, len(ranked) + 1):
+        if end == len(ranked) or scores[end] != scores[start]:
+            if end - start > 1:
+                ranked[start:end] = sorted(ranked[start:end], key=_tie_order)
+            start = end

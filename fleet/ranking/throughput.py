@@ -225,23 +225,31 @@ class ThroughputModel:
 
         Capped at the best calibrated card: this recipe stopped scaling with compute at H200/B200.
         """
+        speed = self.estimate_tokens_per_s(offer, listed_to_model, dlperf_to_model)
+        if speed is None:
+            return None
         path = self._paths.get(offer.compute_capability) or resolve_kernel_path(
             self.recipe.kernel_path, offer.compute_capability)
         n = offer.num_gpus or 1
         flops = offer.total_flops
+        basis = "%g listed TFLOPS" % (flops / n) if flops and flops > 0 else "DLPerf %g" % (offer.dlperf / n)
+        return _new_throughput(Throughput, (speed, path, True, f"estimate from {basis} (no calibration)"))
+
+    def estimate_tokens_per_s(self, offer: OfferRecord, listed_to_model: float | None = None,
+                              dlperf_to_model: float | None = None) -> float | None:
+        """`estimate(...).tokens_per_s` alone: what the ranking scores on, without the words of its source."""
+        n = offer.num_gpus or 1
+        flops = offer.total_flops
         if flops and flops > 0:
             per_gpu_tflops = flops / n * (listed_to_model or DEFAULT_LISTED_TO_MODEL_TFLOPS)
-            basis = "%g listed TFLOPS" % (flops / n)
         elif offer.dlperf and offer.dlperf > 0 and dlperf_to_model:
             per_gpu_tflops = offer.dlperf / n * dlperf_to_model
-            basis = "DLPerf %g" % (offer.dlperf / n)
         else:
             return None
         per_gpu = per_gpu_tflops * self._tokens_per_model_tflop * ESTIMATE_DISCOUNT
         if self.best_tokens_per_s and per_gpu > self.best_tokens_per_s:
             per_gpu = self.best_tokens_per_s
-        scale = 1.0 if n <= 1 else n * MULTI_GPU_EFFICIENCY
-        return _new_throughput(Throughput, (per_gpu * scale, path, True, f"estimate from {basis} (no calibration)"))
+        return per_gpu if n <= 1 else per_gpu * (n * MULTI_GPU_EFFICIENCY)
 
 
 def anchor_ratio(pairs: list[tuple[float, float]]) -> float | None:

@@ -1,10 +1,27 @@
 """rank_offers on a fixed small catalogue: what comes first, what is excluded and why."""
 
 import json
+import math
+import random
 from decimal import Decimal
 
+import pytest
+
 from fleet.providers.records import OfferRecord
-from fleet.ranking import Exclusion, OfferFilters, RankedOffer, Recipe, rank_offers
+from fleet.ranking import (
+    SEED_CALIBRATION,
+    CostModel,
+    Exclusion,
+    OfferFilters,
+    Phase,
+    RankedOffer,
+    Recipe,
+    ThroughputModel,
+    compile_filters,
+    rank_offers,
+)
+from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
+from fleet.ranking.throughput import anchor_ratio, model_tflops_of
 
 
 def make_offer(offer_id, **changes) -> OfferRecord:
@@ -142,3 +159,145 @@ def test_it_handles_an_empty_catalogue_and_an_unmeasurable_offer():
 def test_it_is_deterministic_for_equal_scores():
     twins = [make_offer("b"), make_offer("a")]
     assert ids(rank_offers(twins, Recipe(), OfferFilters()).entries) == ["a", "b"]
+
+
+# A seeded catalogue of a few hundred offers for comparing rank_offers with the straightforward ranking below: every
+# GPU family (calibrated, estimated from TFLOPS or DLPerf, or not measurable at all), bids, free traffic, free boxes,
+# dead links, hosts that never stay up, and exact twins whose scores tie.
+GPUS = [  # name, GB per GPU, compute capability, listed TFLOPS per GPU
+    ("RTX 4090", 24, 89, 165), ("A100 SXM4", 80, 80, 312), ("H100 SXM", 80, 90, 990), ("H100 NVL", 94, 90, 835),
+    ("RTX PRO 6000 WS", 96, 120, 500), ("NVIDIA H200 NVL", 141, 90, 835), ("H200", 141, 90, 990),
+    ("B200", 180, 100, 2250), ("Mystery", 96, 120, 400),
+]
+
+
+def seeded_catalogue(count=400, seed=7) -> list[OfferRecord]:
+    rng = random.Random(seed)
+    offers = []
+    for i in range(count):
+        name, ram, cc, tflops = rng.choice(GPUS)
+        n = rng.choice((1, 1, 1, 2, 4, 8))
+        gpu_usd = Decimal(f"{rng.uniform(0.3, 3.0) * n:.4f}")
+        storage = Decimal(rng.choice(("0.05", "0.10", "0.2500")))
+        values = dict(
+            provider=rng.choice(("vast", "runpod")), offer_id=str(1000 + i), machine_id=f"m{i}", host_id=f"h{i}",
+            gpu_name=name, num_gpus=n, gpu_ram_gb=float(ram), compute_capability=cc, cuda_max=12.8,
+            driver_version=rng.choice(("570.124.06", "535.129.03", "")), disk_gb=float(rng.choice((100, 250, 500))),
+            inet_up_mbps=round(rng.lognormvariate(6.0, 0.9), 1), inet_down_mbps=round(rng.lognormvariate(6.6, 0.8), 1),
+            inet_up_usd_per_gb=Decimal(rng.choice(("0", "0.005", "0.02"))),
+            inet_down_usd_per_gb=Decimal(rng.choice(("0", "0.0050", "0.01"))),
+            storage_usd_per_gb_month=storage, gpu_usd_per_hour=gpu_usd,
+            total_usd_per_hour=gpu_usd + storage * 250 / 720, min_bid_usd_per_hour=None,
+            reliability=round(min(1.0, rng.betavariate(40, 1.2)), 4), verified=rng.random() < 0.7,
+            rentable=rng.random() < 0.95, is_bid=rng.random() < 0.3, geolocation=rng.choice(("Sweden, SE", "Texas, US")),
+            dlperf=round(tflops * n * 0.2, 1) if rng.random() < 0.8 else None,
+            total_flops=round(tflops * n * rng.uniform(0.9, 1.05), 1) if rng.random() < 0.7 else None,
+        )
+        kind = rng.random()
+        if kind < 0.03:
+            values.update(inet_down_mbps=0.0)  # the model download never finishes
+        elif kind < 0.06:
+            values.update(inet_up_mbps=0.0)  # checkpoints never upload
+        elif kind < 0.09:
+            values.update(reliability=0.0)
+        elif kind < 0.12:
+            values.update(reliability=1.0)
+        elif kind < 0.14:  # a free box: no GPU, disk or traffic price at all
+            values.update(gpu_usd_per_hour=Decimal(0), total_usd_per_hour=Decimal(0),
+                          storage_usd_per_gb_month=Decimal(0), inet_up_usd_per_gb=Decimal(0),
+                          inet_down_usd_per_gb=Decimal(0))
+        elif kind < 0.16:
+            values.update(gpu_usd_per_hour=None)  # priced on the total alone
+        offers.append(OfferRecord(**values))
+        if kind > 0.95:  # an exact twin under another id: equal score and total, ordered by id
+            offers.append(OfferRecord(**{**values, "offer_id": str(9000 + i)}))
+    return offers
+
+
+def reference_ranking(offers, recipe, filters):
+    """rank_offers written the slow, obvious way, out of the per-offer calls (CompiledFilters.check,
+    ThroughputModel.calibrated/estimate, CostModel.estimate/breakdown) and one sort on the full key; rank_offers'
+    fast paths (grouped step times, a float-only total, deferred throughput words, a float sort) must match it."""
+    compiled = compile_filters(filters, recipe)
+    speeds = ThroughputModel(SEED_CALIBRATION, recipe)
+    costs = CostModel(recipe)
+    excluded, passed = [], []
+    for i, o in enumerate(offers):
+        reasons = compiled.check(o)
+        if reasons:
+            excluded.append((o, reasons))
+        else:
+            passed.append((i, o, speeds.calibrated(o)))
+    measured = [(i, o, t) for i, o, t in passed if t is not None]
+    listed, dlperf = {}, {}
+    for _, o, t in measured:
+        per_gpu = model_tflops_of(t.tokens_per_s / o.num_gpus, recipe)
+        if o.total_flops:
+            listed.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
+        if o.dlperf:
+            dlperf.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
+    any_listed = anchor_ratio([pair for pairs in listed.values() for pair in pairs])
+    any_dlperf = anchor_ratio([pair for pairs in dlperf.values() for pair in pairs])
+    scored = list(measured)
+    for i, o, t in passed:
+        if t is None:
+            cc = o.compute_capability
+            t = speeds.estimate(o, anchor_ratio(listed[cc]) if cc in listed else any_listed,
+                                anchor_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
+            if t is None or not t.tokens_per_s > 0:
+                excluded.append((o, compiled.reasons(o, NO_THROUGHPUT)))
+            else:
+                scored.append((i, o, t))
+    rows = []
+    steps, tokens_per_step = recipe.total_steps, recipe.tokens_per_step
+    for i, o, t in scored:
+        p = costs.estimate(o, tokens_per_step / t.tokens_per_s, o.is_bid)
+        total = p.total_usd
+        if not total < math.inf:
+            excluded.append((o, compiled.reasons(o, UNBOUNDED_COST)))
+            continue
+        score = steps / total if total > 0 else 0.0
+        tokens_per_usd = steps * tokens_per_step / total if total > 0 else 0.0
+        rows.append(((-score, total, o.provider, o.offer_id, o.is_bid, i), o, score, tokens_per_usd, t, p))
+    rows.sort(key=lambda row: row[0])
+    ranked = [(o, score, tokens_per_usd, t, p, costs.breakdown(o, p)) for _, o, score, tokens_per_usd, t, p in rows]
+    return ranked, excluded
+
+
+ALL_PASS = dict(gpu_tiers="any", max_usd_per_hour=None, min_driver_version="", min_cuda=0, min_disk_gb=0,
+                min_inet_down_mbps=0, min_inet_up_mbps=0, min_reliability=0, allow_bids=True, max_gpus=None)
+
+
+@pytest.mark.parametrize("recipe, filters", [
+    (Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS)),
+    (Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0)),
+    (Recipe(vram_needed_gb=1, kernel_path="triton", phases=(Phase("sft", 3),)), OfferFilters(**ALL_PASS)),
+])
+def test_it_ranks_a_seeded_catalogue_exactly_as_the_straightforward_ranking(recipe, filters):
+    offers = seeded_catalogue()
+    ranking = rank_offers(offers, recipe, filters)
+    expected, expected_excluded = reference_ranking(offers, recipe, filters)
+    assert len(expected) > 40  # the comparison covers a real list, not an empty one
+    assert [(e.offer, e.rank) for e in ranking.entries] == [(row[0], rank) for rank, row in enumerate(expected, 1)]
+    for entry, (o, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected):
+        # exact equality: the fast paths must give the very same floats, not close ones
+        assert (entry.steps_per_usd, entry.tokens_per_usd) == (score, tokens_per_usd)
+        assert entry.throughput == t
+        assert entry.projection == p
+        assert entry.cost == cost
+        assert entry.total_usd == cost.total_usd
+    assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded
+    assert ranking.to_dict() == rank_offers(offers, recipe, filters).to_dict()  # deterministic, why lines included
+
+
+def test_the_seeded_catalogue_reaches_every_path_it_is_there_to_check():
+    offers = seeded_catalogue()
+    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS))
+    reasons = {reason for x in ranking.excluded for reason in x.reasons}
+    assert any(r.startswith("no throughput figure") for r in reasons)
+    assert any(r.startswith("downlink 0 Mb/s") for r in reasons) and any(r.startswith("uplink 0") for r in reasons)
+    assert any(r.startswith("reliability 0:") for r in reasons)
+    assert {e.estimated for e in ranking.entries} == {True, False}
+    scores = [e.steps_per_usd for e in ranking.entries]
+    assert len(set(scores)) < len(scores)  # ties, so the tie order is exercised
+    assert 0.0 in scores  # a free box
