@@ -89,6 +89,9 @@ def spec(run: Run, *, now=None) -> dict:
     where = storage.location(run.bucket, run.pk)
     resume = resume_point(run)
     Run.objects.filter(pk=run.pk).update(credentials_renewed_at=now)
+    if resume is not None:
+        run.events.create(at=now, kind="resume", message=f"The box resumes from {resume.uri} (phase {resume.phase}, "
+                                                         f"step {resume.step}), the newest complete checkpoint.")
     return {
         "run_id": run.pk,
         "name": run.name,

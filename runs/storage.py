@@ -64,7 +64,7 @@ def upload_grant(where: Location, expires_s: int) -> dict:
 def download_grant(where: Location, checkpoint_uri: str, expires_s: int) -> dict:
     """Everything under one checkpoint, readable for a while: presigned GETs, or the local folder."""
     if where.kind == "local":
-        return {"kind": "local", "path": str(Path(where.bucket) / checkpoint_uri)}
+        return {"kind": "local", "path": str(Path(where.bucket) / where.prefix / checkpoint_uri)}
     client = _client()
     prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
     files = {}

@@ -122,28 +122,69 @@ def restore(resume: dict | None, store: Path) -> None:
 
 
 class Uploader(threading.Thread):
-    """Uploads complete checkpoints one at a time, files first and the marker last, then tells the dashboard."""
+    """Uploads the newest complete checkpoint, files first and the marker last, then tells the dashboard.
 
-    def __init__(self, api: Api, grant: dict):
+    A checkpoint is snapshotted with hard links the moment it is offered, so the trainer pruning its own store
+    cannot pull files from under an upload. Only the newest matters for a resume: one offered while another is
+    uploading replaces any that is still waiting, so a slow uplink skips checkpoints instead of falling behind.
+    """
+
+    def __init__(self, api: Api, grant: dict, outbox: Path):
         super().__init__(name="checkpoint-uploads", daemon=True)
-        self.api, self.grant = api, grant
-        self.jobs: queue.Queue = queue.Queue()
-        self.done: set[str] = set()
-        self.failed: list[str] = []
+        self.api, self.grant, self.outbox = api, grant, outbox
+        self.offered: set[str] = set()
+        self.uploaded: list[str] = []
+        self._cv = threading.Condition()
+        self._waiting: Path | None = None
+        self._busy = False
+        self._closed = False
+
+    def offer(self, folder: Path) -> None:
+        if folder.name in self.offered:
+            return
+        self.offered.add(folder.name)
+        snapshot = self.outbox / folder.name
+        try:
+            link_tree(folder, snapshot)
+        except FileNotFoundError:  # pruned by the trainer before we got to it: a newer one exists
+            shutil.rmtree(snapshot, ignore_errors=True)
+            return
+        with self._cv:
+            if self._waiting is not None:
+                shutil.rmtree(self._waiting, ignore_errors=True)
+            self._waiting = snapshot
+            self._cv.notify_all()
+
+    def pending(self) -> int:
+        with self._cv:
+            return int(self._waiting is not None) + int(self._busy)
+
+    def close(self) -> None:
+        """Waits for the upload in flight and the one waiting, then ends the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            while self._waiting is not None or self._busy:
+                self._cv.wait()
 
     def run(self):
         while True:
-            folder = self.jobs.get()
-            if folder is None:
-                return
+            with self._cv:
+                while self._waiting is None and not self._closed:
+                    self._cv.wait()
+                if self._waiting is None:
+                    return
+                job, self._waiting, self._busy = self._waiting, None, True
             try:
-                self._upload(folder)
-            except Exception as exc:  # noqa: BLE001 - a failed upload must not kill the agent; it is retried
-                log.warning("upload of %s failed: %s", folder.name, exc)
-                self.failed.append(folder.name)
-                self.done.discard(folder.name)
+                self._upload(job)
+                self.uploaded.append(job.name)
+            except Exception as exc:  # noqa: BLE001 - a failed upload must not kill the agent; a newer one follows
+                log.warning("upload of %s failed: %s", job.name, exc)
             finally:
-                self.jobs.task_done()
+                shutil.rmtree(job, ignore_errors=True)
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
     def _upload(self, folder: Path):
         phase, step = parse_name(folder.name)
@@ -171,10 +212,14 @@ class Uploader(threading.Thread):
             response = http.post(grant["url"], data=fields, files={"file": (path.name, f)})
         response.raise_for_status()
 
-    def offer(self, folder: Path):
-        if folder.name not in self.done:
-            self.done.add(folder.name)
-            self.jobs.put(folder)
+
+def link_tree(source: Path, target: Path) -> None:
+    """Hard-links a checkpoint folder (same disk, no copying), its completion marker last."""
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    for path in sorted(files, key=lambda p: p.name == MARKER):
+        dest = target / path.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(path, dest)
 
 
 def parse_name(name: str):
@@ -273,8 +318,8 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     recipe_path = workdir / "recipe.json"
     recipe_path.write_text(json.dumps(recipe))
 
-    uploader = Uploader(api, spec["upload"])
-    uploader.done.update(p.name for p in complete_checkpoints(store))  # already in the bucket
+    uploader = Uploader(api, spec["upload"], workdir / "outbox")
+    uploader.offered.update(p.name for p in complete_checkpoints(store))  # already in the bucket
     uploader.start()
     with open(workdir / "trainer.log", "ab") as trainer_log:
         # The trainer stays in the agent's process group: whatever takes the agent down (a dead host, a kill of
@@ -296,7 +341,7 @@ def watch(api: Api, spec: dict, trainer: subprocess.Popen, uploader: Uploader, h
             uploader.offer(folder)
         alive = trainer.poll() is None
         heartbeat.status = {"state": "training" if alive else "uploading", "process_alive": alive,
-                            "upload_queue": uploader.jobs.qsize()}
+                            "upload_queue": uploader.pending()}
         if alive and heartbeat.stop.is_set():
             log.warning("stopping the trainer: %s", heartbeat.stop_reason)
             trainer.send_signal(signal.SIGTERM)
@@ -309,8 +354,7 @@ def watch(api: Api, spec: dict, trainer: subprocess.Popen, uploader: Uploader, h
     forward_metrics(api, metrics_path, position, max_points)
     for folder in complete_checkpoints(store):
         uploader.offer(folder)
-    uploader.jobs.join()
-    uploader.jobs.put(None)
+    uploader.close()
     if heartbeat.dead_man:
         stop_machine()
         return 4
