@@ -1,0 +1,122 @@
+"""Metric points per second through the agent API into PostgreSQL, with batched posts as the on-box agent sends them.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/ingest.py
+
+Makes a throwaway database, serves the product with gunicorn (2 workers, as on this 2-core machine), and posts
+100,000 points in batches of 500 from 4 concurrent clients, each a run's box with its own token. The last line is
+JSON; the goal is >= 2,000 points/s.
+"""
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix="ingest-bench-")
+os.environ.pop("REDIS_URL", None)
+if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+    sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own database there).")
+
+import django  # noqa: E402
+
+django.setup()
+
+import httpx  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from runs import tokens  # noqa: E402
+from runs.models import MetricPoint, Run  # noqa: E402
+
+POINTS, BATCH, CLIENTS = 100_000, 500, 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_runs() -> list[str]:
+    issued = []
+    for i in range(CLIENTS):
+        run = Run.objects.create(name=f"bench-{i}", recipe={}, bucket="/tmp/bench", budget_usd=Decimal(100),
+                                 token_nonce=tokens.new_nonce(), created_at=timezone.now(), state="training")
+        issued.append(tokens.issue(run))
+    return issued
+
+
+def post_all(base: str, token: str, first_step: int, count: int, latencies: list) -> None:
+    now = datetime.now(UTC).isoformat()
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        for start in range(first_step, first_step + count, BATCH):
+            points = [{"phase": 0, "step": s, "at": now, "loss": 2.0, "lr": 1e-4, "step_s": 1.2,
+                       "tokens_per_s": 30000.0, "grad_norm_routed": 0.3, "grad_norm_attention": 0.2,
+                       "grad_norm_total": 0.36, "routed_b_norm": 1.5, "routed_b_zero": 0, "gpu_mem_gb": 70.0,
+                       "kernel_path": "triton"} for s in range(start, min(start + BATCH, first_step + count))]
+            t0 = time.perf_counter()
+            response = http.post("metrics", json={"points": points})
+            latencies.append(time.perf_counter() - t0)
+            response.raise_for_status()
+
+
+def main() -> None:
+    setup_test_environment()
+    connection.settings_dict["TEST"]["NAME"] = "bench_ingest"
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    server = None
+    try:
+        issued = make_runs()
+        port = free_port()
+        env = {**os.environ, "DATABASE_URL": os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/bench_ingest"}
+        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
+                                   f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning"], cwd=ROOT, env=env)
+        base = f"http://127.0.0.1:{port}/api/agent/v1/"
+        for _ in range(100):
+            try:
+                httpx.get(base + "openapi.json", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        latencies: list[float] = []
+        per_client = POINTS // CLIENTS
+        threads = [threading.Thread(target=post_all, args=(base, token, 1, per_client, latencies))
+                   for token in issued]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        stored = MetricPoint.objects.count()
+        assert stored == POINTS, stored
+    finally:
+        if server:
+            server.terminate()
+            server.wait(10)
+        connection.close()
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    rate = POINTS / elapsed
+    print(f"{POINTS} points in {elapsed:.1f} s through the agent API: {rate:,.0f} points/s "
+          f"(batches of {BATCH}, {CLIENTS} clients, batch p50 {statistics.median(latencies) * 1000:.0f} ms)")
+    print(json.dumps({"points": POINTS, "seconds": round(elapsed, 2), "points_per_s": round(rate),
+                      "batch": BATCH, "clients": CLIENTS, "goal_points_per_s": 2000,
+                      "batch_p50_ms": round(statistics.median(latencies) * 1000, 1)}))
+
+
+if __name__ == "__main__":
+    main()
