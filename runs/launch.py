@@ -1,12 +1,14 @@
 """Launching and cancelling runs: validate what the user gave, write the run, let the supervisor take it from there."""
 
 from decimal import Decimal
+from pathlib import Path
 
 from django.db import transaction
 from django.utils import timezone
 
 from runs import events, storage, tokens
 from runs.models import Phase, Run
+import training
 from training.recipe import RecipeError, validate
 
 
@@ -43,3 +45,17 @@ def cancel(run: Run, *, user=None, now=None) -> Run:
     events.record(run, "cancelled", f"Cancelled by {who}.", now=now)
     run.refresh_from_db()
     return run
+
+
+def example_recipe() -> dict:
+    """The tiny five-phase example (training/examples/tiny.yaml) as a launch form starts with it: data paths made
+    absolute, checkpoint and metrics left to the box's agent. It trains on the CPU of a simulated box in a minute."""
+    import yaml
+
+    examples = Path(training.__file__).resolve().parent / "examples"
+    recipe = yaml.safe_load((examples / "tiny.yaml").read_text())
+    for phase in recipe["phases"]:
+        phase["data"] = str(examples / phase["data"])
+    recipe.pop("metrics", None)
+    recipe["checkpoint"] = {"every": 2, "keep": 3}
+    return recipe

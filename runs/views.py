@@ -1,3 +1,5 @@
+import yaml
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
@@ -30,7 +32,9 @@ def run_list(request):
 
 def run_launch(request):
     require_launch_permission(request.user)
-    form = LaunchForm(request.POST or None)
+    form = LaunchForm(request.POST or None, initial={
+        "name": "tiny-demo", "recipe": yaml.safe_dump(launching.example_recipe(), sort_keys=False, width=110),
+        "bucket": str(settings.DATA_DIR / "checkpoints"), "budget_usd": "5.00", "max_restarts": 3})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:

@@ -1,23 +1,13 @@
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
-import yaml
 
-from runs.launch import launch
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "training" / "examples"
+from runs.launch import example_recipe, launch
 
 
 def tiny_recipe(**changes) -> dict:
-    """The tiny example recipe with absolute data paths, as a user would paste it."""
-    recipe = yaml.safe_load((EXAMPLES / "tiny.yaml").read_text())
-    for phase in recipe["phases"]:
-        phase["data"] = str(EXAMPLES / phase["data"])
-    recipe.pop("checkpoint", None)
-    recipe.pop("metrics", None)
-    recipe.update(changes)
-    return recipe
+    """The tiny example recipe the launch form starts with, with changes."""
+    return {**example_recipe(), **changes}
 
 
 @pytest.fixture
