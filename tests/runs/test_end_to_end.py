@@ -2,17 +2,18 @@
 trainer run as the simulated boxes' processes and report to a live dashboard; the host is killed mid-phase and
 mid-upload and hangs once, and the run still finishes with every phase done once, nothing left billing."""
 
+import threading
 import time
 from decimal import Decimal
 
 import pytest
+from celery.beat import Service
 
-from fleet import actions, charges, ledger
+from fleet import charges, ledger
 from fleet.models import Instance
 from fleet.offers import refresh_offers
 from fleet.simulator import SimulatedMarketplace
 from fleet.simulator.agents import AgentProcesses
-from runs import supervisor
 from runs.launch import launch
 from runs.models import Run
 from tests.marketplace import MARKET_KEY
@@ -40,12 +41,28 @@ def boxes(tmp_path, settings, live_server):
             agents.stop_all()
 
 
+@pytest.fixture
+def beat(celery_worker, tmp_path):
+    """Real Celery beat, in a thread, sending the instance sync and the supervisor pass every half second to the
+    real worker that `celery_worker` runs (the product's own schedule does the same every 15 and 10 s)."""
+    app = celery_worker
+    schedule = {"sync-instances": {"task": "fleet.tasks.sync_instances", "schedule": 0.5},
+                "supervise-runs": {"task": "runs.tasks.supervise_runs", "schedule": 0.5}}
+    saved, app.conf.beat_schedule = app.conf.beat_schedule, schedule
+    service = Service(app, max_interval=0.5, schedule_filename=str(tmp_path / "beat-schedule"),
+                      scheduler_cls="celery.beat:PersistentScheduler")
+    thread = threading.Thread(target=service.start, daemon=True)
+    thread.start()
+    yield service
+    service.stop(wait=True)
+    thread.join(10)
+    app.conf.beat_schedule = saved
+
+
 def _drive(run, until, timeout_s=240, on_tick=None):
-    """What beat does: an instance sync and a supervisor pass, here every quarter second."""
+    """Watches the run while beat and the worker carry it; `on_tick` injects the faults."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        actions.sync()
-        supervisor.supervise()
         run.refresh_from_db()
         if on_tick:
             on_tick(run)
@@ -56,7 +73,7 @@ def _drive(run, until, timeout_s=240, on_tick=None):
     raise AssertionError(f"run is {run.state} at phase {run.current_phase} step {run.current_step}:\n{events}")
 
 
-def test_a_run_survives_a_dead_host_a_lost_upload_and_a_hang(boxes, tmp_path):
+def test_a_run_survives_a_dead_host_a_lost_upload_and_a_hang(boxes, beat, tmp_path):
     market, agents = boxes
     # Longer sequences than the tiny example, so that a step takes long enough for uploads and faults to land
     # mid-phase, as they would on a real box.
