@@ -18,7 +18,6 @@ What RunPod's API does not tell, and the product must live without:
 """
 
 import logging
-import random
 import shlex
 import time
 from datetime import UTC, datetime, timedelta
@@ -34,11 +33,9 @@ from .errors import (
     OfferUnavailable,
     OutcomeUnknown,
     ProviderError,
-    ProviderUnavailable,
-    RateLimited,
 )
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
-from .vast import _retry_after_s
+from .retrying import RetryingClient
 
 log = logging.getLogger(__name__)
 
@@ -121,22 +118,13 @@ class RunPodClient:
         sleep=time.sleep,
         transport: httpx.BaseTransport | None = None,
     ):
-        if not api_key:
-            raise AuthenticationFailed("No RunPod API key is configured: set RUNPOD_API_KEY.")
         self.api_url = api_url
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_wait_s = max_wait_s
         self.gpu_counts = tuple(gpu_counts)
         self.ports = ports
         self.storage_usd_per_gb_month = storage_usd_per_gb_month
-        self._sleep = sleep
-        self._http = httpx.Client(
-            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
-            timeout=httpx.Timeout(timeout_s),
-            follow_redirects=False,
-            transport=transport,
-        )
+        self._http = RetryingClient(provider="RunPod", key_variable="RUNPOD_API_KEY", api_key=api_key,
+                                    timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                                    max_wait_s=max_wait_s, sleep=sleep, transport=transport)
 
     def __repr__(self) -> str:  # never the key
         return f"RunPodClient({self.api_url!r})"
@@ -286,53 +274,10 @@ class RunPodClient:
         return data
 
     def _request(self, operation: str, body: dict, *, idempotent: bool = True) -> httpx.Response:
-        """Posts the call, retrying 429s, 5xx and network failures with backoff.
-
-        A mutation that creates a pod is retried only where RunPod cannot have acted on it: a refused connection or
-        a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and the caller reconciles
-        by the pod's name (our label) instead of renting again. A terminate is safe to repeat.
-        """
-        what = f"RunPod {operation}"
-        for attempt in range(self.max_retries + 1):
-            last_attempt = attempt == self.max_retries
-            try:
-                response = self._http.post(self.api_url, json=body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if last_attempt:
-                    raise ProviderUnavailable(f"{what}: cannot connect ({type(exc).__name__}).") from None
-                self._sleep(self._backoff(attempt))
-                continue
-            except httpx.TransportError as exc:
-                if not idempotent:
-                    raise OutcomeUnknown(f"{what}: {type(exc).__name__} after sending; it may have happened.") from None
-                if last_attempt:
-                    raise ProviderUnavailable(f"{what}: {type(exc).__name__} after {attempt + 1} tries.") from None
-                self._sleep(self._backoff(attempt))
-                continue
-
-            status = response.status_code
-            if status in (401, 403):
-                raise AuthenticationFailed(f"RunPod refused the API key (HTTP {status}): check RUNPOD_API_KEY.")
-            if status == 429:
-                wait_s = _retry_after_s(response) or self._backoff(attempt)
-                if last_attempt or wait_s > self.max_wait_s:
-                    raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
-                log.info("%s rate limited; waiting %.1f s", what, wait_s)
-                self._sleep(wait_s)
-                continue
-            if status >= 500:
-                if not idempotent:
-                    raise OutcomeUnknown(f"{what}: HTTP {status} after sending; it may have happened.")
-                if last_attempt:
-                    raise ProviderUnavailable(f"{what}: HTTP {status} after {attempt + 1} tries.")
-                self._sleep(_retry_after_s(response) or self._backoff(attempt))
-                continue
-            return response
-        raise AssertionError("unreachable")
-
-    def _backoff(self, attempt: int) -> float:
-        # Exponential with jitter so that several workers do not retry in step.
-        return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+        # A terminate is safe to repeat; a pod creation is not (RetryingClient raises OutcomeUnknown instead, and
+        # the caller finds the pod again by its name, our label).
+        return self._http.request("POST", self.api_url, what=f"RunPod {operation}", idempotent=idempotent,
+                                  json=body)
 
 
 def _decode(response: httpx.Response, what: str, *, strict: bool = True) -> dict:

@@ -3,26 +3,16 @@
 Every response is converted here, once, into plain records with units in their field names.
 """
 
-import email.utils
 import logging
-import random
-import time
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 
 import httpx
 
 from .base import OfferSearch
-from .errors import (
-    AuthenticationFailed,
-    InstanceNotFound,
-    MalformedResponse,
-    OfferUnavailable,
-    OutcomeUnknown,
-    ProviderUnavailable,
-    RateLimited,
-)
+from .errors import InstanceNotFound, MalformedResponse, OfferUnavailable
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
+from .retrying import RetryingClient
 
 log = logging.getLogger(__name__)
 
@@ -32,32 +22,11 @@ MIB_PER_GIB = 1024
 class VastClient:
     name = "vast"
 
-    def __init__(
-        self,
-        api_url: str,
-        api_key: str,
-        *,
-        timeout_s: float = 20.0,
-        max_retries: int = 4,
-        backoff_s: float = 0.5,
-        max_wait_s: float = 30.0,
-        sleep=time.sleep,
-        transport: httpx.BaseTransport | None = None,
-    ):
-        if not api_key:
-            raise AuthenticationFailed("No vast.ai API key is configured: set VAST_API_KEY.")
+    def __init__(self, api_url: str, api_key: str, **http_options):
+        """http_options: timeout_s, max_retries, backoff_s, max_wait_s, sleep, transport (see RetryingClient)."""
         self.api_url = api_url.rstrip("/")
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_wait_s = max_wait_s
-        self._sleep = sleep
-        self._http = httpx.Client(
-            base_url=self.api_url,
-            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
-            timeout=httpx.Timeout(timeout_s),
-            follow_redirects=False,
-            transport=transport,
-        )
+        self._http = RetryingClient(provider="vast.ai", key_variable="VAST_API_KEY", api_key=api_key,
+                                    base_url=self.api_url, **http_options)
 
     def __repr__(self) -> str:  # never the key
         return f"VastClient({self.api_url!r})"
@@ -156,68 +125,7 @@ class VastClient:
         return _decode(response)
 
     def _request(self, method: str, path: str, *, idempotent: bool = True, **kwargs) -> httpx.Response:
-        """Sends a request, retrying 429s, 5xx and network failures with backoff.
-
-        A call that is not idempotent (a rent) is retried only where the marketplace cannot have acted on it: a
-        refused connection or a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and
-        the caller reconciles by the instance's label instead of renting again.
-        """
-        what = f"vast.ai {method} {path}"
-        for attempt in range(self.max_retries + 1):
-            last_attempt = attempt == self.max_retries
-            try:
-                response = self._http.request(method, path, **kwargs)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if last_attempt:
-                    raise ProviderUnavailable(f"{what}: cannot connect ({type(exc).__name__}).") from None
-                self._sleep(self._backoff(attempt))
-                continue
-            except httpx.TransportError as exc:
-                if not idempotent:
-                    raise OutcomeUnknown(f"{what}: {type(exc).__name__} after sending; it may have happened.") from None
-                if last_attempt:
-                    raise ProviderUnavailable(f"{what}: {type(exc).__name__} after {attempt + 1} tries.") from None
-                self._sleep(self._backoff(attempt))
-                continue
-
-            status = response.status_code
-            if status in (401, 403):
-                raise AuthenticationFailed(f"vast.ai refused the API key (HTTP {status}): check VAST_API_KEY.")
-            if status == 429:
-                wait_s = _retry_after_s(response) or self._backoff(attempt)
-                if last_attempt or wait_s > self.max_wait_s:
-                    raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
-                log.info("%s rate limited; waiting %.1f s", what, wait_s)
-                self._sleep(wait_s)
-                continue
-            if status >= 500:
-                if not idempotent:
-                    raise OutcomeUnknown(f"{what}: HTTP {status} after sending; it may have happened.")
-                if last_attempt:
-                    raise ProviderUnavailable(f"{what}: HTTP {status} after {attempt + 1} tries.")
-                self._sleep(_retry_after_s(response) or self._backoff(attempt))
-                continue
-            return response
-        raise AssertionError("unreachable")
-
-    def _backoff(self, attempt: int) -> float:
-        # Exponential with jitter so that several workers do not retry in step.
-        return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
-
-
-def _retry_after_s(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+        return self._http.request(method, path, what=f"vast.ai {method} {path}", idempotent=idempotent, **kwargs)
 
 
 def _raise_for_status(response: httpx.Response) -> None:

@@ -1,0 +1,101 @@
+"""The HTTP rules every marketplace client shares: timeouts on every call, no redirects followed, retries with
+jittered exponential backoff on 429 (honouring Retry-After), 5xx and network failures, a clear error for a refused
+key, and never a retry of a call that may have rented something."""
+
+import email.utils
+import logging
+import random
+import time
+from datetime import UTC, datetime
+
+import httpx
+
+from .errors import AuthenticationFailed, OutcomeUnknown, ProviderUnavailable, RateLimited
+
+log = logging.getLogger(__name__)
+
+
+class RetryingClient:
+    def __init__(self, *, provider: str, key_variable: str, api_key: str, base_url: str = "",
+                 timeout_s: float = 20.0, max_retries: int = 4, backoff_s: float = 0.5, max_wait_s: float = 30.0,
+                 sleep=time.sleep, transport: httpx.BaseTransport | None = None):
+        if not api_key:
+            raise AuthenticationFailed(f"No {provider} API key is configured: set {key_variable}.")
+        self.provider, self.key_variable = provider, key_variable
+        self.max_retries, self.backoff_s, self.max_wait_s = max_retries, backoff_s, max_wait_s
+        self._sleep = sleep
+        self._http = httpx.Client(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, url: str, *, what: str, idempotent: bool = True, **kwargs) -> httpx.Response:
+        """Sends a request, retrying 429s, 5xx and network failures with backoff.
+
+        A call that is not idempotent (a rent) is retried only where the marketplace cannot have acted on it: a
+        refused connection or a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and
+        the caller reconciles by the machine's label instead of renting again.
+        """
+        for attempt in range(self.max_retries + 1):
+            last_attempt = attempt == self.max_retries
+            try:
+                response = self._http.request(method, url, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: cannot connect ({type(exc).__name__}).") from None
+                self._sleep(self._backoff(attempt))
+                continue
+            except httpx.TransportError as exc:
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: {type(exc).__name__} after sending; it may have happened.") from None
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: {type(exc).__name__} after {attempt + 1} tries.") from None
+                self._sleep(self._backoff(attempt))
+                continue
+
+            status = response.status_code
+            if status in (401, 403):
+                raise AuthenticationFailed(
+                    f"{self.provider} refused the API key (HTTP {status}): check {self.key_variable}.")
+            if status == 429:
+                wait_s = retry_after_s(response) or self._backoff(attempt)
+                if last_attempt or wait_s > self.max_wait_s:
+                    raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
+                log.info("%s rate limited; waiting %.1f s", what, wait_s)
+                self._sleep(wait_s)
+                continue
+            if status >= 500:
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: HTTP {status} after sending; it may have happened.")
+                if last_attempt:
+                    raise ProviderUnavailable(f"{what}: HTTP {status} after {attempt + 1} tries.")
+                self._sleep(retry_after_s(response) or self._backoff(attempt))
+                continue
+            return response
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int) -> float:
+        # Exponential with jitter so that several workers do not retry in step.
+        return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """Retry-After in seconds, given as seconds or as an HTTP date; None when absent or unreadable."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
