@@ -83,14 +83,6 @@ def _redirect(request, url: str):
     return redirect(url)
 
 
-def inference(request):
-    return render(request, "fleet/inference.html")
-
-
-def alerts(request):
-    return render(request, "fleet/alerts.html")
-
-
 def _spend_against_cap(account) -> dict:
     cap = settings.SPEND_CAP_USD_PER_HOUR
     percent = float(account.burn_usd_per_hour / cap * 100) if cap > 0 else None
