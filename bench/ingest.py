@@ -13,30 +13,16 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
-os.environ.setdefault("LOG_LEVEL", "WARNING")
-os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix="ingest-bench-")
-os.environ.pop("REDIS_URL", None)
-if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-    sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own database there).")
+import support
 
-import django  # noqa: E402
-
-django.setup()
+support.setup_django("ingest")
 
 import httpx  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from runs import tokens  # noqa: E402
@@ -75,41 +61,35 @@ def post_all(base: str, token: str, first_step: int, count: int, latencies: list
 
 
 def main() -> None:
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_ingest"
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    server = None
-    try:
+    with support.throwaway_database("bench_ingest") as database_url:
         issued = make_runs()
         port = free_port()
-        env = {**os.environ, "DATABASE_URL": os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/bench_ingest"}
         server = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
-                                   f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning"], cwd=ROOT, env=env)
-        base = f"http://127.0.0.1:{port}/api/agent/v1/"
-        for _ in range(100):
-            try:
-                httpx.get(base + "openapi.json", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        latencies: list[float] = []
-        per_client = POINTS // CLIENTS
-        threads = [threading.Thread(target=post_all, args=(base, token, 1, per_client, latencies))
-                   for token in issued]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - start
-        stored = MetricPoint.objects.count()
-        assert stored == POINTS, stored
-    finally:
-        if server:
+                                   f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning"],
+                                  cwd=support.ROOT, env={**os.environ, "DATABASE_URL": database_url})
+        try:
+            base = f"http://127.0.0.1:{port}/api/agent/v1/"
+            for _ in range(100):
+                try:
+                    httpx.get(base + "openapi.json", timeout=1)
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            latencies: list[float] = []
+            per_client = POINTS // CLIENTS
+            threads = [threading.Thread(target=post_all, args=(base, token, 1, per_client, latencies))
+                       for token in issued]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = time.perf_counter() - start
+            stored = MetricPoint.objects.count()
+            assert stored == POINTS, stored
+        finally:
             server.terminate()
             server.wait(10)
-        connection.close()
-        connection.creation.destroy_test_db(old_name, verbosity=0)
     rate = POINTS / elapsed
     print(f"{POINTS} points in {elapsed:.1f} s through the agent API: {rate:,.0f} points/s "
           f"(batches of {BATCH}, {CLIENTS} clients, batch p50 {statistics.median(latencies) * 1000:.0f} ms)")

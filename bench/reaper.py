@@ -8,30 +8,17 @@ rows reset between passes) and counts its queries. The last line is JSON.
 """
 
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("SECRET_KEY", "bench-only")
-os.environ.pop("REDIS_URL", None)  # hand-overs go to a broker kept in files, so no worker acts during the bench
-os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix="reaper-bench-")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
-if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-    sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own test database there).")
+import support
 
-import django  # noqa: E402
-
-django.setup()
+support.setup_django("reaper")
 
 from django.db import connection  # noqa: E402
-from django.test.utils import CaptureQueriesContext, setup_test_environment  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from fleet import reaping  # noqa: E402
@@ -74,13 +61,8 @@ def measure(count: int) -> dict:
 
 
 def main() -> None:
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_reaper"  # never the test suite's database
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with support.throwaway_database("bench_reaper"):
         results = [measure(1000), measure(2000)]
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
     for r in results:
         print(f"{r['instances']:>5} instances: reaper pass median {r['median_ms']} ms (max {r['max_ms']} ms), "
               f"{r['queries']} queries, {r['reaped']} reaped")

@@ -14,56 +14,32 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
-os.environ.setdefault("LOG_LEVEL", "WARNING")
-os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix="recovery-bench-")
-os.environ.pop("REDIS_URL", None)
-if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-    sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own database there).")
+import support
 
-import django  # noqa: E402
-
-django.setup()
+support.setup_django("recovery")
 
 import httpx  # noqa: E402
-import yaml  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
 from fleet import actions  # noqa: E402
 from fleet.offers import refresh_offers  # noqa: E402
 from fleet.simulator import SimulatedMarketplace  # noqa: E402
 from fleet.simulator.agents import AgentProcesses  # noqa: E402
 from runs import supervisor  # noqa: E402
-from runs.launch import launch  # noqa: E402
-from runs.models import Run  # noqa: E402
+from runs.launch import example_recipe, launch  # noqa: E402
 
-EXAMPLES = ROOT / "training" / "examples"
 KEY = "bench-key"
+STEPS = 400  # a phase: long enough that the host dies mid-phase
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def tiny_recipe(steps: int) -> dict:
-    recipe = yaml.safe_load((EXAMPLES / "tiny.yaml").read_text())
-    for phase in recipe["phases"]:
-        phase["data"], phase["steps"] = str(EXAMPLES / phase["data"]), steps
-    recipe.pop("metrics", None)
-    recipe["checkpoint"] = {"every": 5, "keep": 3}
-    return recipe
 
 
 class Beat:
@@ -82,28 +58,17 @@ class Beat:
             self.next_supervise = now + settings.SUPERVISOR_SECONDS
 
 
-def main() -> None:
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_recovery"
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/bench_recovery"}
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
-                               f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning"], cwd=ROOT, env=env)
-    agents = AgentProcesses(Path(os.environ["DATA_DIR"]) / "boxes")
+def measure(dashboard_url: str) -> dict:
+    data_dir = Path(os.environ["DATA_DIR"])
+    agents = AgentProcesses(data_dir / "boxes")
     market = SimulatedMarketplace(api_key=KEY, seed=7, speed=1.0, boot_delay_s=30, port=0, hooks=agents).start()
     try:
-        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, KEY
-        settings.DASHBOARD_URL = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(settings.DASHBOARD_URL + "/api/agent/v1/openapi.json", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        settings.VAST_API_URL, settings.VAST_API_KEY, settings.DASHBOARD_URL = market.base_url, KEY, dashboard_url
         refresh_offers()
-        run = launch(name="recovery-bench", recipe=tiny_recipe(steps=400), budget_usd=Decimal(50), max_restarts=3,
-                     bucket=str(Path(os.environ["DATA_DIR"]) / "bucket"))
+        recipe = example_recipe()
+        recipe["phases"] = [dict(phase, steps=STEPS) for phase in recipe["phases"]]
+        run = launch(name="recovery-bench", recipe=recipe, budget_usd=Decimal(50), max_restarts=3,
+                     bucket=str(data_dir / "bucket"))
         beat = Beat()
 
         def wait(until, limit_s):
@@ -124,20 +89,35 @@ def main() -> None:
         stepped_at = wait(lambda r: r.current_instance_id not in (None, first_box.pk)
                           and r.metrics.filter(instance_id=r.current_instance_id).exists(), 900)
         resumed = run.metrics.filter(instance_id=run.current_instance_id).order_by("phase", "step").first()
+        return {"noticed_s": round(noticed_at - killed_at, 1), "first_step_s": round(stepped_at - killed_at, 1),
+                "resumed_phase": resumed.phase, "resumed_step": resumed.step}
     finally:
         agents.stop_all()
         market.stop()
-        server.terminate()
-        server.wait(10)
-        connection.close()
-        connection.creation.destroy_test_db(old_name, verbosity=0)
-    noticed, first_step = noticed_at - killed_at, stepped_at - killed_at
-    print(f"host killed; noticed after {noticed:.1f} s (sync every {settings.INSTANCE_SYNC_SECONDS} s, supervisor "
-          f"every {settings.SUPERVISOR_SECONDS} s, heartbeat timeout {settings.AGENT_HEARTBEAT_TIMEOUT_S} s); first "
-          f"step on the new host after {first_step:.1f} s (30 s boot), resuming at phase {resumed.phase} step "
-          f"{resumed.step}")
-    print(json.dumps({"noticed_s": round(noticed, 1), "first_step_s": round(first_step, 1), "goal_noticed_s": 60,
-                      "boot_delay_s": 30, "resumed_phase": resumed.phase, "resumed_step": resumed.step}))
+
+
+def main() -> None:
+    with support.throwaway_database("bench_recovery") as database_url:
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
+                                   f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning"],
+                                  cwd=support.ROOT, env={**os.environ, "DATABASE_URL": database_url})
+        try:
+            for _ in range(100):
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/api/agent/v1/openapi.json", timeout=1)
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            result = measure(f"http://127.0.0.1:{port}")
+        finally:
+            server.terminate()
+            server.wait(10)
+    print(f"host killed; noticed after {result['noticed_s']} s (sync every {settings.INSTANCE_SYNC_SECONDS} s, "
+          f"supervisor every {settings.SUPERVISOR_SECONDS} s, heartbeat timeout {settings.AGENT_HEARTBEAT_TIMEOUT_S}"
+          f" s); first step on the new host after {result['first_step_s']} s (30 s boot), resuming at phase "
+          f"{result['resumed_phase']} step {result['resumed_step']}")
+    print(json.dumps({**result, "goal_noticed_s": 60, "boot_delay_s": 30}))
 
 
 if __name__ == "__main__":

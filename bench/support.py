@@ -1,0 +1,43 @@
+"""What the database benchmarks share: Django set up for a one-off process, and a throwaway PostgreSQL database
+that never touches the test suite's or anyone's real one."""
+
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup_django(name: str, **env: str) -> None:
+    """Settings for a benchmark process: its own data folder, quiet logs, no Redis (hand-overs go to a broker kept
+    in files, so no worker acts during a measurement), and PostgreSQL, which every figure is about."""
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix=f"{name}-bench-")
+    os.environ.pop("REDIS_URL", None)
+    os.environ.update(env)
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own database there).")
+    import django
+
+    django.setup()
+
+
+@contextmanager
+def throwaway_database(name: str):
+    """A migrated database named `name` for the length of the block; yields its URL for child processes."""
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()
+    connection.settings_dict["TEST"]["NAME"] = name
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        yield os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
+    finally:
+        connection.close()
+        connection.creation.destroy_test_db(old_name, verbosity=0)
