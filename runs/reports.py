@@ -47,9 +47,10 @@ def heartbeat(run: Run, beat: dict, *, now=None) -> dict:
 def ingest_metrics(run: Run, points: list[dict], *, now=None) -> int:
     """Stores a batch of steps in one statement. A step trained again after a resume replaces the earlier one."""
     now = now or timezone.now()
+    latest = {(p["phase"], p["step"]): p for p in points}  # a step sent twice in one batch: the later one counts
     rows = [MetricPoint(run_id=run.pk, instance_id=run.current_instance_id, phase=p["phase"], step=p["step"],
                         at=p.get("at") or now, **{f: p.get(f) for f in METRIC_FIELDS if f != "kernel_path"},
-                        kernel_path=p.get("kernel_path") or "") for p in points]
+                        kernel_path=p.get("kernel_path") or "") for p in latest.values()]
     if not rows:
         return 0
     MetricPoint.objects.bulk_create(rows, update_conflicts=True, unique_fields=["run", "phase", "step"],

@@ -54,7 +54,10 @@ def run_detail(request, pk):
     context = {"run": run, "cost_usd": run_cost(run, timezone.now()), "phases": run.phases.all(),
                "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],
                "checkpoints": run.checkpoints.all()[:50]}
-    template = "runs/_run_state.html" if request.headers.get("HX-Request") else "runs/run_detail.html"
+    if request.headers.get("HX-Request"):  # one of the page's two live regions
+        template = "runs/_run_history.html" if request.GET.get("part") == "history" else "runs/_run_state.html"
+    else:
+        template = "runs/run_detail.html"
     return render(request, template, context)
 
 

@@ -144,3 +144,10 @@ def test_it_refuses_what_the_database_cannot_hold(launched):
     assert _post(client, "/checkpoints", {"phase": 0, "step": 1, "uri": "c", "complete": True,
                                           "size_bytes": 10**20}).status_code == 422
     assert not run.events.filter(kind="log").exists() and not run.checkpoints.exists()
+
+
+def test_it_keeps_the_later_of_a_step_sent_twice_in_one_batch(launched):
+    run = launched()
+    response = _post(_client(run), "/metrics", {"points": [_point(1, loss=3.0), _point(1, loss=2.0)]})
+    assert response.status_code == 200
+    assert list(run.metrics.values_list("step", "loss")) == [(1, 2.0)]

@@ -34,7 +34,9 @@ def test_it_never_answers_with_a_server_error(agent_schema, token):
     assert len(operations) >= 5
     for operation in operations:
         @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        # Derandomized so CI sees the same cases every run; raise max_examples locally to hunt for more.
+        @settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
         def check(case):
             for auth in (f"Bearer {token}", "Bearer run_forged", None):
                 response = case.call(headers={"Authorization": auth} if auth else {})
