@@ -2,7 +2,7 @@
 
 from typing import Protocol
 
-from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
+from .records import ChargeRecord, InstanceRecord, RentRequest
 
 
 class OfferSearch(list):
