@@ -284,3 +284,14 @@ CELERY_BEAT_SCHEDULE.update({"supervise-runs": {"task": "runs.tasks.supervise_ru
 
 # Run pages and the Prometheus exposition: /metrics answers only `Authorization: Bearer <METRICS_TOKEN>`; unset: off
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+
+# How a rented box gets the trainer: "image" rents WORKER_IMAGE, whose entry point is the agent; "onstart" rents a
+# marketplace's stock PyTorch image (WORKER_STOCK_IMAGE, with the same CUDA as WORKER_IMAGE_CUDA) and bootstraps it
+# with docker/onstart.sh, which installs TRAINING_PACKAGE, proves it with the probe and starts the agent.
+WORKER_BOOTSTRAP = env_str("WORKER_BOOTSTRAP", "image")
+WORKER_STOCK_IMAGE = env_str("WORKER_STOCK_IMAGE", "")
+TRAINING_PACKAGE = env_str("TRAINING_PACKAGE", "")
+if WORKER_BOOTSTRAP not in ("image", "onstart"):
+    raise ImproperlyConfigured(f"WORKER_BOOTSTRAP={WORKER_BOOTSTRAP!r} is not 'image' or 'onstart'.")
+if WORKER_BOOTSTRAP == "onstart" and not (WORKER_STOCK_IMAGE and TRAINING_PACKAGE):
+    raise ImproperlyConfigured("WORKER_BOOTSTRAP=onstart needs WORKER_STOCK_IMAGE and TRAINING_PACKAGE.")

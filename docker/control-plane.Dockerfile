@@ -13,6 +13,7 @@ COPY training ./training
 COPY templates ./templates
 COPY static ./static
 COPY manage.py ./
+COPY docker/onstart.sh ./docker/onstart.sh
 RUN pip install . \
     && mkdir -p "$DATA_DIR" \
     && SECRET_KEY=build-only python manage.py collectstatic --noinput \

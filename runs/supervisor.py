@@ -6,6 +6,7 @@ import logging
 import statistics
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Q
@@ -21,7 +22,8 @@ from runs import events, lifecycle, reports, tokens
 from runs.models import Run, RunAttempt
 
 log = logging.getLogger(__name__)
-AGENT_COMMAND = "python -m training.agent"
+AGENT_COMMAND = "python -m training.agent"  # the worker image's own entry point
+ONSTART_SCRIPT = Path(settings.BASE_DIR) / "docker" / "onstart.sh"  # for a stock image: install, probe, then the agent
 
 
 def supervise(*, now: datetime | None = None) -> int:
@@ -111,12 +113,13 @@ def _rent_box(run: Run, now: datetime) -> None:
         return
     offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
     attempt_no = run.attempts.count()
+    image, onstart, bootstrap_env = box_bootstrap()
     instance, created = actions.request_rent(offer=offer, idempotency_key=f"run-{run.pk}-attempt-{attempt_no}",
-                                             purpose="training", now=now)
+                                             purpose="training", image=image, now=now)
     if created:
         RunAttempt.objects.create(run=run, instance=instance, started_at=now)
     Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
-    instance = actions.rent(instance.pk, now=now, env=agent_env(run), onstart=AGENT_COMMAND)
+    instance = actions.rent(instance.pk, now=now, env={**agent_env(run), **bootstrap_env}, onstart=onstart)
     if instance.state == Instance.State.FAILED:  # refused outright: this host is out, the next pass tries another
         Run.objects.filter(pk=run.pk).update(bad_machines=[*bad, offer.machine_id], current_instance=None)
         RunAttempt.objects.filter(run=run, instance=instance).update(ended_at=now, end_reason=instance.failure_reason)
@@ -125,6 +128,13 @@ def _rent_box(run: Run, now: datetime) -> None:
                                  f"{offer.gpu_name} at ${instance.usd_per_hour:.3f}/h.", now=now)
     if not run.started_at:
         Run.objects.filter(pk=run.pk).update(started_at=now)
+
+
+def box_bootstrap() -> tuple[str, str, dict[str, str]]:
+    """The image a run's box is rented with, what it runs at start, and what that needs in its environment."""
+    if settings.WORKER_BOOTSTRAP == "onstart":
+        return settings.WORKER_STOCK_IMAGE, ONSTART_SCRIPT.read_text(), {"TRAINING_PACKAGE": settings.TRAINING_PACKAGE}
+    return settings.WORKER_IMAGE, AGENT_COMMAND, {}
 
 
 def agent_env(run: Run) -> dict[str, str]:

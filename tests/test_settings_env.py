@@ -87,3 +87,9 @@ def test_it_refuses_a_bad_value_at_start(tmp_path):
     result = _settings_in_fresh_process(tmp_path, OFFER_REFRESH_SECONDS="soon")
     assert result.returncode != 0
     assert "OFFER_REFRESH_SECONDS='soon' is not an integer" in result.stderr
+
+
+def test_it_refuses_a_stock_image_bootstrap_without_its_package(tmp_path):
+    result = _settings_in_fresh_process(tmp_path, WORKER_BOOTSTRAP="onstart")
+    assert result.returncode != 0
+    assert "WORKER_BOOTSTRAP=onstart needs WORKER_STOCK_IMAGE and TRAINING_PACKAGE" in result.stderr

@@ -159,3 +159,14 @@ def test_it_takes_over_the_reapers_move_of_its_hung_box(launched, frozen_market,
     assert run.state == "recovering" and not Instance.objects.filter(replaces=box).exists()
     run = _supervise(run)
     assert run.state == "provisioning" and run.current_instance.pk != box.pk
+
+
+def test_it_bootstraps_a_stock_image_with_the_onstart_script(launched, frozen_market, offers, settings):
+    settings.WORKER_BOOTSTRAP = "onstart"
+    settings.WORKER_STOCK_IMAGE = "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime"
+    settings.TRAINING_PACKAGE = "moe-fleet @ https://example.com/moe_fleet-0.1.0-py3-none-any.whl"
+    run = _supervise(launched())
+    rented = next(i for i in frozen_market.state()["instances"] if i["label"] == run.current_instance.label)
+    assert rented["image_uuid"] == settings.WORKER_STOCK_IMAGE
+    assert rented["onstart"].startswith("#!/usr/bin/env bash") and "TRAINING_PROBE_OK" in rented["onstart"]
+    assert rented["env"]["TRAINING_PACKAGE"] == settings.TRAINING_PACKAGE and rented["env"]["FLEET_AGENT_TOKEN"]
