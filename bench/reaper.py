@@ -36,7 +36,7 @@ def fill(count: int) -> None:
                        gpu_last_ok_at=now, gpu_util_percent=95.0)
         kind = i % (count // TO_REAP) == 0  # a fixed number of condemned boxes, whatever the count
         if kind:
-            healthy.update(running_at=now - timedelta(hours=13))
+            healthy.update(running_at=now - timedelta(hours=13), last_step_at=now - timedelta(hours=2))
         rows.append(Instance(provider="vast", provider_instance_id=str(10_000_000 + i), idempotency_key=f"bench-{i}",
                              label=f"moe-fleet-bench-{i}", state=Instance.State.RUNNING, purpose="training",
                              offer_id=str(i), gpu_name="H200", image="img", disk_gb=250, requested_at=now,

@@ -66,7 +66,11 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
     """The first rule that condemns this box, as (action, rule, reason), or None if it may live."""
     started = box.running_at or box.requested_at
     age = now - started
-    if age > policy.max_age:
+    # A run of several phases takes days (33 h in the seed report): a training box that is making progress is not
+    # "forgotten", and killing it at 12 h would cost a restart. The hung-training rules below still watch it.
+    training = box.purpose == "training" and box.last_step_at is not None \
+        and now - box.last_step_at <= policy.no_progress
+    if age > policy.max_age and not training:
         return DESTROY, "max_age", f"age {_span(age)} > max {_limit(policy.max_age)}"
     if box.purpose == "serving" and box.consecutive_probe_failures >= policy.probe_failures:
         return DESTROY, "probes", f"{box.consecutive_probe_failures} failed probes of /v1/models"

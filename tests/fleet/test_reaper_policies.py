@@ -29,8 +29,15 @@ def test_it_leaves_a_healthy_box_alone():
 
 
 def test_it_destroys_past_the_maximum_age():
-    assert verdicts(box(age=timedelta(hours=12))) == []
-    assert verdicts(box(age=timedelta(hours=12, minutes=3))) == [(1, DESTROY, "age 12h03m > max 12h")]
+    assert verdicts(box(age=timedelta(hours=12), purpose="manual")) == []
+    assert verdicts(box(age=timedelta(hours=12, minutes=3), purpose="serving")) == [
+        (1, DESTROY, "age 12h03m > max 12h")]
+
+
+def test_it_lets_a_long_run_train_past_the_maximum_age_while_it_makes_progress():
+    assert verdicts(box(age=timedelta(hours=30))) == []  # steps a minute ago
+    stalled = box(age=timedelta(hours=30), last_step_at=NOW - timedelta(minutes=31), gpu_util_percent=90.0)
+    assert verdicts(stalled) == [(1, DESTROY, "age 30h00m > max 12h")]
 
 
 def test_it_destroys_a_box_that_never_started_its_work():
@@ -63,11 +70,11 @@ def test_it_moves_training_that_made_no_progress_while_the_gpu_idled():
 
 
 def test_it_skips_a_box_kept_for_debugging_and_says_why():
-    kept = box(age=timedelta(hours=13), keep_until=NOW + timedelta(hours=1))
+    kept = box(age=timedelta(hours=13), purpose="manual", keep_until=NOW + timedelta(hours=1))
     (decision,) = decide([kept], POLICY, NOW)
     assert decision.action == SKIP and decision.reason.startswith("kept for debugging until 2026-11-29 13:00 UTC")
     assert "age 13h00m > max 12h" in decision.reason
-    expired = box(age=timedelta(hours=13), keep_until=NOW - timedelta(seconds=1))
+    expired = box(age=timedelta(hours=13), purpose="manual", keep_until=NOW - timedelta(seconds=1))
     assert verdicts(expired)[0][1] == DESTROY
 
 
@@ -81,7 +88,7 @@ def test_it_sheds_the_newest_boxes_first_until_under_the_spend_cap():
 
 def test_it_counts_boxes_already_condemned_out_of_the_spend():
     policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("2.50"))
-    old = box(1, age=timedelta(hours=13))
+    old = box(1, age=timedelta(hours=13), purpose="serving")
     young = [box(pk, age=timedelta(hours=1)) for pk in (2, 3)]
     assert [(d.pk, d.rule) for d in decide([old, *young], policy, NOW)] == [(1, "max_age")]
 
