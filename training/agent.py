@@ -8,8 +8,8 @@ none renews them for the dead-man window it stops the trainer (which checkpoints
 left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
 
 Environment: FLEET_API_URL, FLEET_AGENT_TOKEN (the run's own token), FLEET_WORKDIR (default ./fleet-run),
-FLEET_SELF_STOP (a shell command that stops this machine; on vast.ai the container's own key can), and on
-vast.ai CONTAINER_ID / CONTAINER_API_KEY.
+FLEET_SELF_STOP (a shell command that stops this machine), or on vast.ai CONTAINER_ID / CONTAINER_API_KEY (the
+container's own key, which can stop it).
 """
 
 import json
@@ -236,14 +236,23 @@ def complete_checkpoints(store: Path) -> list[Path]:
 
 
 def stop_machine() -> None:
+    """Stops this machine from inside, so that only its disk bills: FLEET_SELF_STOP if set, else vast.ai's API with
+    the key vast.ai gives each container (CONTAINER_API_KEY), which can stop only this instance."""
     command = os.environ.get("FLEET_SELF_STOP", "")
-    if not command and os.environ.get("CONTAINER_ID") and shutil.which("vastai"):
-        command = f"vastai stop instance {shlex.quote(os.environ['CONTAINER_ID'])}"
     if command:
         log.warning("dead-man switch: stopping this machine: %s", command)
         subprocess.run(command, shell=True, timeout=120)
-    else:
-        log.warning("dead-man switch: no FLEET_SELF_STOP command; the trainer is stopped, the machine is not")
+        return
+    instance, key = os.environ.get("CONTAINER_ID"), os.environ.get("CONTAINER_API_KEY")
+    if instance and key:
+        api = os.environ.get("FLEET_VAST_API_URL", "https://console.vast.ai/api/v0").rstrip("/")
+        log.warning("dead-man switch: stopping vast.ai instance %s", instance)
+        response = httpx.put(f"{api}/instances/{instance}/", json={"state": "stopped"},
+                             headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        if response.status_code >= 400:
+            log.warning("dead-man switch: the stop was refused: HTTP %s", response.status_code)
+        return
+    log.warning("dead-man switch: no FLEET_SELF_STOP and no container key; the trainer is stopped, the machine is not")
 
 
 class Heartbeat(threading.Thread):

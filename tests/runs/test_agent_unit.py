@@ -100,3 +100,20 @@ def test_it_stops_its_machine_with_the_configured_command(tmp_path, monkeypatch)
     agent.stop_machine()
     assert flag.exists()
     assert os.environ["FLEET_SELF_STOP"]
+
+
+def test_it_stops_its_own_vast_instance_with_the_container_key(market, monkeypatch):
+    from fleet.providers import get_provider
+    from fleet.providers.records import RentRequest
+    from tests.marketplace import MARKET_KEY
+
+    with get_provider() as provider:
+        offer = provider.search_offers(limit=1)[0]
+        instance_id = provider.rent(RentRequest(offer_id=offer.offer_id, image="img", disk_gb=10, label="box", env={}))
+        market.advance(120)
+        monkeypatch.delenv("FLEET_SELF_STOP", raising=False)
+        monkeypatch.setenv("CONTAINER_ID", instance_id)
+        monkeypatch.setenv("CONTAINER_API_KEY", MARKET_KEY)
+        monkeypatch.setenv("FLEET_VAST_API_URL", market.base_url)
+        agent.stop_machine()
+        assert provider.get_instance(instance_id).status == "stopped"
