@@ -11,7 +11,9 @@ import argparse
 import importlib
 import logging
 import math
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -169,6 +171,14 @@ def format_line(record):
     )
 
 
+STOP = threading.Event()
+STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; started again, it resumes
+
+
+class StopRequested(Exception):
+    pass
+
+
 def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device, resumed=None, out=print):
     phase = recipe["phases"][phase_index]
     kind = phase["kind"]
@@ -214,12 +224,15 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
         out(format_line(record))
         if not math.isfinite(record["loss"]):
             raise FloatingPointError(f"{phase['name']} step {step}: loss is {record['loss']}; stopping")
-        if step % phase["checkpoint_every"] == 0 or step == phase["steps"]:
+        stopping = STOP.is_set()
+        if step % phase["checkpoint_every"] == 0 or step == phase["steps"] or stopping:
             uploader.save(model, {
                 "phase_index": phase_index, "phase_name": phase["name"], "step": step, "data_position": position,
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": checkpoint.rng_state(), "reference": reference,
             }, checkpoint.checkpoint_name(phase_index, step))
+        if stopping:
+            raise StopRequested(f"stopped on request at {phase['name']} step {step}, after saving a checkpoint")
 
 
 def run(recipe, out=print):
@@ -264,8 +277,8 @@ def run(recipe, out=print):
         for phase_index in range(start_phase, len(phases)):
             run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
                       resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out)
-        uploader.wait()
     finally:
+        uploader.wait()  # also when stopped on request: the last checkpoint must reach the store
         for sink in sinks:
             sink.close()
     out("run complete" if start_phase < len(phases) else "run already complete; nothing to do")
@@ -277,6 +290,8 @@ def main(argv=None):
     parser.add_argument("--recipe", required=True, help="the recipe (YAML or JSON)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # SIGTERM (the agent's dead-man switch, or a person) ends the run after the current step and a checkpoint.
+    signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     try:
         recipe = load_recipe(args.recipe)
         run(recipe, out=lambda line: print(line, flush=True))
@@ -286,6 +301,9 @@ def main(argv=None):
     except guards.GuardError as exc:
         print(f"ABORTED by a guard: {exc}", file=sys.stderr, flush=True)
         return 3
+    except StopRequested as exc:
+        print(str(exc), flush=True)
+        return STOPPED_EXIT
     return 0
 
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from training import checkpoint
 from training.examples.tiny import tiny_recipe
-from training.train import run
+from training.train import STOPPED_EXIT, run
 
 REPO = Path(__file__).resolve().parents[2]
 CASCADE = [("cpt", 8), ("sft", 6), ("dpo", 4), ("kto", 3), ("grpo", 4)]
@@ -193,3 +193,25 @@ def test_a_slow_upload_does_not_stall_the_loop(tmp_path):
     assert time.monotonic() - start < 0.3
     uploader.wait()
     assert checkpoint.latest_complete(uploader.store) == "ckpt-p00-s00000001"
+
+
+def test_it_checkpoints_and_stops_on_sigterm(tmp_path):
+    """The agent's dead-man switch sends SIGTERM: the trainer saves where it is, exits 75, and resumes there."""
+    recipe_path = _recipe_file(tmp_path)
+    victim = _train(recipe_path)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and victim.poll() is None:
+        if metrics.exists() and sum(1 for _ in open(metrics)) >= 4:
+            victim.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.005)
+    out = victim.communicate(timeout=120)[0]
+    assert victim.returncode == STOPPED_EXIT, out
+    last = max(_last_by_step(metrics))  # (phase, step) of the last step it trained
+    assert "stopped on request at" in out
+    assert checkpoint.latest_complete(checkpoint.LocalStore(tmp_path / "checkpoints")) == \
+        checkpoint.checkpoint_name(*last)  # saved exactly there, not at the last interval
+    resumed = _train(recipe_path)
+    out = resumed.communicate(timeout=180)[0]
+    assert resumed.returncode == 0 and f"resuming from checkpoint {checkpoint.checkpoint_name(*last)}" in out
