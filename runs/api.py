@@ -106,7 +106,10 @@ class PointIn(Schema):
     def in_utc_and_plausible(cls, at: datetime | None) -> datetime | None:
         if at is None:
             return None
-        at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+        try:
+            at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+        except OverflowError:  # the year 1 or 9999 with an offset
+            raise ValueError("at must be when the step ran (UTC)") from None
         if not EARLIEST <= at <= datetime.now(UTC) + timedelta(days=1):
             raise ValueError("at must be when the step ran (UTC), not a time far in the past or the future")
         return at

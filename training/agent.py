@@ -12,11 +12,11 @@ FLEET_SELF_STOP (a shell command that stops this machine), or on vast.ai CONTAIN
 container's own key, which can stop it).
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os
-import queue
-import shlex
 import shutil
 import signal
 import subprocess
@@ -129,9 +129,12 @@ class Uploader(threading.Thread):
     uploading replaces any that is still waiting, so a slow uplink skips checkpoints instead of falling behind.
     """
 
-    def __init__(self, api: Api, grant: dict, outbox: Path):
+    def __init__(self, api: Api, grant: dict, outbox: Path, before_complete=lambda: None):
         super().__init__(name="checkpoint-uploads", daemon=True)
         self.api, self.grant, self.outbox = api, grant, outbox
+        # Called before a checkpoint is declared complete: the steps it covers must reach the dashboard first, or a
+        # box that resumes past them would leave them unreported.
+        self.before_complete = before_complete
         self.offered: set[str] = set()
         self.uploaded: list[str] = []
         self._cv = threading.Condition()
@@ -193,6 +196,7 @@ class Uploader(threading.Thread):
         for path in [*files, folder / MARKER]:
             self._put(path, f"{folder.name}/{path.relative_to(folder)}")
         size = sum(p.stat().st_size for p in files)
+        self.before_complete()
         self.api.call("POST", "checkpoints", {"phase": phase, "step": step, "uri": folder.name, "complete": True,
                                               "size_bytes": size})
 
@@ -327,7 +331,8 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     recipe_path = workdir / "recipe.json"
     recipe_path.write_text(json.dumps(recipe))
 
-    uploader = Uploader(api, spec["upload"], workdir / "outbox")
+    metrics = MetricsForwarder(api, metrics_path, spec["max_metric_points"])
+    uploader = Uploader(api, spec["upload"], workdir / "outbox", before_complete=metrics.flush)
     uploader.offered.update(p.name for p in complete_checkpoints(store))  # already in the bucket
     uploader.start()
     with open(workdir / "trainer.log", "ab") as trainer_log:
@@ -335,17 +340,15 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
         # the group) takes the trainer with it, and a frozen host freezes both.
         trainer = subprocess.Popen([python, "-m", "training.train", "--recipe", str(recipe_path)],
                                    stdout=trainer_log, stderr=subprocess.STDOUT)
-        return watch(api, spec, trainer, uploader, heartbeat, store, metrics_path, workdir)
+        return watch(api, trainer, uploader, metrics, heartbeat, store, workdir)
 
 
-def watch(api: Api, spec: dict, trainer: subprocess.Popen, uploader: Uploader, heartbeat: Heartbeat, store: Path,
-          metrics_path: Path, workdir: Path) -> int:
+def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: MetricsForwarder,
+          heartbeat: Heartbeat, store: Path, workdir: Path) -> int:
     """While the trainer runs: forward its metrics, hand complete checkpoints to the uploader, keep the heartbeat's
     status current, and stop the trainer (it checkpoints on SIGTERM) when told to."""
-    max_points = spec["max_metric_points"]
-    position = 0
     while True:
-        position = forward_metrics(api, metrics_path, position, max_points)
+        metrics.flush()
         for folder in complete_checkpoints(store):
             uploader.offer(folder)
         alive = trainer.poll() is None
@@ -360,7 +363,7 @@ def watch(api: Api, spec: dict, trainer: subprocess.Popen, uploader: Uploader, h
             break
         heartbeat.stop.wait(heartbeat.interval_s)
 
-    forward_metrics(api, metrics_path, position, max_points)
+    metrics.flush()
     for folder in complete_checkpoints(store):
         uploader.offer(folder)
     uploader.close()
@@ -376,6 +379,19 @@ def watch(api: Api, spec: dict, trainer: subprocess.Popen, uploader: Uploader, h
     api.call("POST", "events", {"kind": "trainer_failed",
                                 "message": f"The trainer exited with {trainer.returncode}: {tail}"[-4000:]})
     return 3
+
+
+class MetricsForwarder:
+    """Forwards the trainer's JSONL from where it left off; the watch loop and the uploader both call it."""
+
+    def __init__(self, api: Api, path: Path, max_points: int):
+        self.api, self.path, self.max_points = api, path, max_points
+        self.position = 0
+        self._lock = threading.Lock()
+
+    def flush(self) -> None:
+        with self._lock:
+            self.position = forward_metrics(self.api, self.path, self.position, self.max_points)
 
 
 def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int:

@@ -133,6 +133,7 @@ def test_it_stores_step_times_in_utc_and_refuses_impossible_ones(launched):
     run = launched()
     client = _client(run)
     assert _post(client, "/metrics", {"points": [_point(1, at="5018-12-04T10:09:51+18:28")]}).status_code == 422
+    assert _post(client, "/metrics", {"points": [_point(1, at="0001-01-01T00:00:00+05:00")]}).status_code == 422
     assert _post(client, "/metrics", {"points": [_point(1, at="2026-11-29T12:00:00+05:00")]}).status_code == 200
     assert run.metrics.get().at.isoformat() == "2026-11-29T07:00:00+00:00"
 
