@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from fleet.providers.records import OfferRecord
 
 from .recipe import Recipe
+from .values import number
 
 # Per-GPU memory ranges, matched on memory because marketplaces name the same card several ways.
 GPU_TIERS: dict[str, tuple[str, float, float]] = {
@@ -466,15 +467,7 @@ def _locations(value) -> frozenset[str]:
 
 
 def _number(name, value) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return number
+    return number(name, value, non_negative=True)
 
 
 def _optional_number(name, value) -> float | None:

@@ -6,8 +6,9 @@ the work per step (tokens and active parameters), the number of steps, how often
 start-up minutes and download traffic).
 """
 
-import math
 from dataclasses import asdict, dataclass, fields
+
+from .values import number, whole
 
 KERNEL_PATHS = ("auto", "grouped_mm", "triton")
 
@@ -111,13 +112,13 @@ class Recipe:
             values["phases"] = tuple(phases)
         for name in ("lora_rank", "batch_size", "grad_accum", "seq_len"):
             if name in values:
-                values[name] = _whole(name, values[name])
+                values[name] = whole(name, values[name])
         for name in ("total_params_b", "active_params_b", "checkpoint_interval_s", "checkpoint_gb",
                      "model_download_gb", "image_gb", "boot_s", "rent_disk_gb"):
             if name in values:
-                values[name] = _number(name, values[name])
+                values[name] = number(name, values[name])
         if values.get("vram_needed_gb") is not None:
-            values["vram_needed_gb"] = _number("vram_needed_gb", values["vram_needed_gb"])
+            values["vram_needed_gb"] = number("vram_needed_gb", values["vram_needed_gb"])
         return cls(**values)
 
 
@@ -125,30 +126,6 @@ def resolve_kernel_path(recipe_kernel_path: str, compute_capability: int) -> str
     if recipe_kernel_path != "auto":
         return recipe_kernel_path
     return "grouped_mm" if compute_capability in GROUPED_MM_FAST_CAPABILITIES else "triton"
-
-
-def _whole(name, value) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
-    if not math.isfinite(number) or number != int(number):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    return int(number)
-
-
-def _number(name, value) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return number
 
 
 # Starting points the Offers page offers; a user edits and saves their own.
