@@ -85,7 +85,7 @@ def box_trouble(run: Run, box: Instance | None, now: datetime) -> tuple[str, str
 
 
 def _leave_box(run: Run, kind: str, reason: str, now: datetime) -> None:
-    before, after = events.record(run, kind, reason, now=now)
+    _, after = events.record(run, kind, reason, now=now)
     if after == lifecycle.RECOVERING:
         _abandon_box(run, reason, now)
 

@@ -54,10 +54,6 @@ class Offer(models.Model):
     def to_record(self) -> OfferRecord:
         return OfferRecord(**{name: getattr(self, name) for name in _OFFER_FIELDS})
 
-    @property
-    def location(self) -> str:
-        return self.geolocation or "unknown"
-
 
 class OfferRefresh(models.Model):
     """One refresh of a marketplace's offers: when, how many, and what went wrong, for the Offers page."""

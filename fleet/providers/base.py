@@ -27,3 +27,22 @@ class Provider(Protocol):
     def destroy(self, instance_id: str) -> bool: ...
 
     def charges(self) -> list[ChargeRecord]: ...
+
+
+class HttpProvider:
+    """What every HTTP marketplace client shares: a `_http` RetryingClient, closed on leaving a `with` block, and a
+    repr that shows where it talks to but never the key."""
+
+    api_url: str
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.api_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

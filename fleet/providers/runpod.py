@@ -25,7 +25,7 @@ from decimal import Decimal, InvalidOperation
 
 import httpx
 
-from .base import OfferSearch
+from .base import HttpProvider, OfferSearch
 from .errors import (
     AuthenticationFailed,
     InstanceNotFound,
@@ -100,7 +100,7 @@ class RentAnswerUnreadable(OutcomeUnknown, MalformedResponse):
     label (it is an OutcomeUnknown) and the answer broke the API's contract (it is a MalformedResponse)."""
 
 
-class RunPodClient:
+class RunPodClient(HttpProvider):
     name = "runpod"
 
     def __init__(
@@ -125,18 +125,6 @@ class RunPodClient:
         self._http = RetryingClient(provider="RunPod", key_variable="RUNPOD_API_KEY", api_key=api_key,
                                     timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                     max_wait_s=max_wait_s, sleep=sleep, transport=transport)
-
-    def __repr__(self) -> str:  # never the key
-        return f"RunPodClient({self.api_url!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -- the provider interface ------------------------------------------------------------------------------
 

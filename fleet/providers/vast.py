@@ -9,7 +9,7 @@ from decimal import Decimal, InvalidOperation
 
 import httpx
 
-from .base import OfferSearch
+from .base import HttpProvider, OfferSearch
 from .errors import InstanceNotFound, MalformedResponse, OfferUnavailable
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 MIB_PER_GIB = 1024
 
 
-class VastClient:
+class VastClient(HttpProvider):
     name = "vast"
 
     def __init__(self, api_url: str, api_key: str, **http_options):
@@ -27,18 +27,6 @@ class VastClient:
         self.api_url = api_url.rstrip("/")
         self._http = RetryingClient(provider="vast.ai", key_variable="VAST_API_KEY", api_key=api_key,
                                     base_url=self.api_url, **http_options)
-
-    def __repr__(self) -> str:  # never the key
-        return f"VastClient({self.api_url!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -- the provider interface ------------------------------------------------------------------------------
 
