@@ -158,6 +158,9 @@ class Uploader(threading.Thread):
             self._waiting = snapshot
             self._cv.notify_all()
 
+    def renew(self, grant: dict) -> None:
+        self.grant = grant  # read once per file, so an upload in flight moves to the new grant at its next file
+
     def pending(self) -> int:
         with self._cv:
             return int(self._waiting is not None) + int(self._busy)
@@ -268,6 +271,8 @@ class Heartbeat(threading.Thread):
         super().__init__(name="heartbeat", daemon=True)
         self.api, self.interval_s, self.window_s = api, interval_s, window_s
         self.status: dict = {"state": "installing"}
+        # Storage grants expire (presigned URLs): each answer brings a fresh one, handed to whoever uploads.
+        self.on_upload_grant = lambda grant: None
         self.stop = threading.Event()
         self.stop_reason = ""
         self.dead_man = False
@@ -290,6 +295,8 @@ class Heartbeat(threading.Thread):
                 self.stop.set()
             return
         self._renewed_at = time.monotonic()
+        if answer.get("upload"):
+            self.on_upload_grant(answer["upload"])
         if answer["command"] == "stop" and not self.stop.is_set():
             self.stop_reason = "the dashboard said stop"
             self.stop.set()
@@ -334,6 +341,7 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     metrics = MetricsForwarder(api, metrics_path, spec["max_metric_points"])
     uploader = Uploader(api, spec["upload"], workdir / "outbox", before_complete=metrics.flush)
     uploader.offered.update(p.name for p in complete_checkpoints(store))  # already in the bucket
+    heartbeat.on_upload_grant = uploader.renew
     uploader.start()
     with open(workdir / "trainer.log", "ab") as trainer_log:
         # The trainer stays in the agent's process group: whatever takes the agent down (a dead host, a kill of

@@ -1,7 +1,6 @@
 """The on-box agent's parts, against a real local HTTP server standing in for the dashboard."""
 
 import json
-import os
 import sys
 import threading
 import time
@@ -99,7 +98,6 @@ def test_it_stops_its_machine_with_the_configured_command(tmp_path, monkeypatch)
     monkeypatch.setenv("FLEET_SELF_STOP", f"touch {flag}")
     agent.stop_machine()
     assert flag.exists()
-    assert os.environ["FLEET_SELF_STOP"]
 
 
 def test_it_stops_its_own_vast_instance_with_the_container_key(market, monkeypatch):
@@ -117,3 +115,16 @@ def test_it_stops_its_own_vast_instance_with_the_container_key(market, monkeypat
         monkeypatch.setenv("FLEET_VAST_API_URL", market.base_url)
         agent.stop_machine()
         assert provider.get_instance(instance_id).status == "stopped"
+
+
+def test_it_uploads_with_the_grant_each_heartbeat_renews(dashboard, tmp_path):
+    # Presigned uploads expire after STORAGE_GRANT_S; a multi-day run keeps uploading with the renewed grant.
+    uploader = agent.Uploader(_api(dashboard), {"kind": "local", "path": str(tmp_path / "old")}, tmp_path / "out")
+    dashboard.answers["heartbeat"] = {"command": "continue", "upload": {"kind": "local", "path": str(tmp_path / "new")}}
+    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat.on_upload_grant = uploader.renew
+    beat.beat()
+    (tmp_path / "file").write_text("x")
+    uploader._put(tmp_path / "file", "ckpt-p00-s00000002/file")
+    assert (tmp_path / "new" / "ckpt-p00-s00000002" / "file").exists()
+    assert not (tmp_path / "old").exists()
