@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from training import moe_lora  # noqa: E402
 from training.grouped_ops import BACKENDS  # noqa: E402
 from training.lora import adopt_routed_lora, inject_routed_lora, routed_lora_wrappers  # noqa: E402
-from training.moe_lora import lora_factors, route  # noqa: E402
+from training.moe_lora import experts_a, experts_b, route  # noqa: E402
 from training.reference import reference_moe_lora  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script itself, tiny shape
@@ -153,9 +153,7 @@ def reference_grads(holder, x, index, weights, grad):
         a_w = w.lora_A["default"].weight.detach().float().requires_grad_()
         b_w = w.lora_B["default"].weight.detach().float().requires_grad_()
         leaves += [a_w, b_w]
-        a = a_w.reshape(num_experts, -1, a_w.shape[-1])
-        b = b_w.reshape(b_w.shape[0], -1, num_experts).permute(2, 0, 1)
-        loras.append((a, b, w.scaling["default"]))
+        loras.append((experts_a(a_w, num_experts), experts_b(b_w, num_experts), w.scaling["default"]))
     xf = x.detach().float().requires_grad_()
     out = reference_moe_lora(
         xf, index, weights.float(), experts.gate_up_proj.float(), experts.down_proj.float(), loras[0], loras[1]
@@ -205,10 +203,10 @@ def grouped_gemm_bench(shape, tokens):
     w = torch.randn(experts, 2 * inter, hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
     flop = 2 * rows.shape[0] * hidden * 2 * inter
     result = {}
-    ref = BACKENDS["loop"].mm(xs[0].float(), w.float(), groups)
+    ref, _ = BACKENDS["loop"].mm(xs[0].float(), w.float(), groups)
     for path in ("triton", "grouped_mm", "loop"):
         ops = BACKENDS[path]
-        got = ops.mm(xs[0], w, groups)
+        got, _ = ops.mm(xs[0], w, groups)
         state = {"i": 0}
 
         def run():
@@ -327,11 +325,13 @@ def profile(shape, tokens, path="ours:triton"):
     for _ in range(3):
         holder.mlp(x).backward(grad)
     torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             holder.mlp(x).backward(grad)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60), flush=True)
+    averages = prof.key_averages()
+    print(averages.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60), flush=True)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60), flush=True)
     import triton.testing
 
     # Host time to enqueue one step (no sync inside): above the device time, the step is launch-bound.

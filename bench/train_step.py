@@ -78,6 +78,50 @@ def measure(backend, layers, checkpointing, steps, accum, batch, seq_len):
     return result
 
 
+def profile(backend, layers, batch, seq_len):
+    """Where a micro-step's time goes: host time to enqueue it against device time, and the top ops of each."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    model = build(backend, layers, False)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(0, CONFIG["vocab_size"], (batch, seq_len), device="cuda", generator=gen)
+    batch_ = {"input_ids": ids, "labels": ids}
+    phase, ctx = {"kind": "cpt"}, {"device": torch.device("cuda")}
+
+    def micro():
+        loss, _ = causal_lm_loss(model, batch_, phase, ctx)
+        loss.backward()
+
+    for _ in range(3):
+        micro()
+    torch.cuda.synchronize()
+    host, device = [], []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        loss, _ = causal_lm_loss(model, batch_, phase, ctx)
+        t1 = time.perf_counter()
+        loss.backward()
+        end.record()
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append((t1 - t0, t2 - t1, time.perf_counter() - t0))
+        device.append(start.elapsed_time(end))
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            micro()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70), flush=True)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70), flush=True)
+    mid = sorted(range(5), key=lambda i: device[i])[2]
+    print(json.dumps({"profile": backend, "layers": layers, "host_forward_ms": round(host[mid][0] * 1e3, 1),
+                      "host_backward_ms": round(host[mid][1] * 1e3, 1), "wall_ms": round(host[mid][2] * 1e3, 1),
+                      "device_ms": round(device[mid], 1)}), flush=True)
+    del model
+
+
 def attempt(backend, layers, checkpointing, args):
     result, error = None, None
     try:
@@ -101,8 +145,12 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--backends", default="ours,grouped_mm+peft")
+    parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile one micro-step of ours on LAYERS layers")
     args = parser.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.profile:
+        profile("ours", args.profile, args.batch, args.seq_len)
+        return 0
     results = []
     for backend in args.backends.split(","):
         # Without gradient checkpointing first; then with it; then fewer layers, until one fits.

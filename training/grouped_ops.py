@@ -1,11 +1,15 @@
 """The three ways to run the grouped matmuls of the experts: our Triton kernels, `torch._grouped_mm`, a per-expert loop.
 
-Each backend offers the same four operations over rows sorted by expert (`Groups` says where each expert's rows are):
-- `mm(x, w, groups, rows, lora)`: y[j] = x[rows[j]] @ w[e]^T (+ s * xa[j] @ b[e]^T), w any (E, N, K) view;
-- `weight_grad(p, q, groups, q_rows, scale)`: out[e] = scale * p[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q);
+Each backend offers the same operations over rows sorted by expert (`Groups` says where each expert's rows are):
+- `mm(x, w, groups, rows, lora)` -> (y, z): y[j] = x[rows[j]] @ w[e]^T (+ s * z[j] @ l2[e]^T), w any (E, N, K) view;
+  with lora = (l1 (E, R, K), l2 (E, N, R), s), z[j] = x[rows[j]] @ l1[e]^T (else None). l1 and l2 may be float32;
+- `weight_grad(p, q, groups, q_rows, scale, row_scale, out_dtype)`:
+  out[e] = scale * (row_scale * p)[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q);
 - `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
 - `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows (the backward also gives the
-  routing weight's gradient).
+  routing weight's gradient);
+- `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype)`: peft's (out, r * E) LoRA B matrix
+  (columns rank-major, expert-minor) to (E, r, out) and back.
 The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
 """
 
@@ -69,6 +73,11 @@ class LoopOps:
     def mm(self, x, w, groups, rows=None, lora=None):
         m = rows.shape[0] if rows is not None else x.shape[0]
         y = x.new_empty((m, w.shape[1]))
+        z = None
+        if lora is not None:
+            l1, l2, scale = lora
+            l1, l2 = l1.to(x.dtype), l2.to(x.dtype)
+            z = x.new_zeros((m, l1.shape[1]))
         start = 0
         for e, count in enumerate(groups.host_counts):
             end = start + count
@@ -76,13 +85,15 @@ class LoopOps:
                 xe = x[rows[start:end]] if rows is not None else x[start:end]
                 ye = xe @ w[e].T
                 if lora is not None:
-                    xa, b, scale = lora
-                    ye = ye + scale * (xa[start:end] @ b[e].T)
+                    z[start:end] = xe @ l1[e].T
+                    ye = ye + scale * (z[start:end] @ l2[e].T)
                 y[start:end] = ye
             start = end
-        return y
+        return y, z
 
-    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0):
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+        if row_scale is not None:
+            p = (p.to(accumulation_dtype(p.dtype)) * row_scale.unsqueeze(-1)).to(p.dtype)
         out = p.new_zeros((groups.counts.shape[0], p.shape[1], q.shape[1]))
         start = 0
         for e, count in enumerate(groups.host_counts):
@@ -91,7 +102,14 @@ class LoopOps:
                 qe = q[q_rows[start:end]] if q_rows is not None else q[start:end]
                 out[e] = scale * (p[start:end].T @ qe)
             start = end
-        return out
+        return out.to(out_dtype or p.dtype)
+
+    def peft_b_to_experts(self, weight_b, num_experts, dtype):
+        out_dim = weight_b.shape[0]
+        return weight_b.reshape(out_dim, -1, num_experts).permute(2, 1, 0).to(dtype).contiguous()
+
+    def experts_to_peft_b(self, experts_b, dtype):
+        return experts_b.permute(2, 1, 0).reshape(experts_b.shape[2], -1).to(dtype)
 
     def combine(self, src, slots, weights=None):
         return _torch_combine(src, slots, weights)
@@ -108,36 +126,49 @@ class GroupedMmOps(LoopOps):
     def mm(self, x, w, groups, rows=None, lora=None):
         xs = x[rows] if rows is not None else x
         y = torch._grouped_mm(xs, w.transpose(1, 2), offs=groups.ends)
+        z = None
         if lora is not None:
-            xa, b, scale = lora
-            y = y.add_(torch._grouped_mm(xa, b.transpose(1, 2), offs=groups.ends), alpha=scale)
-        return y
+            l1, l2, scale = lora
+            z = torch._grouped_mm(xs, l1.to(x.dtype).transpose(1, 2), offs=groups.ends)
+            y = y.add_(torch._grouped_mm(z, l2.to(x.dtype).transpose(1, 2), offs=groups.ends), alpha=scale)
+        return y, z
 
-    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0):
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+        if row_scale is not None:
+            p = (p.float() * row_scale.unsqueeze(-1)).to(p.dtype)
         qs = q[q_rows] if q_rows is not None else q
         out = torch._grouped_mm(p.t(), qs, offs=groups.ends)
         # An expert with no rows must get a zero gradient, whatever the kernel leaves there.
         out = out.masked_fill_((groups.counts == 0).view(-1, 1, 1), 0.0)
-        return out.mul_(scale) if scale != 1.0 else out
+        out = out.mul_(scale) if scale != 1.0 else out
+        return out.to(out_dtype or p.dtype)
 
 
 class TritonOps(LoopOps):
-    """The project's Triton kernels: gather fused into the matmul, LoRA fused into the base K loop, fused combine."""
+    """The project's Triton kernels: gather and LoRA fused into the matmul, fused SwiGLU, combine and relayout."""
 
     name = "triton"
 
     def mm(self, x, w, groups, rows=None, lora=None):
         from training.kernels.grouped_gemm import grouped_gemm
 
-        if lora is None:
-            return grouped_gemm(x, w, groups.counts, rows=rows)
-        xa, b, scale = lora
-        return grouped_gemm(x, w, groups.counts, rows=rows, lora_x=xa, lora_w=b, lora_scale=scale)
+        return grouped_gemm(x, w, groups.counts, rows=rows, lora=lora)
 
-    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0):
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
         from training.kernels.grouped_weight_grad import grouped_weight_grad
 
-        return grouped_weight_grad(p, q, groups.counts, q_rows=q_rows, scale=scale)
+        return grouped_weight_grad(p, q, groups.counts, q_rows=q_rows, scale=scale, row_scale=row_scale,
+                                   out_dtype=out_dtype)
+
+    def peft_b_to_experts(self, weight_b, num_experts, dtype):
+        from training.kernels.relayout import peft_b_to_experts
+
+        return peft_b_to_experts(weight_b, num_experts, dtype)
+
+    def experts_to_peft_b(self, experts_b, dtype):
+        from training.kernels.relayout import experts_to_peft_b
+
+        return experts_to_peft_b(experts_b, dtype)
 
     def combine(self, src, slots, weights=None):
         from training.kernels.combine import combine

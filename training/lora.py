@@ -3,13 +3,15 @@
 The routed-expert adapter is created by peft itself (`target_parameters`), so it is saved and loaded in peft's format
 and a plain `PeftModel.from_pretrained` serves it. Only the forward differs: peft's ParamWrapper would fold W + BA
 into a full expert-stack-sized tensor on every call; `RoutedExpertsLora` keeps peft's parameters but calls the experts
-directly, and the "moe_lora" experts forward reads the factors and runs them as grouped matmuls.
+directly, and the "moe_lora" experts forward reads the factors and runs them as grouped matmuls. The attention
+layers stay peft's too, with their forward fused into one autograd function (`training/lora_linear.py`).
 """
 
 import torch
 from peft import LoraConfig, get_peft_model, inject_adapter_in_model
 from peft.tuners.lora.layer import ParamWrapper
 
+from training.lora_linear import LoraLinear
 from training.moe_lora import IMPLEMENTATION_NAME, register, use_moe_lora
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -91,6 +93,8 @@ def attach_lora(model, r=32, alpha=64, attention=True):
     peft_model = get_peft_model(model, lora_config(r, alpha, attention))
     use_moe_lora(peft_model.get_base_model())
     adopt_routed_lora(peft_model)
+    for module in peft_model.modules():
+        LoraLinear.adopt(module)  # attention LoRA: peft's layers, fused forward
     return peft_model
 
 

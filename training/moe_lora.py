@@ -4,8 +4,9 @@ Registered with transformers' experts interface under the name "moe_lora". The f
 are (W + BA is never formed) and get no gradient; the LoRA factors get dA and dB, the hidden states dX, and the
 routing weights their gradient (the router itself may be frozen, but the hidden states still feed it).
 
-Shapes (Qwen3-MoE layout): gate_up_proj W1 (E, 2I, H), down_proj W2 (E, H, I); per projection the LoRA factors in
-peft's orientation, A (E, r, in) and B (E, out, r). S = tokens * top_k routed rows, sorted by expert.
+Shapes (Qwen3-MoE layout): gate_up_proj W1 (E, 2I, H), down_proj W2 (E, H, I); per projection the LoRA factors as
+peft keeps them, A (r * E, in) and B (out, r * E), read per expert as A_e (r, in) and B_e (out, r).
+S = tokens * top_k routed rows, sorted by expert.
 """
 
 import logging
@@ -14,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from training.grouped_ops import BACKENDS, Groups
+from training.grouped_ops import BACKENDS, Groups, accumulation_dtype
 
 IMPLEMENTATION_NAME = "moe_lora"
 KERNEL_PATHS = ("triton", "grouped_mm", "loop")
@@ -72,58 +73,82 @@ def route(top_k_index, top_k_weights, num_experts):
     return groups, rows, slots.view(num_tokens, top_k), order
 
 
+def experts_a(weight_a, num_experts):
+    """peft's LoRA A matrix (r * E, in), rows grouped by expert, as (E, r, in): a view, no copy."""
+    return weight_a.view(num_experts, -1, weight_a.shape[-1])
+
+
+def experts_b(weight_b, num_experts):
+    """peft's LoRA B matrix (out, r * E), columns rank-major and expert-minor, as an (E, out, r) view."""
+    return weight_b.view(weight_b.shape[0], -1, num_experts).permute(2, 0, 1)
+
+
 class MoeLoraExperts(torch.autograd.Function):
-    """Experts MLP (SwiGLU) with LoRA on both projections. lora1/lora2 may be None (base only)."""
+    """Experts MLP (SwiGLU) with LoRA on both projections, on peft's own factor matrices.
+
+    a1/b1 (gate_up) and a2/b2 (down) are peft's parameters as they are: A (r * E, in), B (out, r * E), float32 or
+    the model's type; both may be None (base only). Their gradients come back in the same form, so nothing is copied
+    or converted around the call but B, once per forward, into the kernels' (E, r, out) layout in x's type."""
 
     @staticmethod
     def forward(ctx, x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path):
         ops = BACKENDS[path]
-        groups, rows, slots, order = route(top_k_index, top_k_weights, w1.shape[0])
+        num_experts = w1.shape[0]
+        groups, rows, slots, order = route(top_k_index, top_k_weights, num_experts)
         has_lora1, has_lora2 = a1 is not None, a2 is not None
-        xa1 = ops.mm(x, a1, groups, rows=rows) if has_lora1 else None
-        gate_up = ops.mm(x, w1, groups, rows=rows, lora=(xa1, b1, s1) if has_lora1 else None)
+        # B in the kernels' layout (E, r, out); A is read in place, (E, r, in).
+        bk1 = ops.peft_b_to_experts(b1, num_experts, x.dtype) if has_lora1 else None
+        bk2 = ops.peft_b_to_experts(b2, num_experts, x.dtype) if has_lora2 else None
+        ak1 = experts_a(a1, num_experts) if has_lora1 else None
+        ak2 = experts_a(a2, num_experts) if has_lora2 else None
+        gate_up, xa1 = ops.mm(x, w1, groups, rows=rows, lora=(ak1, bk1.transpose(1, 2), s1) if has_lora1 else None)
         h = ops.swiglu(gate_up)
-        xa2 = ops.mm(h, a2, groups) if has_lora2 else None
-        down = ops.mm(h, w2, groups, lora=(xa2, b2, s2) if has_lora2 else None)
+        down, xa2 = ops.mm(h, w2, groups, lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None)
         out = ops.combine(down, slots, top_k_weights)
-        ctx.save_for_backward(x, top_k_weights, w1, w2, a1, b1, a2, b2, rows, slots, order, xa1, gate_up, h, xa2)
+        ctx.save_for_backward(x, top_k_weights, w1, w2, a1, bk1, a2, bk2, rows, slots, order, xa1, gate_up, h, xa2)
         ctx.groups, ctx.s1, ctx.s2, ctx.path = groups, s1, s2, path
+        ctx.lora_dtypes = (b1.dtype if has_lora1 else None, b2.dtype if has_lora2 else None)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, top_k_weights, w1, w2, a1, b1, a2, b2, rows, slots, order, xa1, gate_up, h, xa2 = ctx.saved_tensors
+        x, top_k_weights, w1, w2, a1, bk1, a2, bk2, rows, slots, order, xa1, gate_up, h, xa2 = ctx.saved_tensors
         ops, groups, s1, s2 = BACKENDS[ctx.path], ctx.groups, ctx.s1, ctx.s2
+        num_experts = w1.shape[0]
         grad_out = grad_out.contiguous().to(x.dtype)
+        acc = accumulation_dtype(x.dtype)
         row_weight = top_k_weights.reshape(-1)[order]  # (S,)
 
         # Down projection. G = dy[token] @ (W2 + s2 B2 A2): the gradient before the routing weight, so that the
         # routing weight's gradient is <G, h> (= <dy, down output>) without keeping the down output.
-        if a2 is not None:
-            t2 = ops.mm(grad_out, b2.transpose(1, 2), groups, rows=rows)  # dy @ B2: (S, r)
-            g = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows, lora=(t2, a2.transpose(1, 2), s2))
-        else:
-            g = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows)
+        # t2 = dy[token] @ B2 comes out of the same kernel.
+        lora2 = (bk2, experts_a(a2, num_experts).transpose(1, 2), s2) if a2 is not None else None
+        g, t2 = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows, lora=lora2)
         grad_gate_up, grad_row_weight = ops.swiglu_backward(gate_up, g, row_weight)
         grad_a2 = grad_b2 = None
         if a2 is not None:
-            scaled_weight = (row_weight * s2).to(x.dtype).unsqueeze(-1)
+            scaled_weight = row_weight.to(acc) * s2
             if ctx.needs_input_grad[7]:
-                grad_a2 = ops.weight_grad(t2 * scaled_weight, h, groups)
+                grad_a2 = ops.weight_grad(t2, h, groups, row_scale=scaled_weight, out_dtype=a2.dtype).view_as(a2)
             if ctx.needs_input_grad[8]:
-                grad_b2 = ops.weight_grad(xa2 * scaled_weight, grad_out, groups, q_rows=rows).transpose(1, 2)
+                grad_b2 = ops.experts_to_peft_b(
+                    ops.weight_grad(xa2, grad_out, groups, q_rows=rows, row_scale=scaled_weight,
+                                    out_dtype=acc),
+                    ctx.lora_dtypes[1],
+                )
 
-        # Gate/up projection.
+        # Gate/up projection; u = dgate_up @ B1 comes out of the input-gradient kernel.
         grad_a1 = grad_b1 = None
+        lora1 = (bk1, experts_a(a1, num_experts).transpose(1, 2), s1) if a1 is not None else None
+        grad_x_sorted, u = ops.mm(grad_gate_up, w1.transpose(1, 2), groups, lora=lora1)
         if a1 is not None:
-            grad_xa1 = ops.mm(grad_gate_up, b1.transpose(1, 2), groups) * s1  # (S, r)
-            grad_x_sorted = ops.mm(grad_gate_up, w1.transpose(1, 2), groups, lora=(grad_xa1, a1.transpose(1, 2), 1.0))
             if ctx.needs_input_grad[5]:
-                grad_a1 = ops.weight_grad(grad_xa1, x, groups, q_rows=rows)
+                grad_a1 = ops.weight_grad(u, x, groups, q_rows=rows, scale=s1, out_dtype=a1.dtype).view_as(a1)
             if ctx.needs_input_grad[6]:
-                grad_b1 = ops.weight_grad(xa1, grad_gate_up, groups, scale=s1).transpose(1, 2)
-        else:
-            grad_x_sorted = ops.mm(grad_gate_up, w1.transpose(1, 2), groups)
+                grad_b1 = ops.experts_to_peft_b(
+                    ops.weight_grad(xa1, grad_gate_up, groups, scale=s1, out_dtype=acc),
+                    ctx.lora_dtypes[0],
+                )
         grad_x = ops.combine(grad_x_sorted, slots)
 
         grad_weights = None
@@ -134,11 +159,10 @@ class MoeLoraExperts(torch.autograd.Function):
         return grad_x, None, grad_weights, None, None, grad_a1, grad_b1, grad_a2, grad_b2, None, None, None
 
 
-def lora_factors(wrapper, num_experts, dtype):
-    """(A (E, r, in), B (E, out, r), scaling) of a routed-experts LoRA wrapper's active adapter, or None.
-
-    peft's ParamWrapper keeps A as Linear(in, r*E) with rows grouped by expert and B as Linear(r*E, out) with
-    columns interleaved (rank-major, expert-minor); these views read them without copying the base weight."""
+def lora_factors(wrapper):
+    """(A (r * E, in), B (out, r * E), scaling) of a routed-experts LoRA wrapper's active adapter, or None: peft's
+    own parameters, untouched (peft's ParamWrapper keeps A as Linear(in, r*E) with rows grouped by expert and B as
+    Linear(r*E, out) with columns rank-major, expert-minor; `experts_a` / `experts_b` read them per expert)."""
     if wrapper is None or wrapper.disable_adapters or wrapper.merged:
         return None
     adapters = [name for name in wrapper.active_adapters if name in wrapper.lora_A]
@@ -147,11 +171,7 @@ def lora_factors(wrapper, num_experts, dtype):
     if len(adapters) > 1:
         raise NotImplementedError("moe_lora experts run one active adapter at a time")
     name = adapters[0]
-    weight_a = wrapper.lora_A[name].weight
-    weight_b = wrapper.lora_B[name].weight
-    a = weight_a.reshape(num_experts, -1, weight_a.shape[-1])
-    b = weight_b.reshape(weight_b.shape[0], -1, num_experts).permute(2, 0, 1)
-    return a.to(dtype), b.to(dtype).contiguous(), wrapper.scaling[name]
+    return wrapper.lora_A[name].weight, wrapper.lora_B[name].weight, wrapper.scaling[name]
 
 
 def moe_lora_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -162,8 +182,8 @@ def moe_lora_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     wrappers = self.__dict__.get("_routed_lora", {})
     w1, w2 = self.gate_up_proj, self.down_proj
     dtype = w1.dtype
-    lora1 = lora_factors(wrappers.get("gate_up_proj"), w1.shape[0], dtype)
-    lora2 = lora_factors(wrappers.get("down_proj"), w1.shape[0], dtype)
+    lora1 = lora_factors(wrappers.get("gate_up_proj"))
+    lora2 = lora_factors(wrappers.get("down_proj"))
     a1, b1, s1 = lora1 if lora1 else (None, None, 0.0)
     a2, b2, s2 = lora2 if lora2 else (None, None, 0.0)
     path = choose_kernel_path(hidden_states.device, dtype)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from training import moe_lora
-from training.moe_lora import MoeLoraExperts
+from training.moe_lora import MoeLoraExperts, experts_a, experts_b
 from training.reference import reference_moe_lora
 
 
@@ -15,16 +15,17 @@ def _problem(make_routing, dtype, num_tokens=9, hidden=12, inter=8, rank=4, expe
         return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
     index, weights = make_routing(num_tokens, experts, top_k, empty=(1,), generator=gen)
+    # The LoRA factors as peft keeps them: A (r * E, in), B (out, r * E).
     return dict(
         x=rand(num_tokens, hidden, scale=1.0).requires_grad_(),
         index=index,
         weights=weights.to(dtype).requires_grad_(),
         w1=rand(experts, 2 * inter, hidden),
         w2=rand(experts, hidden, inter),
-        a1=rand(experts, rank, hidden).requires_grad_(),
-        b1=rand(experts, 2 * inter, rank).requires_grad_(),
-        a2=rand(experts, rank, inter).requires_grad_(),
-        b2=rand(experts, hidden, rank).requires_grad_(),
+        a1=rand(rank * experts, hidden).requires_grad_(),
+        b1=rand(2 * inter, rank * experts).requires_grad_(),
+        a2=rand(rank * experts, inter).requires_grad_(),
+        b2=rand(hidden, rank * experts).requires_grad_(),
     )
 
 
@@ -35,9 +36,10 @@ def _ours(p, path, s1=2.0, s2=0.5):
 
 
 def _reference(p, s1=2.0, s2=0.5):
-    return reference_moe_lora(
-        p["x"], p["index"], p["weights"], p["w1"], p["w2"], (p["a1"], p["b1"], s1), (p["a2"], p["b2"], s2)
-    )
+    e = p["w1"].shape[0]
+    lora1 = (experts_a(p["a1"], e), experts_b(p["b1"], e), s1)
+    lora2 = (experts_a(p["a2"], e), experts_b(p["b2"], e), s2)
+    return reference_moe_lora(p["x"], p["index"], p["weights"], p["w1"], p["w2"], lora1, lora2)
 
 
 def test_it_passes_gradcheck_in_float64(make_routing):
@@ -53,6 +55,8 @@ def test_it_passes_gradcheck_in_float64(make_routing):
 @pytest.mark.parametrize("path", ["loop", "triton"])
 def test_it_matches_the_reference_forward_and_gradients(make_routing, path):
     p = _problem(make_routing, torch.float32, num_tokens=13, hidden=40, inter=24, rank=8, experts=6)
+    for name in ("a1", "b1", "a2", "b2"):  # peft's factors live in one expert-interleaved matrix: make B count
+        assert p[name].abs().min() > 0
     names = ("x", "weights", "a1", "b1", "a2", "b2")
     grad_out = torch.randn(13, 40, generator=torch.Generator().manual_seed(3))
 
@@ -63,7 +67,29 @@ def test_it_matches_the_reference_forward_and_gradients(make_routing, path):
 
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
     for name, got, expected in zip(names, grads, want_grads):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"d{name}: {m}")
+        assert got.shape == p[name].shape and got.dtype == p[name].dtype
+        # fp32 sums over many rows in another order: within 1e-5 of the largest entry
+        atol = 1e-5 * float(expected.abs().max())
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=atol, msg=lambda m: f"d{name}: {m}")
+
+
+def test_it_takes_float32_factors_with_half_activations_and_returns_float32_gradients(make_routing):
+    """peft keeps adapters in float32 over a bf16/fp16 model: the factors go in as they are and their gradients
+    come back in float32, in peft's layout (fp16 here: Triton's interpreter computes bf16 wrongly)."""
+    p = _problem(make_routing, torch.float32, num_tokens=13, hidden=40, inter=24, rank=8, experts=6)
+    half = {k: (v.detach().half().requires_grad_(v.requires_grad) if k in ("x", "weights", "w1", "w2") else v)
+            for k, v in p.items()}
+    grad_out = torch.randn(13, 40, generator=torch.Generator().manual_seed(3))
+    names = ("a1", "b1", "a2", "b2")
+    out = _ours(half, "triton")
+    grads = torch.autograd.grad(out, [half[n] for n in names], grad_out.half())
+    want = _reference(p)
+    want_grads = torch.autograd.grad(want, [p[n] for n in names], grad_out)
+    assert out.dtype == torch.float16
+    assert float((out.detach().float() - want.detach()).norm() / want.detach().norm()) < 1e-2
+    for name, got, expected in zip(names, grads, want_grads):
+        assert got.dtype == torch.float32 and got.shape == p[name].shape
+        assert float((got - expected).norm() / expected.norm()) < 1e-2, name
 
 
 def test_it_gives_the_frozen_base_no_gradient(make_routing):

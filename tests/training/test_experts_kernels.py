@@ -41,12 +41,17 @@ def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora)
     m = rows.shape[0]
     x = torch.randn(23 if gather else m, k, generator=gen)
     lora = None
-    if with_lora:
-        lora = (torch.randn(m, rank, generator=gen), torch.randn(experts, n, rank, generator=gen), 0.5)
+    if with_lora:  # l1 as a transposed view: any strides are accepted
+        l1 = torch.randn(experts, k, rank, generator=gen).transpose(1, 2)
+        lora = (l1, torch.randn(experts, n, rank, generator=gen), 0.5)
     row_index = rows if gather else None
-    got = TRITON.mm(x, weight, groups, rows=row_index, lora=lora)
-    want = LOOP.mm(x, weight, groups, rows=row_index, lora=lora)
+    got, got_z = TRITON.mm(x, weight, groups, rows=row_index, lora=lora)
+    want, want_z = LOOP.mm(x, weight, groups, rows=row_index, lora=lora)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if with_lora:  # the rank-wide product x l1^T, which the backward needs, comes out of the same kernel
+        torch.testing.assert_close(got_z, want_z, rtol=1e-4, atol=1e-4)
+    else:
+        assert got_z is None
 
 
 @pytest.mark.parametrize("gather", [False, True])
@@ -60,6 +65,29 @@ def test_it_computes_lora_weight_grads_like_the_loop_with_zero_for_empty_experts
     want = LOOP.weight_grad(p, q, groups, q_rows=q_rows, scale=2.0)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert got[0].abs().max() == 0 and got[4].abs().max() == 0
+
+
+def test_it_weights_each_row_of_the_weight_grad(routed):
+    groups, rows, _, _, gen = routed
+    m = rows.shape[0]
+    p, q = torch.randn(m, 8, generator=gen), torch.randn(m, 40, generator=gen)
+    row_scale = torch.rand(m, generator=gen)
+    got = TRITON.weight_grad(p, q, groups, scale=0.5, row_scale=row_scale)
+    want = LOOP.weight_grad(p * row_scale.unsqueeze(-1), q, groups, scale=0.5)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_it_moves_lora_b_between_pefts_layout_and_the_kernels(routed):
+    gen = routed[-1]
+    experts, rank, out = 6, 8, 40
+    peft_b = torch.randn(out, rank * experts, generator=gen)
+    kernel_b = TRITON.peft_b_to_experts(peft_b, experts, torch.float16)
+    assert kernel_b.shape == (experts, rank, out) and kernel_b.dtype == torch.float16
+    # B_e[o, i] is peft's column i * E + e
+    torch.testing.assert_close(kernel_b[4, 3, 7].float(), peft_b[7, 3 * experts + 4].half().float())
+    torch.testing.assert_close(kernel_b, LOOP.peft_b_to_experts(peft_b, experts, torch.float16))
+    back = TRITON.experts_to_peft_b(kernel_b.float(), torch.float32)
+    torch.testing.assert_close(back, peft_b.half().float())
 
 
 @pytest.mark.parametrize("weighted", [False, True])

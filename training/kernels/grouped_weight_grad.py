@@ -1,6 +1,6 @@
-"""Grouped weight gradient over rows sorted by expert: out[e] = scale * sum_{j in e} p[j]^T q[q_rows[j]].
+"""Grouped weight gradient over rows sorted by expert: out[e] = scale * sum_{j in e} (c[j] p[j])^T q[q_rows[j]].
 
-p is the narrow (rank-wide) side, q the wide one.
+p is the narrow (rank-wide) side, q the wide one, c an optional per-row factor (the routing weight of the row).
 
 This gives the LoRA factor gradients (dA = dxa^T x, dB = s * dy^T xa) of every expert in one launch. Each program
 owns one (expert, P block, Q block) tile and walks that expert's rows; an empty group writes zeros.
@@ -26,15 +26,15 @@ def _configs():
     )
 
 
-@triton.autotune(configs=_configs(), key=["P", "Q", "M_BUCKET", "HAS_Q_ROWS"])
+@triton.autotune(configs=_configs(), key=["P", "Q", "M_BUCKET", "HAS_Q_ROWS", "HAS_ROW_SCALE"])
 @triton.jit
 def _grouped_weight_grad_kernel(
-    p_ptr, q_ptr, out_ptr, counts_ptr, q_rows_ptr,
+    p_ptr, q_ptr, out_ptr, counts_ptr, q_rows_ptr, row_scale_ptr,
     P, Q, scale, M_BUCKET,
     stride_pm, stride_pp,
     stride_qm, stride_qq,
     stride_oe, stride_op, stride_oq,
-    E: tl.constexpr, E_POW2: tl.constexpr, HAS_Q_ROWS: tl.constexpr,
+    E: tl.constexpr, E_POW2: tl.constexpr, HAS_Q_ROWS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -73,14 +73,18 @@ def _grouped_weight_grad_kernel(
             p_ptr + offs_m[:, None].to(tl.int64) * stride_pm + offs_p[None, :] * stride_pp,
             mask=mask_m[:, None] & mask_p[None, :], other=0.0,
         )
+        if HAS_ROW_SCALE:
+            c = tl.load(row_scale_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)
+            p = (p.to(tl.float32) * c[:, None]).to(q_t.dtype)
         acc = tl.dot(q_t, p, acc)
 
     out_ptrs = out_ptr + e.to(tl.int64) * stride_oe + offs_q[:, None] * stride_oq + offs_p[None, :] * stride_op
     tl.store(out_ptrs, (acc * scale).to(out_ptr.dtype.element_ty), mask=mask_q[:, None] & mask_p[None, :])
 
 
-def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, out_dtype=None):
-    """out (E, P, Q) with out[e] = scale * p[group e]^T @ q[q_rows[group e]]; p: (M, P) sorted; q: (T, Q) or (M, Q)."""
+def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+    """out (E, P, Q) with out[e] = scale * (row_scale * p)[group e]^T @ q[q_rows[group e]]; p: (M, P) sorted;
+    q: (T, Q) or (M, Q); row_scale: (M,) or None; out in out_dtype (default p's)."""
     num_experts = counts.shape[0]
     m, p_dim = p.shape
     q_dim = q.shape[1]
@@ -90,11 +94,12 @@ def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, out_dtype=None)
         return (num_experts * triton.cdiv(p_dim, meta["BLOCK_P"]) * triton.cdiv(q_dim, meta["BLOCK_Q"]),)
 
     _grouped_weight_grad_kernel[grid](
-        p, q, out, counts, q_rows if q_rows is not None else counts,
+        p, q, out, counts, q_rows if q_rows is not None else counts, row_scale if row_scale is not None else counts,
         p_dim, q_dim, float(scale), 1 << max(m - 1, 0).bit_length(),
         p.stride(0), p.stride(1),
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_Q_ROWS=q_rows is not None,
+        HAS_ROW_SCALE=row_scale is not None,
     )
     return out

@@ -1,0 +1,54 @@
+"""peft's routed-expert LoRA B layout to the kernels' layout and back, with a type cast, in one pass.
+
+peft keeps B of every expert in one (out, r * E) matrix whose columns are rank-major, expert-minor:
+P[o, i * E + e] = B_e[o, i]. The kernels want X[e, i, o] (E, r, out): each expert's factor in one block, contiguous
+along `out`, so that both B_e and B_e^T tiles load coalesced. A strided torch copy between the two runs about ten
+times slower than memory speed, because consecutive elements of one side are E apart on the other; here each program
+moves a (BLOCK_O, BLOCK_C) tile and Triton stages it through shared memory, so both sides are read and written whole.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from training.kernels._config import interpreting
+
+
+@triton.jit
+def _relayout_kernel(src_ptr, dst_ptr, OUT, R, E, TO_PEFT: tl.constexpr, BLOCK_O: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    offs_o = tl.program_id(0) * BLOCK_O + tl.arange(0, BLOCK_O)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # c = i * E + e, peft's column
+    mask = (offs_o < OUT)[:, None] & (offs_c < R * E)[None, :]
+    peft_offsets = offs_o[:, None].to(tl.int64) * (R * E) + offs_c[None, :]
+    expert_rows = (offs_c % E) * R + offs_c // E  # row (e, i) of the (E * r, out) kernel layout
+    kernel_offsets = expert_rows[None, :].to(tl.int64) * OUT + offs_o[:, None]
+    if TO_PEFT:
+        value = tl.load(src_ptr + kernel_offsets, mask=mask, other=0.0)
+        tl.store(dst_ptr + peft_offsets, value.to(dst_ptr.dtype.element_ty), mask=mask)
+    else:
+        value = tl.load(src_ptr + peft_offsets, mask=mask, other=0.0)
+        tl.store(dst_ptr + kernel_offsets, value.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(src, dst, out_dim, rank, num_experts, to_peft):
+    block = 32 if interpreting() else 64
+    grid = (triton.cdiv(out_dim, block), triton.cdiv(rank * num_experts, block))
+    _relayout_kernel[grid](src, dst, out_dim, rank, num_experts, TO_PEFT=to_peft, BLOCK_O=block, BLOCK_C=block,
+                           num_warps=4)
+    return dst
+
+
+def peft_b_to_experts(weight_b, num_experts, dtype):
+    """(out, r * E) peft matrix -> (E, r, out) contiguous, in dtype."""
+    out_dim, columns = weight_b.shape
+    rank = columns // num_experts
+    dst = torch.empty((num_experts, rank, out_dim), device=weight_b.device, dtype=dtype)
+    return _launch(weight_b.contiguous(), dst, out_dim, rank, num_experts, to_peft=False)
+
+
+def experts_to_peft_b(experts_b, dtype):
+    """(E, r, out) -> (out, r * E) in peft's layout, in dtype (the factor gradient, back in the parameter's form)."""
+    num_experts, rank, out_dim = experts_b.shape
+    dst = torch.empty((out_dim, rank * num_experts), device=experts_b.device, dtype=dtype)
+    return _launch(experts_b.contiguous(), dst, out_dim, rank, num_experts, to_peft=True)
