@@ -1,7 +1,8 @@
 """One MoE block, LoRA r=32 alpha=64 on the routed experts, forward + backward, on one GPU (made for an H200).
 
 Paths: eager + peft, grouped_mm + peft (transformers' experts with peft's ParamWrapper), ours on `torch._grouped_mm`,
-ours on Triton, and ours on the per-expert loop; plus the single grouped GEMM (gate_up forward) on Triton,
+ours on Triton, ours on Triton replayed from a CUDA graph (as the trainer runs CPT/SFT micro-steps), and ours on the
+per-expert loop; plus the single grouped GEMM (gate_up forward) on Triton,
 `torch._grouped_mm` and the loop. Reports ms (median of do_bench, rotating inputs), peak memory, TFLOP/s, and the
 relative error (||got - ref|| / ||ref||) of the output and every LoRA gradient against a float32 reference.
 The last printed line is one JSON object.
@@ -89,10 +90,37 @@ def set_path(holder, path):
     if path in ("eager+peft", "grouped_mm+peft"):
         experts.config._experts_implementation = path.split("+")[0]
         return
-    moe_lora.set_kernel_path(path.split(":")[1])
+    moe_lora.set_kernel_path(path.split(":")[1].split("+")[0])
 
 
-def time_block(holder, inputs, grad, repeats=None):
+def graphed_step(holder, inputs, grad):
+    """The block's fwd+bwd captured in one CUDA graph, as the trainer runs it (training/graphs.py); each call copies
+    the next input into the captured one and replays. The LoRA grads accumulate in place, as in the trainer."""
+    params = lora_params(holder)
+    static_x = inputs[0].detach().clone().requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            holder.mlp(static_x).backward(grad)
+    torch.cuda.current_stream().wait_stream(side)
+    for p in params:
+        p.grad.zero_()
+    static_x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        holder.mlp(static_x).backward(grad)
+    state = {"i": 0}
+
+    def step():
+        static_x.detach().copy_(inputs[state["i"] % len(inputs)])
+        state["i"] += 1
+        graph.replay()
+
+    return step
+
+
+def time_block(holder, inputs, grad, repeats=None, graphed=False):
     params = lora_params(holder)
     state = {"i": 0}
 
@@ -101,6 +129,23 @@ def time_block(holder, inputs, grad, repeats=None):
         state["i"] += 1
         out = holder.mlp(x)
         out.backward(grad)
+
+    if graphed:
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step = graphed_step(holder, inputs, grad)
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        import triton.testing
+
+        ms = triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+        for p in params:
+            p.grad = None
+        return ms, (peak - base) / 2**30, peak / 2**30
 
     import triton.testing
 
@@ -226,7 +271,8 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default="4096,16384")
     parser.add_argument("--profile", action="store_true", help="first: per-kernel times of ours:triton, 30B, 4096")
-    parser.add_argument("--paths", default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:loop")
+    parser.add_argument("--paths",
+                        default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:triton+graph,ours:loop")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = ["qwen3-30b-a3b"] if args.quick else args.shapes.split(",")
@@ -278,7 +324,8 @@ def main():
                 try:
                     err = errors(holder, tokens, shape, path, ref)
                     slow = 2 if path in ("eager+peft", "ours:loop") else None
-                    ms, extra_gib, peak_gib = time_block(holder, inputs, grad, repeats=slow)
+                    ms, extra_gib, peak_gib = time_block(holder, inputs, grad, repeats=slow,
+                                                         graphed=path.endswith("+graph"))
                     row = dict(shape=shape_name, tokens=tokens, path=path, ms=round(ms, 3),
                                peak_extra_gib=round(extra_gib, 3), peak_gib=round(peak_gib, 3),
                                tflops=round(flop / ms / 1e9, 1), err={k: float(f"{v:.2e}") for k, v in err.items()})

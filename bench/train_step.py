@@ -2,7 +2,8 @@
 
 Qwen3-30B-A3B-shaped model (48 layers, 128 experts top-8, hidden 2048, moe_intermediate 768), random bf16 weights,
 LoRA r=32 alpha=64 on attention and routed experts, micro-batch 2 x 2048 packed tokens, 8 accumulation steps, AdamW.
-Both backends run through the trainer's own `optimizer_step` (same loss, clipping and metrics). Reports tokens/s,
+Both backends run through the trainer's own `optimizer_step` (same loss, clipping and metrics); "ours" with the
+trainer's CUDA-graph micro-steps (training/graphs.py), "ours:eager" without them. Reports tokens/s,
 seconds per optimizer step and peak memory; if a configuration runs out of memory it says so and tries the next (for
 the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JSON object.
 
@@ -20,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.lora import attach_lora, lora_config  # noqa: E402
+from training.graphs import MicroStepGraphs  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
 from training.train import build_model, lr_lambda, optimizer_step, parameter_groups  # noqa: E402
 
@@ -36,7 +38,7 @@ def build(backend, layers, checkpointing):
                        torch.device("cuda"))
     if checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if backend == "ours":
+    if backend.startswith("ours"):
         model = attach_lora(base, r=32, alpha=64)
     else:
         from peft import get_peft_model
@@ -47,9 +49,10 @@ def build(backend, layers, checkpointing):
     return model
 
 
-def measure(backend, layers, checkpointing, steps, accum, batch, seq_len):
+def measure(backend, layers, checkpointing, steps, accum, batch, seq_len, graphs=False):
     model = build(backend, layers, checkpointing)
     groups = parameter_groups(model)
+    runner = MicroStepGraphs(groups["trainable"]) if graphs else None
     optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -57,24 +60,30 @@ def measure(backend, layers, checkpointing, steps, accum, batch, seq_len):
     micro = [{"input_ids": x, "labels": x} for x in ids]
     ctx = {"device": torch.device("cuda"), "tokenizer": None, "reward_fn": None}
     phase = {"kind": "cpt"}
-    # Warm-up: one step of 2 micro-batches (Triton autotuning, allocator), guard on (it must pass on ours).
-    optimizer_step(model, micro[:2], causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
-                   check_guard=backend == "ours")
+    # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture, replays),
+    # guard on (it must pass on ours).
+    optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+                   check_guard=backend.startswith("ours"), graphs=runner)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     records = []
     for _ in range(steps):
-        records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0))
+        records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+                                      graphs=runner))
     seconds = sorted(r["step_seconds"] for r in records)[len(records) // 2]
     tokens = accum * batch * seq_len
     result = {
-        "backend": backend, "layers": layers, "gradient_checkpointing": checkpointing,
+        "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
+        "gradient_checkpointing": checkpointing,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
         "loss": round(records[-1]["loss"], 4), "kernel_path": records[-1]["kernel_path"],
-        "grad_norm_routed": records[-1]["grad_norm_routed"], "routed_b_zero": records[-1]["routed_b_zero"],
+        "losses": [r["loss"] for r in records],
+        "grad_norms_routed": [r["grad_norm_routed"] for r in records],
+        "grad_norms_attention": [r["grad_norm_attention"] for r in records],
+        "routed_b_zero": records[-1]["routed_b_zero"],
     }
-    del model, optimizer, scheduler, groups, micro, ids
+    del model, optimizer, scheduler, groups, micro, ids, runner
     return result
 
 
@@ -124,8 +133,9 @@ def profile(backend, layers, batch, seq_len):
 
 def attempt(backend, layers, checkpointing, args):
     result, error = None, None
+    graphs = backend == "ours"  # "ours:eager": the same backend with plain eager micro-steps
     try:
-        result = measure(backend, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len)
+        result = measure(backend, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len, graphs)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
@@ -144,7 +154,8 @@ def main():
     parser.add_argument("--accum", type=int, default=8)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--backends", default="ours,grouped_mm+peft")
+    parser.add_argument("--backends", default="ours,ours:eager,grouped_mm+peft",
+                        help="ours (micro-steps in CUDA graphs, as the trainer runs them), ours:eager, grouped_mm+peft")
     parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile one micro-step of ours on LAYERS layers")
     args = parser.parse_args()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
@@ -170,11 +181,19 @@ def main():
         if r.get("oom"):
             print(f"| {r['backend']} | {r['layers']} | {r['gradient_checkpointing']} | OOM | - | - |")
         else:
-            print(f"| {r['backend']} | {r['layers']} | {r['gradient_checkpointing']} | {r['tokens_per_second']:,} | "
+            print(f"| {r['backend']}{' (graphs)' if r['cuda_graphs_replayed'] else ''} | {r['layers']} | "
+                  f"{r['gradient_checkpointing']} | {r['tokens_per_second']:,} | "
                   f"{r['seconds_per_optimizer_step']} | {r['peak_gib']} |")
     summary = {"results": results, "goal_tokens_per_second": 12000}
     if "ours" in ok and "grouped_mm+peft" in ok:
         summary["speedup"] = round(ok["ours"]["tokens_per_second"] / ok["grouped_mm+peft"]["tokens_per_second"], 2)
+    if "ours" in ok and "ours:eager" in ok and ok["ours"]["layers"] == ok["ours:eager"]["layers"]:
+        # Same model, same data, same steps: replayed graphs must train as the eager steps do.
+        graphed, eager = ok["ours"], ok["ours:eager"]
+        summary["graphs_vs_eager_max_rel_diff"] = {
+            key: max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(graphed[key], eager[key]))
+            for key in ("losses", "grad_norms_routed", "grad_norms_attention")
+        }
     print(json.dumps(summary), flush=True)
     return 0
 

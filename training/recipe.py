@@ -7,6 +7,7 @@
     batch_size: 2     grad_accum: 8     seq_len: 2048
     lr: 2.0e-4        schedule: cosine | linear | constant     warmup_steps: 0     min_lr_ratio: 0.1
     weight_decay: 0.0 max_grad_norm: 1.0    gradient_checkpointing: false    seed: 0
+    cuda_graphs: true (on a GPU, CPT/SFT micro-steps of one shape are captured once and replayed)
     checkpoint:       {store: ./checkpoints | s3://bucket/prefix, endpoint_url:, region:, keep: 3, every: 50,
                        staging: ./checkpoint-staging (local snapshots waiting for upload)}
     metrics:          {jsonl: ./metrics.jsonl, http: https://dashboard/api/runs/1/metrics}
@@ -39,6 +40,7 @@ DEFAULTS = {
     "weight_decay": 0.0,
     "max_grad_norm": 1.0,
     "gradient_checkpointing": False,
+    "cuda_graphs": True,
     "seed": 0,
     "checkpoint": {"store": "checkpoints", "endpoint_url": None, "region": None, "keep": 3, "every": 50,
                    "staging": "checkpoint-staging"},
@@ -141,8 +143,9 @@ def validate(raw, base_dir="."):
     positive_int("seed", recipe["seed"], zero_ok=True)
     if recipe["schedule"] not in SCHEDULES:
         problems.append(f"schedule: one of {SCHEDULES}, got {recipe['schedule']!r}")
-    if not isinstance(recipe["gradient_checkpointing"], bool):
-        problems.append("gradient_checkpointing: true or false")
+    for flag in ("gradient_checkpointing", "cuda_graphs"):
+        if not isinstance(recipe[flag], bool):
+            problems.append(f"{flag}: true or false")
 
     ckpt = recipe["checkpoint"]
     if not ckpt["store"]:

@@ -21,6 +21,7 @@ import torch
 
 from training import checkpoint, guards, moe_lora
 from training.data import batch_indices, collate, load_phase_data, load_tokenizer
+from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, routed_lora_parameters
 from training.losses import LOSSES, sequence_logps
 from training.metrics import open_sinks
@@ -81,11 +82,12 @@ def _to_device(batch, device):
 
 
 def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, scheduler, groups, max_grad_norm,
-                   check_guard=False):
+                   check_guard=False, graphs=None):
     """One optimizer step over the micro-batches (gradient accumulation); returns the step's metrics.
 
     check_guard: run the step-1 routed-gradient guard after the backward (skipped while the batch carries no
-    gradient signal by construction; the caller keeps asking until a step has signal)."""
+    gradient signal by construction; the caller keeps asking until a step has signal).
+    graphs: a MicroStepGraphs to run the micro-steps through (CUDA graphs), or None for plain eager steps."""
     start = time.perf_counter()
     device = ctx["device"]
     if device.type == "cuda":
@@ -93,9 +95,11 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
     loss_sum = torch.zeros((), device=device)
     tokens, signals, extras = 0, [], {}
     for batch in micro_batches:
-        loss, stats = loss_fn(model, batch, phase, ctx)
-        (loss / len(micro_batches)).backward()
-        loss_sum += loss.detach().float()
+        if graphs is not None:
+            loss, stats = graphs.run(model, loss_fn, batch, phase, ctx, 1.0 / len(micro_batches))
+        else:
+            loss, stats = eager_micro_step(model, loss_fn, batch, phase, ctx, 1.0 / len(micro_batches))
+        loss_sum += loss.float()
         tokens += int(stats["tokens"])
         signals.append(stats["signal"])
         for key, value in stats.items():
@@ -115,7 +119,10 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    if graphs is not None:
+        graphs.zero_grads()  # in place: captured graphs accumulate into these tensors
+    else:
+        optimizer.zero_grad(set_to_none=True)
     b_norms = [p.detach().float().norm() for p in groups["routed_b"]]
     b_zero = sum(1 for p in groups["routed_b"] if not bool(p.detach().ne(0).any()))
     record = {
@@ -179,7 +186,8 @@ class StopRequested(Exception):
     pass
 
 
-def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device, resumed=None, out=print):
+def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device, resumed=None, out=print,
+              graphs=None):
     phase = recipe["phases"][phase_index]
     kind = phase["kind"]
     items = load_phase_data(kind, phase["data"], tokenizer, recipe["seq_len"])
@@ -214,7 +222,7 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
                 batch["ref_logps"] = reference[index]
             micro_batches.append(_to_device(batch, device))
         record = optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, scheduler, groups,
-                                recipe["max_grad_norm"], check_guard=guard_pending)
+                                recipe["max_grad_norm"], check_guard=guard_pending, graphs=graphs)
         guard_pending = guard_pending and not record["guard_checked"]
         step += 1
         record = {"phase": phase["name"], "kind": kind, "phase_index": phase_index, "step": step,
@@ -273,10 +281,12 @@ def run(recipe, out=print):
         out(f"resuming from checkpoint {name}")
 
     sinks = open_sinks(recipe["metrics"])
+    graphs = MicroStepGraphs(groups["trainable"]) if device.type == "cuda" and recipe["cuda_graphs"] else None
     try:
         for phase_index in range(start_phase, len(phases)):
             run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
-                      resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out)
+                      resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out,
+                      graphs=graphs)
     finally:
         uploader.wait()  # also when stopped on request: the last checkpoint must reach the store
         for sink in sinks:

@@ -2,10 +2,11 @@
 
 `w` is any (E, N, K) view, so one kernel serves both expert layouts and both directions: the forward passes
 `gate_up_proj` (E, 2I, H) or `down_proj` (E, H, I) as they are, the input gradient passes them transposed.
-The LoRA term is fused: the rank-wide product z = x L1^T accumulates in the same K loop as the base product (the x
-tile is loaded once for both), then z L2^T is added into the same fp32 accumulator, so W + BA never exists. z is
-also written out (by the first column block of each row block): the backward needs it for the factor gradients.
-L1 and L2 may be float32 (peft keeps adapters in float32): they are cast to x's type as they are loaded.
+With LoRA, the rank-wide product z = x L1^T runs first as its own narrow grouped GEMM (the backward needs z for the
+factor gradients), then z L2^T is added into the base product's fp32 accumulator after its K loop, so W + BA never
+exists. L1 and L2 may be float32 (peft keeps adapters in float32): they are cast to x's type as they are loaded.
+(Accumulating z inside the base K loop instead, which saves a launch and a second read of x, measured slower on an
+H200: 2.12 vs 1.84 ms for the four GEMMs of a 30B-shaped block at 4096 tokens, bench/NOTES_moe_block.md.)
 `rows` gathers the input rows inside the kernel (the token -> sorted-slot gather of the first MoE GEMM).
 
 Tiles are found without a host sync: every program reads the per-expert row counts and locates its own
@@ -28,6 +29,9 @@ def _configs():
             (64, 128, 64, 4, 4),
             (128, 128, 128, 8, 3),
             (64, 256, 64, 8, 4),
+            # narrow outputs: x @ A^T and dy @ B (N = the LoRA rank)
+            (128, 32, 128, 4, 4),
+            (64, 32, 128, 4, 4),
             (128, 64, 64, 4, 4),
         ],
         names=("BLOCK_M", "BLOCK_N", "BLOCK_K"),
@@ -37,14 +41,13 @@ def _configs():
 @triton.autotune(configs=_configs(), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"])
 @triton.jit
 def _grouped_gemm_kernel(
-    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, l1_ptr, l2_ptr, z_ptr,
+    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
     M, N, K, R, lora_scale, M_BUCKET,
     stride_xm, stride_xk,
     stride_we, stride_wn, stride_wk,
     stride_ym, stride_yn,
-    stride_l1e, stride_l1r, stride_l1k,
-    stride_l2e, stride_l2n, stride_l2r,
     stride_zm, stride_zr,
+    stride_l2e, stride_l2n, stride_l2r,
     E: tl.constexpr, E_POW2: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -78,37 +81,31 @@ def _grouped_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < R
 
     x_ptrs = x_ptr + src_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_base = w_ptr + e.to(tl.int64) * stride_we
     w_ptrs = w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
-    l1_ptrs = l1_ptr + e.to(tl.int64) * stride_l1e + offs_r[None, :] * stride_l1r + offs_k[:, None] * stride_l1k
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    z = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask_k = offs_k < K - k0
         a = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(a.dtype)
         acc = tl.dot(a, b, acc)
-        if HAS_LORA:
-            l1 = tl.load(l1_ptrs, mask=mask_k[:, None] & mask_r[None, :], other=0.0).to(a.dtype)
-            z = tl.dot(a, l1, z)
-            l1_ptrs += BLOCK_K * stride_l1k
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 
     if HAS_LORA:
-        z_low = z.to(z_ptr.dtype.element_ty)
-        if pid_n == 0:
-            z_ptrs = z_ptr + offs_m[:, None].to(tl.int64) * stride_zm + offs_r[None, :] * stride_zr
-            tl.store(z_ptrs, z_low, mask=mask_m[:, None] & mask_r[None, :])
+        offs_r = tl.arange(0, BLOCK_R)
+        mask_r = offs_r < R
+        z = tl.load(
+            z_ptr + offs_m[:, None].to(tl.int64) * stride_zm + offs_r[None, :] * stride_zr,
+            mask=mask_m[:, None] & mask_r[None, :], other=0.0,
+        )
         l2 = tl.load(
             l2_ptr + e.to(tl.int64) * stride_l2e + offs_n[None, :] * stride_l2n + offs_r[:, None] * stride_l2r,
             mask=mask_r[:, None] & mask_n[None, :], other=0.0,
-        ).to(z_low.dtype)
-        acc += lora_scale * tl.dot(z_low, l2)
+        ).to(z.dtype)
+        acc += lora_scale * tl.dot(z, l2)
 
     y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
@@ -127,18 +124,17 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, num_rows=None):
     rows: (M,) source row of x for each sorted row (None: x is already sorted);
     lora: None or (l1 (E, R, K), l2 (E, N, R), s), any strides, x's type or float32.
     """
+    z = None
+    if lora is not None:
+        l1, l2, scale = lora
+        z, _ = grouped_gemm(x, l1, counts, rows=rows, num_rows=num_rows)
     num_experts, n, k = w.shape
     m = num_rows if num_rows is not None else (rows.shape[0] if rows is not None else x.shape[0])
     y = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    if lora is None:
-        z, r, l1, l2, scale = None, 0, w, w, 0.0
-    else:
-        l1, l2, scale = lora
-        r = l1.shape[1]
-        z = torch.empty((m, r), device=x.device, dtype=x.dtype)
     if m == 0:
         return y, z
-    z_arg = z if z is not None else y
+    r = z.shape[1] if z is not None else 0
+    z_arg, l2_arg = (z, l2) if z is not None else (x, w)
     rows_arg = rows if rows is not None else counts
 
     def grid(meta):
@@ -146,15 +142,14 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, num_rows=None):
         return (max_blocks * triton.cdiv(n, meta["BLOCK_N"]),)
 
     _grouped_gemm_kernel[grid](
-        x, w, y, counts, rows_arg, l1, l2, z_arg,
-        m, n, k, r, float(scale), _m_bucket(m),
+        x, w, y, counts, rows_arg, z_arg, l2_arg,
+        m, n, k, r, float(scale) if z is not None else 0.0, _m_bucket(m),
         x.stride(0), x.stride(1),
         w.stride(0), w.stride(1), w.stride(2),
         y.stride(0), y.stride(1),
-        l1.stride(0), l1.stride(1), l1.stride(2),
-        l2.stride(0), l2.stride(1), l2.stride(2),
         z_arg.stride(0), z_arg.stride(1),
+        l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
         E=num_experts, E_POW2=triton.next_power_of_2(num_experts),
-        HAS_ROWS=rows is not None, HAS_LORA=lora is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))),
+        HAS_ROWS=rows is not None, HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))),
     )
     return y, z
