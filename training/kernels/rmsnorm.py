@@ -1,0 +1,85 @@
+"""RMSNorm forward and backward, one pass over memory each, with transformers' rounding.
+
+transformers' Qwen3-MoE RMSNorm is `weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)`: eight
+kernels forward and about ten backward, each an fp32 pass over the activations, four norms per layer. Here the
+forward keeps the same two roundings (the normalised row to x's type, then the product with the weight to the
+result type) and the backward recomputes the row's scale from x instead of keeping fp32 copies:
+
+    n = x r,  r = (mean(x^2) + eps)^-1/2,   dn = round(dy * w),   dx = r dn - x r^3 mean(dn x)
+
+The weight is frozen here (LoRA training); a trainable weight keeps transformers' forward.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from training.kernels._config import interpreting
+
+
+@triton.jit
+def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, rows, H, eps, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    mask = (offs_r < rows)[:, None] & mask_h[None, :]
+    offsets = offs_r[:, None].to(tl.int64) * H + offs_h[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
+    n = (x * r[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offsets, (w[None, :] * n).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_backward_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, rows, H, eps, BLOCK_ROWS: tl.constexpr,
+                             BLOCK_H: tl.constexpr):
+    offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    mask = (offs_r < rows)[:, None] & mask_h[None, :]
+    offsets = offs_r[:, None].to(tl.int64) * H + offs_h[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
+    dn = (dy * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    dot = tl.sum(dn * x, axis=1) / H
+    dx = r[:, None] * dn - x * (r * r * r * dot)[:, None]
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(kernel, rows, hidden, *args):
+    block_h = triton.next_power_of_2(hidden)
+    block_rows = 4 if interpreting() else max(1, min(64, 8192 // block_h))
+    kernel[(triton.cdiv(rows, block_rows),)](*args, BLOCK_ROWS=block_rows, BLOCK_H=block_h,
+                                            num_warps=4 if block_h * block_rows <= 4096 else 8)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        hidden = x.shape[-1]
+        x2 = x.reshape(-1, hidden).contiguous()
+        y = torch.empty(x2.shape, device=x.device, dtype=torch.promote_types(x.dtype, weight.dtype))
+        if x2.shape[0]:
+            _launch(_rmsnorm_forward_kernel, x2.shape[0], hidden, x2, weight, y, x2.shape[0], hidden, float(eps))
+        ctx.save_for_backward(x2, weight)
+        ctx.eps, ctx.shape = eps, x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x2, weight = ctx.saved_tensors
+        hidden = x2.shape[-1]
+        dy = grad_y.reshape(-1, hidden).contiguous()
+        dx = torch.empty_like(x2)
+        if x2.shape[0]:
+            _launch(_rmsnorm_backward_kernel, x2.shape[0], hidden, dy, x2, weight, dx, x2.shape[0], hidden,
+                    float(ctx.eps))
+        return dx.view(ctx.shape), None, None
+
+
+def rms_norm(x, weight, eps):
+    """transformers' RMSNorm (frozen weight) as two Triton kernels; x any shape (..., H), weight (H,)."""
+    return RMSNormFunction.apply(x, weight, eps)
