@@ -25,9 +25,10 @@ def test_it_has_empty_and_uneven_groups(routed):
 
 @pytest.mark.parametrize("layout", ["gate_up_forward", "down_forward", "gate_up_input_grad", "down_input_grad"])
 @pytest.mark.parametrize("with_lora", [False, True])
-def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora):
+@pytest.mark.parametrize("hidden, inter", [(40, 24), (64, 32)])  # K with a tail, K a multiple of the block
+def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora, hidden, inter):
     groups, rows, _, _, gen = routed
-    hidden, inter, rank, experts = 40, 24, 8, 6
+    rank, experts = 8, 6
     gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen)
     down = torch.randn(experts, hidden, inter, generator=gen)
     # (weight as an (E, N, K) view, input width K, whether the input rows are gathered from tokens)

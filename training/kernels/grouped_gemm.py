@@ -39,6 +39,7 @@ def _configs():
 
 
 @triton.autotune(configs=_configs(), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"])
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_kernel(
     x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
@@ -50,7 +51,7 @@ def _grouped_gemm_kernel(
     stride_l2e, stride_l2n, stride_l2r,
     E: tl.constexpr, E_POW2: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -87,9 +88,13 @@ def _grouped_gemm_kernel(
     w_ptrs = w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k0
-        a = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(a.dtype)
+        if EVEN_K:  # no K tail: only the row and column masks (the common case: K is 2048, 1536, 768, ...)
+            a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(w_ptrs, mask=mask_n[None, :], other=0.0).to(a.dtype)
+        else:
+            mask_k = offs_k < K - k0
+            a = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(a.dtype)
         acc = tl.dot(a, b, acc)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
