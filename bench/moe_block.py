@@ -391,16 +391,7 @@ def profile(shape, tokens, path="ours:triton"):
     eager_ms = triton.testing.do_bench(lambda: holder.mlp(x).backward(grad), warmup=50, rep=300, return_mode="median")
     graph_ms = None
     try:  # the same step captured in one CUDA graph: what it costs without Python launch overhead
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                holder.mlp(x).backward(grad)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            holder.mlp(x).backward(grad)
-        graph_ms = triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
+        graph_ms = triton.testing.do_bench(graphed_step(holder, [x], grad), warmup=50, rep=300, return_mode="median")
     except Exception as exc:
         print(f"graph capture failed: {type(exc).__name__}: {exc}"[:300])
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),

@@ -18,12 +18,18 @@ from training.kernels._config import interpreting
 
 
 @triton.jit
-def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, rows, H, eps, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _row_block(rows, H, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """This program's BLOCK_ROWS rows of a (rows, H) row-major tensor: (columns, column mask, mask, offsets)."""
     offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     mask = (offs_r < rows)[:, None] & mask_h[None, :]
-    offsets = offs_r[:, None].to(tl.int64) * H + offs_h[None, :]
+    return offs_h, mask_h, mask, offs_r[:, None].to(tl.int64) * H + offs_h[None, :]
+
+
+@triton.jit
+def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, rows, H, eps, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
     n = (x * r[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -34,11 +40,7 @@ def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, rows, H, eps, BLOCK_ROWS: tl.co
 @triton.jit
 def _rmsnorm_backward_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, rows, H, eps, BLOCK_ROWS: tl.constexpr,
                              BLOCK_H: tl.constexpr):
-    offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    offs_h = tl.arange(0, BLOCK_H)
-    mask_h = offs_h < H
-    mask = (offs_r < rows)[:, None] & mask_h[None, :]
-    offsets = offs_r[:, None].to(tl.int64) * H + offs_h[None, :]
+    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
