@@ -142,10 +142,13 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
     }
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        record["gpu_mem_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
-        record["gpu_peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        # What the process holds on the card (the allocator's reservations, CUDA-graph pools included: a replayed
+        # graph's activations never show in the allocated figure), and within it what tensors use right now.
+        record["gpu_mem_gib"] = round(torch.cuda.memory_reserved(device) / 2**30, 2)
+        record["gpu_peak_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 2)
+        record["gpu_allocated_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
     else:
-        record["gpu_mem_gib"] = record["gpu_peak_gib"] = None
+        record["gpu_mem_gib"] = record["gpu_peak_gib"] = record["gpu_allocated_gib"] = None
     record["step_seconds"] = time.perf_counter() - start
     record["tokens_per_second"] = tokens / record["step_seconds"]
     return record
@@ -168,7 +171,8 @@ def load_reward(spec):
 
 
 def format_line(record):
-    mem = f" mem {record['gpu_mem_gib']:.1f}/{record['gpu_peak_gib']:.1f} GiB" if record["gpu_mem_gib"] is not None else ""
+    mem = (f" mem {record['gpu_mem_gib']:.1f}/{record['gpu_peak_gib']:.1f} GiB held (tensors "
+           f"{record['gpu_allocated_gib']:.1f})" if record["gpu_mem_gib"] is not None else "")
     return (
         f"{record['phase']} step {record['step']}/{record['steps']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
         f"{record['step_seconds']:.2f}s {record['tokens_per_second']:,.0f} tok/s | grad routed "
