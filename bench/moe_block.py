@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from training import moe_lora  # noqa: E402
-from training.grouped_ops import BACKENDS  # noqa: E402
+from training.grouped_ops import BACKENDS, experts_a, experts_b  # noqa: E402
 from training.lora import adopt_routed_lora, inject_routed_lora, routed_lora_wrappers  # noqa: E402
-from training.moe_lora import experts_a, experts_b, route  # noqa: E402
+from training.moe_lora import route  # noqa: E402
 from training.reference import reference_moe_lora  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script itself, tiny shape
@@ -65,19 +65,13 @@ def make_block(shape, seed=0):
     inject_routed_lora(holder, RANK, ALPHA)
     holder.requires_grad_(False)
     gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
-    for _, _, wrapper in routed_lora_wrappers_plain(holder):
+    for _, _, wrapper in routed_lora_wrappers(holder):
         for layer in list(wrapper.lora_A.values()) + list(wrapper.lora_B.values()):
             layer.weight.requires_grad_(True)
         with torch.no_grad():  # B nonzero, so both factors carry gradient and error
             for layer in wrapper.lora_B.values():
                 layer.weight.copy_(torch.randn(layer.weight.shape, device=DEVICE, generator=gen) * 0.02)
     return holder
-
-
-def routed_lora_wrappers_plain(holder):
-    from peft.tuners.lora.layer import ParamWrapper
-
-    return [(None, m.parameter_name, m) for m in holder.modules() if isinstance(m, ParamWrapper)]
 
 
 def lora_params(holder):
@@ -190,7 +184,7 @@ def rel(got, ref):
 def reference_grads(holder, x, index, weights, grad):
     """float32 reference of the experts with the same routing: output and grads of x and the LoRA params."""
     experts = holder.mlp.experts.get_base_layer()
-    wrappers = {w.parameter_name: w for _, _, w in routed_lora_wrappers_plain(holder)}
+    wrappers = {w.parameter_name: w for _, _, w in routed_lora_wrappers(holder)}
     num_experts = experts.gate_up_proj.shape[0]
     leaves, loras = [], []
     for name in ("gate_up_proj", "down_proj"):
@@ -220,7 +214,7 @@ def path_grads(holder, x, index, weights, grad):
 
 def sorted_wrappers(holder):
     order = {"gate_up_proj": 0, "down_proj": 1}
-    return sorted(routed_lora_wrappers_plain(holder), key=lambda t: order[t[1]])
+    return sorted(routed_lora_wrappers(holder), key=lambda t: order[t[1]])
 
 
 def errors(holder, tokens, shape, path, ref):
@@ -404,7 +398,7 @@ def unadopt(holder):
     """Back to peft's own (folding) wrappers for the baseline paths."""
     from peft.tuners.lora.layer import ParamWrapper
 
-    for _, _, wrapper in routed_lora_wrappers_plain(holder):
+    for _, _, wrapper in routed_lora_wrappers(holder):
         wrapper.__class__ = ParamWrapper
 
 

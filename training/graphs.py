@@ -75,13 +75,13 @@ class MicroStepGraphs:
 
     def run(self, model, loss_fn, batch, phase, ctx, scale):
         key = _signature(batch, phase["kind"], scale) if phase["kind"] in GRAPH_SAFE else None
-        if key is None or key in self.failed:
-            return eager_micro_step(model, loss_fn, batch, phase, ctx, scale)
         captured = self.captured.get(key)
         if captured is not None:
             return captured.replay(batch)
+        if key is None or key in self.failed or len(self.captured) >= self.max_graphs:
+            return eager_micro_step(model, loss_fn, batch, phase, ctx, scale)
         self.seen[key] = self.seen.get(key, 0) + 1
-        if self.seen[key] <= self.warmup or len(self.captured) >= self.max_graphs:
+        if self.seen[key] <= self.warmup:
             return self._on_side_stream(eager_micro_step, model, loss_fn, batch, phase, ctx, scale)
         try:
             captured = self._capture(model, loss_fn, batch, phase, ctx, scale)

@@ -34,6 +34,16 @@ class Groups:
         return self._host_counts
 
 
+def experts_a(weight_a, num_experts):
+    """peft's LoRA A matrix (r * E, in), rows grouped by expert, as (E, r, in): a view, no copy."""
+    return weight_a.view(num_experts, -1, weight_a.shape[-1])
+
+
+def experts_b(weight_b, num_experts):
+    """peft's LoRA B matrix (out, r * E), columns rank-major and expert-minor, as an (E, out, r) view."""
+    return weight_b.view(weight_b.shape[0], -1, num_experts).permute(2, 0, 1)
+
+
 def swiglu(gate_up):
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -105,11 +115,10 @@ class LoopOps:
         return out.to(out_dtype or p.dtype)
 
     def peft_b_to_experts(self, weight_b, num_experts, dtype):
-        out_dim = weight_b.shape[0]
-        return weight_b.reshape(out_dim, -1, num_experts).permute(2, 1, 0).to(dtype).contiguous()
+        return experts_b(weight_b, num_experts).transpose(1, 2).to(dtype).contiguous()
 
-    def experts_to_peft_b(self, experts_b, dtype):
-        return experts_b.permute(2, 1, 0).reshape(experts_b.shape[2], -1).to(dtype)
+    def experts_to_peft_b(self, b, dtype):
+        return b.permute(2, 1, 0).reshape(b.shape[2], -1).to(dtype)
 
     def combine(self, src, slots, weights=None):
         return _torch_combine(src, slots, weights)

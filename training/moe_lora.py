@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from training.grouped_ops import BACKENDS, Groups, accumulation_dtype
+from training.grouped_ops import BACKENDS, Groups, accumulation_dtype, experts_a
 
 IMPLEMENTATION_NAME = "moe_lora"
 KERNEL_PATHS = ("triton", "grouped_mm", "loop")
@@ -71,16 +71,6 @@ def route(top_k_index, top_k_weights, num_experts):
     slots = torch.empty_like(order)
     slots[order] = torch.arange(order.shape[0], device=order.device)
     return groups, rows, slots.view(num_tokens, top_k), order
-
-
-def experts_a(weight_a, num_experts):
-    """peft's LoRA A matrix (r * E, in), rows grouped by expert, as (E, r, in): a view, no copy."""
-    return weight_a.view(num_experts, -1, weight_a.shape[-1])
-
-
-def experts_b(weight_b, num_experts):
-    """peft's LoRA B matrix (out, r * E), columns rank-major and expert-minor, as an (E, out, r) view."""
-    return weight_b.view(weight_b.shape[0], -1, num_experts).permute(2, 0, 1)
 
 
 class MoeLoraExperts(torch.autograd.Function):

@@ -94,11 +94,9 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
         torch.cuda.reset_peak_memory_stats(device)
     loss_sum = torch.zeros((), device=device)
     tokens, signals, extras = 0, [], {}
+    micro_step = graphs.run if graphs is not None else eager_micro_step
     for batch in micro_batches:
-        if graphs is not None:
-            loss, stats = graphs.run(model, loss_fn, batch, phase, ctx, 1.0 / len(micro_batches))
-        else:
-            loss, stats = eager_micro_step(model, loss_fn, batch, phase, ctx, 1.0 / len(micro_batches))
+        loss, stats = micro_step(model, loss_fn, batch, phase, ctx, 1.0 / len(micro_batches))
         loss_sum += loss.float()
         tokens += int(stats["tokens"])
         signals.append(stats["signal"])

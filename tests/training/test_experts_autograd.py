@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from training import moe_lora
-from training.moe_lora import MoeLoraExperts, experts_a, experts_b
+from training.grouped_ops import experts_a, experts_b
+from training.moe_lora import MoeLoraExperts
 from training.reference import reference_moe_lora
 
 

@@ -9,6 +9,11 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def m_bucket(m):
+    """Autotune once per power of two of a row count, not for every batch size."""
+    return 1 << max(int(m) - 1, 0).bit_length()
+
+
 def autotune_configs(shapes, names):
     """shapes: (block sizes..., num_warps, num_stages) tuples; names: the block-size names, in order."""
     if interpreting():

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import autotune_configs
+from training.kernels._config import autotune_configs, m_bucket
 
 
 def _configs():
@@ -116,12 +116,7 @@ def _grouped_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def _m_bucket(m):
-    # Autotune once per power of two of the row count, not for every batch size.
-    return 1 << max(int(m) - 1, 0).bit_length()
-
-
-def grouped_gemm(x, w, counts, *, rows=None, lora=None, num_rows=None):
+def grouped_gemm(x, w, counts, *, rows=None, lora=None):
     """(y (M, N), z (M, R) or None): y[j] = x[rows[j]] @ w[e]^T + s * z[j] @ l2[e]^T with z[j] = x[rows[j]] @ l1[e]^T,
     for the rows j of expert e.
 
@@ -132,9 +127,9 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, num_rows=None):
     z = None
     if lora is not None:
         l1, l2, scale = lora
-        z, _ = grouped_gemm(x, l1, counts, rows=rows, num_rows=num_rows)
+        z, _ = grouped_gemm(x, l1, counts, rows=rows)
     num_experts, n, k = w.shape
-    m = num_rows if num_rows is not None else (rows.shape[0] if rows is not None else x.shape[0])
+    m = rows.shape[0] if rows is not None else x.shape[0]
     y = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
         return y, z
@@ -148,7 +143,7 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, num_rows=None):
 
     _grouped_gemm_kernel[grid](
         x, w, y, counts, rows_arg, z_arg, l2_arg,
-        m, n, k, r, float(scale) if z is not None else 0.0, _m_bucket(m),
+        m, n, k, r, float(scale) if z is not None else 0.0, m_bucket(m),
         x.stride(0), x.stride(1),
         w.stride(0), w.stride(1), w.stride(2),
         y.stride(0), y.stride(1),

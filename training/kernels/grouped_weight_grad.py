@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import autotune_configs
+from training.kernels._config import autotune_configs, m_bucket
 
 
 def _configs():
@@ -95,7 +95,7 @@ def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, row_scale=None,
 
     _grouped_weight_grad_kernel[grid](
         p, q, out, counts, q_rows if q_rows is not None else counts, row_scale if row_scale is not None else counts,
-        p_dim, q_dim, float(scale), 1 << max(m - 1, 0).bit_length(),
+        p_dim, q_dim, float(scale), m_bucket(m),
         p.stride(0), p.stride(1),
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
