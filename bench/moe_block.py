@@ -391,7 +391,6 @@ def profile(shape, tokens, path="ours:triton"):
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),
                           eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
     moe_lora.set_kernel_path(None)
-    del holder
 
 
 def unadopt(holder):

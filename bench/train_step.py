@@ -131,7 +131,6 @@ def profile(backend, layers, batch, seq_len):
     print(json.dumps({"profile": backend, "layers": layers, "host_forward_ms": round(host[mid][0] * 1e3, 1),
                       "host_backward_ms": round(host[mid][1] * 1e3, 1), "wall_ms": round(host[mid][2] * 1e3, 1),
                       "device_ms": round(device[mid], 1)}), flush=True)
-    del model
 
 
 def attempt(backend, layers, checkpointing, args):

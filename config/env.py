@@ -35,30 +35,25 @@ def env_bool(name: str, default: bool | object = _UNSET) -> bool:
     raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use one of 1/0, true/false, yes/no, on/off).")
 
 
-def env_int(name: str, default: int | object = _UNSET, *, minimum: int | None = None) -> int:
+def _number(name, default, minimum, cast, noun):
     value = _raw(name, default)
     if value is None:
         return default
     try:
-        number = int(value)
+        number = cast(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not an integer.") from None
+        raise ImproperlyConfigured(f"{name}={value!r} is not {noun}.") from None
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name}={number} is below the minimum {minimum}.")
     return number
+
+
+def env_int(name: str, default: int | object = _UNSET, *, minimum: int | None = None) -> int:
+    return _number(name, default, minimum, int, "an integer")
 
 
 def env_float(name: str, default: float | object = _UNSET, *, minimum: float | None = None) -> float:
-    value = _raw(name, default)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a number.") from None
-    if minimum is not None and number < minimum:
-        raise ImproperlyConfigured(f"{name}={number} is below the minimum {minimum}.")
-    return number
+    return _number(name, default, minimum, float, "a number")
 
 
 def env_decimal(name: str, default: Decimal | object = _UNSET) -> Decimal:

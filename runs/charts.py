@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Avg, Count, ExpressionWrapper, F, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
 
 from fleet import ledger
-from fleet.models import CostSegment, Instance
+from fleet.models import CostSegment
 from runs.models import MetricPoint, Run, RunEvent
 
 MAX_BUCKETS = 1000  # over the whole run; each bucket gives at most two points per series
@@ -224,17 +224,17 @@ class RunData:
 
 
 def _boxes(run: Run) -> tuple[dict[int, Box], list[tuple], Decimal]:
-    boxes = {}
+    boxes, traffic = {}, {}
     for a in run.attempts.values("instance_id", "instance__label", "instance__num_gpus", "instance__gpu_name",
-                                 "instance__machine_id", "instance__usd_per_hour", "started_at", "ended_at",
-                                 "end_reason"):
+                                 "instance__machine_id", "instance__usd_per_hour", "instance__traffic_usd",
+                                 "started_at", "ended_at", "end_reason"):
         gpu = f"{a['instance__num_gpus']}× {a['instance__gpu_name']}"
         boxes[a["instance_id"]] = Box(a["instance_id"], a["instance__label"], gpu, a["instance__machine_id"],
                                       a["instance__usd_per_hour"], a["started_at"], a["ended_at"], a["end_reason"])
+        traffic[a["instance_id"]] = a["instance__traffic_usd"]
     segments = list(CostSegment.objects.filter(instance_id__in=list(boxes))
                     .values_list("usd_per_hour", "started_at", "ended_at"))
-    traffic = sum(Instance.objects.filter(pk__in=list(boxes)).values_list("traffic_usd", flat=True), Decimal(0))
-    return boxes, segments, traffic
+    return boxes, segments, sum(traffic.values(), Decimal(0))
 
 
 def recent_step_s(run: Run, stats: list[PhaseStats]) -> float | None:
@@ -339,10 +339,11 @@ def _rounded(values: list, significant: int = 5) -> list:
 def run_charts(run: Run, now: datetime) -> dict:
     """Every chart of the run page as Plotly figures (data and layout), with the figures the page shows beside."""
     # The bucket width comes from the planned steps, known before the points are read.
-    planned = sum(run.phases.values_list("steps", flat=True)) or run.current_step
+    phases = list(run.phases.values_list("index", "name", "kind", "steps"))
+    planned = sum(steps for *_, steps in phases) or run.current_step
     width = bucket_width(planned)
     rows = bucket_rows(run, width)
-    stats = phase_stats(list(run.phases.values_list("index", "name", "kind", "steps")), rows)
+    stats = phase_stats(phases, rows)
     total_points = sum(p.points for p in stats)
     edges = _edge_points(run, stats) if total_points else {}
     # When each phase ran comes from its first and last point (timestamps cost more to read than numbers).
@@ -411,9 +412,7 @@ def _merged(rows: list[dict], name: str, phase: int | None = None, instance: int
             continue
         m = merged[key]
         m[0], m[1] = min(m[0], r["x_first"]), max(m[1], r["x_last"])
-        if low is not None:
-            m[2] = low if m[2] is None else min(m[2], low)
-            m[3] = high if m[3] is None else max(m[3], high)
+        m[2], m[3] = _min(m[2], low), _max(m[3], high)
     return [Bucket(*m) for m in merged.values()]
 
 

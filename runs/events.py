@@ -1,6 +1,7 @@
 """Recording what happened to a run and moving its state accordingly (runs.lifecycle decides the state)."""
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from runs import lifecycle
@@ -18,7 +19,7 @@ def record(run: Run, kind: str, message: str, *, now=None) -> tuple[str, str]:
         if after != before:
             changes = {"state": after, "state_reason": message}
             if lifecycle.is_restart(before, after):
-                changes["restarts"] = run.restarts + 1
+                changes["restarts"] = F("restarts") + 1
             if after in (lifecycle.FINISHED, lifecycle.FAILED, lifecycle.CANCELLED):
                 changes["finished_at"] = now
             if not Run.objects.filter(pk=run.pk, state=before).update(**changes):

@@ -42,8 +42,7 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
 
 def cancel(run: Run, *, user=None, now=None) -> Run:
     who = user.get_username() if user else "the product"
-    events.record(run, "cancelled", f"Cancelled by {who}.", now=now)
-    run.refresh_from_db()
+    events.record(run, "cancelled", f"Cancelled by {who}.", now=now)  # refreshes the run
     return run
 
 

@@ -32,7 +32,6 @@ _MOVES = {
     "no_offer": {state: FAILED for state in ACTIVE},
     "cancelled": {state: CANCELLED for state in ACTIVE},
 }
-EVENT_KINDS = tuple(_MOVES)
 
 
 def transition(state: str, event: str) -> str:
@@ -40,6 +39,11 @@ def transition(state: str, event: str) -> str:
     if event not in _MOVES:
         raise ValueError(f"unknown run event {event!r}")
     return _MOVES[event].get(state, state)
+
+
+def moves(state: str, event: str) -> bool:
+    """Whether `event` changes a run in `state` (callers skip recording what would change nothing)."""
+    return transition(state, event) != state
 
 
 def replay(events) -> str:

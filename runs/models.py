@@ -1,5 +1,7 @@
 from django.db import models
 
+from runs import lifecycle
+
 
 class Run(models.Model):
     """A fine-tune of several phases that the product carries through host failures to the end."""
@@ -14,7 +16,7 @@ class Run(models.Model):
         FAILED = "failed"
         CANCELLED = "cancelled"
 
-    ACTIVE_STATES = (State.PENDING, State.PROVISIONING, State.INSTALLING, State.TRAINING, State.RECOVERING)
+    ACTIVE_STATES = lifecycle.ACTIVE
 
     name = models.CharField(max_length=100)
     recipe = models.JSONField(help_text="the training recipe (training.recipe), as the box receives it")

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from fleet.models import Instance
-from runs import events, storage
+from runs import events, lifecycle, storage
 from runs.models import Checkpoint, MetricPoint, Run
 
 METRIC_FIELDS = ["loss", "lr", "step_s", "tokens_per_s", "grad_norm_routed", "grad_norm_attention", "grad_norm_total",
@@ -37,7 +37,7 @@ def heartbeat(run: Run, beat: dict, *, now=None) -> dict:
             seen["gpu_util_percent"] = beat["gpu_util_percent"]
         if seen:
             Instance.objects.filter(pk=run.current_instance_id).update(**seen)
-    if run.state == "provisioning":
+    if lifecycle.moves(run.state, "agent_started"):
         events.record(run, "agent_started", "The box's agent reported in.", now=now)
     stop = not run.is_active
     return {"renewed_until": renewed_until(now), "command": "stop" if stop else "continue",
@@ -59,7 +59,7 @@ def ingest_metrics(run: Run, points: list[dict], *, now=None) -> int:
     Run.objects.filter(pk=run.pk).update(current_phase=last.phase, current_step=last.step, last_step_at=now)
     if run.current_instance_id:
         Instance.objects.filter(pk=run.current_instance_id).update(last_step_at=now, last_process_at=now)
-    if run.state in ("provisioning", "installing"):
+    if lifecycle.moves(run.state, "step"):
         events.record(run, "step", f"Training: phase {last.phase} step {last.step}.", now=now)
     return len(rows)
 

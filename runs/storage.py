@@ -6,6 +6,7 @@ expiring (the dashboard renews them with each heartbeat). For a local folder (th
 simulated box is a process on this machine) it gets the folder's path.
 """
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -46,10 +47,17 @@ def validate_bucket(bucket_uri: str) -> str:
 
 
 def _client():
+    return _s3_client(settings.S3_ENDPOINT_URL or None, settings.S3_REGION or None, settings.S3_ACCESS_KEY,
+                      settings.S3_SECRET_KEY)
+
+
+@functools.lru_cache(maxsize=4)
+def _s3_client(endpoint_url, region, access_key, secret_key):
+    """One client per set of settings: every heartbeat signs a grant, and making a boto3 client costs far more."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=settings.S3_ENDPOINT_URL or None, region_name=settings.S3_REGION or None,
-                        aws_access_key_id=settings.S3_ACCESS_KEY, aws_secret_access_key=settings.S3_SECRET_KEY)
+    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, aws_access_key_id=access_key,
+                        aws_secret_access_key=secret_key)
 
 
 def upload_grant(where: Location, expires_s: int) -> dict:

@@ -16,7 +16,7 @@ from fleet import actions, ledger
 from fleet.alerts import raise_alert
 from fleet.calibration import record_finished_run
 from fleet.models import Alert, Instance, Offer
-from fleet.offer_ranking import profile_settings, rank_stored_offers, run_settings
+from fleet.offer_ranking import rank_stored_offers, run_settings
 from fleet.ranking import Recipe
 from runs import events, lifecycle, reports, tokens
 from runs.models import Run, RunAttempt
@@ -147,8 +147,7 @@ def agent_env(run: Run) -> dict[str, str]:
 
 
 def _end(run: Run, kind: str, reason: str, now: datetime) -> None:
-    events.record(run, kind, reason, now=now)
-    run.refresh_from_db()
+    events.record(run, kind, reason, now=now)  # refreshes the run
     _wind_up(run, now)
 
 
@@ -181,14 +180,23 @@ def _calibrate(run: Run, box: Instance) -> None:
 
 def run_ranking_recipe(run: Run) -> Recipe:
     """The ranking's view of the run: the profile's model, with the run's own batch shape."""
-    base = profile_settings(run.profile)[0] if run.profile else Recipe()
+    base = run_settings(run.profile)[0]
     shape = {k: run.recipe[k] for k in ("batch_size", "grad_accum", "seq_len") if isinstance(run.recipe.get(k), int)}
     return Recipe.from_dict({**base.to_dict(), **shape})
 
 
+def run_costs(runs, now: datetime) -> dict[int, Decimal]:
+    """run pk -> cost so far (the sum of the boxes it trained on), for many runs with two queries."""
+    boxes_of, boxes = {}, {}
+    for attempt in RunAttempt.objects.filter(run__in=runs).select_related("instance"):
+        boxes_of.setdefault(attempt.run_id, set()).add(attempt.instance_id)
+        boxes[attempt.instance_id] = attempt.instance
+    costs = ledger.instance_costs(boxes.values(), now)
+    return {run.pk: sum((costs[pk] for pk in boxes_of.get(run.pk, ())), Decimal(0)) for run in runs}
+
+
 def run_cost(run: Run, now: datetime) -> Decimal:
-    boxes = list(Instance.objects.filter(run_attempts__run=run).distinct())
-    return sum(ledger.instance_costs(boxes, now).values(), Decimal(0))
+    return run_costs([run], now)[run.pk]
 
 
 def on_move(instance: Instance, reason: str, now: datetime) -> bool:

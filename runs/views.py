@@ -10,7 +10,7 @@ from runs import charts
 from runs import launch as launching
 from runs.forms import LaunchForm
 from runs.models import Run
-from runs.supervisor import run_cost
+from runs.supervisor import run_cost, run_costs
 
 
 def require_launch_permission(user) -> None:
@@ -22,8 +22,9 @@ def run_list(request):
     now = timezone.now()
     runs = list(Run.objects.select_related("current_instance").prefetch_related("phases")
                 .annotate(**charts.latest_step_annotations())[:200])
+    costs = run_costs(runs, now)
     for run in runs:
-        run.cost_usd = run_cost(run, now)
+        run.cost_usd = costs[run.pk]
         run.projection = charts.list_projection(run, run.cost_usd, now)
         run.phase_name = next((p.name for p in run.phases.all() if p.index == run.current_phase), "")
     template = "runs/_run_table.html" if request.headers.get("HX-Request") else "runs/run_list.html"

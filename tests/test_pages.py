@@ -1,7 +1,6 @@
 import pytest
 from django.urls import reverse
 
-from fleet.models import Offer
 
 PAGES = ["dashboard", "offers", "instances", "runs", "inference", "alerts"]
 

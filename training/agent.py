@@ -28,12 +28,10 @@ from pathlib import Path
 
 import httpx
 
+from training.checkpoint_names import MARKER, parse_name
 from training.probe import SENTINEL as PROBE_SENTINEL
 
 log = logging.getLogger("training.agent")
-# Mirrors training.checkpoint, which imports torch: the agent must be able to report a broken install, so it
-# imports nothing heavy before the probe has passed.
-MARKER = "COMPLETE"
 METRIC_KEYS = {"loss": "loss", "lr": "lr", "step_seconds": "step_s", "tokens_per_second": "tokens_per_s",
                "grad_norm_routed": "grad_norm_routed", "grad_norm_attention": "grad_norm_attention",
                "grad_norm_total": "grad_norm_total", "routed_b_norm": "routed_b_norm",
@@ -227,12 +225,6 @@ def link_tree(source: Path, target: Path) -> None:
         dest = target / path.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.link(path, dest)
-
-
-def parse_name(name: str):
-    from training.checkpoint import parse_name as parse
-
-    return parse(name)
 
 
 def complete_checkpoints(store: Path) -> list[Path]:

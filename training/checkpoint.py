@@ -19,23 +19,9 @@ from pathlib import Path
 
 import torch
 
-MARKER = "COMPLETE"
+from training.checkpoint_names import MARKER, checkpoint_name, parse_name  # noqa: F401 (the store API)
+
 _log = logging.getLogger(__name__)
-
-
-def checkpoint_name(phase_index, step):
-    return f"ckpt-p{phase_index:02d}-s{step:08d}"
-
-
-def parse_name(name):
-    """(phase_index, step) of a checkpoint name, or None for anything else in the store."""
-    try:
-        prefix, phase, step = name.split("-")
-        if prefix == "ckpt" and phase[0] == "p" and step[0] == "s":
-            return int(phase[1:]), int(step[1:])
-    except ValueError:
-        pass
-    return None
 
 
 class LocalStore:

@@ -12,6 +12,7 @@ Batches are drawn by position: micro-batch p holds samples p*B .. p*B+B-1 of an 
 permutations, so a checkpoint only has to remember p.
 """
 
+import functools
 import json
 
 import torch
@@ -167,14 +168,15 @@ def load_phase_data(kind, path, tokenizer, seq_len):
     raise ValueError(f"unknown phase kind {kind!r}")
 
 
+@functools.lru_cache(maxsize=2)
+def _epoch_order(num_items, seed, epoch):
+    return torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 100003 + epoch)).tolist()
+
+
 def batch_indices(num_items, batch_size, position, seed):
     """Item indices of micro-batch `position`: sample k is item perm_{k // N}[k % N], perm_e seeded by (seed, e)."""
-    indices = []
-    for k in range(position * batch_size, (position + 1) * batch_size):
-        epoch, offset = divmod(k, num_items)
-        perm = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
-        indices.append(int(perm[offset]))
-    return indices
+    return [_epoch_order(num_items, seed, k // num_items)[k % num_items]
+            for k in range(position * batch_size, (position + 1) * batch_size)]
 
 
 def pad_pairs(pairs, pad_id):

@@ -5,7 +5,7 @@ import json
 import pytest
 from django.test import Client
 
-from runs import tokens
+from runs import events, tokens
 from runs.models import Checkpoint, MetricPoint
 
 pytestmark = pytest.mark.django_db
@@ -120,7 +120,11 @@ def test_it_moves_the_run_on_agent_events_and_renews_on_heartbeats(launched):
     run.refresh_from_db()
     assert run.credentials_renewed_at is not None
     assert _post(client, "/events", {"kind": "log", "message": "pip done"}).json()["state"] == "pending"
-    run.events.create(at=run.created_at, kind="rented", message="")
+    events.record(run, "rented", "A box was rented.")
+    _post(client, "/heartbeat", {"state": "installing", "process_alive": True})
+    run.refresh_from_db()
+    assert run.state == "installing"  # the agent's first heartbeat on its box
+    assert _post(client, "/events", {"kind": "probe_ok"}).json()["state"] == "training"
     assert _post(client, "/heartbeat", {"state": "uploading", "gpu_util_percent": 101}).status_code == 422
 
 

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from runs.api import PointIn
-from training import agent, checkpoint
+from training import agent
 
 
 class _Dashboard(BaseHTTPRequestHandler):
@@ -78,10 +78,6 @@ def test_it_stops_when_the_dashboard_says_so(dashboard):
     beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.beat()
     assert beat.stop.is_set() and not beat.dead_man
-
-
-def test_it_reads_the_same_completion_marker_as_the_trainer_writes():
-    assert agent.MARKER == checkpoint.MARKER
 
 
 @pytest.mark.slow

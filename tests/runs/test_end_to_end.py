@@ -15,7 +15,6 @@ from fleet.offers import refresh_offers
 from fleet.simulator import SimulatedMarketplace
 from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch
-from runs.models import Run
 from tests.marketplace import MARKET_KEY
 
 from .conftest import tiny_recipe

@@ -13,7 +13,6 @@ from fleet import actions
 from fleet.models import Alert, Instance, ThroughputCalibration
 from fleet.offers import refresh_offers
 from runs import supervisor, tokens
-from runs.models import Run
 
 pytestmark = pytest.mark.django_db
 API = "/api/agent/v1"
