@@ -29,7 +29,6 @@ from fleet.providers.records import InstanceRecord, RentRequest
 log = logging.getLogger(__name__)
 State = Instance.State
 
-BOOTING_STATUSES = {"created", "loading", ""}
 DEAD_STATUSES = {"exited", "stopped", "offline"}
 
 
@@ -341,14 +340,13 @@ def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> 
     """Destroys a box that cannot go on and rents the best-ranked offer on another host for the same work; the new
     row points back at the old one. Retried, it rents once (the key names the replaced row)."""
     from fleet.offer_ranking import profile_settings, rank_stored_offers
-    from fleet.ranking import OfferFilters, Recipe
 
     now = now or timezone.now()
     if any(handler(instance, reason, now) for handler in MOVE_HANDLERS):
         return None
     destroy(instance, reason=reason, now=now)
     profile = instance.serving_model.profile if instance.serving_model_id else None
-    ranking = rank_stored_offers(*(profile_settings(profile) if profile else (Recipe(), OfferFilters())))
+    ranking = rank_stored_offers(*profile_settings(profile))
     bad_hosts = {instance.machine_id} - {""}
     best = next((e.offer for e in ranking.entries if e.offer.machine_id not in bad_hosts), None)
     if best is None:

@@ -4,11 +4,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from fleet import tasks
+from fleet.instance_views import can
 from fleet.models import Alert, Instance, InstanceEvent, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
-
-
-def _can(request, codename: str) -> bool:
-    return request.user.is_staff and request.user.has_perm(f"fleet.{codename}")
 
 
 @admin.register(Offer)
@@ -26,7 +23,7 @@ class OfferAdmin(admin.ModelAdmin):
         return False
 
     def has_rent_permission(self, request):
-        return _can(request, "rent_instance")
+        return can(request.user, "rent_instance")
 
     @admin.action(description="Rent the selected offer…", permissions=["rent"])
     def rent(self, request, queryset):
@@ -63,7 +60,7 @@ class InstanceAdmin(admin.ModelAdmin):
         return False  # instances are rented through the Rent confirmation, never typed in
 
     def has_destroy_permission(self, request):
-        return _can(request, "destroy_instance")
+        return can(request.user, "destroy_instance")
 
     @admin.action(description="Destroy the selected instances…", permissions=["destroy"])
     def destroy(self, request, queryset):

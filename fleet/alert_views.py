@@ -6,12 +6,12 @@ from urllib.parse import urlsplit
 from django import forms
 from django.contrib import messages
 from django.core.validators import URLValidator
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from fleet import alerts
-from fleet.instance_views import require_permission
+from fleet.instance_views import can, require_permission
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
 RECENT_ALERTS = 50
@@ -30,18 +30,15 @@ class EndpointForm(forms.Form):
     slack = forms.BooleanField(required=False, label="Slack-compatible body")
 
 
-def _can_manage(user) -> bool:
-    return user.is_staff and user.has_perm(f"fleet.{MANAGE}")
-
-
 def endpoint_rows():
     counts = {state: Count("deliveries", filter=Q(deliveries__state=state)) for state in State.values}
+    recent = WebhookDelivery.objects.select_related("alert")[:RECENT_DELIVERIES]
     endpoints = list(WebhookEndpoint.objects.annotate(**{f"n_{state}": n for state, n in counts.items()},
                                                       last_delivery_at=Max("deliveries__created_at"))
+                     .prefetch_related(Prefetch("deliveries", queryset=recent, to_attr="recent"))
                      .order_by("-enabled", "name", "id"))
     for endpoint in endpoints:
         endpoint.host = urlsplit(endpoint.url).netloc  # the path of a Slack URL is its secret: show the host only
-        endpoint.recent = list(endpoint.deliveries.select_related("alert")[:RECENT_DELIVERIES])
         endpoint.last_error = next((d.last_error for d in endpoint.recent if d.last_error), "")
     return endpoints
 
@@ -50,7 +47,7 @@ def _page(request, *, form=None, created=None, secret=None, status=200):
     return render(request, "fleet/alerts.html", {
         "alerts": Alert.objects.select_related("instance")[:RECENT_ALERTS],
         "endpoints": endpoint_rows(),
-        "can_manage": _can_manage(request.user),
+        "can_manage": can(request.user, MANAGE),
         "form": form or EndpointForm(),
         "created": created,
         "secret": secret,

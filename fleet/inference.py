@@ -25,7 +25,6 @@ from fleet import actions
 from fleet.alerts import raise_alert
 from fleet.models import Alert, InferenceModel, Instance, Offer
 from fleet.offer_ranking import profile_settings, rank_stored_offers
-from fleet.ranking import OfferFilters, Recipe
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -39,7 +38,7 @@ AVOID_FAILED_MACHINES_FOR = timedelta(hours=24)
 
 
 def failing_threshold() -> int:
-    return getattr(settings, "REAPER_PROBE_FAILURES", 3)  # the count at which the reaper destroys a serving box
+    return settings.REAPER_PROBE_FAILURES  # the count at which the reaper destroys a serving box
 
 
 def is_replica(state: str, consecutive_probe_failures: int, threshold: int) -> bool:
@@ -213,7 +212,7 @@ def maintain(*, now: datetime | None = None) -> FleetReport:
 
 
 def _rent_replacements(model: InferenceModel, rentals, now: datetime, entry: ModelReport) -> list[str]:
-    recipe, filters = profile_settings(model.profile) if model.profile else (Recipe(), OfferFilters())
+    recipe, filters = profile_settings(model.profile)
     ranked = [e.offer for e in rank_stored_offers(recipe, filters).entries]
     avoid = machines_to_avoid(model, now)
     taken = set()  # an offer is one machine's GPUs: two replicas of one run go to two offers, and two machines

@@ -5,7 +5,6 @@ import logging
 
 from django import forms
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
@@ -14,16 +13,14 @@ from django.views.decorators.http import require_POST
 
 from fleet import tasks
 from fleet.inference import failing_threshold, model_states
+from fleet.instance_views import can, require_permission
 from fleet.models import InferenceModel, Instance, ProbeResult
 
 log = logging.getLogger(__name__)
 
 PROBES_SHOWN = 5
+CHANGE_MODELS = "change_inferencemodel"
 MAX_DESIRED_REPLICAS = 100
-
-
-def can_change_models(user) -> bool:
-    return user.is_staff and user.has_perm("fleet.change_inferencemodel")
 
 
 class DesiredReplicasForm(forms.Form):
@@ -48,7 +45,7 @@ def inference(request):
         "threshold": failing_threshold(),
         "probes_shown": PROBES_SHOWN,
         "now": now,
-        "can_change": can_change_models(request.user),
+        "can_change": can(request.user, CHANGE_MODELS),
     }
     template = "fleet/_inference_fleet.html" if request.headers.get("HX-Request") else "fleet/inference.html"
     return render(request, template, context)
@@ -56,8 +53,7 @@ def inference(request):
 
 @require_POST
 def set_desired_replicas(request, pk):
-    if not can_change_models(request.user):
-        raise PermissionDenied("You need the change inference model permission.")
+    require_permission(request.user, CHANGE_MODELS)
     model = get_object_or_404(InferenceModel, pk=pk)
     form = DesiredReplicasForm(request.POST)
     if not form.is_valid():

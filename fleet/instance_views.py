@@ -16,9 +16,14 @@ from fleet.models import Instance, Offer
 RECENT_ENDED = 20
 
 
+def can(user, codename: str) -> bool:
+    """Side effects on the fleet (rent, destroy, webhooks, replicas) are for staff who hold the permission."""
+    return user.is_staff and user.has_perm(f"fleet.{codename}")
+
+
 def require_permission(user, codename: str) -> None:
-    """Renting and destroying are for staff who hold the permission; everyone else gets 403."""
-    if not (user.is_staff and user.has_perm(f"fleet.{codename}")):
+    """403 for everyone but staff with the permission."""
+    if not can(user, codename):
         raise PermissionDenied(f"You need the {codename.replace('_', ' ')} permission.")
 
 
@@ -28,7 +33,6 @@ def instance_rows(now):
     costs = ledger.instance_costs(live + ended, now)
     for instance in live + ended:
         instance.cost_usd = costs[instance.pk]
-        instance.billing = instance.state in Instance.BILLING_STATES
     return live, ended
 
 
@@ -44,7 +48,6 @@ def instance_detail(request, pk):
     instance = get_object_or_404(Instance, pk=pk)
     now = timezone.now()
     instance.cost_usd = ledger.instance_cost(instance, now)
-    instance.billing = instance.state in Instance.BILLING_STATES
     difference = None
     if instance.provider_charged_usd is not None:
         difference = instance.cost_usd - instance.provider_charged_usd

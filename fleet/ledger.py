@@ -10,7 +10,6 @@ from django.db.models import Q
 from fleet.models import CostSegment, Instance
 
 SECONDS_PER_HOUR = Decimal(3600)
-CENT = Decimal("0.01")
 
 
 def segment_cost(usd_per_hour: Decimal, start: datetime, end: datetime) -> Decimal:

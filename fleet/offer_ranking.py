@@ -21,7 +21,10 @@ def rank_stored_offers(recipe: Recipe, filters: OfferFilters) -> Ranking:
     return rank_offers(stored_offers(), recipe, filters, calibration=load_calibration())
 
 
-def profile_settings(profile: OfferProfile) -> tuple[Recipe, OfferFilters]:
+def profile_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
+    """A saved profile's recipe and filters, or the defaults without one."""
+    if profile is None:
+        return Recipe(), OfferFilters()
     return Recipe.from_dict(profile.recipe), OfferFilters.from_dict(profile.filters)
 
 
@@ -40,12 +43,8 @@ def for_worker_image(filters: OfferFilters, *, cuda: str | None = None, driver: 
 
 def run_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
     """What a training run ranks offers with: its profile (or the defaults), never below what the image needs."""
-    recipe, filters = profile_settings(profile) if profile else (Recipe(), OfferFilters())
+    recipe, filters = profile_settings(profile)
     return recipe, for_worker_image(filters)
-
-
-def rank_profile(profile: OfferProfile) -> Ranking:
-    return rank_stored_offers(*profile_settings(profile))
 
 
 def refresh_profile_rankings() -> int:

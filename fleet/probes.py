@@ -91,9 +91,7 @@ def address_refusal(address: str, *, allow_private: bool) -> str:
 
 def public_port(ports: dict, container_port: int) -> int | None:
     """The public port the provider maps to this container port, from Instance.ports ({"8000/tcp": 41234})."""
-    value = (ports or {}).get(f"{container_port}/tcp")
-    if isinstance(value, list) and value and isinstance(value[0], dict):  # docker's raw shape, in case
-        value = value[0].get("HostPort")
+    value = (ports or {}).get(f"{container_port}/tcp")  # the provider clients store it normalised
     try:
         port = int(value)
     except (TypeError, ValueError):
@@ -308,7 +306,7 @@ def probe_serving_instances(*, now: datetime | None = None, instances=None) -> P
 
 def record_round(boxes: list[Instance], targets: list[Target], outcomes: list[Outcome], now: datetime,
                  report: ProbeRound) -> None:
-    threshold = getattr(settings, "REAPER_PROBE_FAILURES", 3)  # the reaper destroys at the same count
+    threshold = settings.REAPER_PROBE_FAILURES  # the reaper destroys at the same count
     grace = timedelta(seconds=settings.PROBE_STARTUP_GRACE_S)
     results, crossed = [], []
     for box, target, outcome in zip(boxes, targets, outcomes, strict=True):

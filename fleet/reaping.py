@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from fleet.alerts import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent
-from fleet.reaper import DESTROY, MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
+from fleet.reaper import MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -46,8 +46,7 @@ class ReapReport:
     acted: list[int] = field(default_factory=list)  # the pks this pass claimed
 
     def lines(self) -> list[str]:
-        verb = {DESTROY: "destroy", MOVE: "move", SKIP: "skip"}
-        return [f"{verb[d.action]:<7} {d.label}: {d.reason}" for d in self.decisions]
+        return [f"{d.action:<7} {d.label}: {d.reason}" for d in self.decisions]
 
 
 def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: ReaperPolicy | None = None
@@ -98,9 +97,15 @@ def _hand_over(decision: Decision) -> None:
 
 def _say_skipped(skipped: list[Decision], now: datetime) -> None:
     """A protected box's page says once why the reaper let it be, not once a minute."""
+    said = {}  # instance -> the skip messages already on its page (one query for the pass)
+    for pk, message in InstanceEvent.objects.filter(instance_id__in=[d.pk for d in skipped], kind="reap-skipped"
+                                                    ).values_list("instance_id", "message"):
+        said.setdefault(pk, []).append(message)
+    new = []
     for decision in skipped:
         message = f"Reaper: not reaped, {decision.reason}"
         kept_until = message.split(";")[0]  # the same keep, whatever the rule's figures say this minute
-        if not InstanceEvent.objects.filter(instance_id=decision.pk, kind="reap-skipped",
-                                            message__startswith=kept_until).exists():
-            InstanceEvent.objects.create(instance_id=decision.pk, at=now, kind="reap-skipped", message=message)
+        if not any(m.startswith(kept_until) for m in said.get(decision.pk, ())):
+            new.append(InstanceEvent(instance_id=decision.pk, at=now, kind="reap-skipped", message=message))
+            said.setdefault(decision.pk, []).append(message)
+    InstanceEvent.objects.bulk_create(new)

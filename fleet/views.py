@@ -13,7 +13,6 @@ from fleet.forms import RankingForm
 from fleet import ledger
 from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh
 from fleet.offer_ranking import profile_settings, rank_stored_offers
-from fleet.ranking import OfferFilters, Recipe
 
 RANKED_SHOWN = 100
 EXCLUDED_SHOWN = 200
@@ -32,7 +31,7 @@ def _form_for(request) -> tuple[RankingForm, OfferProfile | None]:
         profile = get_object_or_404(OfferProfile, name=request.GET["profile"])
     if "phases" in request.GET:  # the form itself was submitted
         return RankingForm(request.GET), profile
-    recipe, filters = profile_settings(profile) if profile else (Recipe(), OfferFilters())
+    recipe, filters = profile_settings(profile)
     data = RankingForm.data_for(recipe, filters)
     data.update({key: request.GET[key] for key in ("sort", "find") if key in request.GET})  # a link to one offer
     return RankingForm(data), profile

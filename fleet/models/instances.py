@@ -88,6 +88,10 @@ class Instance(models.Model):
     def is_live(self) -> bool:
         return self.state in self.LIVE_STATES
 
+    @property
+    def is_billing(self) -> bool:
+        return self.state in self.BILLING_STATES
+
 
 class CostSegment(models.Model):
     """A stretch of time an instance billed at one hourly price; the ledger is the sum of these (plus traffic)."""

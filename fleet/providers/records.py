@@ -39,15 +39,6 @@ class OfferRecord:
     dlperf: float | None
     total_flops: float | None  # TFLOPS, all GPUs together
 
-    @property
-    def total_gpu_ram_gb(self) -> float:
-        return self.gpu_ram_gb * self.num_gpus
-
-    @property
-    def country_code(self) -> str:
-        """The two-letter country code that ends vast.ai's geolocation ("US-CA, US" -> "US")."""
-        return self.geolocation.rsplit(",", 1)[-1].strip().upper() if self.geolocation else ""
-
 
 @dataclass(frozen=True, slots=True)
 class InstanceRecord:

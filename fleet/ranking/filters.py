@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 from fleet.providers.records import OfferRecord
 
 from .recipe import Recipe
-from .values import number
+from .values import number, whole
 
 # Per-GPU memory ranges, matched on memory because marketplaces name the same card several ways.
 GPU_TIERS: dict[str, tuple[str, float, float]] = {
@@ -90,23 +90,10 @@ class OfferFilters:
 
     def to_dict(self) -> dict:
         """JSON-ready: money as a string, sets as sorted lists."""
-        return {
-            "gpu_tiers": list(self.gpu_tiers),
-            "vram_min_gb": self.vram_min_gb,
-            "vram_max_gb": self.vram_max_gb,
-            "max_usd_per_hour": None if self.max_usd_per_hour is None else str(self.max_usd_per_hour),
-            "min_driver_version": self.min_driver_version,
-            "min_cuda": self.min_cuda,
-            "min_disk_gb": self.min_disk_gb,
-            "min_inet_down_mbps": self.min_inet_down_mbps,
-            "min_inet_up_mbps": self.min_inet_up_mbps,
-            "locations": sorted(self.locations),
-            "min_reliability": self.min_reliability,
-            "require_verified": self.require_verified,
-            "allow_bids": self.allow_bids,
-            "min_gpus": self.min_gpus,
-            "max_gpus": self.max_gpus,
-        }
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(gpu_tiers=list(self.gpu_tiers), locations=sorted(self.locations),
+                    max_usd_per_hour=None if self.max_usd_per_hour is None else str(self.max_usd_per_hour))
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "OfferFilters":
@@ -477,10 +464,9 @@ def _optional_number(name, value) -> float | None:
 def _optional_money(name, value) -> Decimal | None:
     if value is None or value == "":
         return None
-    if isinstance(value, (bool, float)):
-        # floats are accepted from JSON forms, through their shortest text, never their binary value
-        if isinstance(value, bool):
-            raise ValueError(f"{name} must be an amount in dollars like '1.30', got {value!r}")
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an amount in dollars like '1.30', got {value!r}")
+    if isinstance(value, float):  # accepted from JSON forms, through its shortest text, never its binary value
         value = repr(value)
     try:
         amount = Decimal(str(value).strip().lstrip("$"))
@@ -504,12 +490,10 @@ def _flag(name, value) -> bool:
 
 
 def _count(name, value) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}") from None
-    if not math.isfinite(number) or number != int(number) or number < 1:
+        count = whole(name, value)
+    except ValueError:
+        count = 0
+    if count < 1:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    return int(number)
+    return count

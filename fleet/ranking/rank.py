@@ -90,10 +90,6 @@ class RankedOffer:
         return self.throughput.tokens_per_s
 
     @property
-    def step_s(self) -> float:
-        return self.projection.step_s
-
-    @property
     def kernel_path(self) -> str:
         return self.throughput.kernel_path
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 from fleet import actions, inference, tasks
 from fleet.inference import ModelState, Rental, pick_offer, plan
 from fleet.models import Alert, InferenceModel, Instance, Offer, ProbeResult
+from fleet.offer_ranking import profile_settings
 from fleet.offers import refresh_offers
 from fleet.providers import get_provider
 
@@ -110,7 +111,7 @@ def test_it_rents_a_missing_replica_once_however_often_the_task_runs(offers, mod
 
 
 def test_it_replaces_a_failing_replica_on_another_machine(offers, model):
-    ranked = inference.rank_stored_offers(inference.Recipe(), inference.OfferFilters()).entries
+    ranked = inference.rank_stored_offers(*profile_settings(None)).entries
     best = Offer.objects.get(offer_id=ranked[0].offer.offer_id, is_bid=ranked[0].offer.is_bid)
     failing = _replica(model, best, state=State.RUNNING, consecutive_probe_failures=3,
                        requested_at=timezone.now() - timedelta(hours=1))
@@ -142,7 +143,7 @@ def test_it_counts_todays_failed_rents_against_the_budget(offers, model):
 
 
 def test_it_rents_a_row_a_dead_task_wrote_but_never_rented(offers, model):
-    best = inference.rank_stored_offers(inference.Recipe(), inference.OfferFilters()).entries[0].offer
+    best = inference.rank_stored_offers(*profile_settings(None)).entries[0].offer
     offer = Offer.objects.get(offer_id=best.offer_id, is_bid=best.is_bid)
 
     row, _ = actions.request_rent(offer=offer, idempotency_key="written-then-died", purpose="serving",

@@ -154,12 +154,18 @@ def test_it_marks_an_instance_the_provider_lost_as_failed(offer, frozen_market):
     assert not instance.cost_segments.filter(ended_at=None).exists()
 
 
-def test_it_destroys_a_host_whose_driver_is_too_old(frozen_market):
+def _rent_on_an_old_driver(market, key):
+    """A CUDA 12.8 image on a host whose driver is older: its CUDA init will fail with error 803."""
     refresh_offers()
     old = _cheap_offer(cuda_max__lt=12.8, cuda_max__gte=0)
-    instance, _ = actions.request_rent(offer=old, idempotency_key="old", disk_gb=100,
+    instance, _ = actions.request_rent(offer=old, idempotency_key=key, disk_gb=100,
                                        image="ghcr.io/example/worker:cuda12.8")
-    actions.rent(instance.pk, now=sim_now(frozen_market))
+    actions.rent(instance.pk, now=sim_now(market))
+    return instance
+
+
+def test_it_destroys_a_host_whose_driver_is_too_old(frozen_market):
+    instance = _rent_on_an_old_driver(frozen_market, "old")
     frozen_market.advance(120)
     actions.sync(now=sim_now(frozen_market))
     instance.refresh_from_db()
@@ -167,11 +173,7 @@ def test_it_destroys_a_host_whose_driver_is_too_old(frozen_market):
 
 
 def test_it_keeps_a_failed_instance_for_debugging_until_the_time_passes(frozen_market):
-    refresh_offers()
-    old = _cheap_offer(cuda_max__lt=12.8, cuda_max__gte=0)
-    instance, _ = actions.request_rent(offer=old, idempotency_key="keep", disk_gb=100,
-                                       image="ghcr.io/example/worker:cuda12.8")
-    actions.rent(instance.pk, now=sim_now(frozen_market))
+    instance = _rent_on_an_old_driver(frozen_market, "keep")
     actions.keep_for_debugging(instance, 2, now=sim_now(frozen_market))
     frozen_market.advance(120)
     actions.sync(now=sim_now(frozen_market))  # CUDA error 803: failed, but kept

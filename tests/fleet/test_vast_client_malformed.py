@@ -8,6 +8,7 @@ import pytest
 
 from fleet.providers.errors import MalformedResponse, OutcomeUnknown, ProviderUnavailable
 from fleet.providers.records import RentRequest
+from fleet.ranking.filters import country_code
 from fleet.providers.vast import VastClient
 
 GOOD_OFFER = {
@@ -68,7 +69,7 @@ def test_it_converts_units_once(scripted):
     assert offer.compute_capability == 90  # compute_cap 900
     assert offer.inet_down_mbps == 1500.0
     assert str(offer.total_usd_per_hour) == "1.2" and str(offer.storage_usd_per_gb_month) == "0.15"
-    assert offer.country_code == "SE"
+    assert country_code(offer.geolocation) == "SE"
 
 
 def test_it_says_so_when_the_body_is_not_json(scripted):
