@@ -55,19 +55,24 @@ def _train(recipe_path, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
+def _signal_after(proc, metrics, lines, sig, timeout_s=120):
+    """Send `sig` to the trainer once its metrics file holds `lines` steps (or give up when it exits)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and sum(1 for _ in open(metrics)) >= lines:
+            proc.send_signal(sig)
+            return
+        time.sleep(0.005)
+
+
 def test_a_run_killed_mid_phase_and_restarted_matches_an_uninterrupted_run(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir(), killed.mkdir()
     reference = _train(_recipe_file(whole))
     victim = _train(_recipe_file(killed))
     metrics = killed / "metrics.jsonl"
-    deadline = time.monotonic() + 120
     # Kill once the run is well into its second phase (several checkpoints complete, more steps to go).
-    while time.monotonic() < deadline and victim.poll() is None:
-        if metrics.exists() and sum(1 for _ in open(metrics)) >= 12:
-            victim.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
+    _signal_after(victim, metrics, 12, signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL, victim.stdout.read()
     done_before = _last_by_step(metrics)
     assert len(done_before) < sum(steps for _, steps in CASCADE)
@@ -200,12 +205,7 @@ def test_it_checkpoints_and_stops_on_sigterm(tmp_path):
     recipe_path = _recipe_file(tmp_path)
     victim = _train(recipe_path)
     metrics = tmp_path / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and victim.poll() is None:
-        if metrics.exists() and sum(1 for _ in open(metrics)) >= 4:
-            victim.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.005)
+    _signal_after(victim, metrics, 4, signal.SIGTERM)
     out = victim.communicate(timeout=120)[0]
     assert victim.returncode == STOPPED_EXIT, out
     last = max(_last_by_step(metrics))  # (phase, step) of the last step it trained
