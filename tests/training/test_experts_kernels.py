@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from training.grouped_ops import BACKENDS
+from training.kernels.grouped_gemm import grouped_gemm
 from training.moe_lora import route
 
 LOOP, TRITON = BACKENDS["loop"], BACKENDS["triton"]
@@ -26,7 +27,8 @@ def test_it_has_empty_and_uneven_groups(routed):
 @pytest.mark.parametrize("layout", ["gate_up_forward", "down_forward", "gate_up_input_grad", "down_input_grad"])
 @pytest.mark.parametrize("with_lora", [False, True])
 @pytest.mark.parametrize("hidden, inter", [(40, 24), (64, 32)])  # K with a tail, K a multiple of the block
-def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora, hidden, inter):
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora, hidden, inter, tma):
     groups, rows, _, _, gen = routed
     rank, experts = 8, 6
     gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen)
@@ -46,7 +48,7 @@ def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora,
         l1 = torch.randn(experts, k, rank, generator=gen).transpose(1, 2)
         lora = (l1, torch.randn(experts, n, rank, generator=gen), 0.5)
     row_index = rows if gather else None
-    got, got_z = TRITON.mm(x, weight, groups, rows=row_index, lora=lora)
+    got, got_z = grouped_gemm(x, weight, groups.counts, rows=row_index, lora=lora, tma=tma)
     want, want_z = LOOP.mm(x, weight, groups, rows=row_index, lora=lora)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     if with_lora:  # the rank-wide product x l1^T, which the backward needs, comes out of the same kernel

@@ -11,31 +11,71 @@ H200: 2.12 vs 1.84 ms for the four GEMMs of a 30B-shaped block at 4096 tokens, b
 
 Tiles are found without a host sync: every program reads the per-expert row counts and locates its own
 (expert, row block) from the cumulative block counts, so empty and uneven groups cost nothing.
+
+Two kernels: on Hopper and newer (and wherever the layouts allow it) a persistent one that loads the expert weights,
+and the input rows when they need no gather, with the tensor memory accelerator (TMA) through tensor descriptors;
+elsewhere a plain one with pointer loads.
 """
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import autotune_configs, m_bucket
+from training.kernels._config import autotune_configs, interpreting, m_bucket
+
+_SHAPES = [
+    # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
+    (128, 128, 64, 8, 4),
+    (128, 256, 64, 8, 3),
+    (64, 128, 64, 4, 4),
+    (128, 128, 128, 8, 3),
+    (64, 256, 64, 8, 4),
+    # narrow outputs: x @ A^T and dy @ B (N = the LoRA rank)
+    (128, 32, 128, 4, 4),
+    (64, 32, 128, 4, 4),
+    (128, 64, 64, 4, 4),
+]
+_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 
 
 def _configs():
-    return autotune_configs(
-        [
-            # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
-            (128, 128, 64, 8, 4),
-            (128, 256, 64, 8, 3),
-            (64, 128, 64, 4, 4),
-            (128, 128, 128, 8, 3),
-            (64, 256, 64, 8, 4),
-            # narrow outputs: x @ A^T and dy @ B (N = the LoRA rank)
-            (128, 32, 128, 4, 4),
-            (64, 32, 128, 4, 4),
-            (128, 64, 64, 4, 4),
-        ],
-        names=("BLOCK_M", "BLOCK_N", "BLOCK_K"),
-    )
+    return autotune_configs(_SHAPES, names=_NAMES)
+
+
+@triton.jit
+def _expert_tile(tile_m, experts, counts, blocks, blocks_end, rows_end, BLOCK_M: tl.constexpr):
+    """(expert, first row, end of the expert's rows) of row block `tile_m` (the row blocks of all experts in order)."""
+    e = tl.sum((blocks_end <= tile_m).to(tl.int32), 0)
+    is_e = experts == e
+    group_end = tl.sum(tl.where(is_e, rows_end, 0), 0)
+    group_start = group_end - tl.sum(tl.where(is_e, counts, 0), 0)
+    first_block = tl.sum(tl.where(is_e, blocks_end - blocks, 0), 0)
+    return e, group_start + (tile_m - first_block) * BLOCK_M, group_end
+
+
+@triton.jit
+def _lora_and_store(
+    acc, e, offs_m, mask_m, offs_n, mask_n, y_ptr, z_ptr, l2_ptr, R, lora_scale,
+    stride_ym, stride_yn, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r,
+    HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """acc (+ s * z[rows] @ l2[e]^T) -> y[rows], masked to the expert's rows."""
+    if HAS_LORA:
+        offs_r = tl.arange(0, BLOCK_R)
+        mask_r = offs_r < R
+        z = tl.load(
+            z_ptr + offs_m[:, None].to(tl.int64) * stride_zm + offs_r[None, :] * stride_zr,
+            mask=mask_m[:, None] & mask_r[None, :], other=0.0,
+        )
+        l2 = tl.load(
+            l2_ptr + e.to(tl.int64) * stride_l2e + offs_n[None, :] * stride_l2n + offs_r[:, None] * stride_l2r,
+            mask=mask_r[:, None] & mask_n[None, :], other=0.0,
+        ).to(z.dtype)
+        acc += lora_scale * tl.dot(z, l2)
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.autotune(configs=_configs(), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"])
@@ -62,16 +102,10 @@ def _grouped_gemm_kernel(
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    blocks_end = tl.cumsum(blocks, 0)
-    e = tl.sum((blocks_end <= tile_m).to(tl.int32), 0)
+    e, row_start, group_end = _expert_tile(tile_m, experts, counts, blocks, tl.cumsum(blocks, 0),
+                                           tl.cumsum(counts, 0), BLOCK_M)
     if e >= E:
         return
-    rows_end_all = tl.cumsum(counts, 0)
-    is_e = experts == e
-    group_end = tl.sum(tl.where(is_e, rows_end_all, 0), 0)
-    group_start = group_end - tl.sum(tl.where(is_e, counts, 0), 0)
-    first_block = tl.sum(tl.where(is_e, blocks_end - blocks, 0), 0)
-    row_start = group_start + (tile_m - first_block) * BLOCK_M
 
     offs_m = row_start + tl.arange(0, BLOCK_M)
     mask_m = offs_m < group_end
@@ -99,35 +133,135 @@ def _grouped_gemm_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 
-    if HAS_LORA:
-        offs_r = tl.arange(0, BLOCK_R)
-        mask_r = offs_r < R
-        z = tl.load(
-            z_ptr + offs_m[:, None].to(tl.int64) * stride_zm + offs_r[None, :] * stride_zr,
-            mask=mask_m[:, None] & mask_r[None, :], other=0.0,
-        )
-        l2 = tl.load(
-            l2_ptr + e.to(tl.int64) * stride_l2e + offs_n[None, :] * stride_l2n + offs_r[:, None] * stride_l2r,
-            mask=mask_r[:, None] & mask_n[None, :], other=0.0,
-        ).to(z.dtype)
-        acc += lora_scale * tl.dot(z, l2)
-
-    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    _lora_and_store(acc, e, offs_m, mask_m, offs_n, mask_n, y_ptr, z_ptr, l2_ptr, R, lora_scale,
+                    stride_ym, stride_yn, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r,
+                    HAS_LORA, BLOCK_R)
 
 
-def grouped_gemm(x, w, counts, *, rows=None, lora=None):
+@triton.autotune(configs=_configs(), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T"])
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
+    M, N, K, R, lora_scale, M_BUCKET,
+    stride_xm, stride_w,
+    stride_ym, stride_zm, stride_zr,
+    stride_l2e, stride_l2n, stride_l2r,
+    E: tl.constexpr, E_POW2: tl.constexpr,
+    HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Persistent: each program walks tiles pid, pid + programs, ... (n fastest, as above). The weights are one 2D
+    tensor per layout: (E * N, K) rows (w[e] as it is) or, with W_T, (E * K, N) rows (w[e] transposed in memory);
+    a tile that runs past an expert's N (or K) reads the next expert's rows, which land in masked columns (or meet
+    zero-filled x columns). Rows past the expert's end are computed and not stored."""
+    experts = tl.arange(0, E_POW2)
+    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    blocks_end = tl.cumsum(blocks, 0)
+    rows_end = tl.cumsum(counts, 0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.sum(blocks, 0) * num_n
+    if W_T:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * K, N], strides=[stride_w, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    else:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * N, K], strides=[stride_w, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
+    if not HAS_ROWS:
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        tile_m = tile // num_n
+        pid_n = tile % num_n
+        e, row_start, group_end = _expert_tile(tile_m, experts, counts, blocks, blocks_end, rows_end, BLOCK_M)
+        offs_m = row_start + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < group_end
+        if HAS_ROWS:
+            src_m = tl.load(rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+            x_ptrs = x_ptr + src_m[:, None] * stride_xm + offs_k[None, :]
+        n0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if HAS_ROWS:
+                if EVEN_K:
+                    a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+                else:
+                    a = tl.load(x_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+                x_ptrs += BLOCK_K
+            else:
+                a = x_desc.load([row_start, k0])
+            if W_T:
+                b = w_desc.load([e * K + k0, n0]).to(a.dtype)
+            else:
+                b = w_desc.load([e * N + n0, k0]).to(a.dtype).T
+            acc = tl.dot(a, b, acc)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        _lora_and_store(acc, e, offs_m, mask_m, offs_n, offs_n < N, y_ptr, z_ptr, l2_ptr, R, lora_scale,
+                        stride_ym, 1, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r,
+                        HAS_LORA, BLOCK_R)
+
+
+# MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
+TMA_ENABLED = os.environ.get("MOE_LORA_TMA", "1") != "0"
+_allocator_set = False
+_sm_counts = {}
+
+
+def _tma_layout(x, w, rows):
+    """None, or (W_T, the weights' row stride) where the TMA kernel can read w (and x, unsorted or not)."""
+    if not TMA_ENABLED or (x.device.type != "cuda" and not interpreting()):
+        return None
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return None
+    size = x.element_size()
+
+    def aligned(*values):
+        return all((v * size) % 16 == 0 for v in values)
+
+    if x.stride(1) != 1 or not aligned(x.stride(0)) or x.data_ptr() % 16 or w.data_ptr() % 16:
+        return None
+    if w.element_size() != size:
+        return None
+    num_experts, n, k = w.shape
+    if w.stride(2) == 1 and w.stride(0) == n * w.stride(1) and aligned(w.stride(1)):
+        return False, w.stride(1)
+    if w.stride(1) == 1 and w.stride(0) == k * w.stride(2) and aligned(w.stride(2)):
+        return True, w.stride(2)
+    return None
+
+
+def _ensure_allocator():
+    """Device-side tensor descriptors need a little global scratch per launch; take it from torch's allocator."""
+    global _allocator_set
+    if not _allocator_set:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")
+                             if torch.cuda.is_available() else torch.empty(size, dtype=torch.int8))
+        _allocator_set = True
+
+
+def _programs(device):
+    if device.type != "cuda":
+        return 4
+    if device.index not in _sm_counts:
+        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device.index]
+
+
+def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
     """(y (M, N), z (M, R) or None): y[j] = x[rows[j]] @ w[e]^T + s * z[j] @ l2[e]^T with z[j] = x[rows[j]] @ l1[e]^T,
     for the rows j of expert e.
 
     x: (T, K) or (M, K); w: (E, N, K), any strides; counts: (E,) int32 rows per expert, in sorted order;
     rows: (M,) source row of x for each sorted row (None: x is already sorted);
-    lora: None or (l1 (E, R, K), l2 (E, N, R), s), any strides, x's type or float32.
+    lora: None or (l1 (E, R, K), l2 (E, N, R), s), any strides, x's type or float32;
+    tma: None (where the layout and device allow it), True or False: which kernel runs the base product.
     """
     z = None
     if lora is not None:
         l1, l2, scale = lora
-        z, _ = grouped_gemm(x, l1, counts, rows=rows)
+        z, _ = grouped_gemm(x, l1, counts, rows=rows, tma=False)
     num_experts, n, k = w.shape
     m = rows.shape[0] if rows is not None else x.shape[0]
     y = torch.empty((m, n), device=x.device, dtype=x.dtype)
@@ -136,20 +270,38 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None):
     r = z.shape[1] if z is not None else 0
     z_arg, l2_arg = (z, l2) if z is not None else (x, w)
     rows_arg = rows if rows is not None else counts
+    common = dict(E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_ROWS=rows is not None,
+                  HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))))
+    scale = float(scale) if z is not None else 0.0
+    layout = _tma_layout(x, w, rows) if tma is not False else None
+    if tma and layout is None:
+        raise ValueError("these tensors cannot be read through TMA descriptors")
 
-    def grid(meta):
-        max_blocks = triton.cdiv(m, meta["BLOCK_M"]) + num_experts
-        return (max_blocks * triton.cdiv(n, meta["BLOCK_N"]),)
+    def max_tiles(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) + num_experts) * triton.cdiv(n, meta["BLOCK_N"])
 
-    _grouped_gemm_kernel[grid](
+    if layout is not None:
+        _ensure_allocator()
+        w_t, stride_w = layout
+        programs = _programs(x.device)
+        _grouped_gemm_tma_kernel[lambda meta: (min(programs, max_tiles(meta)),)](
+            x, w, y, counts, rows_arg, z_arg, l2_arg,
+            m, n, k, r, scale, m_bucket(m),
+            x.stride(0), stride_w,
+            y.stride(0), z_arg.stride(0), z_arg.stride(1),
+            l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
+            W_T=w_t, **common,
+        )
+        return y, z
+
+    _grouped_gemm_kernel[lambda meta: (max_tiles(meta),)](
         x, w, y, counts, rows_arg, z_arg, l2_arg,
-        m, n, k, r, float(scale) if z is not None else 0.0, m_bucket(m),
+        m, n, k, r, scale, m_bucket(m),
         x.stride(0), x.stride(1),
         w.stride(0), w.stride(1), w.stride(2),
         y.stride(0), y.stride(1),
         z_arg.stride(0), z_arg.stride(1),
         l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
-        E=num_experts, E_POW2=triton.next_power_of_2(num_experts),
-        HAS_ROWS=rows is not None, HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))),
+        **common,
     )
     return y, z

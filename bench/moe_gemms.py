@@ -1,0 +1,151 @@
+"""Every grouped matmul of one MoE-LoRA block step, each timed alone on one GPU: where the block's device time goes.
+
+For the four base products (gate_up and down forward, and their input gradients) it times each block-size config of
+the grouped-GEMM kernel, on the pointer kernel and on the TMA kernel (persistent, and one program per tile); then the
+products as the block runs them (autotuned, LoRA included, narrow product apart) and the four factor gradients.
+Figures: median of `triton.testing.do_bench`, ms and TFLOP/s; the last printed line is one JSON object.
+
+    python3 bench/moe_gemms.py [--shape qwen3-30b-a3b] [--tokens 4096] [--configs all|none]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+from training.kernels import grouped_gemm as gg  # noqa: E402
+from training.kernels.grouped_weight_grad import grouped_weight_grad  # noqa: E402
+from training.moe_lora import route  # noqa: E402
+
+SHAPES = {
+    "qwen3-30b-a3b": dict(hidden=2048, inter=768, experts=128, top_k=8),
+    "qwen3.6-35b-a3b-like": dict(hidden=2048, inter=512, experts=256, top_k=8),
+    "qwen3-235b-a22b-like": dict(hidden=4096, inter=1536, experts=128, top_k=8),
+    "tiny": dict(hidden=64, inter=32, experts=8, top_k=2),  # a CPU smoke run of the script (TRITON_INTERPRET=1)
+}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+RANK = 32
+# BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
+CANDIDATES = [
+    (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
+    (256, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 4), (128, 128, 128, 8, 3),
+]
+
+
+def bench(fn):
+    if DEVICE == "cpu":
+        started = time.perf_counter()
+        fn()
+        return (time.perf_counter() - started) * 1e3
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def with_configs(kernel, shapes):
+    """Run `kernel` with these configs only (one config: no tuning) until restored."""
+    saved = kernel.configs
+    kernel.configs = [triton.Config(dict(zip(gg._NAMES, s[:3])), num_warps=s[3], num_stages=s[4]) for s in shapes]
+    kernel.cache = {}
+    return saved
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="qwen3-30b-a3b")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--configs", default="all", help="all: time every candidate config; none: skip")
+    args = parser.parse_args()
+    shape = SHAPES[args.shape]
+    experts, hidden, inter, top_k = shape["experts"], shape["hidden"], shape["inter"], shape["top_k"]
+    dev = DEVICE
+    gen = torch.Generator(device=dev).manual_seed(0)
+    index = torch.rand(args.tokens, experts, device=dev, generator=gen).topk(top_k, dim=-1).indices
+    weights = torch.full((args.tokens, top_k), 1.0 / top_k, device=dev)
+    groups, rows, _, _ = route(index, weights, experts)
+    s = rows.shape[0]
+
+    def rand(*size, dtype=torch.bfloat16, scale=1.0):
+        return torch.randn(*size, device=dev, dtype=dtype, generator=gen) * scale
+
+    x, dy = rand(args.tokens, hidden), rand(args.tokens, hidden)
+    h, dgu = rand(s, inter), rand(s, 2 * inter)
+    w1, w2 = rand(experts, 2 * inter, hidden, scale=0.02), rand(experts, hidden, inter, scale=0.02)
+    a1, a2 = rand(experts, RANK, hidden, dtype=torch.float32), rand(experts, RANK, inter, dtype=torch.float32)
+    b1, b2 = rand(experts, RANK, 2 * inter), rand(experts, RANK, hidden)
+    problems = {  # name: (input, weight view (E, N, K), gathered rows, lora as the block passes it)
+        "gate_up forward": (x, w1, rows, (a1, b1.transpose(1, 2), 2.0)),
+        "down forward": (h, w2, None, (a2, b2.transpose(1, 2), 2.0)),
+        "down input grad": (dy, w2.transpose(1, 2), rows, (b2, a2.transpose(1, 2), 2.0)),
+        "gate_up input grad": (dgu, w1.transpose(1, 2), None, (b1, a1.transpose(1, 2), 2.0)),
+    }
+    result = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", triton=triton.__version__, torch=torch.__version__,
+                  shape=args.shape, tokens=args.tokens, configs=[], block=[])
+    lines = []
+    for name, (inp, w, gather, lora) in problems.items():
+        flop = 2 * s * w.shape[1] * w.shape[2]
+        if args.configs == "all":
+            for cfg in CANDIDATES:
+                row = dict(problem=name, config=list(cfg))
+                for variant, kernel, tma, programs in (
+                    ("pointers", gg._grouped_gemm_kernel, False, None),
+                    ("tma persistent", gg._grouped_gemm_tma_kernel, True, None),
+                    ("tma per tile", gg._grouped_gemm_tma_kernel, True, 1 << 30),
+                ):
+                    saved = with_configs(kernel, [cfg])
+                    saved_programs = dict(gg._sm_counts)
+                    if programs:
+                        gg._sm_counts[torch.cuda.current_device() if dev == "cuda" else None] = programs
+                    try:
+                        ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
+                        row[variant] = dict(ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
+                    except Exception as exc:  # a config that does not fit (shared memory, registers)
+                        row[variant] = dict(error=f"{type(exc).__name__}: {exc}"[:160])
+                    finally:
+                        kernel.configs, kernel.cache = saved, {}
+                        gg._sm_counts.clear()
+                        gg._sm_counts.update(saved_programs)
+                result["configs"].append(row)
+                print(json.dumps(row), flush=True)
+        # As the block runs it: autotuned, narrow product and LoRA epilogue included; then the narrow product alone.
+        for tma in (False, True):
+            ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, lora=lora, tma=tma))
+            base = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
+            narrow = bench(lambda: gg.grouped_gemm(inp, lora[0], groups.counts, rows=gather, tma=False))
+            row = dict(problem=name, tma=tma, with_lora_ms=round(ms, 4), base_ms=round(base, 4),
+                       base_tflops=round(flop / base / 1e9, 1), narrow_ms=round(narrow, 4))
+            result["block"].append(row)
+            lines.append(f"{name:20s} {'tma' if tma else 'ptr'}: with LoRA {ms:.4f} ms, base {base:.4f} ms "
+                         f"({flop / base / 1e9:.0f} TF/s), narrow {narrow:.4f} ms")
+    xa = rand(s, RANK)
+    grads = {
+        "dA1 = u^T x[rows]": lambda: grouped_weight_grad(xa, x, groups.counts, q_rows=rows, scale=2.0,
+                                                         out_dtype=torch.float32),
+        "dB1 = xa1^T dgu": lambda: grouped_weight_grad(xa, dgu, groups.counts, scale=2.0, out_dtype=torch.float32),
+        "dA2 = t2^T h": lambda: grouped_weight_grad(xa, h, groups.counts, row_scale=weights.reshape(-1),
+                                                    out_dtype=torch.float32),
+        "dB2 = xa2^T dy[rows]": lambda: grouped_weight_grad(xa, dy, groups.counts, q_rows=rows,
+                                                            row_scale=weights.reshape(-1), out_dtype=torch.float32),
+    }
+    for name, fn in grads.items():
+        ms = bench(fn)
+        result["block"].append(dict(problem=name, ms=round(ms, 4)))
+        lines.append(f"{name:20s} {ms:.4f} ms")
+    for row in result["configs"]:
+        cells = []
+        for variant in ("pointers", "tma persistent", "tma per tile"):
+            v = row[variant]
+            cells.append(f"{variant} {v['ms']:.4f} ms {v['tflops']:6.1f} TF/s" if "ms" in v else f"{variant} ERR")
+        lines.append(f"{row['problem']:20s} {str(tuple(row['config'])):24s} " + " | ".join(cells))
+    print("\n".join(lines))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
