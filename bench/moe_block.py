@@ -385,7 +385,14 @@ def profile(shape, tokens, path="ours:triton"):
     eager_ms = triton.testing.do_bench(lambda: holder.mlp(x).backward(grad), warmup=50, rep=300, return_mode="median")
     graph_ms = None
     try:  # the same step captured in one CUDA graph: what it costs without Python launch overhead
-        graph_ms = triton.testing.do_bench(graphed_step(holder, [x], grad), warmup=50, rep=300, return_mode="median")
+        replay = graphed_step(holder, [x], grad)
+        graph_ms = triton.testing.do_bench(replay, warmup=50, rep=300, return_mode="median")
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                replay()
+            torch.cuda.synchronize()
+        print("kernels of 5 graph replays:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), flush=True)
     except Exception as exc:
         print(f"graph capture failed: {type(exc).__name__}: {exc}"[:300])
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),

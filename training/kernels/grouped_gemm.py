@@ -25,23 +25,38 @@ import triton.language as tl
 
 from training.kernels._config import autotune_configs, interpreting, m_bucket
 
-_SHAPES = [
-    # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
-    (128, 128, 64, 8, 4),
+# BLOCK_M, BLOCK_N, BLOCK_K, warps, stages. Chosen on an H200 with bench/moe_gemms.py (bench/NOTES_moe_block.md).
+_WIDE = [
     (128, 256, 64, 8, 3),
-    (64, 128, 64, 4, 4),
-    (128, 128, 128, 8, 3),
+    (128, 256, 64, 8, 4),
+    (128, 128, 64, 8, 4),
+    (128, 128, 64, 4, 4),
     (64, 256, 64, 8, 4),
-    # narrow outputs: x @ A^T and dy @ B (N = the LoRA rank)
+    (128, 128, 128, 8, 3),
+]
+# Narrow outputs (N = the LoRA rank: x @ A^T, dy @ B): little shared memory per program, so several share an SM
+# and keep enough loads in flight.
+_NARROW = [
     (128, 32, 128, 4, 4),
     (64, 32, 128, 4, 4),
     (128, 64, 64, 4, 4),
+    (64, 32, 64, 4, 3),
+    (128, 32, 64, 4, 3),
+    (32, 32, 128, 4, 3),
+    (64, 32, 128, 4, 2),
 ]
 _NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 
 
-def _configs():
-    return autotune_configs(_SHAPES, names=_NAMES)
+def _configs(shapes):
+    return autotune_configs(shapes, names=_NAMES)
+
+
+def _by_width(configs, named_args, **_):
+    """Tune narrow products (N <= 64) over the narrow configs only, wide ones over the wide configs."""
+    narrow = named_args["N"] <= 64
+    kept = [c for c in configs if (c.kwargs["BLOCK_N"] <= 64) == narrow]
+    return kept or configs
 
 
 @triton.jit
@@ -78,7 +93,8 @@ def _lora_and_store(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"])
+@triton.autotune(configs=_configs(_WIDE + _NARROW), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"],
+                 prune_configs_by={"early_config_prune": _by_width})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_kernel(
@@ -138,7 +154,7 @@ def _grouped_gemm_kernel(
                     HAS_LORA, BLOCK_R)
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T"])
+@triton.autotune(configs=_configs(_WIDE), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_tma_kernel(
@@ -205,7 +221,6 @@ def _grouped_gemm_tma_kernel(
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
 TMA_ENABLED = os.environ.get("MOE_LORA_TMA", "1") != "0"
-_allocator_set = False
 _sm_counts = {}
 
 
@@ -232,13 +247,15 @@ def _tma_layout(x, w, rows):
     return None
 
 
+def _scratch(size, alignment, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _ensure_allocator():
-    """Device-side tensor descriptors need a little global scratch per launch; take it from torch's allocator."""
-    global _allocator_set
-    if not _allocator_set:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")
-                             if torch.cuda.is_available() else torch.empty(size, dtype=torch.int8))
-        _allocator_set = True
+    """Device-side tensor descriptors need a little global scratch per launch, taken from torch's allocator. Triton
+    keeps the allocator in a context variable, which a new thread (autograd's backward) does not inherit: set it for
+    every launch."""
+    triton.set_allocator(_scratch)
 
 
 def _programs(device):
