@@ -34,10 +34,15 @@ SHAPES = {
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RANK = 32
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
-CANDIDATES = [
-    (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
-    (256, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 4), (128, 128, 128, 8, 3),
-]
+CANDIDATES = gg._WIDE + [(128, 256, 128, 8, 2), (256, 128, 64, 8, 3)]
+
+
+VARIANTS = (  # name, kernel, tma, programs (None: one per SM), extra constexprs
+    ("pointers", gg._grouped_gemm_kernel, False, None, {}),
+    ("tma persistent", gg._grouped_gemm_tma_kernel, True, None, {}),
+    ("tma flattened", gg._grouped_gemm_tma_kernel, True, None, {"FLATTEN": True}),
+    ("tma per tile", gg._grouped_gemm_tma_kernel, True, 1 << 30, {}),
+)
 
 
 def bench(fn):
@@ -48,10 +53,11 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
-def with_configs(kernel, shapes):
+def with_configs(kernel, shapes, **extra):
     """Run `kernel` with these configs only (one config: no tuning) until restored."""
     saved = kernel.configs
-    kernel.configs = [triton.Config(dict(zip(gg._NAMES, s[:3])), num_warps=s[3], num_stages=s[4]) for s in shapes]
+    kernel.configs = [triton.Config(dict(zip(gg._NAMES, s[:3]), **extra), num_warps=s[3], num_stages=s[4])
+                      for s in shapes]
     kernel.cache = {}
     return saved
 
@@ -61,8 +67,10 @@ def main():
     parser.add_argument("--shape", default="qwen3-30b-a3b")
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--configs", default="all", help="all: time every candidate config; none: skip")
+    parser.add_argument("--variants", default=",".join(v[0] for v in VARIANTS), help="kernel variants to sweep")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
+    variants = [v for v in VARIANTS if v[0] in args.variants.split(",")]
     experts, hidden, inter, top_k = shape["experts"], shape["hidden"], shape["inter"], shape["top_k"]
     dev = DEVICE
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -93,12 +101,8 @@ def main():
         if args.configs == "all":
             for cfg in CANDIDATES:
                 row = dict(problem=name, config=list(cfg))
-                for variant, kernel, tma, programs in (
-                    ("pointers", gg._grouped_gemm_kernel, False, None),
-                    ("tma persistent", gg._grouped_gemm_tma_kernel, True, None),
-                    ("tma per tile", gg._grouped_gemm_tma_kernel, True, 1 << 30),
-                ):
-                    saved = with_configs(kernel, [cfg])
+                for variant, kernel, tma, programs, extra in variants:
+                    saved = with_configs(kernel, [cfg], **extra)
                     saved_programs = dict(gg._sm_counts)
                     if programs:
                         gg._sm_counts[torch.cuda.current_device() if dev == "cuda" else None] = programs
@@ -139,7 +143,7 @@ def main():
         lines.append(f"{name:20s} {ms:.4f} ms")
     for row in result["configs"]:
         cells = []
-        for variant in ("pointers", "tma persistent", "tma per tile"):
+        for variant, *_ in variants:
             v = row[variant]
             cells.append(f"{variant} {v['ms']:.4f} ms {v['tflops']:6.1f} TF/s" if "ms" in v else f"{variant} ERR")
         lines.append(f"{row['problem']:20s} {str(tuple(row['config'])):24s} " + " | ".join(cells))

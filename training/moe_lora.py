@@ -58,9 +58,15 @@ def _note_path(path, device):
         _last_path = path
 
 
-def route(top_k_index, top_k_weights, num_experts):
+def route(top_k_index, top_k_weights, num_experts, path="loop"):
     """Sort the (token, choice) pairs by expert. Returns groups, rows (source token per sorted row), slots (T, K):
-    the sorted row of each pair, and the routing weight of each sorted row. No host sync."""
+    the sorted row of each pair, and order (the pair at each sorted row). No host sync. The Triton path does it in
+    one kernel; the others with torch's stable sort (the same result)."""
+    if path == "triton":
+        from training.kernels.routing import sort_by_expert
+
+        counts, ends, order, slots, rows = sort_by_expert(top_k_index, num_experts)
+        return Groups(counts=counts, ends=ends), rows, slots, order
     num_tokens, top_k = top_k_index.shape
     flat = top_k_index.reshape(-1)
     _, order = torch.sort(flat, stable=True)
@@ -84,7 +90,7 @@ class MoeLoraExperts(torch.autograd.Function):
     def forward(ctx, x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path):
         ops = BACKENDS[path]
         num_experts = w1.shape[0]
-        groups, rows, slots, order = route(top_k_index, top_k_weights, num_experts)
+        groups, rows, slots, order = route(top_k_index, top_k_weights, num_experts, path)
         has_lora1, has_lora2 = a1 is not None, a2 is not None
         # B in the kernels' layout (E, r, out); A is read in place, (E, r, in).
         bk1 = ops.peft_b_to_experts(b1, num_experts, x.dtype) if has_lora1 else None
@@ -111,10 +117,11 @@ class MoeLoraExperts(torch.autograd.Function):
 
         # Down projection. G = dy[token] @ (W2 + s2 B2 A2): the gradient before the routing weight, so that the
         # routing weight's gradient is <G, h> (= <dy, down output>) without keeping the down output.
-        # t2 = dy[token] @ B2 comes out of the same kernel.
+        # t2 = dy[token] @ B2 comes out of the same call, and on Triton the SwiGLU backward runs in the GEMM's
+        # epilogue, so G itself is never stored.
         lora2 = (bk2, experts_a(a2, num_experts).transpose(1, 2), s2) if a2 is not None else None
-        g, t2 = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows, lora=lora2)
-        grad_gate_up, grad_row_weight = ops.swiglu_backward(gate_up, g, row_weight)
+        grad_gate_up, t2, grad_row_weight = ops.mm_swiglu_grad(grad_out, w2.transpose(1, 2), groups, gate_up,
+                                                               row_weight, rows=rows, lora=lora2)
         grad_a2 = grad_b2 = None
         if a2 is not None:
             scaled_weight = row_weight.to(acc) * s2

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from training.grouped_ops import BACKENDS
-from training.kernels.grouped_gemm import grouped_gemm
+from training.kernels.grouped_gemm import grouped_gemm, grouped_gemm_swiglu_grad
 from training.moe_lora import route
 
 LOOP, TRITON = BACKENDS["loop"], BACKENDS["triton"]
@@ -114,3 +114,37 @@ def test_it_computes_the_gated_activation_and_its_backward_like_torch(routed):
     want = LOOP.swiglu_backward(gate_up, g, row_weight)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(23, 6, 2), (150, 8, 3), (1, 4, 1)])
+def test_it_sorts_pairs_by_expert_exactly_like_a_stable_sort(make_routing, num_tokens, num_experts, top_k):
+    gen = torch.Generator().manual_seed(num_tokens)
+    index, weights = make_routing(num_tokens=num_tokens, num_experts=num_experts, top_k=top_k, empty=(1,),
+                                  generator=gen)
+    groups, rows, slots, order = route(index, weights, num_experts, "triton")
+    want_groups, want_rows, want_slots, want_order = route(index, weights, num_experts, "loop")
+    assert groups.host_counts == want_groups.host_counts and groups.host_counts[1] == 0
+    assert torch.equal(groups.ends, want_groups.ends)
+    assert torch.equal(order, want_order) and torch.equal(rows, want_rows) and torch.equal(slots, want_slots)
+    # Read in sorted order, the pairs' experts ascend.
+    flat = index.reshape(-1)
+    assert torch.equal(flat[order], torch.sort(flat, stable=True).values)
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["fused", "two kernels"])
+@pytest.mark.parametrize("gather", [True, False])
+def test_it_runs_the_swiglu_backward_on_the_down_input_gradient_like_the_loop(routed, tma, gather):
+    groups, rows, _, _, gen = routed
+    rank, experts, hidden, inter = 8, 6, 40, 48  # 48 columns: a partial column block on the interpreter's 32
+    m = rows.shape[0]
+    down_t = torch.randn(experts, hidden, inter, generator=gen).transpose(1, 2)  # (E, I, H), as the backward reads
+    dy = torch.randn(23 if gather else m, hidden, generator=gen)
+    gate_up = torch.randn(m, 2 * inter, generator=gen)
+    row_weight = torch.rand(m, generator=gen)
+    lora = (torch.randn(experts, rank, hidden, generator=gen), torch.randn(experts, inter, rank, generator=gen), 0.5)
+    row_index = rows if gather else None
+    got = grouped_gemm_swiglu_grad(dy, down_t, groups.counts, gate_up, row_weight, rows=row_index, lora=lora,
+                                   tma=tma)
+    want = LOOP.mm_swiglu_grad(dy, down_t, groups, gate_up, row_weight, rows=row_index, lora=lora)
+    for got_part, want_part in zip(got, want):
+        torch.testing.assert_close(got_part, want_part, rtol=1e-4, atol=1e-4)

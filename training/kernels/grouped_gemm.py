@@ -71,26 +71,50 @@ def _expert_tile(tile_m, experts, counts, blocks, blocks_end, rows_end, BLOCK_M:
 
 
 @triton.jit
-def _lora_and_store(
-    acc, e, offs_m, mask_m, offs_n, mask_n, y_ptr, z_ptr, l2_ptr, R, lora_scale,
-    stride_ym, stride_yn, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r,
-    HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+def _add_lora(
+    acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
+    stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R: tl.constexpr,
 ):
-    """acc (+ s * z[rows] @ l2[e]^T) -> y[rows], masked to the expert's rows."""
-    if HAS_LORA:
-        offs_r = tl.arange(0, BLOCK_R)
-        mask_r = offs_r < R
-        z = tl.load(
-            z_ptr + offs_m[:, None].to(tl.int64) * stride_zm + offs_r[None, :] * stride_zr,
-            mask=mask_m[:, None] & mask_r[None, :], other=0.0,
-        )
-        l2 = tl.load(
-            l2_ptr + e.to(tl.int64) * stride_l2e + offs_n[None, :] * stride_l2n + offs_r[:, None] * stride_l2r,
-            mask=mask_r[:, None] & mask_n[None, :], other=0.0,
-        ).to(z.dtype)
-        acc += lora_scale * tl.dot(z, l2)
+    """acc + s * z[rows] @ l2[e]^T."""
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_r = offs_r < R
+    z = tl.load(
+        z_ptr + offs_m[:, None].to(tl.int64) * stride_zm + offs_r[None, :] * stride_zr,
+        mask=mask_m[:, None] & mask_r[None, :], other=0.0,
+    )
+    l2 = tl.load(
+        l2_ptr + e.to(tl.int64) * stride_l2e + offs_n[None, :] * stride_l2n + offs_r[:, None] * stride_l2r,
+        mask=mask_r[:, None] & mask_n[None, :], other=0.0,
+    )
+    # Into the same accumulator (no second BLOCK_M x BLOCK_N fp32 tile in registers); s folded into l2 in fp32.
+    return tl.dot(z, (l2.to(tl.float32) * lora_scale).to(z.dtype), acc)
+
+
+@triton.jit
+def _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn):
     y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _store_swiglu_grad(g, offs_m, mask_m, offs_n, mask_n, pid_n, M, N, dgu_ptr, stride_dgu, gu_ptr, stride_gu,
+                       weight_ptr, dw_ptr):
+    """The SwiGLU backward on a tile of G (the down projection's input gradient, columns n of I = N): d gate and
+    d up into dgu's columns n and N + n, and this tile's share of the routing weight's gradient, sum_n G * h, into
+    row pid_n of the (programs along N, M) partial sums (added up afterwards, in a fixed order)."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    gu_rows = gu_ptr + offs_m[:, None].to(tl.int64) * stride_gu
+    gate = tl.load(gu_rows + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_rows + N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    weight = tl.load(weight_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(gate)
+    silu = gate * sig
+    tl.store(dw_ptr + pid_n.to(tl.int64) * M + offs_m, tl.sum(g * silu * up, 1), mask=mask_m)
+    dh = g * weight[:, None]
+    dgu_rows = dgu_ptr + offs_m[:, None].to(tl.int64) * stride_dgu
+    tl.store(dgu_rows + offs_n[None, :], (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(dgu_rows + N + offs_n[None, :], (dh * silu).to(dgu_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.autotune(configs=_configs(_WIDE + _NARROW), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"],
@@ -149,23 +173,26 @@ def _grouped_gemm_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 
-    _lora_and_store(acc, e, offs_m, mask_m, offs_n, mask_n, y_ptr, z_ptr, l2_ptr, R, lora_scale,
-                    stride_ym, stride_yn, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r,
-                    HAS_LORA, BLOCK_R)
+    if HAS_LORA:
+        acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
+                        stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
+    _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn)
 
 
-@triton.autotune(configs=_configs(_WIDE), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T"])
+@triton.autotune(configs=_configs(_WIDE), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "SWIGLU_GRAD"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
+    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr, gu_ptr, weight_ptr, dw_ptr,
     M, N, K, R, lora_scale, M_BUCKET,
     stride_xm, stride_w,
     stride_ym, stride_zm, stride_zr,
-    stride_l2e, stride_l2n, stride_l2r,
+    stride_l2e, stride_l2n, stride_l2r, stride_gu,
     E: tl.constexpr, E_POW2: tl.constexpr,
-    HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr, SWIGLU_GRAD: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    FLATTEN: tl.constexpr = False,
 ):
     """Persistent: each program walks tiles pid, pid + programs, ... (n fastest, as above). The weights are one 2D
     tensor per layout: (E * N, K) rows (w[e] as it is) or, with W_T, (E * K, N) rows (w[e] transposed in memory);
@@ -188,7 +215,7 @@ def _grouped_gemm_tma_kernel(
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
     offs_k = tl.arange(0, BLOCK_K)
-    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         tile_m = tile // num_n
         pid_n = tile % num_n
         e, row_start, group_end = _expert_tile(tile_m, experts, counts, blocks, blocks_end, rows_end, BLOCK_M)
@@ -214,9 +241,15 @@ def _grouped_gemm_tma_kernel(
                 b = w_desc.load([e * N + n0, k0]).to(a.dtype).T
             acc = tl.dot(a, b, acc)
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        _lora_and_store(acc, e, offs_m, mask_m, offs_n, offs_n < N, y_ptr, z_ptr, l2_ptr, R, lora_scale,
-                        stride_ym, 1, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r,
-                        HAS_LORA, BLOCK_R)
+        mask_n = offs_n < N
+        if HAS_LORA:
+            acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
+                            stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
+        if SWIGLU_GRAD:
+            _store_swiglu_grad(acc, offs_m, mask_m, offs_n, mask_n, pid_n, M, N, y_ptr, stride_ym, gu_ptr, stride_gu,
+                               weight_ptr, dw_ptr)
+        else:
+            _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1)
 
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
@@ -275,21 +308,55 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
     lora: None or (l1 (E, R, K), l2 (E, N, R), s), any strides, x's type or float32;
     tma: None (where the layout and device allow it), True or False: which kernel runs the base product.
     """
-    z = None
-    if lora is not None:
-        l1, l2, scale = lora
-        z, _ = grouped_gemm(x, l1, counts, rows=rows, tma=False)
+    z = _narrow(x, counts, rows, lora)
+    y, _ = _launch(x, w, counts, rows, lora, z, tma)
+    return y, z
+
+
+def grouped_gemm_swiglu_grad(x, w, counts, gate_up, row_weight, *, rows=None, lora=None, tma=None):
+    """The down projection's input gradient G = x[rows] @ w[e]^T (+ LoRA, as above) and the SwiGLU backward after it:
+    (d gate_up (M, 2N), z (M, R) or None, d row_weight (M,) fp32) with d row_weight = <G, h>, dh = row_weight * G.
+    On the TMA kernel G never reaches memory; elsewhere it is the grouped GEMM and then the SwiGLU kernel."""
+    z = _narrow(x, counts, rows, lora)
+    layout = _tma_layout(x, w, rows) if tma is not False else None
+    if tma and layout is None:
+        raise ValueError("these tensors cannot be read through TMA descriptors")
+    if layout is None:
+        from training.kernels.swiglu import swiglu_backward
+
+        g, _ = _launch(x, w, counts, rows, lora, z, False)
+        grad_gate_up, grad_weight = swiglu_backward(gate_up, g, row_weight)
+        return grad_gate_up, z, grad_weight
+    grad_gate_up, partial = _launch(x, w, counts, rows, lora, z, True, swiglu=(gate_up, row_weight.contiguous()))
+    return grad_gate_up, z, partial.sum(0)
+
+
+def _narrow(x, counts, rows, lora):
+    """z = x[rows] @ l1[e]^T, the rank-wide product (None without LoRA)."""
+    if lora is None:
+        return None
+    z, _ = _launch(x, lora[0], counts, rows, None, None, False)
+    return z
+
+
+def _launch(x, w, counts, rows, lora, z, tma, swiglu=None):
+    """-> (y, per-column-block partial sums of <G, h> or None); with swiglu = (gate_up, row_weight), y = d gate_up."""
     num_experts, n, k = w.shape
     m = rows.shape[0] if rows is not None else x.shape[0]
-    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    y = torch.empty((m, 2 * n if swiglu else n), device=x.device, dtype=x.dtype)
+    # One row of partial sums per column block: as many as the narrowest wide config makes; unused rows stay zero.
+    partial = None
+    if swiglu:
+        narrowest = min(c.kwargs["BLOCK_N"] for c in _grouped_gemm_tma_kernel.configs)
+        partial = torch.zeros((triton.cdiv(n, narrowest), m), device=x.device, dtype=torch.float32)
     if m == 0:
-        return y, z
+        return y, partial
     r = z.shape[1] if z is not None else 0
-    z_arg, l2_arg = (z, l2) if z is not None else (x, w)
+    z_arg, l2_arg = (z, lora[1]) if z is not None else (x, w)
     rows_arg = rows if rows is not None else counts
     common = dict(E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_ROWS=rows is not None,
                   HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))))
-    scale = float(scale) if z is not None else 0.0
+    scale = float(lora[2]) if z is not None else 0.0
     layout = _tma_layout(x, w, rows) if tma is not False else None
     if tma and layout is None:
         raise ValueError("these tensors cannot be read through TMA descriptors")
@@ -301,15 +368,16 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
         _ensure_allocator()
         w_t, stride_w = layout
         programs = _programs(x.device)
+        gate_up, row_weight = swiglu if swiglu else (y, y)
         _grouped_gemm_tma_kernel[lambda meta: (min(programs, max_tiles(meta)),)](
-            x, w, y, counts, rows_arg, z_arg, l2_arg,
+            x, w, y, counts, rows_arg, z_arg, l2_arg, gate_up, row_weight, partial if swiglu else y,
             m, n, k, r, scale, m_bucket(m),
             x.stride(0), stride_w,
             y.stride(0), z_arg.stride(0), z_arg.stride(1),
-            l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
-            W_T=w_t, **common,
+            l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2), gate_up.stride(0),
+            W_T=w_t, SWIGLU_GRAD=swiglu is not None, **common,
         )
-        return y, z
+        return y, partial
 
     _grouped_gemm_kernel[lambda meta: (max_tiles(meta),)](
         x, w, y, counts, rows_arg, z_arg, l2_arg,
@@ -321,4 +389,4 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
         l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
         **common,
     )
-    return y, z
+    return y, None
