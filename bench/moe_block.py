@@ -89,12 +89,13 @@ def set_path(holder, path):
 
 def graphed_step(holder, inputs, grad):
     """The block's fwd+bwd captured in one CUDA graph, as the trainer runs it (training/graphs.py); each call copies
-    the next input into the captured one and replays. The LoRA grads accumulate in place, as in the trainer."""
+    the next input into the captured one and replays. The LoRA grads accumulate in place, as in the trainer (inside
+    the gradient kernels: moe_lora.grads_accumulated_in_place)."""
     params = lora_params(holder)
     static_x = inputs[0].detach().clone().requires_grad_()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side), moe_lora.grads_accumulated_in_place():
         for _ in range(2):
             holder.mlp(static_x).backward(grad)
     torch.cuda.current_stream().wait_stream(side)
@@ -102,7 +103,7 @@ def graphed_step(holder, inputs, grad):
         p.grad.zero_()
     static_x.grad = None
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph), moe_lora.grads_accumulated_in_place():
         holder.mlp(static_x).backward(grad)
     state = {"i": 0}
 

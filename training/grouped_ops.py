@@ -3,15 +3,15 @@
 Each backend offers the same operations over rows sorted by expert (`Groups` says where each expert's rows are):
 - `mm(x, w, groups, rows, lora)` -> (y, z): y[j] = x[rows[j]] @ w[e]^T (+ s * z[j] @ l2[e]^T), w any (E, N, K) view;
   with lora = (l1 (E, R, K), l2 (E, N, R), s), z[j] = x[rows[j]] @ l1[e]^T (else None). l1 and l2 may be float32;
-- `weight_grad(p, q, groups, q_rows, scale, row_scale, out_dtype)`:
-  out[e] = scale * (row_scale * p)[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q);
+- `weight_grad(p, q, groups, q_rows, scale, row_scale, out_dtype, out)`:
+  out[e] = scale * (row_scale * p)[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q), added into `out` when given;
 - `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
 - `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows (the backward also gives the
   routing weight's gradient);
 - `mm_swiglu_grad(x, w, groups, gate_up, row_weight, rows, lora)` -> (d gate_up, z, d routing weight): `mm` and
   then `swiglu_backward` (one kernel on Triton where it can);
-- `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype)`: peft's (out, r * E) LoRA B matrix
-  (columns rank-major, expert-minor) to (E, r, out) and back.
+- `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype, out)`: peft's (out, r * E) LoRA B matrix
+  (columns rank-major, expert-minor) to (E, r, out) and back (added into `out` when given).
 The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
 """
 
@@ -70,6 +70,11 @@ def swiglu_backward(gate_up, g, row_weight):
     return torch.cat([grad_gate, grad_up], dim=-1).to(gate_up.dtype), grad_row_weight
 
 
+def _into(out, grad):
+    """grad, or out += grad when an accumulation target is given."""
+    return grad if out is None else out.add_(grad.to(out.dtype))
+
+
 def _torch_combine(src, slots, weights):
     picked = src[slots]  # (T, K, H)
     if weights is not None:
@@ -108,24 +113,24 @@ class LoopOps:
         grad_gate_up, grad_row_weight = self.swiglu_backward(gate_up, g, row_weight)
         return grad_gate_up, z, grad_row_weight
 
-    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         if row_scale is not None:
             p = (p.to(accumulation_dtype(p.dtype)) * row_scale.unsqueeze(-1)).to(p.dtype)
-        out = p.new_zeros((groups.counts.shape[0], p.shape[1], q.shape[1]))
+        grad = p.new_zeros((groups.counts.shape[0], p.shape[1], q.shape[1]))
         start = 0
         for e, count in enumerate(groups.host_counts):
             end = start + count
             if count:
                 qe = q[q_rows[start:end]] if q_rows is not None else q[start:end]
-                out[e] = scale * (p[start:end].T @ qe)
+                grad[e] = scale * (p[start:end].T @ qe)
             start = end
-        return out.to(out_dtype or p.dtype)
+        return _into(out, grad.to(out_dtype or p.dtype))
 
     def peft_b_to_experts(self, weight_b, num_experts, dtype):
         return experts_b(weight_b, num_experts).transpose(1, 2).to(dtype).contiguous()
 
-    def experts_to_peft_b(self, b, dtype):
-        return b.permute(2, 1, 0).reshape(b.shape[2], -1).to(dtype)
+    def experts_to_peft_b(self, b, dtype, out=None):
+        return _into(out, b.permute(2, 1, 0).reshape(b.shape[2], -1).to(dtype))
 
     def combine(self, src, slots, weights=None):
         return _torch_combine(src, slots, weights)
@@ -149,15 +154,15 @@ class GroupedMmOps(LoopOps):
             y = y.add_(torch._grouped_mm(z, l2.to(x.dtype).transpose(1, 2), offs=groups.ends), alpha=scale)
         return y, z
 
-    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         if row_scale is not None:
             p = (p.float() * row_scale.unsqueeze(-1)).to(p.dtype)
         qs = q[q_rows] if q_rows is not None else q
-        out = torch._grouped_mm(p.t(), qs, offs=groups.ends)
+        grad = torch._grouped_mm(p.t(), qs, offs=groups.ends)
         # An expert with no rows must get a zero gradient, whatever the kernel leaves there.
-        out = out.masked_fill_((groups.counts == 0).view(-1, 1, 1), 0.0)
-        out = out.mul_(scale) if scale != 1.0 else out
-        return out.to(out_dtype or p.dtype)
+        grad = grad.masked_fill_((groups.counts == 0).view(-1, 1, 1), 0.0)
+        grad = grad.mul_(scale) if scale != 1.0 else grad
+        return _into(out, grad.to(out_dtype or p.dtype))
 
 
 class TritonOps(LoopOps):
@@ -175,21 +180,21 @@ class TritonOps(LoopOps):
 
         return grouped_gemm_swiglu_grad(x, w, groups.counts, gate_up, row_weight, rows=rows, lora=lora)
 
-    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+    def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         from training.kernels.grouped_weight_grad import grouped_weight_grad
 
         return grouped_weight_grad(p, q, groups.counts, q_rows=q_rows, scale=scale, row_scale=row_scale,
-                                   out_dtype=out_dtype)
+                                   out_dtype=out_dtype, out=out)
 
     def peft_b_to_experts(self, weight_b, num_experts, dtype):
         from training.kernels.relayout import peft_b_to_experts
 
         return peft_b_to_experts(weight_b, num_experts, dtype)
 
-    def experts_to_peft_b(self, experts_b, dtype):
+    def experts_to_peft_b(self, experts_b, dtype, out=None):
         from training.kernels.relayout import experts_to_peft_b
 
-        return experts_to_peft_b(experts_b, dtype)
+        return experts_to_peft_b(experts_b, dtype, out=out)
 
     def combine(self, src, slots, weights=None):
         from training.kernels.combine import combine

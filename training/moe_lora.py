@@ -12,6 +12,7 @@ S = tokens * top_k routed rows, sorted by expert.
 import logging
 import os
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 
@@ -26,6 +27,34 @@ forward_calls = Counter()
 
 _forced_path = os.environ.get("MOE_LORA_KERNELS") or None
 _last_path = None
+
+
+_accumulate_in_place = False
+
+
+@contextmanager
+def grads_accumulated_in_place():
+    """Within it, the backward adds the LoRA factor gradients into their `.grad` where one exists (the micro-steps of an
+    accumulation window, CUDA-graph replays included) instead of returning them for autograd to add: one
+    read-modify-write inside the gradient kernels instead of a separate pass over every factor gradient. Only for
+    callers that take gradients through `backward()` into `.grad` and hook no gradient of these parameters (autograd
+    does not see the in-place add); the trainer is one."""
+    global _accumulate_in_place
+    before, _accumulate_in_place = _accumulate_in_place, True
+    try:
+        yield
+    finally:
+        _accumulate_in_place = before
+
+
+def _grad_target(param):
+    """The `.grad` to add this backward's gradient into, or None (then it is returned to autograd)."""
+    if not _accumulate_in_place or param is None:
+        return None
+    grad = param.grad
+    if grad is None or grad.is_sparse or grad.shape != param.shape or grad.dtype != param.dtype:
+        return None
+    return grad if grad.is_contiguous() else None
 
 
 def set_kernel_path(path):
@@ -103,7 +132,7 @@ class MoeLoraExperts(torch.autograd.Function):
         out = ops.combine(down, slots, top_k_weights)
         ctx.save_for_backward(x, top_k_weights, w1, w2, a1, bk1, a2, bk2, rows, slots, order, xa1, gate_up, h, xa2)
         ctx.groups, ctx.s1, ctx.s2, ctx.path = groups, s1, s2, path
-        ctx.lora_dtypes = (b1.dtype if has_lora1 else None, b2.dtype if has_lora2 else None)
+        ctx.lora_b = (b1, b2)  # the parameters themselves, for their .grad (see grads_accumulated_in_place)
         return out
 
     @staticmethod
@@ -126,13 +155,11 @@ class MoeLoraExperts(torch.autograd.Function):
         if a2 is not None:
             scaled_weight = row_weight.to(acc) * s2
             if ctx.needs_input_grad[7]:
-                grad_a2 = ops.weight_grad(t2, h, groups, row_scale=scaled_weight, out_dtype=a2.dtype).view_as(a2)
+                grad_a2 = _factor_grad(a2, lambda out: ops.weight_grad(
+                    t2, h, groups, row_scale=scaled_weight, out_dtype=a2.dtype, out=out), num_experts)
             if ctx.needs_input_grad[8]:
-                grad_b2 = ops.experts_to_peft_b(
-                    ops.weight_grad(xa2, grad_out, groups, q_rows=rows, row_scale=scaled_weight,
-                                    out_dtype=acc),
-                    ctx.lora_dtypes[1],
-                )
+                grad_b2 = _b_grad(ops, ctx.lora_b[1], ops.weight_grad(
+                    xa2, grad_out, groups, q_rows=rows, row_scale=scaled_weight, out_dtype=acc))
 
         # Gate/up projection; u = dgate_up @ B1 comes out of the input-gradient kernel.
         grad_a1 = grad_b1 = None
@@ -140,12 +167,11 @@ class MoeLoraExperts(torch.autograd.Function):
         grad_x_sorted, u = ops.mm(grad_gate_up, w1.transpose(1, 2), groups, lora=lora1)
         if a1 is not None:
             if ctx.needs_input_grad[5]:
-                grad_a1 = ops.weight_grad(u, x, groups, q_rows=rows, scale=s1, out_dtype=a1.dtype).view_as(a1)
+                grad_a1 = _factor_grad(a1, lambda out: ops.weight_grad(
+                    u, x, groups, q_rows=rows, scale=s1, out_dtype=a1.dtype, out=out), num_experts)
             if ctx.needs_input_grad[6]:
-                grad_b1 = ops.experts_to_peft_b(
-                    ops.weight_grad(xa1, grad_gate_up, groups, scale=s1, out_dtype=acc),
-                    ctx.lora_dtypes[0],
-                )
+                grad_b1 = _b_grad(ops, ctx.lora_b[0], ops.weight_grad(
+                    xa1, grad_gate_up, groups, scale=s1, out_dtype=acc))
         grad_x = ops.combine(grad_x_sorted, slots)
 
         grad_weights = None
@@ -154,6 +180,20 @@ class MoeLoraExperts(torch.autograd.Function):
             grad_weights[order] = grad_row_weight
             grad_weights = grad_weights.view_as(top_k_weights).to(top_k_weights.dtype)
         return grad_x, None, grad_weights, None, None, grad_a1, grad_b1, grad_a2, grad_b2, None, None, None
+
+
+def _factor_grad(a, compute, num_experts):
+    """An A factor's gradient, (E, r, in) in peft's own layout: added into a.grad (-> None) or returned."""
+    target = _grad_target(a)
+    grad = compute(experts_a(target, num_experts) if target is not None else None)
+    return None if target is not None else grad.view_as(a)
+
+
+def _b_grad(ops, b, experts_grad):
+    """A B factor's gradient from the kernels' (E, r, out) layout: added into b.grad (-> None) or returned."""
+    target = _grad_target(b)
+    grad = ops.experts_to_peft_b(experts_grad, b.dtype, out=target)
+    return None if target is not None else grad
 
 
 def lora_factors(wrapper):

@@ -285,10 +285,13 @@ def run(recipe, out=print):
     sinks = open_sinks(recipe["metrics"])
     graphs = MicroStepGraphs(groups["trainable"]) if device.type == "cuda" and recipe["cuda_graphs"] else None
     try:
-        for phase_index in range(start_phase, len(phases)):
-            run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
-                      resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out,
-                      graphs=graphs)
+        # Gradients reach .grad through backward() only and nothing hooks them: the experts' backward may add the
+        # routed LoRA gradients into .grad itself.
+        with moe_lora.grads_accumulated_in_place():
+            for phase_index in range(start_phase, len(phases)):
+                run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
+                          resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out,
+                          graphs=graphs)
     finally:
         uploader.wait()  # also when stopped on request: the last checkpoint must reach the store
         for sink in sinks:

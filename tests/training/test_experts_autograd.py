@@ -93,6 +93,31 @@ def test_it_takes_float32_factors_with_half_activations_and_returns_float32_grad
         assert float((got - expected).norm() / expected.norm()) < 1e-2, name
 
 
+@pytest.mark.parametrize("path", ["loop", "triton"])
+def test_it_can_add_factor_gradients_into_grad_in_place_over_micro_steps(make_routing, path):
+    """As the trainer runs it: the first micro-step's gradients are returned to autograd (no .grad yet), the next ones
+    are added into the same .grad tensors, and the sums equal plain autograd's."""
+    names = ("a1", "b1", "a2", "b2")
+    p = _problem(make_routing, torch.float32, num_tokens=13, hidden=40, inter=24, rank=8, experts=6)
+    grad_outs = [torch.randn(13, 40, generator=torch.Generator().manual_seed(seed)) for seed in (3, 4, 5)]
+    want = [torch.zeros_like(p[n]) for n in names]
+    for grad_out in grad_outs:
+        for total, grad in zip(want, torch.autograd.grad(_reference(p), [p[n] for n in names], grad_out)):
+            total += grad
+    with moe_lora.grads_accumulated_in_place():
+        _ours(p, path).backward(grad_outs[0])
+        first = [p[n].grad for n in names]
+        for grad_out in grad_outs[1:]:
+            _ours(p, path).backward(grad_out)
+    for name, tensor, expected in zip(names, first, want):
+        assert p[name].grad is tensor, f"d{name} was replaced, not added into"
+        torch.testing.assert_close(tensor, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+    # Outside the context autograd adds them again, as usual.
+    p["a1"].grad = None
+    _ours(p, path).backward(grad_outs[0])
+    assert p["a1"].grad is not None and p["a1"].grad is not first[0]
+
+
 def test_it_gives_the_frozen_base_no_gradient(make_routing):
     p = _problem(make_routing, torch.float64)
     p["w1"].requires_grad_()

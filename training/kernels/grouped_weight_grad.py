@@ -26,7 +26,8 @@ def _configs():
     )
 
 
-@triton.autotune(configs=_configs(), key=["P", "Q", "M_BUCKET", "HAS_Q_ROWS", "HAS_ROW_SCALE"])
+@triton.autotune(configs=_configs(), key=["P", "Q", "M_BUCKET", "HAS_Q_ROWS", "HAS_ROW_SCALE", "ACCUMULATE"],
+                 restore_value=["out_ptr"])
 @triton.jit
 def _grouped_weight_grad_kernel(
     p_ptr, q_ptr, out_ptr, counts_ptr, q_rows_ptr, row_scale_ptr,
@@ -35,7 +36,7 @@ def _grouped_weight_grad_kernel(
     stride_qm, stride_qq,
     stride_oe, stride_op, stride_oq,
     E: tl.constexpr, E_POW2: tl.constexpr, HAS_Q_ROWS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    ACCUMULATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_p = tl.cdiv(P, BLOCK_P)
@@ -79,16 +80,23 @@ def _grouped_weight_grad_kernel(
         acc = tl.dot(q_t, p, acc)
 
     out_ptrs = out_ptr + e.to(tl.int64) * stride_oe + offs_q[:, None] * stride_oq + offs_p[None, :] * stride_op
-    tl.store(out_ptrs, (acc * scale).to(out_ptr.dtype.element_ty), mask=mask_q[:, None] & mask_p[None, :])
+    mask = mask_q[:, None] & mask_p[None, :]
+    acc = acc * scale
+    if ACCUMULATE:  # into an existing gradient (the caller's .grad), one read-modify-write
+        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, row_scale=None, out_dtype=None):
+def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
     """out (E, P, Q) with out[e] = scale * (row_scale * p)[group e]^T @ q[q_rows[group e]]; p: (M, P) sorted;
-    q: (T, Q) or (M, Q); row_scale: (M,) or None; out in out_dtype (default p's)."""
+    q: (T, Q) or (M, Q); row_scale: (M,) or None; out in out_dtype (default p's). With `out` given (any (E, P, Q)
+    strides), the result is added into it."""
     num_experts = counts.shape[0]
     m, p_dim = p.shape
     q_dim = q.shape[1]
-    out = torch.empty((num_experts, p_dim, q_dim), device=p.device, dtype=out_dtype or p.dtype)
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty((num_experts, p_dim, q_dim), device=p.device, dtype=out_dtype or p.dtype)
 
     def grid(meta):
         return (num_experts * triton.cdiv(p_dim, meta["BLOCK_P"]) * triton.cdiv(q_dim, meta["BLOCK_Q"]),)
@@ -100,6 +108,6 @@ def grouped_weight_grad(p, q, counts, *, q_rows=None, scale=1.0, row_scale=None,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_Q_ROWS=q_rows is not None,
-        HAS_ROW_SCALE=row_scale is not None,
+        HAS_ROW_SCALE=row_scale is not None, ACCUMULATE=accumulate,
     )
     return out
