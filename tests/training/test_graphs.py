@@ -1,5 +1,6 @@
 """CUDA-graph micro-steps: what is captured, and (on a GPU) that replaying trains exactly as eager steps do."""
 
+import contextlib
 import copy
 import os
 
@@ -24,9 +25,11 @@ def test_only_fixed_shape_tensor_batches_of_sync_free_losses_are_captured():
 @gpu
 def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
     """Three optimizer steps of four micro-batches: eager, then with graphs (two eager warm-ups, the capture, and
-    replays across steps, with in-place zeroing in between). Same losses, same adapter."""
+    replays across steps, with in-place zeroing in between, gradients added in place by the experts' kernels). Same
+    losses, same adapter."""
     from transformers import Qwen3MoeForCausalLM
 
+    from training import moe_lora
     from training.graphs import MicroStepGraphs
     from training.lora import attach_lora, randomize_routed_lora_b
     from training.losses import causal_lm_loss
@@ -47,8 +50,10 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
         optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-3, fused=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
         graphs = MicroStepGraphs(groups["trainable"]) if use_graphs else None
-        losses = [optimizer_step(model, batches, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
-                                 graphs=graphs)["loss"] for _ in range(3)]
+        # As the trainer runs graphs: routed LoRA gradients added into .grad by the kernels; eager: plain autograd.
+        with moe_lora.grads_accumulated_in_place() if use_graphs else contextlib.nullcontext():
+            losses = [optimizer_step(model, batches, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+                                     graphs=graphs)["loss"] for _ in range(3)]
         return losses, [p.detach().float().clone() for p in groups["trainable"]], graphs
 
     eager_losses, eager_params, _ = train(False)
