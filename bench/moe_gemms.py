@@ -40,7 +40,7 @@ CANDIDATES = gg._WIDE + [(128, 256, 128, 8, 2), (256, 128, 64, 8, 3)]
 VARIANTS = (  # name, kernel, tma, programs (None: one per SM), extra constexprs
     ("pointers", gg._grouped_gemm_kernel, False, None, {}),
     ("tma persistent", gg._grouped_gemm_tma_kernel, True, None, {"FLATTEN": False}),
-    ("tma flattened", gg._grouped_gemm_tma_kernel, True, None, {}),
+    ("tma flattened", gg._grouped_gemm_tma_kernel, True, None, {"FLATTEN": True}),
     ("tma per tile", gg._grouped_gemm_tma_kernel, True, 1 << 30, {"FLATTEN": False}),
 )
 

@@ -26,17 +26,16 @@ import triton.language as tl
 from training.kernels._config import autotune_configs, interpreting, m_bucket
 
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages. Chosen on an H200 with bench/moe_gemms.py (bench/NOTES_moe_block.md):
-# 128 x 256 tiles won for all four products of a block; 128 x 128 stays for narrow N.
-_TMA = [
+# 128 x 256 tiles won for the four products of a block; the others stay for narrower N and other epilogues.
+_WIDE = [
     (128, 256, 64, 8, 4),
     (128, 256, 64, 8, 3),
     (128, 128, 64, 8, 4),
-]
-_WIDE = _TMA + [
     (128, 128, 64, 4, 4),
     (64, 256, 64, 8, 4),
     (128, 128, 128, 8, 3),
 ]
+_TMA = _WIDE[:5]
 # Narrow outputs (N = the LoRA rank: x @ A^T, dy @ B): little shared memory per program, so several share an SM
 # and keep enough loads in flight.
 _NARROW = [
@@ -51,8 +50,14 @@ _NARROW = [
 _NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 
 
-def _configs(shapes):
-    return autotune_configs(shapes, names=_NAMES)
+def _configs(shapes, **variants):
+    """Configs for these block shapes; each keyword (a constexpr: its values) multiplies them."""
+    configs = autotune_configs(shapes, names=_NAMES)
+    for name, values in variants.items():
+        values = values[:1] if interpreting() else values  # the interpreter runs one config, untimed
+        configs = [triton.Config({**c.kwargs, name: v}, num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in configs for v in values]
+    return configs
 
 
 def _by_width(configs, named_args, **_):
@@ -182,7 +187,8 @@ def _grouped_gemm_kernel(
     _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn)
 
 
-@triton.autotune(configs=_configs(_TMA), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "SWIGLU_GRAD"])
+@triton.autotune(configs=_configs(_TMA, FLATTEN=(True, False)),
+                 key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "SWIGLU_GRAD", "HAS_LORA"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_tma_kernel(
@@ -195,14 +201,15 @@ def _grouped_gemm_tma_kernel(
     HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr, SWIGLU_GRAD: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    FLATTEN: tl.constexpr = True,
+    FLATTEN: tl.constexpr,
 ):
     """Persistent: each program walks tiles pid, pid + programs, ... (n fastest, as above). The weights are one 2D
     tensor per layout: (E * N, K) rows (w[e] as it is) or, with W_T, (E * K, N) rows (w[e] transposed in memory);
     a tile that runs past an expert's N (or K) reads the next expert's rows, which land in masked columns (or meet
     zero-filled x columns). Rows past the expert's end are computed and not stored. FLATTEN lets Triton's pipeliner
-    see the tile loop and the K loop as one, so the next tile's loads are in flight during this tile's epilogue
-    (4-14% faster per product on an H200)."""
+    see the tile loop and the K loop as one, so the next tile's loads are in flight during this tile's epilogue:
+    4-14% faster for the bare products on an H200, but slower with the LoRA and SwiGLU epilogues in one block step,
+    so it is tuned like a block size."""
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
