@@ -396,6 +396,12 @@ def profile(shape, tokens, path="ours:triton"):
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), flush=True)
     except Exception as exc:
         print(f"graph capture failed: {type(exc).__name__}: {exc}"[:300])
+    from training.kernels import grouped_gemm
+
+    for kernel in (grouped_gemm._grouped_gemm_tma_kernel, grouped_gemm._grouped_gemm_kernel):
+        for key, config in kernel.cache.items():  # the autotuner's choice for each problem
+            print(f"tuned {kernel.fn.fn.__name__ if hasattr(kernel.fn, 'fn') else kernel.fn.__name__}: "
+                  f"{key[:8]} -> {config}")
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),
                           eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
     moe_lora.set_kernel_path(None)
