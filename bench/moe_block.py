@@ -131,13 +131,13 @@ def time_block(holder, inputs, grad, repeats=None, graphed=False):
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        step = graphed_step(holder, inputs, grad)
-        step()
+        replay = graphed_step(holder, inputs, grad)
+        replay()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         import triton.testing
 
-        ms = triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+        ms = triton.testing.do_bench(replay, warmup=50, rep=300, return_mode="median")
         for p in params:
             p.grad = None
         return ms, (peak - base) / 2**30, peak / 2**30
@@ -398,10 +398,10 @@ def profile(shape, tokens, path="ours:triton"):
         print(f"graph capture failed: {type(exc).__name__}: {exc}"[:300])
     from training.kernels import grouped_gemm
 
-    for kernel in (grouped_gemm._grouped_gemm_tma_kernel, grouped_gemm._grouped_gemm_kernel):
+    kernels = {"tma": grouped_gemm._grouped_gemm_tma_kernel, "pointers": grouped_gemm._grouped_gemm_kernel}
+    for name, kernel in kernels.items():
         for key, config in kernel.cache.items():  # the autotuner's choice for each problem
-            print(f"tuned {kernel.fn.fn.__name__ if hasattr(kernel.fn, 'fn') else kernel.fn.__name__}: "
-                  f"{key[:8]} -> {config}")
+            print(f"tuned {name}: {key[:8]} -> {config}")
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),
                           eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
     moe_lora.set_kernel_path(None)

@@ -1,7 +1,7 @@
 """Every grouped matmul of one MoE-LoRA block step, each timed alone on one GPU: where the block's device time goes.
 
 For the four base products (gate_up and down forward, and their input gradients) it times each block-size config of
-the grouped-GEMM kernel, on the pointer kernel and on the TMA kernel (persistent, and one program per tile); then the
+the grouped-GEMM kernel, on the pointer kernel and on the persistent TMA kernel (tile loop flattened or not); then the
 products as the block runs them (autotuned, LoRA included, narrow product apart) and the four factor gradients.
 Figures: median of `triton.testing.do_bench`, ms and TFLOP/s; the last printed line is one JSON object.
 
@@ -37,11 +37,10 @@ RANK = 32
 CANDIDATES = gg._WIDE + [(128, 256, 128, 8, 2), (256, 128, 64, 8, 3)]
 
 
-VARIANTS = (  # name, kernel, tma, programs (None: one per SM), extra constexprs
-    ("pointers", gg._grouped_gemm_kernel, False, None, {}),
-    ("tma persistent", gg._grouped_gemm_tma_kernel, True, None, {"FLATTEN": False}),
-    ("tma flattened", gg._grouped_gemm_tma_kernel, True, None, {"FLATTEN": True}),
-    ("tma per tile", gg._grouped_gemm_tma_kernel, True, 1 << 30, {"FLATTEN": False}),
+VARIANTS = (  # name, kernel, tma, extra constexprs
+    ("pointers", gg._grouped_gemm_kernel, False, {}),
+    ("tma persistent", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": False}),
+    ("tma flattened", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": True}),
 )
 
 
@@ -93,19 +92,16 @@ def main():
         "down input grad": (dy, w2.transpose(1, 2), rows, (b2, a2.transpose(1, 2), 2.0)),
         "gate_up input grad": (dgu, w1.transpose(1, 2), None, (b1, a1.transpose(1, 2), 2.0)),
     }
-    result = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", triton=triton.__version__, torch=torch.__version__,
-                  shape=args.shape, tokens=args.tokens, configs=[], block=[])
+    result = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", triton=triton.__version__,
+                  torch=torch.__version__, shape=args.shape, tokens=args.tokens, configs=[], block=[])
     lines = []
     for name, (inp, w, gather, lora) in problems.items():
         flop = 2 * s * w.shape[1] * w.shape[2]
         if args.configs == "all":
             for cfg in CANDIDATES:
                 row = dict(problem=name, config=list(cfg))
-                for variant, kernel, tma, programs, extra in variants:
+                for variant, kernel, tma, extra in variants:
                     saved = with_configs(kernel, [cfg], **extra)
-                    saved_programs = dict(gg._sm_counts)
-                    if programs:
-                        gg._sm_counts[torch.cuda.current_device() if dev == "cuda" else None] = programs
                     try:
                         ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
                         row[variant] = dict(ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
@@ -113,8 +109,6 @@ def main():
                         row[variant] = dict(error=f"{type(exc).__name__}: {exc}"[:160])
                     finally:
                         kernel.configs, kernel.cache = saved, {}
-                        gg._sm_counts.clear()
-                        gg._sm_counts.update(saved_programs)
                 result["configs"].append(row)
                 print(json.dumps(row), flush=True)
         # As the block runs it: autotuned, narrow product and LoRA epilogue included; then the narrow product alone.

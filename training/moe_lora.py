@@ -49,7 +49,7 @@ def grads_accumulated_in_place():
 
 def _grad_target(param):
     """The `.grad` to add this backward's gradient into, or None (then it is returned to autograd)."""
-    if not _accumulate_in_place or param is None:
+    if not _accumulate_in_place:
         return None
     grad = param.grad
     if grad is None or grad.is_sparse or grad.shape != param.shape or grad.dtype != param.dtype:

@@ -16,12 +16,10 @@ def number(name, value, *, non_negative: bool = False) -> float:
 
 
 def whole(name, value) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
     try:
-        result = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
-    if not math.isfinite(result) or result != int(result):
+        result = number(name, value)
+    except ValueError:
+        result = None
+    if result is None or result != int(result):
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     return int(result)

@@ -24,18 +24,18 @@ import triton
 import triton.language as tl
 
 from training.kernels._config import autotune_configs, interpreting, m_bucket
+from training.kernels.swiglu import swiglu_backward, swiglu_grad
 
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages. Chosen on an H200 with bench/moe_gemms.py (bench/NOTES_moe_block.md):
 # 128 x 256 tiles won for the four products of a block; the others stay for narrower N and other epilogues.
-_WIDE = [
+_TMA = [
     (128, 256, 64, 8, 4),
     (128, 256, 64, 8, 3),
     (128, 128, 64, 8, 4),
     (128, 128, 64, 4, 4),
     (64, 256, 64, 8, 4),
-    (128, 128, 128, 8, 3),
 ]
-_TMA = _WIDE[:5]
+_WIDE = _TMA + [(128, 128, 128, 8, 3)]  # the pointer kernel's wide products
 # Narrow outputs (N = the LoRA rank: x @ A^T, dy @ B): little shared memory per program, so several share an SM
 # and keep enough loads in flight.
 _NARROW = [
@@ -115,14 +115,11 @@ def _store_swiglu_grad(g, offs_m, mask_m, offs_n, mask_n, pid_n, M, N, dgu_ptr, 
     gate = tl.load(gu_rows + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_rows + N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     weight = tl.load(weight_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)
-    sig = tl.sigmoid(gate)
-    silu = gate * sig
-    tl.store(dw_ptr + pid_n.to(tl.int64) * M + offs_m, tl.sum(g * silu * up, 1), mask=mask_m)
-    dh = g * weight[:, None]
+    d_gate, d_up, g_h = swiglu_grad(gate, up, g, weight[:, None])
+    tl.store(dw_ptr + pid_n.to(tl.int64) * M + offs_m, tl.sum(g_h, 1), mask=mask_m)
     dgu_rows = dgu_ptr + offs_m[:, None].to(tl.int64) * stride_dgu
-    tl.store(dgu_rows + offs_n[None, :], (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(dgu_rows + N + offs_n[None, :], (dh * silu).to(dgu_ptr.dtype.element_ty), mask=mask)
+    tl.store(dgu_rows + offs_n[None, :], d_gate.to(dgu_ptr.dtype.element_ty), mask=mask)
+    tl.store(dgu_rows + N + offs_n[None, :], d_up.to(dgu_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.autotune(configs=_configs(_WIDE + _NARROW), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"],
@@ -266,14 +263,22 @@ def _grouped_gemm_tma_kernel(
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
 TMA_ENABLED = os.environ.get("MOE_LORA_TMA", "1") != "0"
-_sm_counts = {}
+_devices = {}
 
 
-def _tma_layout(x, w, rows):
-    """None, or (W_T, the weights' row stride) where the TMA kernel can read w (and x, unsorted or not)."""
+def _device(device):
+    """(compute capability major, multiprocessors) of a CUDA device, read once."""
+    if device.index not in _devices:
+        props = torch.cuda.get_device_properties(device)
+        _devices[device.index] = (props.major, props.multi_processor_count)
+    return _devices[device.index]
+
+
+def _tma_layout(x, w):
+    """None, or (W_T, the weights' row stride) where the TMA kernel can read w (and x, when it needs no gather)."""
     if not TMA_ENABLED or (x.device.type != "cuda" and not interpreting()):
         return None
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+    if x.device.type == "cuda" and _device(x.device)[0] < 9:
         return None
     size = x.element_size()
 
@@ -292,6 +297,14 @@ def _tma_layout(x, w, rows):
     return None
 
 
+def _layout(x, w, tma):
+    """The TMA layout to launch with, or None for the pointer kernel; tma True insists, False refuses."""
+    layout = _tma_layout(x, w) if tma is not False else None
+    if tma and layout is None:
+        raise ValueError("these tensors cannot be read through TMA descriptors")
+    return layout
+
+
 def _scratch(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
@@ -301,14 +314,6 @@ def _ensure_allocator():
     keeps the allocator in a context variable, which a new thread (autograd's backward) does not inherit: set it for
     every launch."""
     triton.set_allocator(_scratch)
-
-
-def _programs(device):
-    if device.type != "cuda":
-        return 4
-    if device.index not in _sm_counts:
-        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device.index]
 
 
 def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
@@ -321,7 +326,7 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
     tma: None (where the layout and device allow it), True or False: which kernel runs the base product.
     """
     z = _narrow(x, counts, rows, lora)
-    y, _ = _launch(x, w, counts, rows, lora, z, tma)
+    y, _ = _launch(x, w, counts, rows, lora, z, _layout(x, w, tma))
     return y, z
 
 
@@ -330,16 +335,12 @@ def grouped_gemm_swiglu_grad(x, w, counts, gate_up, row_weight, *, rows=None, lo
     (d gate_up (M, 2N), z (M, R) or None, d row_weight (M,) fp32) with d row_weight = <G, h>, dh = row_weight * G.
     On the TMA kernel G never reaches memory; elsewhere it is the grouped GEMM and then the SwiGLU kernel."""
     z = _narrow(x, counts, rows, lora)
-    layout = _tma_layout(x, w, rows) if tma is not False else None
-    if tma and layout is None:
-        raise ValueError("these tensors cannot be read through TMA descriptors")
+    layout = _layout(x, w, tma)
     if layout is None:
-        from training.kernels.swiglu import swiglu_backward
-
-        g, _ = _launch(x, w, counts, rows, lora, z, False)
+        g, _ = _launch(x, w, counts, rows, lora, z, None)
         grad_gate_up, grad_weight = swiglu_backward(gate_up, g, row_weight)
         return grad_gate_up, z, grad_weight
-    grad_gate_up, partial = _launch(x, w, counts, rows, lora, z, True, swiglu=(gate_up, row_weight.contiguous()))
+    grad_gate_up, partial = _launch(x, w, counts, rows, lora, z, layout, swiglu=(gate_up, row_weight.contiguous()))
     return grad_gate_up, z, partial.sum(0)
 
 
@@ -347,12 +348,13 @@ def _narrow(x, counts, rows, lora):
     """z = x[rows] @ l1[e]^T, the rank-wide product (None without LoRA)."""
     if lora is None:
         return None
-    z, _ = _launch(x, lora[0], counts, rows, None, None, False)
+    z, _ = _launch(x, lora[0], counts, rows, None, None, None)
     return z
 
 
-def _launch(x, w, counts, rows, lora, z, tma, swiglu=None):
-    """-> (y, per-column-block partial sums of <G, h> or None); with swiglu = (gate_up, row_weight), y = d gate_up."""
+def _launch(x, w, counts, rows, lora, z, layout, swiglu=None):
+    """-> (y, per-column-block partial sums of <G, h> or None), on the TMA kernel with a layout (`_layout`), else on
+    the pointer kernel; with swiglu = (gate_up, row_weight) (TMA only), y = d gate_up."""
     num_experts, n, k = w.shape
     m = rows.shape[0] if rows is not None else x.shape[0]
     y = torch.empty((m, 2 * n if swiglu else n), device=x.device, dtype=x.dtype)
@@ -369,9 +371,6 @@ def _launch(x, w, counts, rows, lora, z, tma, swiglu=None):
     common = dict(E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_ROWS=rows is not None,
                   HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))))
     scale = float(lora[2]) if z is not None else 0.0
-    layout = _tma_layout(x, w, rows) if tma is not False else None
-    if tma and layout is None:
-        raise ValueError("these tensors cannot be read through TMA descriptors")
 
     def max_tiles(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) + num_experts) * triton.cdiv(n, meta["BLOCK_N"])
@@ -379,7 +378,7 @@ def _launch(x, w, counts, rows, lora, z, tma, swiglu=None):
     if layout is not None:
         _ensure_allocator()
         w_t, stride_w = layout
-        programs = _programs(x.device)
+        programs = _device(x.device)[1] if x.device.type == "cuda" else 4
         gate_up, row_weight = swiglu if swiglu else (y, y)
         _grouped_gemm_tma_kernel[lambda meta: (min(programs, max_tiles(meta)),)](
             x, w, y, counts, rows_arg, z_arg, l2_arg, gate_up, row_weight, partial if swiglu else y,
