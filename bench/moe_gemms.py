@@ -5,7 +5,12 @@ the grouped-GEMM kernel, on the pointer kernel and on the persistent TMA kernel 
 products as the block runs them (autotuned, LoRA included, narrow product apart) and the four factor gradients.
 Figures: median of `triton.testing.do_bench`, ms and TFLOP/s; the last printed line is one JSON object.
 
-    python3 bench/moe_gemms.py [--shape qwen3-30b-a3b] [--tokens 4096] [--configs all|none]
+    python3 bench/moe_gemms.py [--shape qwen3-30b-a3b] [--tokens 4096] [--configs all|none] [--epilogues]
+
+--epilogues times every config of the persistent TMA kernel on the products as the block runs them (LoRA epilogue),
+the narrow product precomputed, and the down projection's input gradient followed by the SwiGLU backward kernel.
+--compile-only runs each config once, untimed: run it for each --problems subset in parallel processes first, and
+the timed sweep after it finds every kernel in Triton's cache.
 """
 
 import argparse
@@ -23,6 +28,7 @@ import triton.testing  # noqa: E402
 
 from training.kernels import grouped_gemm as gg  # noqa: E402
 from training.kernels.grouped_weight_grad import grouped_weight_grad  # noqa: E402
+from training.kernels.swiglu import swiglu_backward  # noqa: E402
 from training.moe_lora import route  # noqa: E402
 
 SHAPES = {
@@ -61,12 +67,48 @@ def with_configs(kernel, shapes, **extra):
     return saved
 
 
+def sweep_epilogues(problems, groups, swiglu, compile_only):
+    """Each TMA config on each product with the block's LoRA epilogue; prints a line per config, the best per product.
+    The down projection's input gradient is timed with the SwiGLU backward kernel after it, as the block runs it."""
+    kernel = gg._grouped_gemm_tma_kernel
+    best = {}
+    for name, (inp, w, gather, lora) in problems.items():
+        z = gg._narrow(inp, groups.counts, gather, lora)
+        layout = gg._layout(inp, w, True)
+
+        def run():
+            y = gg._launch(inp, w, groups.counts, gather, lora, z, layout)
+            return swiglu_backward(swiglu[0], y, swiglu[1]) if name == "down input grad" else y
+
+        for config in list(kernel.configs):
+            saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
+            label = f"{name:20s} {config}"
+            try:
+                if compile_only:
+                    run()
+                    continue
+                ms = bench(run)
+                print(f"{label} {ms:.4f} ms", flush=True)
+                if name not in best or ms < best[name][0]:
+                    best[name] = (ms, str(config))
+            except Exception as exc:  # a config that does not fit (shared memory, registers)
+                print(f"{label} ERR {type(exc).__name__}: {exc}"[:200], flush=True)
+            finally:
+                kernel.configs, kernel.cache = saved, {}
+    if not compile_only:
+        print(json.dumps(dict(best={name: dict(ms=round(ms, 4), config=c) for name, (ms, c) in best.items()},
+                              total_ms=round(sum(ms for ms, _ in best.values()), 4))))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-30b-a3b")
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--configs", default="all", help="all: time every candidate config; none: skip")
     parser.add_argument("--variants", default=",".join(v[0] for v in VARIANTS), help="kernel variants to sweep")
+    parser.add_argument("--epilogues", action="store_true", help="sweep the TMA kernel's configs with the epilogues")
+    parser.add_argument("--problems", default="", help="comma-separated subset of the four products (default all)")
+    parser.add_argument("--compile-only", action="store_true", help="with --epilogues: run each config once")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     variants = [v for v in VARIANTS if v[0] in args.variants.split(",")]
@@ -92,6 +134,12 @@ def main():
         "down input grad": (dy, w2.transpose(1, 2), rows, (b2, a2.transpose(1, 2), 2.0)),
         "gate_up input grad": (dgu, w1.transpose(1, 2), None, (b1, a1.transpose(1, 2), 2.0)),
     }
+    if args.problems:
+        problems = {name: problems[name] for name in args.problems.split(",")}
+    if args.epilogues:
+        gate_up, row_weight = rand(s, 2 * inter), weights.reshape(-1)[torch.randperm(s, device=dev) % weights.numel()]
+        sweep_epilogues(problems, groups, (gate_up, row_weight), args.compile_only)
+        return
     result = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", triton=triton.__version__,
                   torch=torch.__version__, shape=args.shape, tokens=args.tokens, configs=[], block=[])
     lines = []

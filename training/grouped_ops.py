@@ -8,8 +8,6 @@ Each backend offers the same operations over rows sorted by expert (`Groups` say
 - `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
 - `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows (the backward also gives the
   routing weight's gradient);
-- `mm_swiglu_grad(x, w, groups, gate_up, row_weight, rows, lora)` -> (d gate_up, z, d routing weight): `mm` and
-  then `swiglu_backward` (one kernel on Triton where it can);
 - `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype, out)`: peft's (out, r * E) LoRA B matrix
   (columns rank-major, expert-minor) to (E, r, out) and back (added into `out` when given).
 The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
@@ -108,11 +106,6 @@ class LoopOps:
             start = end
         return y, z
 
-    def mm_swiglu_grad(self, x, w, groups, gate_up, row_weight, rows=None, lora=None):
-        g, z = self.mm(x, w, groups, rows=rows, lora=lora)
-        grad_gate_up, grad_row_weight = self.swiglu_backward(gate_up, g, row_weight)
-        return grad_gate_up, z, grad_row_weight
-
     def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         if row_scale is not None:
             p = (p.to(accumulation_dtype(p.dtype)) * row_scale.unsqueeze(-1)).to(p.dtype)
@@ -174,11 +167,6 @@ class TritonOps(LoopOps):
         from training.kernels.grouped_gemm import grouped_gemm
 
         return grouped_gemm(x, w, groups.counts, rows=rows, lora=lora)
-
-    def mm_swiglu_grad(self, x, w, groups, gate_up, row_weight, rows=None, lora=None):
-        from training.kernels.grouped_gemm import grouped_gemm_swiglu_grad
-
-        return grouped_gemm_swiglu_grad(x, w, groups.counts, gate_up, row_weight, rows=rows, lora=lora)
 
     def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         from training.kernels.grouped_weight_grad import grouped_weight_grad

@@ -146,11 +146,12 @@ class MoeLoraExperts(torch.autograd.Function):
 
         # Down projection. G = dy[token] @ (W2 + s2 B2 A2): the gradient before the routing weight, so that the
         # routing weight's gradient is <G, h> (= <dy, down output>) without keeping the down output.
-        # t2 = dy[token] @ B2 comes out of the same call, and on Triton the SwiGLU backward runs in the GEMM's
-        # epilogue, so G itself is never stored.
+        # t2 = dy[token] @ B2 comes out of the same call. (The SwiGLU backward in the GEMM's epilogue, which would
+        # never store G, measured slower: kernels/grouped_gemm.py.)
         lora2 = (bk2, experts_a(a2, num_experts).transpose(1, 2), s2) if a2 is not None else None
-        grad_gate_up, t2, grad_row_weight = ops.mm_swiglu_grad(grad_out, w2.transpose(1, 2), groups, gate_up,
-                                                               row_weight, rows=rows, lora=lora2)
+        g, t2 = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows, lora=lora2)
+        grad_gate_up, grad_row_weight = ops.swiglu_backward(gate_up, g, row_weight)
+        del g
         grad_a2 = grad_b2 = None
         if a2 is not None:
             scaled_weight = row_weight.to(acc) * s2

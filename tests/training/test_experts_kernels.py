@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+import triton
 
 from training.grouped_ops import BACKENDS
-from training.kernels.grouped_gemm import grouped_gemm, grouped_gemm_swiglu_grad
+from training.kernels.grouped_gemm import grouped_gemm
 from training.moe_lora import route
 
 LOOP, TRITON = BACKENDS["loop"], BACKENDS["triton"]
@@ -131,20 +132,22 @@ def test_it_sorts_pairs_by_expert_exactly_like_a_stable_sort(make_routing, num_t
     assert torch.equal(flat[order], torch.sort(flat, stable=True).values)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["fused", "two kernels"])
-@pytest.mark.parametrize("gather", [True, False])
-def test_it_runs_the_swiglu_backward_on_the_down_input_gradient_like_the_loop(routed, tma, gather):
+@pytest.mark.parametrize("gather", [False, True])
+def test_it_flattens_the_persistent_kernels_tile_loop_with_the_same_products(routed, monkeypatch, gather):
+    from training.kernels import grouped_gemm as gg
+
+    kernel = gg._grouped_gemm_tma_kernel
+    base = kernel.configs[0]
+    flattened = triton.Config({**base.kwargs, "FLATTEN": True}, num_warps=base.num_warps, num_stages=base.num_stages)
+    monkeypatch.setattr(kernel, "configs", [flattened])
+    monkeypatch.setattr(kernel, "cache", {})
     groups, rows, _, _, gen = routed
-    rank, experts, hidden, inter = 8, 6, 40, 48  # 48 columns: a partial column block on the interpreter's 32
-    m = rows.shape[0]
-    down_t = torch.randn(experts, hidden, inter, generator=gen).transpose(1, 2)  # (E, I, H), as the backward reads
-    dy = torch.randn(23 if gather else m, hidden, generator=gen)
-    gate_up = torch.randn(m, 2 * inter, generator=gen)
-    row_weight = torch.rand(m, generator=gen)
-    lora = (torch.randn(experts, rank, hidden, generator=gen), torch.randn(experts, inter, rank, generator=gen), 0.5)
+    rank, experts, hidden, inter = 8, 6, 40, 48
+    x = torch.randn(23 if gather else rows.shape[0], hidden, generator=gen)
+    gate_up_w = torch.randn(experts, 2 * inter, hidden, generator=gen)
+    lora = (torch.randn(experts, rank, hidden, generator=gen), torch.randn(experts, 2 * inter, rank, generator=gen),
+            0.5)
     row_index = rows if gather else None
-    got = grouped_gemm_swiglu_grad(dy, down_t, groups.counts, gate_up, row_weight, rows=row_index, lora=lora,
-                                   tma=tma)
-    want = LOOP.mm_swiglu_grad(dy, down_t, groups, gate_up, row_weight, rows=row_index, lora=lora)
-    for got_part, want_part in zip(got, want):
-        torch.testing.assert_close(got_part, want_part, rtol=1e-4, atol=1e-4)
+    got, _ = grouped_gemm(x, gate_up_w, groups.counts, rows=row_index, lora=lora, tma=True)
+    want, _ = LOOP.mm(x, gate_up_w, groups, rows=row_index, lora=lora)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -8,6 +8,9 @@ exists. L1 and L2 may be float32 (peft keeps adapters in float32): they are cast
 (Accumulating z inside the base K loop instead, which saves a launch and a second read of x, measured slower on an
 H200: 2.12 vs 1.84 ms for the four GEMMs of a 30B-shaped block at 4096 tokens, bench/NOTES_moe_block.md.)
 `rows` gathers the input rows inside the kernel (the token -> sorted-slot gather of the first MoE GEMM).
+The SwiGLU backward is not fused into the epilogue of the down projection's input gradient: on an H200 (30B shape,
+4096 tokens) the fused product took 0.383 ms at its best config, even in column sub-tiles, against 0.294 for the plain
+product that stores G and the SwiGLU backward kernel after it (bench/NOTES_moe_block.md).
 
 Tiles are found without a host sync: every program reads the per-expert row counts and locates its own
 (expert, row block) from the cumulative block counts, so empty and uneven groups cost nothing.
@@ -24,7 +27,6 @@ import triton
 import triton.language as tl
 
 from training.kernels._config import autotune_configs, interpreting, m_bucket
-from training.kernels.swiglu import swiglu_backward, swiglu_grad
 
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages. Chosen on an H200 with bench/moe_gemms.py (bench/NOTES_moe_block.md):
 # 128 x 256 tiles won for the four products of a block; the others stay for narrower N and other epilogues.
@@ -104,24 +106,6 @@ def _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn):
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
-def _store_swiglu_grad(g, offs_m, mask_m, offs_n, mask_n, pid_n, M, N, dgu_ptr, stride_dgu, gu_ptr, stride_gu,
-                       weight_ptr, dw_ptr):
-    """The SwiGLU backward on a tile of G (the down projection's input gradient, columns n of I = N): d gate and
-    d up into dgu's columns n and N + n, and this tile's share of the routing weight's gradient, sum_n G * h, into
-    row pid_n of the (programs along N, M) partial sums (added up afterwards, in a fixed order)."""
-    mask = mask_m[:, None] & mask_n[None, :]
-    gu_rows = gu_ptr + offs_m[:, None].to(tl.int64) * stride_gu
-    gate = tl.load(gu_rows + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gu_rows + N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    weight = tl.load(weight_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)
-    d_gate, d_up, g_h = swiglu_grad(gate, up, g, weight[:, None])
-    tl.store(dw_ptr + pid_n.to(tl.int64) * M + offs_m, tl.sum(g_h, 1), mask=mask_m)
-    dgu_rows = dgu_ptr + offs_m[:, None].to(tl.int64) * stride_dgu
-    tl.store(dgu_rows + offs_n[None, :], d_gate.to(dgu_ptr.dtype.element_ty), mask=mask)
-    tl.store(dgu_rows + N + offs_n[None, :], d_up.to(dgu_ptr.dtype.element_ty), mask=mask)
-
-
 @triton.autotune(configs=_configs(_WIDE + _NARROW), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"],
                  prune_configs_by={"early_config_prune": _by_width})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -185,17 +169,17 @@ def _grouped_gemm_kernel(
 
 
 @triton.autotune(configs=_configs(_TMA, FLATTEN=(True, False)),
-                 key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "SWIGLU_GRAD", "HAS_LORA"])
+                 key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr, gu_ptr, weight_ptr, dw_ptr,
+    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
     M, N, K, R, lora_scale, M_BUCKET,
     stride_xm, stride_w,
     stride_ym, stride_zm, stride_zr,
-    stride_l2e, stride_l2n, stride_l2r, stride_gu,
+    stride_l2e, stride_l2n, stride_l2r,
     E: tl.constexpr, E_POW2: tl.constexpr,
-    HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr, SWIGLU_GRAD: tl.constexpr,
+    HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     FLATTEN: tl.constexpr,
@@ -205,7 +189,7 @@ def _grouped_gemm_tma_kernel(
     a tile that runs past an expert's N (or K) reads the next expert's rows, which land in masked columns (or meet
     zero-filled x columns). Rows past the expert's end are computed and not stored. FLATTEN lets Triton's pipeliner
     see the tile loop and the K loop as one, so the next tile's loads are in flight during this tile's epilogue:
-    4-14% faster for the bare products on an H200, but slower with the LoRA and SwiGLU epilogues in one block step,
+    4-14% faster for the bare products on an H200, but slower with the LoRA epilogue in one block step,
     so it is tuned like a block size."""
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
@@ -254,11 +238,7 @@ def _grouped_gemm_tma_kernel(
         if HAS_LORA:
             acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
                             stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
-        if SWIGLU_GRAD:
-            _store_swiglu_grad(acc, offs_m, mask_m, offs_n, mask_n, pid_n, M, N, y_ptr, stride_ym, gu_ptr, stride_gu,
-                               weight_ptr, dw_ptr)
-        else:
-            _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1)
+        _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1)
 
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
@@ -326,45 +306,23 @@ def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
     tma: None (where the layout and device allow it), True or False: which kernel runs the base product.
     """
     z = _narrow(x, counts, rows, lora)
-    y, _ = _launch(x, w, counts, rows, lora, z, _layout(x, w, tma))
-    return y, z
-
-
-def grouped_gemm_swiglu_grad(x, w, counts, gate_up, row_weight, *, rows=None, lora=None, tma=None):
-    """The down projection's input gradient G = x[rows] @ w[e]^T (+ LoRA, as above) and the SwiGLU backward after it:
-    (d gate_up (M, 2N), z (M, R) or None, d row_weight (M,) fp32) with d row_weight = <G, h>, dh = row_weight * G.
-    On the TMA kernel G never reaches memory; elsewhere it is the grouped GEMM and then the SwiGLU kernel."""
-    z = _narrow(x, counts, rows, lora)
-    layout = _layout(x, w, tma)
-    if layout is None:
-        g, _ = _launch(x, w, counts, rows, lora, z, None)
-        grad_gate_up, grad_weight = swiglu_backward(gate_up, g, row_weight)
-        return grad_gate_up, z, grad_weight
-    grad_gate_up, partial = _launch(x, w, counts, rows, lora, z, layout, swiglu=(gate_up, row_weight.contiguous()))
-    return grad_gate_up, z, partial.sum(0)
+    return _launch(x, w, counts, rows, lora, z, _layout(x, w, tma)), z
 
 
 def _narrow(x, counts, rows, lora):
     """z = x[rows] @ l1[e]^T, the rank-wide product (None without LoRA)."""
     if lora is None:
         return None
-    z, _ = _launch(x, lora[0], counts, rows, None, None, None)
-    return z
+    return _launch(x, lora[0], counts, rows, None, None, None)
 
 
-def _launch(x, w, counts, rows, lora, z, layout, swiglu=None):
-    """-> (y, per-column-block partial sums of <G, h> or None), on the TMA kernel with a layout (`_layout`), else on
-    the pointer kernel; with swiglu = (gate_up, row_weight) (TMA only), y = d gate_up."""
+def _launch(x, w, counts, rows, lora, z, layout):
+    """y, on the TMA kernel with a layout (`_layout`), else on the pointer kernel."""
     num_experts, n, k = w.shape
     m = rows.shape[0] if rows is not None else x.shape[0]
-    y = torch.empty((m, 2 * n if swiglu else n), device=x.device, dtype=x.dtype)
-    # One row of partial sums per column block: as many as the narrowest wide config makes; unused rows stay zero.
-    partial = None
-    if swiglu:
-        narrowest = min(c.kwargs["BLOCK_N"] for c in _grouped_gemm_tma_kernel.configs)
-        partial = torch.zeros((triton.cdiv(n, narrowest), m), device=x.device, dtype=torch.float32)
+    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
-        return y, partial
+        return y
     r = z.shape[1] if z is not None else 0
     z_arg, l2_arg = (z, lora[1]) if z is not None else (x, w)
     rows_arg = rows if rows is not None else counts
@@ -379,16 +337,15 @@ def _launch(x, w, counts, rows, lora, z, layout, swiglu=None):
         _ensure_allocator()
         w_t, stride_w = layout
         programs = _device(x.device)[1] if x.device.type == "cuda" else 4
-        gate_up, row_weight = swiglu if swiglu else (y, y)
         _grouped_gemm_tma_kernel[lambda meta: (min(programs, max_tiles(meta)),)](
-            x, w, y, counts, rows_arg, z_arg, l2_arg, gate_up, row_weight, partial if swiglu else y,
+            x, w, y, counts, rows_arg, z_arg, l2_arg,
             m, n, k, r, scale, m_bucket(m),
             x.stride(0), stride_w,
             y.stride(0), z_arg.stride(0), z_arg.stride(1),
-            l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2), gate_up.stride(0),
-            W_T=w_t, SWIGLU_GRAD=swiglu is not None, **common,
+            l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
+            W_T=w_t, **common,
         )
-        return y, partial
+        return y
 
     _grouped_gemm_kernel[lambda meta: (max_tiles(meta),)](
         x, w, y, counts, rows_arg, z_arg, l2_arg,
@@ -400,4 +357,4 @@ def _launch(x, w, counts, rows, lora, z, layout, swiglu=None):
         l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
         **common,
     )
-    return y, None
+    return y

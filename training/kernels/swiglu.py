@@ -26,7 +26,7 @@ def _swiglu_forward_kernel(gu_ptr, h_ptr, inter, stride_gu, stride_h, BLOCK: tl.
 @triton.jit
 def swiglu_grad(gate, up, g, weight):
     """fp32 tiles -> (d gate, d up, g * h), with dh = weight * g and h = silu(gate) * up; the sum of g * h over a row
-    is the routing weight's gradient. Shared with the grouped GEMM's epilogue."""
+    is the routing weight's gradient."""
     sig = tl.sigmoid(gate)
     silu = gate * sig
     dh = g * weight
