@@ -117,7 +117,7 @@ def test_it_computes_the_gated_activation_and_its_backward_like_torch(routed):
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(23, 6, 2), (150, 8, 3), (1, 4, 1)])
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(23, 6, 2), (150, 8, 3), (1, 4, 1), (700, 12, 4)])
 def test_it_sorts_pairs_by_expert_exactly_like_a_stable_sort(make_routing, num_tokens, num_experts, top_k):
     gen = torch.Generator().manual_seed(num_tokens)
     index, weights = make_routing(num_tokens=num_tokens, num_experts=num_experts, top_k=top_k, empty=(1,),
