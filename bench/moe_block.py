@@ -236,8 +236,7 @@ def grouped_gemm_bench(shape, tokens):
     experts, hidden, inter, top_k = shape["experts"], shape["hidden"], shape["inter"], shape["top_k"]
     gen = torch.Generator(device=DEVICE).manual_seed(7)
     index = torch.rand(tokens, experts, device=DEVICE, generator=gen).topk(top_k, dim=-1).indices
-    weights = torch.full((tokens, top_k), 1.0 / top_k, device=DEVICE)
-    groups, rows, _, _ = route(index, weights, experts)
+    groups, rows, _, _ = route(index, experts)
     groups.host_counts  # the loop's one sync, outside the timing
     xs = [torch.randn(rows.shape[0], hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(3)]
     w = torch.randn(experts, 2 * inter, hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02

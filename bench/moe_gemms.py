@@ -117,7 +117,7 @@ def main():
     gen = torch.Generator(device=dev).manual_seed(0)
     index = torch.rand(args.tokens, experts, device=dev, generator=gen).topk(top_k, dim=-1).indices
     weights = torch.full((args.tokens, top_k), 1.0 / top_k, device=dev)
-    groups, rows, _, _ = route(index, weights, experts)
+    groups, rows, _, _ = route(index, experts)
     s = rows.shape[0]
 
     def rand(*size, dtype=torch.bfloat16, scale=1.0):
@@ -137,7 +137,7 @@ def main():
     if args.problems:
         problems = {name: problems[name] for name in args.problems.split(",")}
     if args.epilogues:
-        gate_up, row_weight = rand(s, 2 * inter), weights.reshape(-1)[torch.randperm(s, device=dev) % weights.numel()]
+        gate_up, row_weight = rand(s, 2 * inter), weights.reshape(-1)
         sweep_epilogues(problems, groups, (gate_up, row_weight), args.compile_only)
         return
     result = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", triton=triton.__version__,

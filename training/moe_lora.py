@@ -87,7 +87,7 @@ def _note_path(path, device):
         _last_path = path
 
 
-def route(top_k_index, top_k_weights, num_experts, path="loop"):
+def route(top_k_index, num_experts, path="loop"):
     """Sort the (token, choice) pairs by expert. Returns groups, rows (source token per sorted row), slots (T, K):
     the sorted row of each pair, and order (the pair at each sorted row). No host sync. The Triton path does it in
     one kernel; the others with torch's stable sort (the same result)."""
@@ -119,7 +119,7 @@ class MoeLoraExperts(torch.autograd.Function):
     def forward(ctx, x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path):
         ops = BACKENDS[path]
         num_experts = w1.shape[0]
-        groups, rows, slots, order = route(top_k_index, top_k_weights, num_experts, path)
+        groups, rows, slots, order = route(top_k_index, num_experts, path)
         has_lora1, has_lora2 = a1 is not None, a2 is not None
         # B in the kernels' layout (E, r, out); A is read in place, (E, r, in).
         bk1 = ops.peft_b_to_experts(b1, num_experts, x.dtype) if has_lora1 else None

@@ -24,16 +24,6 @@ def _swiglu_forward_kernel(gu_ptr, h_ptr, inter, stride_gu, stride_h, BLOCK: tl.
 
 
 @triton.jit
-def swiglu_grad(gate, up, g, weight):
-    """fp32 tiles -> (d gate, d up, g * h), with dh = weight * g and h = silu(gate) * up; the sum of g * h over a row
-    is the routing weight's gradient."""
-    sig = tl.sigmoid(gate)
-    silu = gate * sig
-    dh = g * weight
-    return dh * up * sig * (1.0 + gate * (1.0 - sig)), dh * silu, g * silu * up
-
-
-@triton.jit
 def _swiglu_backward_kernel(
     gu_ptr, g_ptr, w_ptr, dgu_ptr, dw_ptr, inter, stride_gu, stride_g, stride_dgu, BLOCK: tl.constexpr
 ):
@@ -46,8 +36,12 @@ def _swiglu_backward_kernel(
         gate = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gu_ptr + row * stride_gu + inter + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
-        d_gate, d_up, g_h = swiglu_grad(gate, up, g, weight)
-        dot += g_h
+        sig = tl.sigmoid(gate)
+        silu = gate * sig
+        dot += g * silu * up
+        dh = g * weight
+        d_gate = dh * up * sig * (1.0 + gate * (1.0 - sig))
+        d_up = dh * silu
         tl.store(dgu_ptr + row * stride_dgu + offs, d_gate.to(dgu_ptr.dtype.element_ty), mask=mask)
         tl.store(dgu_ptr + row * stride_dgu + inter + offs, d_up.to(dgu_ptr.dtype.element_ty), mask=mask)
     tl.store(dw_ptr + row, tl.sum(dot, 0))
