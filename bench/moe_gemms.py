@@ -9,6 +9,8 @@ Figures: median of `triton.testing.do_bench`, ms and TFLOP/s; the last printed l
 
 --epilogues times every config of the persistent TMA kernel on the products as the block runs them (LoRA epilogue),
 the narrow product precomputed, and the down projection's input gradient followed by the SwiGLU backward kernel.
+--swiglu times each config of the SwiGLU kernels, which also make the rank-wide LoRA product of their result,
+against the same activation without it followed by the narrow grouped GEMM.
 --compile-only runs each config once, untimed: run it for each --problems subset in parallel processes first, and
 the timed sweep after it finds every kernel in Triton's cache.
 """
@@ -28,7 +30,7 @@ import triton.testing  # noqa: E402
 
 from training.kernels import grouped_gemm as gg  # noqa: E402
 from training.kernels.grouped_weight_grad import grouped_weight_grad  # noqa: E402
-from training.kernels.swiglu import swiglu_backward  # noqa: E402
+from training.kernels import swiglu as sw  # noqa: E402
 from training.moe_lora import route  # noqa: E402
 
 SHAPES = {
@@ -69,7 +71,8 @@ def with_configs(kernel, shapes, **extra):
 
 def sweep_epilogues(problems, groups, swiglu, compile_only):
     """Each TMA config on each product with the block's LoRA epilogue; prints a line per config, the best per product.
-    The down projection's input gradient is timed with the SwiGLU backward kernel after it, as the block runs it."""
+    The down projection's input gradient is timed with the SwiGLU backward kernel after it, as the block runs it
+    (`swiglu`: that kernel's other arguments)."""
     kernel = gg._grouped_gemm_tma_kernel
     best = {}
     for name, (inp, w, gather, lora) in problems.items():
@@ -78,7 +81,7 @@ def sweep_epilogues(problems, groups, swiglu, compile_only):
 
         def run():
             y = gg._launch(inp, w, groups.counts, gather, lora, z, layout)
-            return swiglu_backward(swiglu[0], y, swiglu[1]) if name == "down input grad" else y
+            return sw.swiglu_backward(g=y, **swiglu) if name == "down input grad" else y
 
         for config in list(kernel.configs):
             saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
@@ -100,6 +103,40 @@ def sweep_epilogues(problems, groups, swiglu, compile_only):
                               total_ms=round(sum(ms for ms, _ in best.values()), 4))))
 
 
+def sweep_swiglu(groups, order, weights, gate_up, g, a2, b1):
+    """The SwiGLU kernels with the narrow LoRA product fused, per config, against the activation alone plus the
+    narrow grouped GEMM (each autotuned)."""
+    counts = groups.counts
+    fused = {
+        "forward": (sw._swiglu_forward_kernel, lambda: sw.swiglu(gate_up, counts, a2)),
+        "backward": (sw._swiglu_backward_kernel, lambda: sw.swiglu_backward(gate_up, g, weights, order, counts, b1)),
+    }
+    h, _ = sw.swiglu(gate_up, counts)
+    dgu = sw.swiglu_backward(gate_up, g, weights, order, counts)[0]
+    apart = {
+        "forward": bench(lambda: sw.swiglu(gate_up, counts)) + bench(lambda: gg._narrow(h, counts, None, (a2,))),
+        "backward": bench(lambda: sw.swiglu_backward(gate_up, g, weights, order, counts))
+        + bench(lambda: gg._narrow(dgu, counts, None, (b1,))),
+    }
+    result = {}
+    candidates = [(m, i, w, 1) for m in (16, 32, 64) for i in (64, 128, 256) for w in (4, 8) if m * i <= 8192]
+    for name, (kernel, run) in fused.items():
+        times = {}
+        for config in sw.autotune_configs(candidates, names=("BLOCK_M", "BLOCK_I")):
+            saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
+            try:
+                times[str(config)] = round(bench(run), 4)
+            except Exception as exc:  # a config that does not fit
+                times[str(config)] = f"{type(exc).__name__}: {exc}"[:120]
+            finally:
+                kernel.configs, kernel.cache = saved, {}
+            print(f"swiglu {name:8s} {config} {times[str(config)]}", flush=True)
+        best = min(v for v in times.values() if isinstance(v, float))
+        result[name] = dict(fused_best_ms=best, apart_ms=round(apart[name], 4), configs=times)
+        print(f"swiglu {name}: fused {best:.4f} ms, activation + narrow GEMM {apart[name]:.4f} ms", flush=True)
+    print(json.dumps(result))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-30b-a3b")
@@ -108,6 +145,7 @@ def main():
     parser.add_argument("--variants", default=",".join(v[0] for v in VARIANTS), help="kernel variants to sweep")
     parser.add_argument("--epilogues", action="store_true", help="sweep the TMA kernel's configs with the epilogues")
     parser.add_argument("--problems", default="", help="comma-separated subset of the four products (default all)")
+    parser.add_argument("--swiglu", action="store_true", help="sweep the SwiGLU kernels' configs, LoRA product fused")
     parser.add_argument("--compile-only", action="store_true", help="with --epilogues: run each config once")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
@@ -117,7 +155,7 @@ def main():
     gen = torch.Generator(device=dev).manual_seed(0)
     index = torch.rand(args.tokens, experts, device=dev, generator=gen).topk(top_k, dim=-1).indices
     weights = torch.full((args.tokens, top_k), 1.0 / top_k, device=dev)
-    groups, rows, _, _ = route(index, experts)
+    groups, rows, _, order = route(index, experts)
     s = rows.shape[0]
 
     def rand(*size, dtype=torch.bfloat16, scale=1.0):
@@ -136,9 +174,13 @@ def main():
     }
     if args.problems:
         problems = {name: problems[name] for name in args.problems.split(",")}
+    if args.swiglu:
+        gate_up, g = rand(s, 2 * inter), rand(s, inter)
+        sweep_swiglu(groups, order, weights, gate_up, g, a2, b1)
+        return
     if args.epilogues:
-        gate_up, row_weight = rand(s, 2 * inter), weights.reshape(-1)
-        sweep_epilogues(problems, groups, (gate_up, row_weight), args.compile_only)
+        swiglu = dict(gate_up=rand(s, 2 * inter), weights=weights, order=order, counts=groups.counts, b=b1)
+        sweep_epilogues(problems, groups, swiglu, args.compile_only)
         return
     result = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", triton=triton.__version__,
                   torch=torch.__version__, shape=args.shape, tokens=args.tokens, configs=[], block=[])

@@ -1,13 +1,17 @@
 """The three ways to run the grouped matmuls of the experts: our Triton kernels, `torch._grouped_mm`, a per-expert loop.
 
 Each backend offers the same operations over rows sorted by expert (`Groups` says where each expert's rows are):
-- `mm(x, w, groups, rows, lora)` -> (y, z): y[j] = x[rows[j]] @ w[e]^T (+ s * z[j] @ l2[e]^T), w any (E, N, K) view;
-  with lora = (l1 (E, R, K), l2 (E, N, R), s), z[j] = x[rows[j]] @ l1[e]^T (else None). l1 and l2 may be float32;
+- `mm(x, w, groups, rows, lora, z)`: y[j] = x[rows[j]] @ w[e]^T (+ s * z[j] @ l2[e]^T), w any (E, N, K) view;
+  with lora = (l1 (E, R, K), l2 (E, N, R), s), z[j] = x[rows[j]] @ l1[e]^T unless z is given (else None). l1 and l2
+  may be float32;
 - `weight_grad(p, q, groups, q_rows, scale, row_scale, out_dtype, out)`:
   out[e] = scale * (row_scale * p)[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q), added into `out` when given;
 - `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
-- `swiglu` / `swiglu_backward`: the gated activation on (S, 2I) [gate | up] rows (the backward also gives the
-  routing weight's gradient);
+- `swiglu(gate_up, groups, a)`: the gated activation h on (S, 2I) [gate | up] rows, and z = h @ a[e]^T (the down
+  projection's LoRA input product) when a (E, r, I) is given;
+- `swiglu_backward(gate_up, g, weights, order, groups, b)`: its backward from G (the down projection's input gradient
+  before the routing weight), with the routing weights' gradient in their (T, K) layout, the row weights in sorted
+  order (accumulation type), and u = d gate_up @ b[e]^T when b (E, r, 2I) is given;
 - `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype, out)`: peft's (out, r * E) LoRA B matrix
   (columns rank-major, expert-minor) to (E, r, out) and back (added into `out` when given).
 The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
@@ -85,14 +89,11 @@ class LoopOps:
 
     name = "loop"
 
-    def mm(self, x, w, groups, rows=None, lora=None):
+    def mm(self, x, w, groups, rows=None, lora=None, z=None):
         m = rows.shape[0] if rows is not None else x.shape[0]
         y = x.new_empty((m, w.shape[1]))
-        z = None
-        if lora is not None:
-            l1, l2, scale = lora
-            l1, l2 = l1.to(x.dtype), l2.to(x.dtype)
-            z = x.new_zeros((m, l1.shape[1]))
+        if lora is not None and z is None:
+            z, _ = self.mm(x, lora[0].to(x.dtype), groups, rows=rows)
         start = 0
         for e, count in enumerate(groups.host_counts):
             end = start + count
@@ -100,11 +101,10 @@ class LoopOps:
                 xe = x[rows[start:end]] if rows is not None else x[start:end]
                 ye = xe @ w[e].T
                 if lora is not None:
-                    z[start:end] = xe @ l1[e].T
-                    ye = ye + scale * (z[start:end] @ l2[e].T)
+                    ye = ye + lora[2] * (z[start:end] @ lora[1][e].to(x.dtype).T)
                 y[start:end] = ye
             start = end
-        return y, z
+        return y, z if lora is not None else None
 
     def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         if row_scale is not None:
@@ -128,8 +128,17 @@ class LoopOps:
     def combine(self, src, slots, weights=None):
         return _torch_combine(src, slots, weights)
 
-    swiglu = staticmethod(swiglu)
-    swiglu_backward = staticmethod(swiglu_backward)
+    def swiglu(self, gate_up, groups, a=None):
+        h = swiglu(gate_up)
+        return h, (self.mm(h, a.to(h.dtype), groups)[0] if a is not None else None)
+
+    def swiglu_backward(self, gate_up, g, weights, order, groups, b=None):
+        row_weight = weights.reshape(-1)[order].to(accumulation_dtype(gate_up.dtype))
+        grad_gate_up, grad_row_weight = swiglu_backward(gate_up, g, row_weight)
+        grad_weights = torch.empty_like(grad_row_weight)
+        grad_weights[order] = grad_row_weight
+        u = self.mm(grad_gate_up, b.to(gate_up.dtype), groups)[0] if b is not None else None
+        return grad_gate_up, grad_weights.view_as(weights).to(weights.dtype), row_weight, u
 
 
 class GroupedMmOps(LoopOps):
@@ -137,14 +146,15 @@ class GroupedMmOps(LoopOps):
 
     name = "grouped_mm"
 
-    def mm(self, x, w, groups, rows=None, lora=None):
+    def mm(self, x, w, groups, rows=None, lora=None, z=None):
         xs = x[rows] if rows is not None else x
         y = torch._grouped_mm(xs, w.transpose(1, 2), offs=groups.ends)
-        z = None
-        if lora is not None:
-            l1, l2, scale = lora
+        if lora is None:
+            return y, None
+        l1, l2, scale = lora
+        if z is None:
             z = torch._grouped_mm(xs, l1.to(x.dtype).transpose(1, 2), offs=groups.ends)
-            y = y.add_(torch._grouped_mm(z, l2.to(x.dtype).transpose(1, 2), offs=groups.ends), alpha=scale)
+        y = y.add_(torch._grouped_mm(z, l2.to(x.dtype).transpose(1, 2), offs=groups.ends), alpha=scale)
         return y, z
 
     def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
@@ -163,10 +173,10 @@ class TritonOps(LoopOps):
 
     name = "triton"
 
-    def mm(self, x, w, groups, rows=None, lora=None):
+    def mm(self, x, w, groups, rows=None, lora=None, z=None):
         from training.kernels.grouped_gemm import grouped_gemm
 
-        return grouped_gemm(x, w, groups.counts, rows=rows, lora=lora)
+        return grouped_gemm(x, w, groups.counts, rows=rows, lora=lora, z=z)
 
     def weight_grad(self, p, q, groups, q_rows=None, scale=1.0, row_scale=None, out_dtype=None, out=None):
         from training.kernels.grouped_weight_grad import grouped_weight_grad
@@ -189,15 +199,15 @@ class TritonOps(LoopOps):
 
         return combine(src, slots, weights)
 
-    def swiglu(self, gate_up):
+    def swiglu(self, gate_up, groups, a=None):
         from training.kernels.swiglu import swiglu
 
-        return swiglu(gate_up)
+        return swiglu(gate_up, groups.counts, a)
 
-    def swiglu_backward(self, gate_up, g, row_weight):
+    def swiglu_backward(self, gate_up, g, weights, order, groups, b=None):
         from training.kernels.swiglu import swiglu_backward
 
-        return swiglu_backward(gate_up, g, row_weight)
+        return swiglu_backward(gate_up, g, weights, order, groups.counts, b)
 
 
 BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps())}

@@ -127,8 +127,8 @@ class MoeLoraExperts(torch.autograd.Function):
         ak1 = experts_a(a1, num_experts) if has_lora1 else None
         ak2 = experts_a(a2, num_experts) if has_lora2 else None
         gate_up, xa1 = ops.mm(x, w1, groups, rows=rows, lora=(ak1, bk1.transpose(1, 2), s1) if has_lora1 else None)
-        h = ops.swiglu(gate_up)
-        down, xa2 = ops.mm(h, w2, groups, lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None)
+        h, xa2 = ops.swiglu(gate_up, groups, ak2)  # xa2 = h A2^T comes out of the activation's kernel
+        down, _ = ops.mm(h, w2, groups, lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None, z=xa2)
         out = ops.combine(down, slots, top_k_weights)
         ctx.save_for_backward(x, top_k_weights, w1, w2, a1, bk1, a2, bk2, rows, slots, order, xa1, gate_up, h, xa2)
         ctx.groups, ctx.s1, ctx.s2, ctx.path = groups, s1, s2, path
@@ -142,7 +142,6 @@ class MoeLoraExperts(torch.autograd.Function):
         num_experts = w1.shape[0]
         grad_out = grad_out.contiguous().to(x.dtype)
         acc = accumulation_dtype(x.dtype)
-        row_weight = top_k_weights.reshape(-1)[order]  # (S,)
 
         # Down projection. G = dy[token] @ (W2 + s2 B2 A2): the gradient before the routing weight, so that the
         # routing weight's gradient is <G, h> (= <dy, down output>) without keeping the down output.
@@ -150,22 +149,24 @@ class MoeLoraExperts(torch.autograd.Function):
         # never store G, measured slower: kernels/grouped_gemm.py.)
         lora2 = (bk2, experts_a(a2, num_experts).transpose(1, 2), s2) if a2 is not None else None
         g, t2 = ops.mm(grad_out, w2.transpose(1, 2), groups, rows=rows, lora=lora2)
-        grad_gate_up, grad_row_weight = ops.swiglu_backward(gate_up, g, row_weight)
+        # The activation's backward also gives the routing weights' gradient, each sorted row's routing weight, and
+        # u = dgate_up @ B1 for the gate/up input gradient.
+        grad_gate_up, grad_weights, row_weight, u = ops.swiglu_backward(
+            gate_up, g, top_k_weights, order, groups, bk1)
         del g
         grad_a2 = grad_b2 = None
         if a2 is not None:
-            scaled_weight = row_weight.to(acc) * s2
             if ctx.needs_input_grad[7]:
                 grad_a2 = _factor_grad(a2, lambda out: ops.weight_grad(
-                    t2, h, groups, row_scale=scaled_weight, out_dtype=a2.dtype, out=out), num_experts)
+                    t2, h, groups, scale=s2, row_scale=row_weight, out_dtype=a2.dtype, out=out), num_experts)
             if ctx.needs_input_grad[8]:
                 grad_b2 = _b_grad(ops, ctx.lora_b[1], ops.weight_grad(
-                    xa2, grad_out, groups, q_rows=rows, row_scale=scaled_weight, out_dtype=acc))
+                    xa2, grad_out, groups, q_rows=rows, scale=s2, row_scale=row_weight, out_dtype=acc))
 
-        # Gate/up projection; u = dgate_up @ B1 comes out of the input-gradient kernel.
+        # Gate/up projection.
         grad_a1 = grad_b1 = None
         lora1 = (bk1, experts_a(a1, num_experts).transpose(1, 2), s1) if a1 is not None else None
-        grad_x_sorted, u = ops.mm(grad_gate_up, w1.transpose(1, 2), groups, lora=lora1)
+        grad_x_sorted, _ = ops.mm(grad_gate_up, w1.transpose(1, 2), groups, lora=lora1, z=u)
         if a1 is not None:
             if ctx.needs_input_grad[5]:
                 grad_a1 = _factor_grad(a1, lambda out: ops.weight_grad(
@@ -175,11 +176,8 @@ class MoeLoraExperts(torch.autograd.Function):
                     xa1, grad_gate_up, groups, scale=s1, out_dtype=acc))
         grad_x = ops.combine(grad_x_sorted, slots)
 
-        grad_weights = None
-        if ctx.needs_input_grad[2]:
-            grad_weights = torch.empty_like(grad_row_weight)
-            grad_weights[order] = grad_row_weight
-            grad_weights = grad_weights.view_as(top_k_weights).to(top_k_weights.dtype)
+        if not ctx.needs_input_grad[2]:
+            grad_weights = None
         return grad_x, None, grad_weights, None, None, grad_a1, grad_b1, grad_a2, grad_b2, None, None, None
 
 

@@ -103,17 +103,34 @@ def test_it_combines_each_tokens_expert_outputs(routed, weighted):
     assert torch.equal(rows[slots], torch.arange(slots.shape[0]).unsqueeze(1).expand_as(slots))
 
 
-def test_it_computes_the_gated_activation_and_its_backward_like_torch(routed):
-    _, rows, _, weights, gen = routed
-    m = rows.shape[0]
-    gate_up = torch.randn(m, 2 * 40, generator=gen)
-    g = torch.randn(m, 40, generator=gen)
-    row_weight = torch.rand(m, generator=gen)
-    torch.testing.assert_close(TRITON.swiglu(gate_up), LOOP.swiglu(gate_up))
-    got = TRITON.swiglu_backward(gate_up, g, row_weight)
-    want = LOOP.swiglu_backward(gate_up, g, row_weight)
-    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("with_lora", [False, True])
+@pytest.mark.parametrize("inter", [40, 32])  # a column tail, a multiple of the block
+def test_it_computes_the_gated_activation_and_its_backward_like_the_loop(make_routing, with_lora, inter):
+    gen = torch.Generator().manual_seed(1)
+    index, weights = make_routing(num_tokens=23, num_experts=6, top_k=2, empty=(0, 4), generator=gen)
+    groups, rows, slots, order = route(index, 6)
+    m, rank = rows.shape[0], 8
+    gate_up = torch.randn(m, 2 * inter, generator=gen)
+    g = torch.randn(m, inter, generator=gen)
+    # The factors as the block passes them: A (E, r, I) as a transposed view (any strides), B (E, r, 2I).
+    a = torch.randn(6, inter, rank, generator=gen).transpose(1, 2) if with_lora else None
+    b = torch.randn(6, rank, 2 * inter, generator=gen) if with_lora else None
+
+    h, z = TRITON.swiglu(gate_up, groups, a)
+    want_h, want_z = LOOP.swiglu(gate_up, groups, a)
+    torch.testing.assert_close(h, want_h)
+    got = TRITON.swiglu_backward(gate_up, g, weights, order, groups, b)
+    want = LOOP.swiglu_backward(gate_up, g, weights, order, groups, b)
+    for got_part, want_part in zip(got, want):
+        torch.testing.assert_close(got_part, want_part, rtol=1e-5, atol=1e-5)
+    if with_lora:  # the rank-wide products come out of the same kernels
+        torch.testing.assert_close(z, want_z, rtol=1e-5, atol=1e-5)
+    else:
+        assert z is None and got[3] is None
+    # Each routing weight's gradient is <G, h> of its own sorted row, in the routing weights' (T, K) layout;
+    # the row weights come back in sorted order.
+    torch.testing.assert_close(got[1], (g * want_h).sum(-1)[slots], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[2], weights.reshape(-1)[order])
 
 
 @pytest.mark.parametrize("num_tokens, num_experts, top_k", [(23, 6, 2), (150, 8, 3), (1, 4, 1), (700, 12, 4)])

@@ -296,16 +296,18 @@ def _ensure_allocator():
     triton.set_allocator(_scratch)
 
 
-def grouped_gemm(x, w, counts, *, rows=None, lora=None, tma=None):
+def grouped_gemm(x, w, counts, *, rows=None, lora=None, z=None, tma=None):
     """(y (M, N), z (M, R) or None): y[j] = x[rows[j]] @ w[e]^T + s * z[j] @ l2[e]^T with z[j] = x[rows[j]] @ l1[e]^T,
     for the rows j of expert e.
 
     x: (T, K) or (M, K); w: (E, N, K), any strides; counts: (E,) int32 rows per expert, in sorted order;
     rows: (M,) source row of x for each sorted row (None: x is already sorted);
     lora: None or (l1 (E, R, K), l2 (E, N, R), s), any strides, x's type or float32;
+    z: (M, R), the rank-wide product when the caller already has it (the SwiGLU kernels make it); l1 is then unused;
     tma: None (where the layout and device allow it), True or False: which kernel runs the base product.
     """
-    z = _narrow(x, counts, rows, lora)
+    if lora is None or z is None:
+        z = _narrow(x, counts, rows, lora)
     return _launch(x, w, counts, rows, lora, z, _layout(x, w, tma)), z
 
 

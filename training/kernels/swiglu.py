@@ -1,76 +1,202 @@
-"""The experts' gated activation on rows [gate | up], forward and backward, one pass over memory each.
+"""The experts' gated activation on rows [gate | up] sorted by expert, forward and backward, each in one pass over
+memory that also does the rank-wide LoRA product on its result.
 
-The backward also gives the routing weight's gradient: with G = dy[token] @ (W2 + s B2 A2) (the down projection's
-input gradient before the routing weight w), dw = <G, h> and dh = w * G, where h = silu(gate) * up is recomputed
-here rather than kept from the forward.
+Forward: h = silu(gate) * up and z = h @ A[e]^T, the down projection's LoRA input product (the down GEMM then adds
+s * z @ B[e]^T in its epilogue), so h is not read again for it.
+Backward, from G = dy[token] @ (W2 + s B2 A2) (the down projection's input gradient before the routing weight w):
+dw = <G, h>, dh = w * G, d gate_up from dh, and u = d gate_up @ B1[e] (the gate_up projection's LoRA product for its
+input gradient), so d gate_up is not read again for it. h is recomputed rather than kept from the forward. The
+routing weight of each row is read through `order` (the pair at each sorted row) and its gradient written back
+through it, in the routing weights' own (tokens, top_k) layout; the row weights come back as fp32 in sorted order for
+the down projection's factor gradients.
+
+Each program owns BLOCK_M rows of one expert (as in the grouped GEMM) and walks the intermediate width in
+BLOCK_I columns, so the expert's factor tile is one small load per step.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import interpreting
+from training.kernels._config import autotune_configs, m_bucket
+from training.kernels.grouped_gemm import _expert_tile
+
+
+# BLOCK_M, BLOCK_I, warps, stages: chosen on an H200 with bench/moe_gemms.py --swiglu.
+SHAPES = [(32, 128, 4, 1), (32, 128, 8, 1), (64, 64, 4, 1), (64, 128, 8, 1), (16, 256, 4, 1), (32, 256, 8, 1)]
+
+
+def _configs():
+    return autotune_configs(SHAPES, names=("BLOCK_M", "BLOCK_I"))
 
 
 @triton.jit
-def _swiglu_forward_kernel(gu_ptr, h_ptr, inter, stride_gu, stride_h, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < inter
-    gate = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gu_ptr + row * stride_gu + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    h = gate * tl.sigmoid(gate) * up
-    tl.store(h_ptr + row * stride_h + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+def _rows_of_tile(counts_ptr, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, row offsets, row mask) of this program's row block; expert >= E for a program past the last."""
+    experts = tl.arange(0, E_POW2)
+    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    e, row_start, group_end = _expert_tile(tl.program_id(0), experts, counts, blocks, tl.cumsum(blocks, 0),
+                                           tl.cumsum(counts, 0), BLOCK_M)
+    offs_m = row_start + tl.arange(0, BLOCK_M)
+    return e, offs_m, offs_m < group_end
 
 
+@triton.jit
+def _columns(ptr, rows, stride, offs_i, mask_m, limit):
+    """ptr[rows, offs_i] (BLOCK_M, BLOCK_I), zero where a row or column is out of range; columns < limit."""
+    return tl.load(ptr + rows * stride + offs_i[None, :], mask=mask_m[:, None] & (offs_i < limit)[None, :], other=0.0)
+
+
+@triton.jit
+def _factor_tile(f_ptr, e, offs_c, limit, R, stride_fe, stride_fr, stride_fc, BLOCK_R: tl.constexpr):
+    """factor[e][:, columns]^T as a (columns, rank) tile, zero past `limit` columns or R ranks."""
+    offs_r = tl.arange(0, BLOCK_R)
+    return tl.load(f_ptr + e.to(tl.int64) * stride_fe + offs_c[:, None] * stride_fc + offs_r[None, :] * stride_fr,
+                   mask=(offs_c < limit)[:, None] & (offs_r < R)[None, :], other=0.0)
+
+
+@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"])
+@triton.jit
+def _swiglu_forward_kernel(
+    gu_ptr, h_ptr, counts_ptr, a_ptr, z_ptr,
+    inter, R, M_BUCKET,
+    stride_gu, stride_h, stride_ae, stride_ar, stride_ai, stride_z,
+    E: tl.constexpr, E_POW2: tl.constexpr, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
+):
+    """The loads of the next column block are issued before this block's arithmetic (the loop's only loads feed
+    elementwise math, which Triton's pipeliner leaves alone), so each program keeps one block in flight."""
+    e, offs_m, mask_m = _rows_of_tile(counts_ptr, E, E_POW2, BLOCK_M)
+    if e >= E:
+        return
+    rows = offs_m[:, None].to(tl.int64)
+    offs_i = tl.arange(0, BLOCK_I)
+    z = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    gate_next = _columns(gu_ptr, rows, stride_gu, offs_i, mask_m, inter)
+    up_next = _columns(gu_ptr + inter, rows, stride_gu, offs_i, mask_m, inter)
+    if HAS_LORA:
+        a_next = _factor_tile(a_ptr, e, offs_i, inter, R, stride_ae, stride_ar, stride_ai, BLOCK_R)
+    for start in range(0, inter, BLOCK_I):
+        cols = start + offs_i
+        gate, up = gate_next.to(tl.float32), up_next.to(tl.float32)
+        gate_next = _columns(gu_ptr, rows, stride_gu, cols + BLOCK_I, mask_m, inter)
+        up_next = _columns(gu_ptr + inter, rows, stride_gu, cols + BLOCK_I, mask_m, inter)
+        h = (gate * tl.sigmoid(gate) * up).to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + rows * stride_h + cols[None, :], h, mask=mask_m[:, None] & (cols < inter)[None, :])
+        if HAS_LORA:
+            a = a_next.to(h.dtype)
+            a_next = _factor_tile(a_ptr, e, cols + BLOCK_I, inter, R, stride_ae, stride_ar, stride_ai, BLOCK_R)
+            z = tl.dot(h, a, z)
+    if HAS_LORA:
+        offs_r = tl.arange(0, BLOCK_R)
+        tl.store(z_ptr + rows * stride_z + offs_r[None, :], z.to(z_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (offs_r < R)[None, :])
+
+
+@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"])
 @triton.jit
 def _swiglu_backward_kernel(
-    gu_ptr, g_ptr, w_ptr, dgu_ptr, dw_ptr, inter, stride_gu, stride_g, stride_dgu, BLOCK: tl.constexpr
+    gu_ptr, g_ptr, dgu_ptr, counts_ptr, order_ptr, w_ptr, row_w_ptr, dw_ptr, b_ptr, u_ptr,
+    inter, R, M_BUCKET,
+    stride_gu, stride_g, stride_dgu, stride_be, stride_br, stride_bc, stride_u,
+    E: tl.constexpr, E_POW2: tl.constexpr, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    weight = tl.load(w_ptr + row).to(tl.float32)
-    dot = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, inter, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < inter
-        gate = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(gu_ptr + row * stride_gu + inter + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    """Loads one column block ahead, as the forward does."""
+    e, offs_m, mask_m = _rows_of_tile(counts_ptr, E, E_POW2, BLOCK_M)
+    if e >= E:
+        return
+    rows = offs_m[:, None].to(tl.int64)
+    pair = tl.load(order_ptr + offs_m, mask=mask_m, other=0)
+    weight = tl.load(w_ptr + pair, mask=mask_m, other=0.0).to(tl.float32)
+    offs_i = tl.arange(0, BLOCK_I)
+    dot = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    u = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    gate_next = _columns(gu_ptr, rows, stride_gu, offs_i, mask_m, inter)
+    up_next = _columns(gu_ptr + inter, rows, stride_gu, offs_i, mask_m, inter)
+    g_next = _columns(g_ptr, rows, stride_g, offs_i, mask_m, inter)
+    if HAS_LORA:
+        b_gate_next = _factor_tile(b_ptr, e, offs_i, inter, R, stride_be, stride_br, stride_bc, BLOCK_R)
+        b_up_next = _factor_tile(b_ptr + inter * stride_bc, e, offs_i, inter, R, stride_be, stride_br, stride_bc,
+                                 BLOCK_R)
+    for start in range(0, inter, BLOCK_I):
+        cols = start + offs_i
+        gate, up, g = gate_next.to(tl.float32), up_next.to(tl.float32), g_next.to(tl.float32)
+        gate_next = _columns(gu_ptr, rows, stride_gu, cols + BLOCK_I, mask_m, inter)
+        up_next = _columns(gu_ptr + inter, rows, stride_gu, cols + BLOCK_I, mask_m, inter)
+        g_next = _columns(g_ptr, rows, stride_g, cols + BLOCK_I, mask_m, inter)
         sig = tl.sigmoid(gate)
         silu = gate * sig
         dot += g * silu * up
-        dh = g * weight
-        d_gate = dh * up * sig * (1.0 + gate * (1.0 - sig))
-        d_up = dh * silu
-        tl.store(dgu_ptr + row * stride_dgu + offs, d_gate.to(dgu_ptr.dtype.element_ty), mask=mask)
-        tl.store(dgu_ptr + row * stride_dgu + inter + offs, d_up.to(dgu_ptr.dtype.element_ty), mask=mask)
-    tl.store(dw_ptr + row, tl.sum(dot, 0))
+        dh = g * weight[:, None]
+        d_gate = (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty)
+        d_up = (dh * silu).to(dgu_ptr.dtype.element_ty)
+        mask = mask_m[:, None] & (cols < inter)[None, :]
+        tl.store(dgu_ptr + rows * stride_dgu + cols[None, :], d_gate, mask=mask)
+        tl.store(dgu_ptr + rows * stride_dgu + inter + cols[None, :], d_up, mask=mask)
+        if HAS_LORA:
+            b_gate, b_up = b_gate_next.to(d_gate.dtype), b_up_next.to(d_gate.dtype)
+            b_gate_next = _factor_tile(b_ptr, e, cols + BLOCK_I, inter, R, stride_be, stride_br, stride_bc, BLOCK_R)
+            b_up_next = _factor_tile(b_ptr + inter * stride_bc, e, cols + BLOCK_I, inter, R, stride_be, stride_br,
+                                     stride_bc, BLOCK_R)
+            u = tl.dot(d_gate, b_gate, u)
+            u = tl.dot(d_up, b_up, u)
+    tl.store(dw_ptr + pair, tl.sum(dot, 1).to(dw_ptr.dtype.element_ty), mask=mask_m)
+    tl.store(row_w_ptr + offs_m, weight, mask=mask_m)
+    if HAS_LORA:
+        offs_r = tl.arange(0, BLOCK_R)
+        tl.store(u_ptr + rows * stride_u + offs_r[None, :], u.to(u_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (offs_r < R)[None, :])
 
 
-def _block(inter):
-    return 32 if interpreting() else min(1024, triton.next_power_of_2(inter))
+def _grid(rows, num_experts):
+    return lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]) + num_experts,)
 
 
-def swiglu(gate_up):
+def _common(counts, factor):
+    num_experts = counts.shape[0]
+    rank = factor.shape[1] if factor is not None else 0
+    return dict(E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_LORA=factor is not None,
+                BLOCK_R=max(16, triton.next_power_of_2(max(rank, 1)))), rank
+
+
+def swiglu(gate_up, counts, a=None):
+    """-> (h (S, I), z (S, r) or None): h = silu(gate) * up for rows [gate | up] sorted by expert (counts (E,) int32
+    rows per expert); with a (E, r, I) (any strides, any float type), z[j] = h[j] @ a[e]^T for the rows j of e."""
     rows, two_inter = gate_up.shape
     inter = two_inter // 2
     h = torch.empty((rows, inter), device=gate_up.device, dtype=gate_up.dtype)
+    common, rank = _common(counts, a)
+    z = torch.empty((rows, rank), device=gate_up.device, dtype=gate_up.dtype) if a is not None else None
     if rows:
-        block = _block(inter)
-        _swiglu_forward_kernel[(rows, triton.cdiv(inter, block))](
-            gate_up, h, inter, gate_up.stride(0), h.stride(0), BLOCK=block, num_warps=4
+        a_arg, z_arg = (a, z) if a is not None else (gate_up.view(1, rows, two_inter), h)
+        _swiglu_forward_kernel[_grid(rows, counts.shape[0])](
+            gate_up, h, counts, a_arg, z_arg, inter, rank, m_bucket(rows),
+            gate_up.stride(0), h.stride(0), a_arg.stride(0), a_arg.stride(1), a_arg.stride(2), z_arg.stride(0),
+            **common,
         )
-    return h
+    return h, z
 
 
-def swiglu_backward(gate_up, g, row_weight):
-    """-> (d gate_up (S, 2I), d row_weight (S,) fp32) from G (S, I) and the routing weight of each row (S,)."""
+def swiglu_backward(gate_up, g, weights, order, counts, b=None):
+    """From G (S, I), the routing weights (T, K) and `order` (S,) (the pair at each sorted row) ->
+    (d gate_up (S, 2I), d weights (T, K) in the weights' type, row weights (S,) fp32 in sorted order,
+    u (S, r) or None): with b (E, r, 2I) (any strides, any float type), u[j] = d gate_up[j] @ b[e]^T."""
     rows, two_inter = gate_up.shape
     grad_gate_up = torch.empty_like(gate_up)
-    grad_weight = torch.empty(rows, device=gate_up.device, dtype=torch.float32)
+    weights_flat = weights.reshape(-1).contiguous()
+    grad_weights = torch.empty_like(weights_flat)
+    row_weight = torch.empty(rows, device=gate_up.device, dtype=torch.float32)
+    common, rank = _common(counts, b)
+    u = torch.empty((rows, rank), device=gate_up.device, dtype=gate_up.dtype) if b is not None else None
     if rows:
-        _swiglu_backward_kernel[(rows,)](
-            gate_up, g, row_weight.contiguous(), grad_gate_up, grad_weight, two_inter // 2,
-            gate_up.stride(0), g.stride(0), grad_gate_up.stride(0), BLOCK=_block(two_inter // 2), num_warps=4,
+        b_arg, u_arg = (b, u) if b is not None else (gate_up.view(1, rows, two_inter), g)
+        _swiglu_backward_kernel[_grid(rows, counts.shape[0])](
+            gate_up, g, grad_gate_up, counts, order, weights_flat, row_weight, grad_weights, b_arg, u_arg,
+            two_inter // 2, rank, m_bucket(rows),
+            gate_up.stride(0), g.stride(0), grad_gate_up.stride(0),
+            b_arg.stride(0), b_arg.stride(1), b_arg.stride(2), u_arg.stride(0),
+            **common,
         )
-    return grad_gate_up, grad_weight
+    return grad_gate_up, grad_weights.view_as(weights), row_weight, u
