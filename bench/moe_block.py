@@ -25,6 +25,7 @@ from training import moe_lora  # noqa: E402
 from training.grouped_ops import BACKENDS, experts_a, experts_b  # noqa: E402
 from training.lora import adopt_routed_lora, inject_routed_lora, routed_lora_wrappers  # noqa: E402
 from training.moe_lora import route  # noqa: E402
+from training.routers import use_fused_routers  # noqa: E402
 from training.reference import reference_moe_lora  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script itself, tiny shape
@@ -88,29 +89,34 @@ def set_path(holder, path):
 
 
 def graphed_step(holder, inputs, grad):
-    """The block's fwd+bwd captured in one CUDA graph, as the trainer runs it (training/graphs.py); each call copies
-    the next input into the captured one and replays. The LoRA grads accumulate in place, as in the trainer (inside
-    the gradient kernels: moe_lora.grads_accumulated_in_place)."""
+    """The block's fwd+bwd captured in CUDA graphs, as the trainer runs it (training/graphs.py): one graph per
+    rotating input, captured on that input where it lies (sharing one memory pool), so a replay holds the block's
+    work only: inside a model the block reads the previous layer's output in place, and no copy of its input into a
+    captured buffer belongs in its time. The LoRA grads accumulate in place, as in the trainer (inside the gradient
+    kernels: moe_lora.grads_accumulated_in_place)."""
     params = lora_params(holder)
-    static_x = inputs[0].detach().clone().requires_grad_()
+    statics = [x.detach().requires_grad_() for x in inputs]  # the inputs themselves, as leaves of the graphs
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), moe_lora.grads_accumulated_in_place():
         for _ in range(2):
-            holder.mlp(static_x).backward(grad)
+            holder.mlp(statics[0]).backward(grad)
     torch.cuda.current_stream().wait_stream(side)
     for p in params:
         p.grad.zero_()
-    static_x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), moe_lora.grads_accumulated_in_place():
-        holder.mlp(static_x).backward(grad)
+    statics[0].grad = None
+    graphs = []
+    for static_x in statics:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=graphs[0].pool() if graphs else None), \
+                moe_lora.grads_accumulated_in_place():
+            holder.mlp(static_x).backward(grad)
+        graphs.append(graph)
     state = {"i": 0}
 
     def step():
-        static_x.detach().copy_(inputs[state["i"] % len(inputs)])
+        graphs[state["i"] % len(graphs)].replay()
         state["i"] += 1
-        graph.replay()
 
     return step
 
@@ -126,6 +132,11 @@ def time_block(holder, inputs, grad, repeats=None, graphed=False):
         out.backward(grad)
 
     if graphed:
+        # A first capture outside the measurement: the kernels that only run here (the factor gradients added into
+        # .grad in place) autotune in it, and the autotuner's scratch would otherwise count in the peak.
+        graphed_step(holder, inputs, grad)()
+        for p in params:
+            p.grad = None
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -303,11 +314,16 @@ def main():
                 _, weights, index = holder.mlp.gate(x2)
             ref_out, ref_grads = reference_grads(holder, x2, index, weights, grad.view(-1, shape["hidden"]))
             ref = dict(inputs=(x2, index, weights, grad.view(-1, shape["hidden"])), out=ref_out, grads=ref_grads)
+            if DEVICE == "cuda":
+                check = dict(shape=shape_name, tokens=tokens, **router_check(holder, x2))
+                results.setdefault("router", []).append(check)
+                print(json.dumps(check), flush=True)
             del ref_out, ref_grads
             flop = flops(tokens, **shape)
             for path in paths:
                 if path.startswith("ours"):
                     adopt_routed_lora(holder)
+                    use_fused_routers(holder)
                 else:
                     unadopt(holder)
                 if path == "eager+peft" and (shape_name != "qwen3-30b-a3b" or tokens != 4096):
@@ -360,6 +376,7 @@ def profile(shape, tokens, path="ours:triton"):
 
     holder = make_block(shape)
     adopt_routed_lora(holder)
+    use_fused_routers(holder)
     set_path(holder, path)
     x = torch.randn(1, tokens, shape["hidden"], device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     grad = torch.randn_like(x)
@@ -407,11 +424,34 @@ def profile(shape, tokens, path="ours:triton"):
 
 
 def unadopt(holder):
-    """Back to peft's own (folding) wrappers for the baseline paths."""
+    """Back to peft's own (folding) wrappers and transformers' own router for the baseline paths."""
     from peft.tuners.lora.layer import ParamWrapper
 
     for _, _, wrapper in routed_lora_wrappers(holder):
         wrapper.__class__ = ParamWrapper
+    gate = holder.mlp.gate
+    if type(gate).__module__ == "training.routers":
+        gate.__class__ = type(gate).__mro__[1]
+
+
+def router_check(holder, x):
+    """The fused router against transformers' own on the same logits: how many tokens got another set of experts or
+    another order, whether the chosen probabilities are the same all the same (ties among bf16 logits), and the
+    largest routing-weight difference."""
+    from training.routers import TopKSoftmax
+
+    gate = holder.mlp.gate
+    own = type(gate).__mro__[1] if type(gate).__module__ == "training.routers" else type(gate)
+    with torch.no_grad():
+        logits, weights, index = own.forward(gate, x)
+        got_weights, got_index = TopKSoftmax.apply(logits, gate.top_k, bool(gate.norm_topk_prob))
+        probs = torch.softmax(logits.float(), dim=-1)
+        other_set = (got_index.sort(-1).values != index.sort(-1).values).any(-1)
+        same_probs = torch.equal(probs.gather(1, got_index), probs.gather(1, index))
+    return dict(router_tokens_other_experts=int(other_set.sum()),
+                router_tokens_other_order=int((got_index != index).any(-1).sum()),
+                router_same_chosen_probabilities=same_probs,
+                router_max_weight_diff=float((got_weights.float() - weights.float()).abs().max()))
 
 
 if __name__ == "__main__":

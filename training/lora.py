@@ -14,6 +14,7 @@ from peft.tuners.lora.layer import ParamWrapper
 from training.lora_linear import LoraLinear
 from training.moe_lora import IMPLEMENTATION_NAME, register, use_moe_lora
 from training.norms import use_fused_rms_norms
+from training.routers import use_fused_routers
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
@@ -97,6 +98,7 @@ def attach_lora(model, r=32, alpha=64, attention=True):
     for module in peft_model.modules():
         LoraLinear.adopt(module)  # attention LoRA: peft's layers, fused forward
     use_fused_rms_norms(peft_model)  # the frozen norms on one Triton kernel each way (on a GPU)
+    use_fused_routers(peft_model)  # softmax, top-k and renormalisation after each router's linear, likewise
     return peft_model
 
 
