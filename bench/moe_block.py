@@ -412,9 +412,12 @@ def profile(shape, tokens, path="ours:triton"):
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70), flush=True)
     except Exception as exc:
         print(f"graph capture failed: {type(exc).__name__}: {exc}"[:300])
-    from training.kernels import grouped_gemm
+    from training.kernels import grouped_gemm, router, swiglu
 
-    kernels = {"tma": grouped_gemm._grouped_gemm_tma_kernel, "pointers": grouped_gemm._grouped_gemm_kernel}
+    kernels = {"tma": grouped_gemm._grouped_gemm_tma_kernel, "pointers": grouped_gemm._grouped_gemm_kernel,
+               "swiglu forward": swiglu._swiglu_forward_kernel, "swiglu backward": swiglu._swiglu_backward_kernel,
+               "router forward": router._router_forward_kernel,
+               "router backward": router._router_backward_kernel}
     for name, kernel in kernels.items():
         for key, config in kernel.cache.items():  # the autotuner's choice for each problem
             print(f"tuned {name}: {key[:8]} -> {config}")

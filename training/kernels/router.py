@@ -17,7 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import interpreting
+from training.kernels._config import autotune_configs, interpreting, m_bucket
+
+
+def _configs():
+    # BLOCK_T tokens per program, warps: the K rounds of max are serial, so many small programs in flight help.
+    if interpreting():
+        return [triton.Config({"BLOCK_T": 16}, num_warps=4, num_stages=1)]
+    return autotune_configs([(4, 4, 1), (8, 4, 1), (16, 4, 1), (32, 4, 1), (16, 8, 1)], names=("BLOCK_T",))
 
 
 @triton.jit
@@ -35,9 +42,10 @@ def _probabilities(logits_ptr, offs_t, mask_t, E, E_POW2: tl.constexpr):
     return e / total[:, None], cols
 
 
+@triton.autotune(configs=_configs(), key=["T_BUCKET", "E", "K"])
 @triton.jit
-def _router_forward_kernel(logits_ptr, weights_ptr, index_ptr, T, E, E_POW2: tl.constexpr, K: tl.constexpr,
-                           K_POW2: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr):
+def _router_forward_kernel(logits_ptr, weights_ptr, index_ptr, T, E, T_BUCKET, E_POW2: tl.constexpr,
+                           K: tl.constexpr, K_POW2: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr):
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     mask_t = offs_t < T
     p, cols = _probabilities(logits_ptr, offs_t, mask_t, E, E_POW2)
@@ -59,8 +67,9 @@ def _router_forward_kernel(logits_ptr, weights_ptr, index_ptr, T, E, E_POW2: tl.
     tl.store(index_ptr + out, index, mask=mask)
 
 
+@triton.autotune(configs=_configs(), key=["T_BUCKET", "E", "K"])
 @triton.jit
-def _router_backward_kernel(logits_ptr, index_ptr, grad_weights_ptr, grad_logits_ptr, T, E,
+def _router_backward_kernel(logits_ptr, index_ptr, grad_weights_ptr, grad_logits_ptr, T, E, T_BUCKET,
                             E_POW2: tl.constexpr, K: tl.constexpr, K_POW2: tl.constexpr, NORMALIZE: tl.constexpr,
                             BLOCK_T: tl.constexpr):
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -96,10 +105,9 @@ def _router_backward_kernel(logits_ptr, index_ptr, grad_weights_ptr, grad_logits
 
 def _launch_args(logits, top_k):
     num_tokens, num_experts = logits.shape
-    # Few tokens per program: the K rounds of max are serial, so many programs in flight set the pace.
-    block = 16 if interpreting() else max(1, min(16, 2048 // triton.next_power_of_2(num_experts)))
-    return (triton.cdiv(num_tokens, block),), dict(
-        E_POW2=triton.next_power_of_2(num_experts), K=top_k, K_POW2=triton.next_power_of_2(top_k), BLOCK_T=block)
+    return (lambda meta: (triton.cdiv(num_tokens, meta["BLOCK_T"]),)), dict(
+        T_BUCKET=m_bucket(num_tokens), E_POW2=triton.next_power_of_2(num_experts), K=top_k,
+        K_POW2=triton.next_power_of_2(top_k))
 
 
 def route_top_k(logits, top_k, normalize):
@@ -110,8 +118,7 @@ def route_top_k(logits, top_k, normalize):
     index = torch.empty((num_tokens, top_k), device=logits.device, dtype=torch.int64)
     if num_tokens:
         grid, meta = _launch_args(logits, top_k)
-        _router_forward_kernel[grid](logits, weights, index, num_tokens, num_experts, NORMALIZE=normalize,
-                                     num_warps=4, **meta)
+        _router_forward_kernel[grid](logits, weights, index, num_tokens, num_experts, NORMALIZE=normalize, **meta)
     return weights, index
 
 
@@ -123,5 +130,5 @@ def route_top_k_backward(logits, index, grad_weights, normalize):
     if num_tokens:
         grid, meta = _launch_args(logits, index.shape[1])
         _router_backward_kernel[grid](logits, index.contiguous(), grad_weights.contiguous(), grad_logits,
-                                      num_tokens, num_experts, NORMALIZE=normalize, num_warps=4, **meta)
+                                      num_tokens, num_experts, NORMALIZE=normalize, **meta)
     return grad_logits
