@@ -43,3 +43,11 @@ def test_the_models_routers_switch_and_keep_their_state(tiny_model, tokens):
     assert type(tiny_model.model.layers[0].mlp.gate).__name__ == "FusedQwen3MoeTopKRouter"
     # on the CPU the class's own forward runs: the same logits
     torch.testing.assert_close(tiny_model(input_ids=tokens).logits, want)
+
+
+def test_the_trainers_lora_model_runs_the_fused_routers(tiny_model):
+    from training.lora import attach_lora
+
+    model = attach_lora(tiny_model, r=4, alpha=8)
+    gates = [layer.mlp.gate for layer in model.get_base_model().model.layers]
+    assert gates and all(type(gate).__name__ == "FusedQwen3MoeTopKRouter" for gate in gates)
