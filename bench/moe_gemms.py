@@ -29,6 +29,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from training.kernels import grouped_gemm as gg  # noqa: E402
+from training.kernels._config import autotune_configs  # noqa: E402
 from training.kernels.grouped_weight_grad import grouped_weight_grad  # noqa: E402
 from training.kernels import swiglu as sw  # noqa: E402
 from training.moe_lora import route  # noqa: E402
@@ -122,7 +123,7 @@ def sweep_swiglu(groups, order, weights, gate_up, g, a2, b1):
     candidates = [(m, i, w, 1) for m in (16, 32, 64) for i in (64, 128, 256) for w in (4, 8) if m * i <= 8192]
     for name, (kernel, run) in fused.items():
         times = {}
-        for config in sw.autotune_configs(candidates, names=("BLOCK_M", "BLOCK_I")):
+        for config in autotune_configs(candidates, names=("BLOCK_M", "BLOCK_I")):
             saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
             try:
                 times[str(config)] = round(bench(run), 4)

@@ -24,11 +24,11 @@ from training.kernels.grouped_gemm import _expert_tile
 
 # BLOCK_M, BLOCK_I, warps, stages: the best four of 16 on an H200 (bench/moe_gemms.py --swiglu, 30B shape, 4096
 # tokens: forward 59-68 us, backward 99-115 us). Small row blocks win: many programs per SM hide the loads' latency.
-SHAPES = [(16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1), (64, 64, 8, 1)]
+_SHAPES = [(16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1), (64, 64, 8, 1)]
 
 
 def _configs():
-    return autotune_configs(SHAPES, names=("BLOCK_M", "BLOCK_I"))
+    return autotune_configs(_SHAPES, names=("BLOCK_M", "BLOCK_I"))
 
 
 @triton.jit
@@ -171,7 +171,7 @@ def swiglu(gate_up, counts, a=None):
     common, rank = _common(counts, a)
     z = torch.empty((rows, rank), device=gate_up.device, dtype=gate_up.dtype) if a is not None else None
     if rows:
-        a_arg, z_arg = (a, z) if a is not None else (gate_up.view(1, rows, two_inter), h)
+        a_arg, z_arg = (a, z) if a is not None else (gate_up.unsqueeze(0), h)
         _swiglu_forward_kernel[_grid(rows, counts.shape[0])](
             gate_up, h, counts, a_arg, z_arg, inter, rank, m_bucket(rows),
             gate_up.stride(0), h.stride(0), a_arg.stride(0), a_arg.stride(1), a_arg.stride(2), z_arg.stride(0),
@@ -192,7 +192,7 @@ def swiglu_backward(gate_up, g, weights, order, counts, b=None):
     common, rank = _common(counts, b)
     u = torch.empty((rows, rank), device=gate_up.device, dtype=gate_up.dtype) if b is not None else None
     if rows:
-        b_arg, u_arg = (b, u) if b is not None else (gate_up.view(1, rows, two_inter), g)
+        b_arg, u_arg = (b, u) if b is not None else (gate_up.unsqueeze(0), g)
         _swiglu_backward_kernel[_grid(rows, counts.shape[0])](
             gate_up, g, grad_gate_up, counts, order, weights_flat, row_weight, grad_weights, b_arg, u_arg,
             two_inter // 2, rank, m_bucket(rows),
