@@ -4,8 +4,9 @@ Paths: eager + peft, grouped_mm + peft (transformers' experts with peft's ParamW
 `torch._grouped_mm`, ours on Triton, ours on Triton replayed from CUDA graphs (as the trainer runs CPT/SFT
 micro-steps), and ours on the per-expert loop (every "ours" path with the fused router, training/routers.py, as the
 trainer runs it; each shape also checks that router against transformers' own); plus the single grouped GEMM
-(gate_up forward) on Triton, `torch._grouped_mm` and the loop. Reports ms (median of do_bench, rotating inputs), peak memory, TFLOP/s, and the
-relative error (||got - ref|| / ||ref||) of the output and every LoRA gradient against a float32 reference.
+(gate_up forward) on Triton, `torch._grouped_mm` and the loop. Reports ms (median of do_bench, rotating inputs), peak
+memory, TFLOP/s, and the relative error (||got - ref|| / ||ref||) of the output and every LoRA gradient against a
+float32 reference.
 The last printed line is one JSON object.
 
     python bench/moe_block.py [--quick]
@@ -26,7 +27,8 @@ from training import moe_lora  # noqa: E402
 from training.grouped_ops import BACKENDS, experts_a, experts_b  # noqa: E402
 from training.lora import adopt_routed_lora, inject_routed_lora, routed_lora_wrappers  # noqa: E402
 from training.moe_lora import route  # noqa: E402
-from training.routers import use_fused_routers  # noqa: E402
+from training.class_switch import original_class  # noqa: E402
+from training.routers import TopKSoftmax, normalizes, use_fused_routers  # noqa: E402
 from training.reference import reference_moe_lora  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script itself, tiny shape
@@ -309,10 +311,10 @@ def main():
                 for _ in range(3)
             ]
             grad = torch.randn(1, tokens, shape["hidden"], device=DEVICE, dtype=torch.bfloat16, generator=gen)
-            # Reference on the same routing as every path.
+            # Reference on the same routing as every path: transformers' router's, whichever router the block has now.
             with torch.no_grad():
                 x2 = inputs[0].detach().view(-1, shape["hidden"])
-                _, weights, index = holder.mlp.gate(x2)
+                _, weights, index = original_class(holder.mlp.gate).forward(holder.mlp.gate, x2)
             ref_out, ref_grads = reference_grads(holder, x2, index, weights, grad.view(-1, shape["hidden"]))
             ref = dict(inputs=(x2, index, weights, grad.view(-1, shape["hidden"])), out=ref_out, grads=ref_grads)
             if DEVICE == "cuda":
@@ -433,22 +435,17 @@ def unadopt(holder):
 
     for _, _, wrapper in routed_lora_wrappers(holder):
         wrapper.__class__ = ParamWrapper
-    gate = holder.mlp.gate
-    if type(gate).__module__ == "training.routers":
-        gate.__class__ = type(gate).__mro__[1]
+    holder.mlp.gate.__class__ = original_class(holder.mlp.gate)
 
 
 def router_check(holder, x):
     """The fused router against transformers' own on the same logits: how many tokens got another set of experts or
     another order, whether the chosen probabilities are the same all the same (ties among bf16 logits), and the
     largest routing-weight difference."""
-    from training.routers import TopKSoftmax
-
     gate = holder.mlp.gate
-    own = type(gate).__mro__[1] if type(gate).__module__ == "training.routers" else type(gate)
     with torch.no_grad():
-        logits, weights, index = own.forward(gate, x)
-        got_weights, got_index = TopKSoftmax.apply(logits, gate.top_k, bool(gate.norm_topk_prob))
+        logits, weights, index = original_class(gate).forward(gate, x)
+        got_weights, got_index = TopKSoftmax.apply(logits, gate.top_k, normalizes(gate))
         probs = torch.softmax(logits.float(), dim=-1)
         other_set = (got_index.sort(-1).values != index.sort(-1).values).any(-1)
         same_probs = torch.equal(probs.gather(1, got_index), probs.gather(1, index))

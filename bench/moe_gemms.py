@@ -16,6 +16,7 @@ the timed sweep after it finds every kernel in Triton's cache.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -61,13 +62,14 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
-def with_configs(kernel, shapes, **extra):
-    """Run `kernel` with these configs only (one config: no tuning) until restored."""
-    saved = kernel.configs
-    kernel.configs = [triton.Config(dict(zip(gg._NAMES, s[:3]), **extra), num_warps=s[3], num_stages=s[4])
-                      for s in shapes]
-    kernel.cache = {}
-    return saved
+@contextlib.contextmanager
+def only_config(kernel, config):
+    """Within it, `kernel` runs this one config (no tuning); its own configs and choices come back after."""
+    saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
+    try:
+        yield
+    finally:
+        kernel.configs, kernel.cache = saved, {}
 
 
 def sweep_epilogues(problems, groups, swiglu, compile_only):
@@ -85,20 +87,18 @@ def sweep_epilogues(problems, groups, swiglu, compile_only):
             return sw.swiglu_backward(g=y, **swiglu) if name == "down input grad" else y
 
         for config in list(kernel.configs):
-            saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
             label = f"{name:20s} {config}"
             try:
-                if compile_only:
-                    run()
-                    continue
-                ms = bench(run)
+                with only_config(kernel, config):
+                    if compile_only:
+                        run()
+                        continue
+                    ms = bench(run)
                 print(f"{label} {ms:.4f} ms", flush=True)
                 if name not in best or ms < best[name][0]:
                     best[name] = (ms, str(config))
             except Exception as exc:  # a config that does not fit (shared memory, registers)
                 print(f"{label} ERR {type(exc).__name__}: {exc}"[:200], flush=True)
-            finally:
-                kernel.configs, kernel.cache = saved, {}
     if not compile_only:
         print(json.dumps(dict(best={name: dict(ms=round(ms, 4), config=c) for name, (ms, c) in best.items()},
                               total_ms=round(sum(ms for ms, _ in best.values()), 4))))
@@ -115,22 +115,21 @@ def sweep_swiglu(groups, order, weights, gate_up, g, a2, b1):
     h, _ = sw.swiglu(gate_up, counts)
     dgu = sw.swiglu_backward(gate_up, g, weights, order, counts)[0]
     apart = {
-        "forward": bench(lambda: sw.swiglu(gate_up, counts)) + bench(lambda: gg._narrow(h, counts, None, (a2,))),
+        "forward": bench(lambda: sw.swiglu(gate_up, counts))
+        + bench(lambda: gg.grouped_gemm(h, a2, counts, tma=False)),  # the narrow product, as the block ran it
         "backward": bench(lambda: sw.swiglu_backward(gate_up, g, weights, order, counts))
-        + bench(lambda: gg._narrow(dgu, counts, None, (b1,))),
+        + bench(lambda: gg.grouped_gemm(dgu, b1, counts, tma=False)),
     }
     result = {}
     candidates = [(m, i, w, 1) for m in (16, 32, 64) for i in (64, 128, 256) for w in (4, 8) if m * i <= 8192]
     for name, (kernel, run) in fused.items():
         times = {}
         for config in autotune_configs(candidates, names=("BLOCK_M", "BLOCK_I")):
-            saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
             try:
-                times[str(config)] = round(bench(run), 4)
+                with only_config(kernel, config):
+                    times[str(config)] = round(bench(run), 4)
             except Exception as exc:  # a config that does not fit
                 times[str(config)] = f"{type(exc).__name__}: {exc}"[:120]
-            finally:
-                kernel.configs, kernel.cache = saved, {}
             print(f"swiglu {name:8s} {config} {times[str(config)]}", flush=True)
         best = min(v for v in times.values() if isinstance(v, float))
         result[name] = dict(fused_best_ms=best, apart_ms=round(apart[name], 4), configs=times)
@@ -192,14 +191,14 @@ def main():
             for cfg in CANDIDATES:
                 row = dict(problem=name, config=list(cfg))
                 for variant, kernel, tma, extra in variants:
-                    saved = with_configs(kernel, [cfg], **extra)
+                    config = triton.Config(dict(zip(gg._NAMES, cfg[:3]), **extra), num_warps=cfg[3],
+                                           num_stages=cfg[4])
                     try:
-                        ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
+                        with only_config(kernel, config):
+                            ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
                         row[variant] = dict(ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
                     except Exception as exc:  # a config that does not fit (shared memory, registers)
                         row[variant] = dict(error=f"{type(exc).__name__}: {exc}"[:160])
-                    finally:
-                        kernel.configs, kernel.cache = saved, {}
                 result["configs"].append(row)
                 print(json.dumps(row), flush=True)
         # As the block runs it: autotuned, narrow product and LoRA epilogue included; then the narrow product alone.

@@ -2,13 +2,15 @@
 
 Only the router classes whose forward is `logits = linear(x, weight)`, softmax in fp32, top-k, the chosen
 probabilities renormalised (per `norm_topk_prob`, or always) and cast back to the logits' type are switched, by
-swapping each instance's class for a subclass (as training/norms.py does for RMSNorm). The linear layer stays
+swapping each instance's class for a subclass (training/class_switch.py, as for RMSNorm). The linear layer stays
 torch's, and the logits are returned as before (an auxiliary balancing loss still sees them); only what follows
 them runs in one kernel each way, on a GPU. Parameters, buffers and state-dict keys are untouched.
 """
 
 import torch
 import torch.nn.functional as F
+
+from training.class_switch import original_class, switch_class
 
 # class name -> normalise the chosen probabilities: None reads the instance's `norm_topk_prob`.
 TOP_K_SOFTMAX_ROUTERS = {
@@ -18,7 +20,6 @@ TOP_K_SOFTMAX_ROUTERS = {
     "OlmoeTopKRouter": None,
     "Qwen3_5MoeTopKRouter": True,
 }
-_fused_classes = {}
 
 
 class TopKSoftmax(torch.autograd.Function):
@@ -42,27 +43,28 @@ class TopKSoftmax(torch.autograd.Function):
         return route_top_k_backward(logits, index, grad_weights, ctx.normalize), None, None
 
 
-def _fused_class(cls, normalize):
-    if cls not in _fused_classes:
-        def forward(self, hidden_states):
-            if not hidden_states.is_cuda:
-                return cls.forward(self, hidden_states)
-            logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
-            norm = self.norm_topk_prob if normalize is None else normalize
-            weights, index = TopKSoftmax.apply(logits, self.top_k, bool(norm))
-            return logits, weights, index
+def normalizes(router):
+    """Whether this router renormalises its chosen probabilities."""
+    normalize = TOP_K_SOFTMAX_ROUTERS[original_class(router).__name__]
+    return bool(router.norm_topk_prob if normalize is None else normalize)
 
-        _fused_classes[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
-    return _fused_classes[cls]
+
+def _fused_forward(self, hidden_states):
+    logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    weights, index = TopKSoftmax.apply(logits, self.top_k, normalizes(self))
+    return logits, weights, index
+
+
+def _applies(self, hidden_states):
+    return hidden_states.is_cuda
 
 
 def use_fused_routers(model):
     """Switch every known top-k softmax router in the model to the fused kernels; returns how many were switched."""
     switched = 0
     for module in model.modules():
-        cls = type(module)
-        known = cls.__name__ in TOP_K_SOFTMAX_ROUTERS
+        known = type(module).__name__ in TOP_K_SOFTMAX_ROUTERS
         if known and all(hasattr(module, name) for name in ("top_k", "hidden_dim", "weight")):
-            module.__class__ = _fused_class(cls, TOP_K_SOFTMAX_ROUTERS[cls.__name__])
+            switch_class(module, _fused_forward, _applies)
             switched += 1
     return switched

@@ -81,6 +81,19 @@ def _expert_tile(tile_m, experts, counts, blocks, blocks_end, rows_end, BLOCK_M:
 
 
 @triton.jit
+def _rows_of_tile(tile_m, counts_ptr, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, row offsets, row mask) of row block `tile_m`, from the per-expert row counts; expert >= E for a
+    block past the last (a program with nothing to do)."""
+    experts = tl.arange(0, E_POW2)
+    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    e, row_start, group_end = _expert_tile(tile_m, experts, counts, blocks, tl.cumsum(blocks, 0),
+                                           tl.cumsum(counts, 0), BLOCK_M)
+    offs_m = row_start + tl.arange(0, BLOCK_M)
+    return e, offs_m, offs_m < group_end
+
+
+@triton.jit
 def _add_lora(
     acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
     stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R: tl.constexpr,
@@ -125,19 +138,10 @@ def _grouped_gemm_kernel(
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     # n fastest: the programs of one row block run together and share its x tile in L2.
-    tile_m = pid // num_n
     pid_n = pid % num_n
-
-    experts = tl.arange(0, E_POW2)
-    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    e, row_start, group_end = _expert_tile(tile_m, experts, counts, blocks, tl.cumsum(blocks, 0),
-                                           tl.cumsum(counts, 0), BLOCK_M)
+    e, offs_m, mask_m = _rows_of_tile(pid // num_n, counts_ptr, E, E_POW2, BLOCK_M)
     if e >= E:
         return
-
-    offs_m = row_start + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < group_end
     if HAS_ROWS:
         src_m = tl.load(rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     else:

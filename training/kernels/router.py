@@ -34,7 +34,6 @@ def _probabilities(logits_ptr, offs_t, mask_t, E, E_POW2: tl.constexpr):
     mask = mask_t[:, None] & (cols < E)[None, :]
     logits = tl.load(logits_ptr + offs_t[:, None].to(tl.int64) * E + cols[None, :], mask=mask,
                      other=float("-inf")).to(tl.float32)
-    logits = tl.where(mask, logits, float("-inf"))
     top = tl.max(logits, 1)
     top = tl.where(mask_t, top, 0.0)
     e = tl.exp(logits - top[:, None])

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from training.kernels._config import autotune_configs, m_bucket
-from training.kernels.grouped_gemm import _expert_tile
+from training.kernels.grouped_gemm import _rows_of_tile
 
 
 # BLOCK_M, BLOCK_I, warps, stages: the best four of 16 on an H200 (bench/moe_gemms.py --swiglu, 30B shape, 4096
@@ -29,18 +29,6 @@ _SHAPES = [(16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1), (64, 64, 8, 1)]
 
 def _configs():
     return autotune_configs(_SHAPES, names=("BLOCK_M", "BLOCK_I"))
-
-
-@triton.jit
-def _rows_of_tile(counts_ptr, E: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(expert, row offsets, row mask) of this program's row block; expert >= E for a program past the last."""
-    experts = tl.arange(0, E_POW2)
-    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    e, row_start, group_end = _expert_tile(tl.program_id(0), experts, counts, blocks, tl.cumsum(blocks, 0),
-                                           tl.cumsum(counts, 0), BLOCK_M)
-    offs_m = row_start + tl.arange(0, BLOCK_M)
-    return e, offs_m, offs_m < group_end
 
 
 @triton.jit
@@ -68,7 +56,7 @@ def _swiglu_forward_kernel(
 ):
     """The loads of the next column block are issued before this block's arithmetic (the loop's only loads feed
     elementwise math, which Triton's pipeliner leaves alone), so each program keeps one block in flight."""
-    e, offs_m, mask_m = _rows_of_tile(counts_ptr, E, E_POW2, BLOCK_M)
+    e, offs_m, mask_m = _rows_of_tile(tl.program_id(0), counts_ptr, E, E_POW2, BLOCK_M)
     if e >= E:
         return
     rows = offs_m[:, None].to(tl.int64)
@@ -105,7 +93,7 @@ def _swiglu_backward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """Loads one column block ahead, as the forward does."""
-    e, offs_m, mask_m = _rows_of_tile(counts_ptr, E, E_POW2, BLOCK_M)
+    e, offs_m, mask_m = _rows_of_tile(tl.program_id(0), counts_ptr, E, E_POW2, BLOCK_M)
     if e >= E:
         return
     rows = offs_m[:, None].to(tl.int64)
