@@ -18,6 +18,8 @@ from .hooks import InstanceHooks
 
 log = logging.getLogger(__name__)
 
+LOG_TAIL_BYTES = 64 * 1024  # what `vastai logs` gets of the agent's output at most
+
 
 class AgentProcesses(InstanceHooks):
     def __init__(self, workdir: str | Path, python: str = sys.executable, extra_env: dict | None = None):
@@ -48,6 +50,15 @@ class AgentProcesses(InstanceHooks):
                 self.processes[instance["id"]] = subprocess.Popen(
                     argv, env=env, cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         log.info("simulated instance %s runs %s", instance["id"], command)
+
+    def logs(self, instance_id: int) -> str:
+        try:
+            with open(self.folder(instance_id) / "agent.log", "rb") as log_file:
+                log_file.seek(0, os.SEEK_END)
+                log_file.seek(max(0, log_file.tell() - LOG_TAIL_BYTES))
+                return log_file.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
 
     def on_hung(self, instance: dict) -> None:
         self._signal(instance["id"], signal.SIGSTOP)

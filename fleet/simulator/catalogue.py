@@ -62,6 +62,12 @@ ELSEWHERE = ("Japan, JP", "Taiwan, TW", "Australia, AU", "Singapore, SG", "Brazi
 
 CPU_NAMES = ("AMD EPYC 7B13", "AMD EPYC 9454", "AMD EPYC 9654", "Intel Xeon Platinum 8480+", "AMD Ryzen 9 7950X",
              "Intel Xeon Gold 6448Y")
+CPU_GHZ = {"AMD EPYC 7B13": 2.45, "AMD EPYC 9454": 2.75, "AMD EPYC 9654": 2.4, "Intel Xeon Platinum 8480+": 2.0,
+           "AMD Ryzen 9 7950X": 4.5, "Intel Xeon Gold 6448Y": 2.1}
+# GB/s between the GPUs of one machine where they sit on NVLink (SXM and NVL boards); PCIe cards list 0.
+NVLINK_GB_S = {"H100 SXM": 900.0, "H100 NVL": 600.0, "H200": 900.0, "H200 NVL": 900.0, "B200": 1800.0,
+               "A100 SXM4": 600.0}
+MAX_RENTAL_S = 30 * 24 * 3600.0  # `duration`: how long the host lists the machine for
 
 
 @dataclass
@@ -103,6 +109,9 @@ class Offer:
         """The offer as vast.ai's search returns it; bid searches price the machine at its minimum bid."""
         dph = self.min_bid if is_bid else self.dph_base
         storage_per_hour = self.storage_cost * allocated_storage_gb / HOURS_PER_MONTH
+        dph_total = dph + storage_per_hour
+        total_flops = round(self.gpu.tflops * self.num_gpus, 1)
+        pci_gen = 5.0 if self.gpu.compute_cap >= 1000 else 4.0
         return {
             "id": self.id,
             "ask_contract_id": self.id,
@@ -124,7 +133,7 @@ class Offer:
             "storage_cost": self.storage_cost,
             "storage_total_cost": round(storage_per_hour, 6),
             "dph_base": round(dph, 4),
-            "dph_total": round(dph + storage_per_hour, 4),
+            "dph_total": round(dph_total, 4),
             "min_bid": round(self.min_bid, 4),
             "reliability": self.reliability,
             "reliability2": self.reliability2,
@@ -135,11 +144,28 @@ class Offer:
             "is_bid": is_bid,
             "geolocation": self.geolocation,
             "dlperf": self.dlperf,
-            "dlperf_per_dphtotal": round(self.dlperf / (dph + storage_per_hour), 2),
-            "total_flops": round(self.gpu.tflops * self.num_gpus, 1),
+            "dlperf_per_dphtotal": round(self.dlperf / dph_total, 2),
+            "total_flops": total_flops,
+            "flops_per_dphtotal": round(total_flops / dph_total, 2),
+            # vast.ai's default order; its formula is not published: here value per dollar, weighted by reliability.
+            "score": round(self.dlperf / dph_total * self.reliability, 2),
+            "verification": "verified" if self.verified else "unverified",
             "cpu_name": self.cpu_name,
             "cpu_cores": self.cpu_cores,
+            "cpu_cores_effective": float(self.cpu_cores),  # the whole machine: every offer is one machine
+            "cpu_ghz": CPU_GHZ[self.cpu_name],
             "cpu_ram": self.cpu_ram_mb,
+            "cpu_arch": "amd64",
+            "gpu_arch": "nvidia",
+            "gpu_frac": 1.0,
+            "gpu_display_active": False,
+            "bw_nvlink": NVLINK_GB_S.get(self.gpu.name, 0.0) if self.num_gpus > 1 else 0.0,
+            "pci_gen": pci_gen,
+            "pcie_bw": 50.4 if pci_gen == 5.0 else 25.2,
+            "has_avx": 1,
+            "direct_port_count": 64 if self.hosting_type == 1 else 16,
+            "static_ip": self.hosting_type == 1,
+            "duration": MAX_RENTAL_S,
             "hosting_type": self.hosting_type,
         }
 

@@ -27,3 +27,7 @@ class InstanceHooks:
 
     def on_destroyed(self, instance: dict) -> None:
         """Destroyed through the API, or vanished from the list after its host died."""
+
+    def logs(self, instance_id: int) -> str:
+        """What ran on the instance printed, for `vastai logs`; called outside the market's lock."""
+        return ""

@@ -8,7 +8,7 @@ The status is derived from the instance's timestamps, never stored, so moving th
 import re
 from dataclasses import dataclass, field
 
-from .catalogue import HOURS_PER_MONTH, Offer
+from .catalogue import HOURS_PER_MONTH, MAX_RENTAL_S, Offer
 
 CREATED_SHARE = 0.1  # the first tenth of the boot delay shows "created", the rest "loading" (pulling the image)
 
@@ -24,6 +24,16 @@ def image_cuda_version(image: str) -> float | None:
     """The CUDA version an image tag names ("...-cuda12.8-...", "nvidia/cuda:13.0.1-...", "...-cu128"), if any."""
     found = _IMAGE_CUDA.search(image) or _IMAGE_CU.search(image)
     return float(f"{int(found.group(1))}.{found.group(2)}") if found else None
+
+
+def extra_env(env) -> list[list[str]]:
+    """The rented environment's variables as [name, value] pairs, without docker's `-p`/`-v` options."""
+    if isinstance(env, str):
+        words = env.split()
+        pairs = [w.split("=", 1) for flag, w in zip(words, words[1:]) if flag == "-e" and "=" in w]
+    else:
+        pairs = [[str(k), str(v)] for k, v in (env or {}).items() if not str(k).startswith("-")]
+    return [list(pair) for pair in pairs]
 
 
 @dataclass
@@ -63,6 +73,7 @@ class Instance:
     download_gb: float = 0.0
     traffic_first_at: float | None = None
     traffic_last_at: float | None = None
+    log_lines: list = field(default_factory=list)  # (simulated time, text) of the container's log
 
     @property
     def dph_total(self) -> float:
@@ -133,9 +144,40 @@ class Instance:
             "image_uuid": self.image,
             "image_runtype": self.runtype,
             "disk_space": self.disk_gb,
+            "disk_usage": round(min(self.disk_gb, 8.0 + self.download_gb), 2) if phase == "running" else 0.0,
+            "disk_util": round(min(1.0, (8.0 + self.download_gb) / self.disk_gb), 4) if phase == "running" else 0.0,
+            "cpu_name": offer.cpu_name,
+            "cpu_cores": offer.cpu_cores,
+            "cpu_cores_effective": float(offer.cpu_cores),
+            "cpu_ram": offer.cpu_ram_mb,
+            "cpu_util": round(self.busy_gpu_util / 10, 1) if healthy else 0.0,
+            "gpu_temp": 71.0 if healthy else 35.0,
+            "reliability": offer.reliability,
+            "verification": "verified" if offer.verified else "unverified",
+            "uptime_mins": round(max(0.0, now - self.boot_started_at) / 60, 2) if self.state == "active" else None,
+            "end_date": round(self.created_at + MAX_RENTAL_S, 3),
+            "template_id": None,
+            "template_name": None,
+            "volume_info": [],
             "env": self.env,
+            "extra_env": extra_env(self.env),  # vast.ai's pairs; the official CLI turns them back into a dict
             "onstart": self.onstart,
         }
+
+    def log_boot(self, at: float) -> None:
+        """The lines a boot starting now will print as it goes (each shows once its time has come)."""
+        self.log_lines.append((at, f"Creating container from {self.image}" if at == self.created_at
+                               else "Starting container"))
+        self.log_lines.append((at + self.boot_delay_s * CREATED_SHARE, f"Pulling image {self.image}"))
+        self.log_lines.append((at + self.boot_delay_s,
+                               self.cuda_init_error or f"Container started: {self.onstart or self.runtype}"))
+
+    def log_end(self, at: float, text: str) -> None:
+        """The container stopped or its host went away: what it had not printed yet never comes."""
+        self.log_lines = [(t, line) for t, line in self.log_lines if t <= at] + [(at, text)]
+
+    def container_log(self, now: float) -> list[str]:
+        return [f"{at:.3f} {text}" for at, text in self.log_lines if at <= now]
 
     def hidden(self, now: float) -> dict:
         """What only the control API shows: faults the marketplace itself would not tell."""

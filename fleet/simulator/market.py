@@ -12,14 +12,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from . import billing
+from . import account, billing
 from .catalogue import Offer, build_catalogue
 from .clock import SimClock
 from .faults import Failure, RequestFaults
 from .hooks import InstanceHooks
 from .instances import CUDA_803, Instance, image_cuda_version
 from .limits import MinInterval, SlidingWindowLimit
-from .search import QueryError, parse_query, select
+from .pages import json_arg, paginate
+from .search import QueryError, matching, ordered, parse_filters, parse_query, select
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Settings:
     search_limit_per_min: int = 600  # vast.ai allows about 10
     charges_min_interval_s: float = 1.0  # real seconds between two answered GET /charges/
     dead_listed_s: float = 600.0  # simulated seconds a dead host's instance stays listed as "exited"
+    starting_credit_usd: float = 1000.0  # the account's one deposit
 
 
 class Market:
@@ -86,6 +88,7 @@ class Market:
                 offer.gone = True
                 raise _no_such_ask(offer_id)
             instance = self._new_instance(offer, _rent_request(offer, body), now)
+            instance.log_boot(now)
             self._instances[instance.id] = instance
             offer.rented_by = instance.id
             self._emit("on_rented", instance, now)
@@ -125,6 +128,7 @@ class Market:
                 instance.state = "stopped"
                 instance.intended_status = "stopped"
                 instance.stop_msg = "Instance stopped by user"
+                instance.log_end(now, instance.stop_msg)
                 self._emit("on_stopped", instance, now)
             elif wanted == "running" and instance.state == "stopped":
                 instance.state = "active"
@@ -133,12 +137,92 @@ class Market:
                 instance.boot_started_at = now
                 instance.gpu_billed_since = now
                 instance.announced_running = False
+                instance.log_boot(now)
             elif wanted not in ("stopped", "running"):
                 raise MarketError(400, "invalid_args", f"state {wanted!r} is not stopped or running")
 
     def charges(self) -> list[dict]:
         with self._transaction() as now:
             return [line for i in self._instances.values() for line in billing.charge_lines(i, now)]
+
+    def instances_page(self, query: dict) -> dict:
+        """`GET /api/v1/instances/`: select_filters, order_by [{col, dir}], limit (25 a page), after_token,
+        select_cols; answers `instances`, `next_token`, `total_instances` and `label_counts` as vast.ai's v1 does."""
+        try:
+            filters = parse_filters(json_arg(query.get("select_filters"), "select_filters", {}))
+            order = _order_by(json_arg(query.get("order_by"), "order_by", [{"col": "id", "dir": "asc"}]))
+            columns = json_arg(query.get("select_cols"), "select_cols", ["*"])
+            with self._transaction() as now:
+                rows = [i.view(now) for i in self._instances.values() if i.listed(now)]
+            rows = ordered(matching(rows, filters), order)
+            page, next_token = paginate(rows, query.get("limit") or 25, query.get("after_token"))
+        except QueryError as exc:
+            raise MarketError(400, "invalid_args", str(exc)) from exc
+        if isinstance(columns, list) and "*" not in columns:
+            page = [{name: row.get(name) for name in columns} for row in page]
+        labels: dict[str, int] = {}
+        for row in rows:
+            labels[row["label"]] = labels.get(row["label"], 0) + 1
+        return {"instances": page, "next_token": next_token, "total_instances": len(rows), "label_counts": labels}
+
+    def instance_filters(self) -> list[dict]:
+        """`GET /instances/filters/`: the distinct (status, verification, GPU) combinations of the listed instances."""
+        with self._transaction() as now:
+            combos = {(v["actual_status"], v["verification"], v["gpu_name"])
+                      for v in (i.view(now) for i in self._instances.values() if i.listed(now))}
+        return [{"actual_status": a, "verification": b, "gpu_name": c} for a, b, c in sorted(combos)]
+
+    def instance_logs(self, instance_id: int, body: dict) -> str:
+        """`PUT /instances/request_logs/{id}/`: the container's log, then what ran in it; `tail` lines, `filter`."""
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            lines = instance.container_log(now)
+        lines += self.hooks.logs(instance_id).splitlines()
+        pattern = body.get("filter")
+        if pattern:
+            lines = [line for line in lines if str(pattern) in line]
+        tail = body.get("tail")
+        if tail not in (None, ""):
+            try:
+                tail = int(tail)
+            except (TypeError, ValueError) as exc:
+                raise MarketError(400, "invalid_args", "tail must be a number of lines") from exc
+            lines = lines[-tail:] if tail > 0 else []
+        return "\n".join(lines) + "\n"
+
+    def user(self) -> dict:
+        with self._transaction() as now:
+            return account.user(list(self._instances.values()), now, self._started_at,
+                                self.settings.starting_credit_usd)
+
+    def invoices(self, query: dict) -> dict:
+        """`GET /users/me/invoices?sdate=&edate=&inc_charges=` (the CLI's deprecated `show invoices`)."""
+        try:
+            since = _number_arg(query.get("sdate"), "sdate")
+            until = _number_arg(query.get("edate"), "edate")
+        except QueryError as exc:
+            raise MarketError(400, "invalid_args", str(exc)) from exc
+        include = str(query.get("inc_charges", "true")).lower() not in ("false", "0")
+        with self._transaction() as now:
+            return account.invoices_v0(list(self._instances.values()), now, self._started_at,
+                                       self.settings.starting_credit_usd, since=since, until=until,
+                                       include_charges=include)
+
+    def charges_report(self, query: dict) -> dict:
+        try:
+            with self._transaction() as now:
+                instances = list(self._instances.values())
+                return account.charges_report(instances, now, **_report_args(query))
+        except QueryError as exc:
+            raise MarketError(400, "invalid_args", str(exc)) from exc
+
+    def invoices_report(self, query: dict) -> dict:
+        try:
+            with self._transaction() as now:
+                return account.invoices_report(now, self._started_at, self.settings.starting_credit_usd,
+                                               **_report_args(query))
+        except QueryError as exc:
+            raise MarketError(400, "invalid_args", str(exc)) from exc
 
     # --- request gates (real time) ---
 
@@ -227,6 +311,7 @@ class Market:
             instance.state = "stopped"
             instance.intended_status = "running"  # the user still wants it; it resumes when the bid wins again
             instance.stop_msg = "Instance stopped: outbid, another client's higher bid took the machine"
+            instance.log_end(now, instance.stop_msg)
             self._emit("on_stopped", instance, now)
 
     def set_uplink(self, instance_id: int, mbps: float) -> None:
@@ -275,6 +360,7 @@ class Market:
     def _reset_locked(self) -> None:
         s = self.settings
         self.clock = SimClock(s.speed)
+        self._started_at = self.clock.now()
         self._offers: list[Offer] = build_catalogue(s.seed, s.offer_count)
         self._offers_by_id = {offer.id: offer for offer in self._offers}
         self._instances: dict[int, Instance] = {}
@@ -344,6 +430,7 @@ class Market:
         instance.died_at = at
         instance.vanish_at = at + vanish_after_s
         instance.stop_msg = f"Host offline: lost contact with machine {instance.offer.machine_id} ({why})"
+        instance.log_end(at, instance.stop_msg)
         instance.offer.gone = True  # an offline host is not listed
         instance.offer.rented_by = None
         log.info("simulated host of instance %s died at %.0f", instance.id, at)
@@ -391,6 +478,30 @@ class Market:
                     getattr(self.hooks, hook)(view)
                 except Exception:
                     log.exception("simulator hook %s failed for instance %s", hook, view.get("id"))
+
+
+def _order_by(value) -> list[tuple[str, bool]]:
+    if not isinstance(value, list) or not all(isinstance(o, dict) and isinstance(o.get("col"), str) for o in value):
+        raise QueryError('order_by is a list of {"col": name, "dir": "asc"|"desc"}')
+    return [(o["col"], str(o.get("dir", "asc")).lower() == "desc") for o in value]
+
+
+def _number_arg(value, name: str) -> float | None:
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise QueryError(f"{name} must be a unix time") from exc
+
+
+def _report_args(query: dict) -> dict:
+    return {
+        "select_filters": json_arg(query.get("select_filters"), "select_filters", {}),
+        "latest_first": str(query.get("latest_first", "false")).lower() in ("true", "1"),
+        "limit": query.get("limit") or 20,
+        "after_token": query.get("after_token"),
+    }
 
 
 def _no_such_ask(offer_id: int) -> MarketError:

@@ -3,6 +3,13 @@
 Unknown fields in a filter are ignored, as vast.ai's own default query names fields the simulation does not model
 (and a client's typo therefore filters nothing: the client's tests must catch it). An unknown operator, a
 non-list for in/nin, or a value that cannot be compared with the field is a 400 (`invalid_args`).
+
+Values are coerced to the field's type before they are compared, as vast.ai does for what its official CLI sends:
+the CLI passes every number it parsed from `reliability>0.98` as the string "0.98" and booleans as JSON booleans,
+other clients send "true"/"false". `driver_version` is compared as the CLI's number (535.129.03 -> 535129003), a
+dotted string as the same number. The wildcards "any", "*" and "?" match everything; `null` with eq/neq asks
+whether the field is empty. The CLI spells "not in" as `notin`, the API documents `nin`: both are accepted. vast.ai
+documents none of these coercions; they are what its CLI needs to work.
 """
 
 import operator
@@ -22,6 +29,9 @@ OPS = {
     "in": lambda value, options: value in options,
     "nin": lambda value, options: value not in options,
 }
+OP_ALIASES = {"notin": "nin", "not in": "nin", "noteq": "neq", "not eq": "neq", "ne": "neq"}
+WILDCARDS = {"any", "*", "?"}
+TRUE_WORDS, FALSE_WORDS = {"true", "1", "yes"}, {"false", "0", "no"}
 
 
 class QueryError(ValueError):
@@ -40,19 +50,7 @@ class Query:
 def parse_query(body: dict) -> Query:
     if not isinstance(body, dict):
         raise QueryError("the search body must be a JSON object")
-    filters = []
-    for field, condition in body.items():
-        if field in QUERY_KEYS:
-            continue
-        if not isinstance(condition, dict):
-            condition = {"eq": condition}  # vast.ai accepts a bare value as equality
-        for op, value in condition.items():
-            if op not in OPS:
-                raise QueryError(f"unknown operator {op!r} for {field!r}; use one of {', '.join(OPS)}")
-            if op in ("in", "nin") and not isinstance(value, list):
-                raise QueryError(f"{field!r} {op} needs a list")
-            filters.append((field, op, value))
-
+    filters = parse_filters({field: condition for field, condition in body.items() if field not in QUERY_KEYS})
     order = []
     for item in body.get("order") or []:
         if not (isinstance(item, list) and len(item) in (1, 2) and isinstance(item[0], str)):
@@ -67,40 +65,126 @@ def parse_query(body: dict) -> Query:
         raise QueryError(f"type {kind!r} is not on-demand or bid")
 
     limit = body.get("limit", DEFAULT_LIMIT)
+    if isinstance(limit, str) and limit.strip().isdigit():
+        limit = int(limit)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise QueryError("limit must be a positive integer")
 
     storage = body.get("allocated_storage", 5.0)
+    if isinstance(storage, str):
+        try:
+            storage = float(storage)
+        except ValueError:
+            pass
     if not isinstance(storage, (int, float)) or isinstance(storage, bool) or storage < 0:
         raise QueryError("allocated_storage must be a number of GB")
 
-    return Query(tuple(filters), tuple(order), kind in ("bid", "interruptible"), min(limit, MAX_LIMIT), float(storage))
+    return Query(filters, tuple(order), kind in ("bid", "interruptible"), min(limit, MAX_LIMIT), float(storage))
+
+
+def parse_filters(conditions: dict) -> tuple[tuple[str, str, object], ...]:
+    """`{field: {op: value}}` (a bare value means eq) as (field, op, value) triples, the operators checked."""
+    if not isinstance(conditions, dict):
+        raise QueryError("filters must be a JSON object of {field: {op: value}}")
+    filters = []
+    for field, condition in conditions.items():
+        if not isinstance(condition, dict):
+            condition = {"eq": condition}  # vast.ai accepts a bare value as equality
+        for op, value in condition.items():
+            op = OP_ALIASES.get(op, op)
+            if op not in OPS:
+                raise QueryError(f"unknown operator {op!r} for {field!r}; use one of {', '.join(OPS)}")
+            if op in ("in", "nin") and not isinstance(value, list):
+                raise QueryError(f"{field!r} {op} needs a list")
+            filters.append((field, op, value))
+    return tuple(filters)
+
+
+def matching(records: list[dict], filters) -> list[dict]:
+    return [record for record in records if _matches(record, filters)]
 
 
 def select(listings: list[dict], query: Query) -> list[dict]:
-    matching = [listing for listing in listings if _matches(listing, query.filters)]
+    matching_listings = matching(listings, query.filters)
+    return ordered(matching_listings, query.order)[: query.limit]
+
+
+def ordered(records: list[dict], order) -> list[dict]:
+    """Sorted by (field, descending) keys, records without the field last."""
     # Stable sorts from the last key to the first give a multi-key order with mixed directions.
-    for field, descending in reversed(query.order):
-        present = [x for x in matching if x.get(field) is not None]
-        missing = [x for x in matching if x.get(field) is None]
+    for field, descending in reversed(order):
+        present = [x for x in records if x.get(field) is not None]
+        missing = [x for x in records if x.get(field) is None]
         try:
             present.sort(key=lambda x: x[field], reverse=descending)
         except TypeError as exc:
             raise QueryError(f"cannot order by {field!r}: {exc}") from exc
-        matching = present + missing
-    return matching[: query.limit]
+        records = present + missing
+    return records
 
 
 def _matches(listing: dict, filters) -> bool:
     for field, op, value in filters:
-        if field not in listing:
+        if field not in listing or _is_wildcard(value):
             continue
         actual = listing[field]
+        if value is None and op in ("eq", "neq"):
+            if (actual is None) != (op == "eq"):
+                return False
+            continue
         if actual is None:
             return False
+        if field == "driver_version":
+            actual = driver_number(actual)
         try:
-            if not OPS[op](actual, value):
+            if op in ("in", "nin"):
+                wanted = [_coerce(field, actual, option) for option in value]
+            else:
+                wanted = _coerce(field, actual, value)
+            if not OPS[op](actual, wanted):
                 return False
-        except TypeError as exc:
-            raise QueryError(f"cannot compare {field!r} ({actual!r}) with {value!r}") from exc
+        except (TypeError, ValueError) as exc:
+            raise QueryError(f"cannot compare {field!r} ({listing[field]!r}) with {value!r}") from exc
     return True
+
+
+def driver_number(version) -> int:
+    """A driver version as the vast.ai CLI sends it: "535.129.03" -> 535129003 (each part padded to 3 digits)."""
+    if isinstance(version, (int, float)) and not isinstance(version, bool):
+        return int(version)
+    text = str(version).strip()
+    if text.isdigit():
+        return int(text)
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"{version!r} is not a driver version")
+    parts += ["0"] * (3 - len(parts))
+    return int("".join(part.zfill(3) for part in parts))
+
+
+def _is_wildcard(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() in WILDCARDS
+
+
+def _coerce(field: str, actual, value):
+    """The query value as the listing's field type: what vast.ai does with "0.98", "1", "true"."""
+    if field == "driver_version":
+        return driver_number(value)
+    if isinstance(actual, bool):
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in TRUE_WORDS or word in FALSE_WORDS:
+                return word in TRUE_WORDS
+            raise ValueError(f"{value!r} is not a boolean")
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value)
+        return value
+    if isinstance(actual, (int, float)):
+        if isinstance(value, str):
+            return float(value)
+        if isinstance(value, bool):
+            raise TypeError("a boolean is not a number")
+        return value
+    if isinstance(actual, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value

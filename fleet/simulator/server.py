@@ -12,6 +12,9 @@ import ipaddress
 import json
 import logging
 import re
+import secrets
+import threading
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -20,7 +23,10 @@ from .market import Market, MarketError
 log = logging.getLogger(__name__)
 
 API = "/api/v0"
+API_V1 = "/api/v1"
 CONTROL = "/_sim"
+LOGS = "/logs/"  # where a log request's result_url points; like vast.ai's presigned links it needs no key
+KEPT_LOGS = 64
 
 PROXY_PAGES = {
     502: "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center>"
@@ -40,6 +46,8 @@ class SimulatorServer(ThreadingHTTPServer):
         self.market = market
         self.api_key = api_key
         self.control_token = control_token
+        self.logs: OrderedDict[str, str] = OrderedDict()  # result_url token -> log text, the newest KEPT_LOGS
+        self.logs_lock = threading.Lock()
         super().__init__(address, Handler)
 
 
@@ -47,15 +55,27 @@ def _route(method: str, pattern: str):
     return method, re.compile(pattern + r"/?$")
 
 
-API_ROUTES = [
+API_ROUTES = [  # under /api/v0
     (_route("POST", r"/bundles"), "search"),
     (_route("GET", r"/bundles"), "search"),  # the older clients' GET /bundles/?q={json}
+    (_route("PUT", r"/search/asks"), "search_asks"),  # the CLI's `search offers --new`: {"q": query}
     (_route("PUT", r"/asks/(\d+)"), "rent"),
     (_route("GET", r"/instances"), "list_instances"),
+    (_route("PUT", r"/instances"), "manage_instances"),  # several: {"ids": [...], "state": ...}
+    (_route("DELETE", r"/instances"), "destroy_instances"),  # several: {"instance_ids": [...]}
+    (_route("GET", r"/instances/filters"), "instance_filters"),
+    (_route("PUT", r"/instances/request_logs/(\d+)"), "request_logs"),
     (_route("GET", r"/instances/(\d+)"), "show_instance"),
     (_route("PUT", r"/instances/(\d+)"), "manage_instance"),
     (_route("DELETE", r"/instances/(\d+)"), "destroy_instance"),
     (_route("GET", r"/charges"), "charges"),
+    (_route("GET", r"/users/current"), "show_user"),
+    (_route("GET", r"/users/me/invoices"), "invoices"),
+]
+
+API_V1_ROUTES = [  # under /api/v1, where the current CLI lists instances and invoices
+    (_route("GET", r"/instances"), "instances_page"),
+    (_route("GET", r"/invoices"), "invoices_report"),
 ]
 
 CONTROL_ROUTES = [
@@ -96,7 +116,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
-        self.query = parse_qs(url.query)
+        self.query = {name: values[-1] for name, values in parse_qs(url.query).items()}
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # read it always: keep-alive
         try:
             self.body = json.loads(raw) if raw.strip() else {}
@@ -104,7 +124,11 @@ class Handler(BaseHTTPRequestHandler):
             self.body = None
         try:
             if url.path.startswith(API + "/") or url.path == API:
-                self._api(method, url.path[len(API):])
+                self._api(method, url.path[len(API):], API_ROUTES)
+            elif url.path.startswith(API_V1 + "/"):
+                self._api(method, url.path[len(API_V1):], API_V1_ROUTES)
+            elif url.path.startswith(LOGS) and method == "GET":
+                self._log_result(url.path[len(LOGS):])
             elif url.path.startswith(CONTROL + "/"):
                 self._control(method, url.path[len(CONTROL):])
             else:
@@ -115,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
             log.exception("simulator failed on %s %s", method, self.path)
             self._error(500, "server_error", "Internal server error")
 
-    def _api(self, method: str, path: str) -> None:
+    def _api(self, method: str, path: str, routes) -> None:
         failure = self.server.market.take_request_fault(path)
         if failure is not None:
             self._injected(failure)
@@ -123,7 +147,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorised():
             self._error(401, "invalid_user_key", "Invalid user key: check the Authorization: Bearer header")
             return
-        self._dispatch(API_ROUTES, method, path)
+        self._dispatch(routes, method, path)
 
     def _control(self, method: str, path: str) -> None:
         token = self.server.control_token
@@ -155,7 +179,7 @@ class Handler(BaseHTTPRequestHandler):
     def _authorised(self) -> bool:
         header = self.headers.get("Authorization", "")
         key = header[len("Bearer "):].strip() if header.startswith("Bearer ") else ""
-        key = key or self.query.get("api_key", [""])[0]  # vast.ai also takes ?api_key=
+        key = key or self.query.get("api_key", "")  # vast.ai also takes ?api_key=
         return bool(key) and hmac.compare_digest(key.encode(), self.server.api_key.encode())
 
     # --- vast.ai API ---
@@ -168,11 +192,19 @@ class Handler(BaseHTTPRequestHandler):
         body = self.body
         if "q" in self.query:
             try:
-                body = json.loads(self.query["q"][0])
+                body = json.loads(self.query["q"])
             except ValueError:
                 self._error(400, "invalid_args", "q is not valid JSON")
                 return
         self._json(200, {"offers": self.server.market.search(body)})
+
+    def search_asks(self) -> None:
+        query = self.body.get("q")
+        if not isinstance(query, dict):
+            self._error(400, "invalid_args", "q must be the search query as a JSON object")
+            return
+        self.body = query
+        self.search()
 
     def rent(self, offer_id: int) -> None:
         instance_id = self.server.market.rent(offer_id, self.body)
@@ -182,7 +214,59 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"instances": self.server.market.list_instances()})
 
     def show_instance(self, instance_id: int) -> None:
-        self._json(200, {"instances": self.server.market.get_instance(instance_id)})
+        # vast.ai answers an id it does not know (or no longer lists) with {"instances": null}, and the official
+        # CLI prints "not found" for exactly that; a 404 would be an error it does not expect.
+        try:
+            record = self.server.market.get_instance(instance_id)
+        except MarketError as exc:
+            if exc.error != "no_such_instance":
+                raise
+            record = None
+        self._json(200, {"instances": record})
+
+    def instances_page(self) -> None:
+        self._json(200, self.server.market.instances_page(self.query))
+
+    def instance_filters(self) -> None:
+        self._json(200, {"success": True, "filters": self.server.market.instance_filters()})
+
+    def manage_instances(self) -> None:
+        ids = self._id_list("ids")
+        if ids is not None:
+            changes = {k: v for k, v in self.body.items() if k != "ids"}
+            self._json(200, {"success": True, "results": self._each(ids, lambda i: self.server.market.manage(i, changes))})
+
+    def destroy_instances(self) -> None:
+        ids = self._id_list("instance_ids")
+        if ids is not None:
+            self._json(200, {"success": True, "results": self._each(ids, self.server.market.destroy)})
+
+    def request_logs(self, instance_id: int) -> None:
+        text = self.server.market.instance_logs(instance_id, self.body)
+        token = secrets.token_urlsafe(16)
+        with self.server.logs_lock:
+            self.server.logs[token] = text
+            while len(self.server.logs) > KEPT_LOGS:
+                self.server.logs.popitem(last=False)
+        host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
+        self._json(200, {"success": True, "result_url": f"http://{host}{LOGS}{token}"})
+
+    def _log_result(self, token: str) -> None:
+        with self.server.logs_lock:
+            text = self.server.logs.get(token)
+        if text is None:
+            self._error(404, "not_found", "No such log result (they are kept for the newest requests only)")
+            return
+        self._send(200, text.encode(), "text/plain; charset=utf-8", {})
+
+    def show_user(self) -> None:
+        self._json(200, self.server.market.user())
+
+    def invoices(self) -> None:
+        self._json(200, self.server.market.invoices(self.query))
+
+    def invoices_report(self) -> None:
+        self._json(200, self.server.market.invoices_report(self.query))
 
     def manage_instance(self, instance_id: int) -> None:
         self.server.market.manage(instance_id, self.body)
@@ -196,6 +280,11 @@ class Handler(BaseHTTPRequestHandler):
         retry_after = self.server.market.charges_retry_after(self.client_address[0])
         if retry_after is not None:
             self._too_many(retry_after, "API requests too frequent: charges polled too fast")
+            return
+        if "select_filters" in self.query:
+            # The v1 client's charge report. Whether vast.ai still answers the plain GET /charges/ with a
+            # {"charges": [...]} list is not documented; the product's client reads that form, so both are served.
+            self._json(200, self.server.market.charges_report(self.query))
             return
         self._json(200, {"charges": self.server.market.charges()})
 
@@ -247,6 +336,24 @@ class Handler(BaseHTTPRequestHandler):
             raise MarketError(400, "invalid_args", "mbps must be a number > 0")
         self.server.market.set_uplink(instance_id, mbps)
         self._json(200, {"success": True})
+
+    def _id_list(self, name: str) -> list[int] | None:
+        ids = self.body.get(name)
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            self._error(400, "invalid_args", f"{name} must be a list of instance ids")
+            return None
+        return ids
+
+    @staticmethod
+    def _each(ids: list[int], action) -> list[dict]:
+        results = []
+        for instance_id in ids:
+            try:
+                action(instance_id)
+                results.append({"id": instance_id, "success": True})
+            except MarketError as exc:
+                results.append({"id": instance_id, "success": False, "error": exc.error, "msg": exc.msg})
+        return results
 
     # --- responses ---
 

@@ -88,9 +88,13 @@ def test_it_keeps_to_the_limit_and_refuses_vast_filters(runpod):
 
 
 def test_it_skips_a_malformed_gpu_type_and_keeps_the_rest(runpod, fake):
-    broken = list(fake.gpu_types["NVIDIA B200"])
-    broken[2] = "lots"
-    fake.gpu_types["NVIDIA B200"] = tuple(broken)
+    def mangle(data):
+        for gpu_type in data.get("gpuTypes") or []:
+            if gpu_type["id"] == "NVIDIA B200":
+                gpu_type["memoryInGb"] = "lots"
+        return data
+
+    fake.corrupt_answers(mangle)
     offers = runpod.search_offers()
     assert H200_SECURE in {o.offer_id for o in offers}
     assert not any(o.offer_id.startswith("NVIDIA B200") for o in offers)

@@ -243,7 +243,7 @@ def test_it_stops_billing_when_destroyed_and_404s_a_second_destroy(api, sim):
 
     lines = charges_of(api, instance_id)  # a destroyed instance's charges stay
     assert lines["gpu"]["amount"] == pytest.approx(offer["dph_base"] * 600 / 3600, abs=1e-6)
-    assert api.get(f"/instances/{instance_id}/").status_code == 404
+    assert api.get(f"/instances/{instance_id}/").json() == {"instances": None}  # as vast.ai: no 404 on a GET
     second = api.delete(f"/instances/{instance_id}/")
     assert second.status_code == 404 and second.json()["success"] is False
     assert api.get("/instances/").json()["instances"] == []
@@ -320,7 +320,7 @@ def test_it_kills_a_host(api, sim, control):
     assert (dead["actual_status"], dead["intended_status"], dead["gpu_util"]) == ("exited", "running", 0)
     assert dead["status_msg"].startswith("Host offline")
     sim.advance(3600)
-    assert api.get(f"/instances/{instance_id}/").status_code == 404  # vanished 600 s after death
+    assert api.get(f"/instances/{instance_id}/").json() == {"instances": None}  # vanished 600 s after death
     assert api.get("/instances/").json()["instances"] == []
     lines = charges_of(api, instance_id)
     assert lines["gpu"]["quantity"] == pytest.approx(100 / 3600, abs=1e-6)
@@ -464,3 +464,103 @@ def test_it_serves_from_the_command_line():
     finally:
         process.kill()
         process.wait()
+
+
+# -- what other clients send: vast.ai's coercions, its v1 routes, logs and the account ------------------------
+
+
+def listed(sim) -> list[dict]:
+    return [o for o in sim.offers() if not o["gone"] and o["rented_by"] is None]
+
+
+def test_it_coerces_query_values_given_as_strings(api, sim):
+    as_numbers = {o["id"] for o in search(api, reliability={"gt": 0.98}, num_gpus={"eq": 1})}
+    as_strings = {o["id"] for o in search(api, reliability={"gt": "0.98"}, num_gpus={"eq": "1"})}
+    assert as_numbers and as_strings == as_numbers
+    unverified = {o["id"] for o in listed(sim) if not o["verified"]}
+    assert unverified
+    for word in ("false", "False", False):
+        assert {o["id"] for o in search(api, verified={"eq": word})} == unverified
+    assert {o["id"] for o in search(api, num_gpus={"in": ["2", "4"]})} == {
+        o["id"] for o in listed(sim) if o["num_gpus"] in (2, 4)}
+    assert search(api, limit="5", num_gpus={"gte": "1"}) == search(api, limit=5, num_gpus={"gte": 1})
+
+
+def test_it_takes_wildcards_notin_null_and_numeric_driver_versions(api, sim):
+    everything = {o["id"] for o in listed(sim)}
+    assert {o["id"] for o in search(api, gpu_name={"eq": "any"}, verified="*")} == everything
+    without = {o["id"] for o in search(api, gpu_name={"notin": ["H200", "B200"]})}
+    assert without == {o["id"] for o in listed(sim) if o["gpu_name"] not in ("H200", "B200")}
+    assert search(api, gpu_name={"eq": None}) == []
+    assert {o["id"] for o in search(api, gpu_name={"neq": None})} == everything
+
+    def driver(o):
+        return tuple(int(p) for p in o["driver_version"].split("."))
+
+    new = {o["id"] for o in listed(sim) if driver(o) >= (570, 124, 6)}
+    assert new and {o["id"] for o in search(api, driver_version={"gte": 570124006})} == new
+    assert {o["id"] for o in search(api, driver_version={"gte": "570.124.06"})} == new
+
+
+def test_it_refuses_values_that_cannot_be_the_fields_type(api):
+    for query in ({"reliability": {"gt": "high"}}, {"verified": {"eq": "maybe"}}, {"driver_version": {"gt": "new"}},
+                  {"num_gpus": {"gt": True}}):
+        response = api.post("/bundles/", json=query)
+        assert response.status_code == 400 and response.json()["error"] == "invalid_args", query
+
+
+def test_it_lists_instances_in_v1_pages_with_filters_order_and_columns(api, sim):
+    ids = [rented(api, o["id"], label=f"page-{n % 2}") for n, o in enumerate(search(api, limit=7, disk_space={"gte": 100}))]
+    v1 = httpx.Client(base_url=sim.origin + "/api/v1", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+    query = {"select_filters": '{"label": {"in": ["page-0"]}}', "order_by": '[{"col": "id", "dir": "desc"}]',
+             "limit": 3, "select_cols": '["id", "label"]'}
+    first = v1.get("/instances/", params=query).json()
+    wanted = sorted((i for n, i in enumerate(ids) if n % 2 == 0), reverse=True)
+    assert first["total_instances"] == 4 and first["label_counts"] == {"page-0": 4}
+    assert first["instances"] == [{"id": i, "label": "page-0"} for i in wanted[:3]]
+    second = v1.get("/instances/", params={**query, "after_token": first["next_token"]}).json()
+    assert [i["id"] for i in second["instances"]] == wanted[3:] and second["next_token"] is None
+    assert v1.get("/instances/", params={"after_token": "forged"}).status_code == 400
+    assert v1.get("/instances/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert len(v1.get("/instances/").json()["instances"]) == 7
+
+
+def test_it_serves_an_instance_log_through_a_result_url(api, sim):
+    instance_id = rented(api, healthy_offer(api, sim)["id"], onstart="python -m training.agent")
+    sim.advance(90)
+    answer = api.put(f"/instances/request_logs/{instance_id}/", json={"tail": "2"}).json()
+    lines = httpx.get(answer["result_url"], timeout=5).text.splitlines()  # no key: a presigned-style link
+    assert [line.split(" ", 1)[1] for line in lines] == [f"Pulling image {IMAGE}",
+                                                          "Container started: python -m training.agent"]
+    assert httpx.get(answer["result_url"] + "x", timeout=5).status_code == 404
+    assert api.put("/instances/request_logs/1/", json={}).status_code == 404
+
+
+def test_it_keeps_a_log_across_stop_start_and_a_dead_host(api, sim, control):
+    instance_id = rented(api, healthy_offer(api, sim)["id"])
+    sim.advance(90)
+    api.put(f"/instances/{instance_id}/", json={"state": "stopped"})
+    api.put(f"/instances/{instance_id}/", json={"state": "running"})
+    sim.advance(5)  # the restart has not pulled its image yet when the host dies
+    control.post(f"/instances/{instance_id}/kill", json={})
+    answer = api.put(f"/instances/request_logs/{instance_id}/", json={}).json()
+    texts = [line.split(" ", 1)[1] for line in httpx.get(answer["result_url"], timeout=5).text.splitlines()]
+    assert texts[:4] == [f"Creating container from {IMAGE}", f"Pulling image {IMAGE}",
+                         "Container started: ssh", "Instance stopped by user"]
+    assert texts[4] == "Starting container" and texts[-1].startswith("Host offline") and len(texts) == 6
+
+
+def test_it_reports_the_account_as_invoices_and_charge_pages(api, sim):
+    instance_id = rented(api, healthy_offer(api, sim)["id"])
+    sim.advance(7200)
+    total = next(i for i in sim.state()["instances"] if i["id"] == instance_id)["billing"]["total"]
+    invoices = api.get("/users/me/invoices", params={"owner": "me", "inc_charges": "true"}).json()
+    assert sum(r["amount"] for r in invoices["invoices"] if r["type"] == "charge") == pytest.approx(total)
+    assert invoices["current"]["total"] == pytest.approx(total, abs=1e-4)
+    credits_only = api.get("/users/me/invoices", params={"inc_charges": "false"}).json()["invoices"]
+    assert [r["type"] for r in credits_only] == ["payment"]
+    report = api.get("/charges/", params={"select_filters": '{"type": {"in": ["instance"]}}', "limit": 5}).json()
+    assert report["total"] == 1 and report["results"][0]["amount"] == pytest.approx(total)
+    assert api.get("/charges/", params={"select_filters": '{"type": {"in": ["volume"]}}'}).json()["total"] == 0
+    assert "charges" in api.get("/charges/").json()  # the plain form the product's client reads stays
+    assert api.get("/users/current").json()["credit"] == pytest.approx(1000 - total, abs=1e-3)
