@@ -171,3 +171,19 @@ def test_it_refuses_a_rent_of_a_taken_offer_with_the_cli_error(vastai_cli, marke
     again = vastai_cli.run("create", "instance", str(offer["id"]), "--image", IMAGE)
     assert "Failed with error 400" in again.stderr and "no_such_ask" in again.stderr
     assert MARKET_KEY not in again.stderr
+
+
+def test_it_filters_the_instance_list_by_label_and_status(vastai_cli, market):
+    offers = vastai_cli.json("search", "offers", "num_gpus=1", "-o", "dph+", "--limit", "2")
+    ids = {label: vastai_cli.json("create", "instance", str(o["id"]), "--image", IMAGE, "--label", label)["new_contract"]
+           for label, o in zip(("alpha", "beta"), offers)}
+    market.advance(90)
+    assert vastai_cli.run("show", "instances", "--label", "alpha", "-q").stdout.split() == [str(ids["alpha"])]
+    running = vastai_cli.run("show", "instances", "-s", "running", "-q").stdout.split()
+    assert sorted(running) == sorted(str(i) for i in ids.values())
+    assert vastai_cli.run("show", "instances", "-s", "exited", "-q").stdout.split() == []
+
+
+def test_it_answers_the_new_search_route_like_the_old(vastai_cli):
+    query = ("search", "offers", "gpu_name=H200 reliability>0.95", "-o", "dph+", "--limit", "10")
+    assert vastai_cli.json(*query, "--new") == vastai_cli.json(*query)
