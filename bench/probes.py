@@ -3,7 +3,7 @@
 Starts 500 HTTP endpoints on loopback in a separate process (one asyncio server per port: most healthy, some slower
 than the probe timeout, some answering 500, some dead: a closed port), writes 500 serving Instance rows pointing at
 them into a throwaway PostgreSQL database (created and dropped here), runs one round of
-fleet.probes.probe_serving_instances, and prints a human line, then a last line of JSON.
+fleet.inference.probes.probe_serving_instances, and prints a human line, then a last line of JSON.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet SECRET_KEY=x DATA_DIR=/tmp/fleetdata python bench/probes.py
 
@@ -130,7 +130,7 @@ def main() -> None:
         if not receive.poll(60):
             sys.exit("the endpoints did not start")
         ports = receive.recv()
-        from fleet import probes
+        from fleet.inference import probes
         from fleet.models import InferenceModel, Instance, ProbeResult
 
         model = InferenceModel.objects.create(name=MODEL, image="vllm/vllm-openai:bench", port=8000)

@@ -3,7 +3,7 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/reaper.py
 
 Creates a throwaway test database, fills it with live instances of which a fixed number must be reaped (too old,
-idle, failing probes, hung, over the spend cap), times `fleet.reaping.reap` (median of several passes, the reaped
+idle, failing probes, hung, over the spend cap), times `fleet.reaper.sweep.reap` (median of several passes, the reaped
 rows reset between passes) and counts its queries. The last line is JSON.
 """
 
@@ -21,7 +21,7 @@ from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from fleet import reaping  # noqa: E402
+from fleet.reaper import sweep  # noqa: E402
 from fleet.models import Instance  # noqa: E402
 
 REPEAT = 5
@@ -52,7 +52,7 @@ def measure(count: int) -> dict:
         Instance.objects.update(reaped_at=None, reap_reason="")
         with CaptureQueriesContext(connection) as captured:
             start = time.perf_counter()
-            report = reaping.reap()
+            report = sweep.reap()
             times.append(time.perf_counter() - start)
         queries.append(len(captured.captured_queries))
         assert len(report.acted) == TO_REAP, report.acted

@@ -26,7 +26,7 @@ import httpx  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from fleet import actions  # noqa: E402
-from fleet.offers import refresh_offers  # noqa: E402
+from fleet.offers.refresh import refresh_offers  # noqa: E402
 from fleet.simulator import SimulatedMarketplace  # noqa: E402
 from fleet.simulator.agents import AgentProcesses  # noqa: E402
 from runs import supervisor  # noqa: E402

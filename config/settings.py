@@ -74,6 +74,11 @@ INSTALLED_APPS = [
     "runs",
 ]
 
+# Work that knows how to move itself off a box the reaper found hung: each handler gets (instance, reason, now) and
+# returns True when it took the move over (a training run resumes from its checkpoint on a box it rents itself);
+# otherwise fleet.actions.replace rents a like box for the same work.
+FLEET_MOVE_HANDLERS = ["runs.supervisor.on_move"]
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -276,7 +281,6 @@ AGENT_HEARTBEAT_TIMEOUT_S = env_int("AGENT_HEARTBEAT_TIMEOUT_S", 60, minimum=5) 
 AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=60)  # unrenewed longer: box stops
 STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60)
 RUN_INSTALL_TIMEOUT_S = env_int("RUN_INSTALL_TIMEOUT_S", 1800, minimum=60)
-RUN_STALL_TIMEOUT_S = env_int("RUN_STALL_TIMEOUT_S", 1800, minimum=30)  # no step progress while the GPU idles
 SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
 AGENT_MAX_METRIC_POINTS = env_int("AGENT_MAX_METRIC_POINTS", 2000, minimum=1)
 CELERY_BEAT_SCHEDULE.update({"supervise-runs": {"task": "runs.tasks.supervise_runs",

@@ -2,9 +2,12 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from config.dashboard import dashboard
 from config.health import healthz
-from fleet import alert_views, inference_views, instance_views
-from fleet import views as fleet_views
+from fleet.alerts import views as alert_views
+from fleet.inference import views as inference_views
+from fleet.instances import views as instance_views
+from fleet.offers import views as offer_views
 from runs import chart_views
 from runs import views as run_views
 from runs.api import api as agent_api
@@ -20,9 +23,9 @@ def _without_login(patterns):
     return patterns
 
 urlpatterns = [
-    path("", fleet_views.dashboard, name="dashboard"),
-    path("offers/", fleet_views.offers, name="offers"),
-    path("offers/profiles/", fleet_views.save_profile, name="save_profile"),
+    path("", dashboard, name="dashboard"),
+    path("offers/", offer_views.offers, name="offers"),
+    path("offers/profiles/", offer_views.save_profile, name="save_profile"),
     path("instances/", instance_views.instance_list, name="instances"),
     path("instances/rent/", instance_views.rent_confirm, name="rent_confirm"),
     path("instances/<int:pk>/", instance_views.instance_detail, name="instance_detail"),

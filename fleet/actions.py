@@ -18,11 +18,13 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
-from fleet import ledger
-from fleet.alerts import raise_alert
+from fleet.instances import ledger
+from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
-from fleet.providers import get_provider
+from fleet.offers.ranked import profile_settings, rank_stored_offers
+from fleet.providers.registry import get_provider
 from fleet.providers.errors import OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
 
@@ -331,18 +333,11 @@ def failure_of(record: InstanceRecord) -> str:
 # -- moving work to a new box ------------------------------------------------------------------------------------------
 
 
-# Work that knows how to move itself (a training run resumes from its checkpoint on a box it rents) registers here;
-# a handler returns True when it took the move over.
-MOVE_HANDLERS: list = []
-
-
 def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance | None:
     """Destroys a box that cannot go on and rents the best-ranked offer on another host for the same work; the new
     row points back at the old one. Retried, it rents once (the key names the replaced row)."""
-    from fleet.offer_ranking import profile_settings, rank_stored_offers
-
     now = now or timezone.now()
-    if any(handler(instance, reason, now) for handler in MOVE_HANDLERS):
+    if any(import_string(path)(instance, reason, now) for path in settings.FLEET_MOVE_HANDLERS):
         return None
     destroy(instance, reason=reason, now=now)
     profile = instance.serving_model.profile if instance.serving_model_id else None

@@ -3,8 +3,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from fleet import tasks
-from fleet.instance_views import can
+from fleet import enqueue
+from fleet.access import can
 from fleet.models import Alert, Instance, InstanceEvent, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
 
 
@@ -68,7 +68,7 @@ class InstanceAdmin(admin.ModelAdmin):
         if request.POST.get("confirmed") == "yes":
             reason = f"destroyed by {request.user.get_username()} from the admin"
             for instance in live:
-                tasks.destroy_instance.delay(instance.pk, reason, True)
+                enqueue.destroy_instance(instance.pk, reason, True)
             self.message_user(request, f"Destroying {live.count()} instance(s).", messages.SUCCESS)
             return None
         return TemplateResponse(request, "admin/fleet/destroy_confirm.html", {

@@ -16,8 +16,8 @@ from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 
-from fleet import ledger
-from fleet.calibration import load_calibration
+from fleet.instances import ledger
+from fleet.offers.calibration import load_calibration
 from fleet.models import Instance
 from fleet.ranking.throughput import gpu_model_key
 from runs import charts

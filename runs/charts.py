@@ -15,7 +15,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import Avg, Count, ExpressionWrapper, F, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
 
-from fleet import ledger
+from fleet.instances import ledger
 from fleet.models import CostSegment
 from runs.models import MetricPoint, Run, RunEvent
 

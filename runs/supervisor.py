@@ -12,11 +12,14 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet import actions, ledger
-from fleet.alerts import raise_alert
-from fleet.calibration import record_finished_run
+from fleet import actions
+from fleet.instances import ledger
+from fleet.alerts.notify import raise_alert
+from fleet.offers.calibration import record_finished_run
 from fleet.models import Alert, Instance, Offer
-from fleet.offer_ranking import rank_stored_offers, run_settings
+from fleet.offers.ranked import rank_stored_offers, run_settings
+from fleet.reaper.policy import hung
+from fleet.reaper.sweep import policy_from_settings
 from fleet.ranking import Recipe
 from runs import events, lifecycle, reports, tokens
 from runs.models import Run, RunAttempt
@@ -77,10 +80,10 @@ def box_trouble(run: Run, box: Instance | None, now: datetime) -> tuple[str, str
     if silent_since is not None and now - silent_since > timedelta(seconds=settings.AGENT_HEARTBEAT_TIMEOUT_S):
         return f"No heartbeat from {box.label} for {int((now - silent_since).total_seconds())} s.", "host_lost"
     if run.state == lifecycle.TRAINING:
-        progress = run.last_step_at or run.last_heartbeat_at
-        idle = box.gpu_util_percent is not None and box.gpu_util_percent < 5
-        if progress and idle and now - progress > timedelta(seconds=settings.RUN_STALL_TIMEOUT_S):
-            return f"No step progress for {int((now - progress).total_seconds())} s while the GPU idles.", "hung"
+        why = hung(progress_at=run.last_step_at or run.last_heartbeat_at, gpu_util_percent=box.gpu_util_percent,
+                   gpu_last_ok_at=box.gpu_last_ok_at, policy=policy_from_settings(), now=now)
+        if why:
+            return f"Box {box.label} is hung: {why}.", "hung"
     return "", ""
 
 
@@ -200,7 +203,7 @@ def run_cost(run: Run, now: datetime) -> Decimal:
 
 
 def on_move(instance: Instance, reason: str, now: datetime) -> bool:
-    """The reaper found the run's box hung: the run leaves it and resumes elsewhere (actions.MOVE_HANDLERS)."""
+    """The reaper found the run's box hung: the run leaves it and resumes elsewhere (a FLEET_MOVE_HANDLERS entry)."""
     run = Run.objects.filter(current_instance=instance, state__in=lifecycle.ON_A_BOX).first()
     if run is None:
         return False

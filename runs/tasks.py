@@ -1,8 +1,8 @@
 from celery import shared_task
 
+from runs import supervisor
+
 
 @shared_task(expires=30)
 def supervise_runs() -> int:
-    from runs import supervisor
-
     return supervisor.supervise()

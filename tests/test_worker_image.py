@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 
 from config import worker_image
-from fleet.offer_ranking import for_worker_image, run_settings
+from fleet.offers.ranked import for_worker_image, run_settings
 from fleet.ranking import OfferFilters
 from runs.supervisor import AGENT_COMMAND
 from training.probe import SENTINEL
@@ -155,7 +155,7 @@ def _settings(tmp_path, **env) -> subprocess.CompletedProcess:
              if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "WORKER_IMAGE", "WORKER_IMAGE_CUDA")}
     clean.update(DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings", **env)
     code = ("import django, json; django.setup(); from django.conf import settings as s; "
-            "from fleet.offer_ranking import run_settings; f = run_settings(None)[1]; "
+            "from fleet.offers.ranked import run_settings; f = run_settings(None)[1]; "
             "print(json.dumps([s.WORKER_IMAGE, s.WORKER_IMAGE_CUDA, f.min_cuda, f.min_driver_version]))")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True,
                           timeout=60)

@@ -1,18 +1,3 @@
-"""Marketplace clients behind one interface (base.Provider); `get_provider` builds one from settings."""
-
-from django.conf import settings
-
-from .runpod import RunPodClient
-from .vast import VastClient
-
-PROVIDERS = ("vast", "runpod")
-
-
-def get_provider(name: str = "vast"):
-    if name == "vast":
-        return VastClient(settings.VAST_API_URL, settings.VAST_API_KEY, timeout_s=settings.PROVIDER_TIMEOUT_S,
-                          max_retries=settings.PROVIDER_MAX_RETRIES)
-    if name == "runpod":
-        return RunPodClient(settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY, timeout_s=settings.PROVIDER_TIMEOUT_S,
-                            max_retries=settings.PROVIDER_MAX_RETRIES)
-    raise ValueError(f"Unknown provider {name!r}; known: {', '.join(PROVIDERS)}.")
+"""Marketplace clients behind one interface (`base.Provider`): vast.ai (`vast`) and RunPod (`runpod`), the plain
+records they return (`records`), their errors (`errors`); `registry.get_provider` builds one from the settings.
+Importing a submodule loads only what it needs: `records` is plain Python, so the pure ranking can use it."""

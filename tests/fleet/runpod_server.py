@@ -20,7 +20,6 @@ non_json=, no_data=)`; lasting ones: `corrupt_answers(mangle)`, `capacity_gone(g
 import itertools
 import json
 import random
-import re
 import threading
 import time
 from dataclasses import dataclass, field

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from fleet import alerts
+from fleet.alerts import notify
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -15,7 +15,7 @@ NEW = {"name": "ops", "url": "https://hooks.example.com/T000/B000/abcdef", "even
 
 
 def _endpoint(name="ops", **fields):
-    return alerts.create_endpoint(name=name, url=fields.pop("url", "https://hooks.example.com/x"),
+    return notify.create_endpoint(name=name, url=fields.pop("url", "https://hooks.example.com/x"),
                                   events=fields.pop("events", []), slack=fields.pop("slack", False))
 
 
@@ -25,7 +25,7 @@ def _buttons(page: str) -> list[str]:
 
 def test_it_lists_alerts_and_endpoints_with_their_deliveries(client, member):
     ops = _endpoint("ops", url="https://hooks.example.com/services/SECRET-PATH")
-    alerts.raise_alert(Alert.Kind.INSTANCE_REAPED, "vast-3: age 12h03m > max 12h")
+    notify.raise_alert(Alert.Kind.INSTANCE_REAPED, "vast-3: age 12h03m > max 12h")
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(state=State.RETRYING, attempts=2, last_status_code=503,
                                                           last_error="HTTP 503")
@@ -120,7 +120,7 @@ def test_it_disables_and_enables_an_endpoint(client, staff):
     assert not ops.enabled and ops.disabled_reason == "disabled by staff"
     page = client.get(reverse("alerts")).content.decode()
     assert "Enable" in _buttons(page) and "Send test" not in _buttons(page)
-    alerts.raise_alert(Alert.Kind.RUN_FAILED, "not sent: disabled")
+    notify.raise_alert(Alert.Kind.RUN_FAILED, "not sent: disabled")
     assert not WebhookDelivery.objects.exists()
 
     client.post(reverse("enable_webhook_endpoint", args=[ops.pk]), {"enabled": "1"})

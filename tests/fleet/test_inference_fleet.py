@@ -7,12 +7,13 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from fleet import actions, inference, tasks
-from fleet.inference import ModelState, Rental, pick_offer, plan
+from fleet import actions, enqueue, tasks
+from fleet.inference import replicas
+from fleet.inference.replicas import ModelState, Rental, pick_offer, plan
 from fleet.models import Alert, InferenceModel, Instance, Offer, ProbeResult
-from fleet.offer_ranking import profile_settings
-from fleet.offers import refresh_offers
-from fleet.providers import get_provider
+from fleet.offers.ranked import profile_settings
+from fleet.offers.refresh import refresh_offers
+from fleet.providers.registry import get_provider
 
 pytestmark = pytest.mark.django_db
 State = Instance.State
@@ -47,8 +48,8 @@ def test_it_stops_at_the_daily_budget():
 
 
 def test_it_counts_failing_and_stopping_boxes_out():
-    assert inference.is_replica(State.RUNNING, 2, 3) and inference.is_replica(State.REQUESTED, 0, 3)
-    assert not inference.is_replica(State.RUNNING, 3, 3) and not inference.is_replica(State.STOPPING, 0, 3)
+    assert replicas.is_replica(State.RUNNING, 2, 3) and replicas.is_replica(State.REQUESTED, 0, 3)
+    assert not replicas.is_replica(State.RUNNING, 3, 3) and not replicas.is_replica(State.STOPPING, 0, 3)
 
 
 def test_it_picks_the_best_offer_off_the_machines_to_avoid():
@@ -111,11 +112,11 @@ def test_it_rents_a_missing_replica_once_however_often_the_task_runs(offers, mod
 
 
 def test_it_replaces_a_failing_replica_on_another_machine(offers, model):
-    ranked = inference.rank_stored_offers(*profile_settings(None)).entries
+    ranked = replicas.rank_stored_offers(*profile_settings(None)).entries
     best = Offer.objects.get(offer_id=ranked[0].offer.offer_id, is_bid=ranked[0].offer.is_bid)
     failing = _replica(model, best, state=State.RUNNING, consecutive_probe_failures=3,
                        requested_at=timezone.now() - timedelta(hours=1))
-    inference.maintain()
+    replicas.maintain()
     new = Instance.objects.exclude(pk=failing.pk).get(serving_model=model)
     assert new.replaces_id == failing.pk
     assert Offer.objects.get(offer_id=new.offer_id, is_bid=False).machine_id != best.machine_id
@@ -124,8 +125,8 @@ def test_it_replaces_a_failing_replica_on_another_machine(offers, model):
 def test_it_stops_at_the_budget_and_alerts_once(offers, model):
     model.desired_replicas, model.max_replacements_per_day = 3, 2
     model.save()
-    inference.maintain()
-    inference.maintain()
+    replicas.maintain()
+    replicas.maintain()
     assert Instance.objects.filter(serving_model=model).count() == 2
     alerts = Alert.objects.filter(kind=Alert.Kind.SPEND_CAP_HIT, message__contains=model.name)
     assert alerts.count() == 1 and "replacement budget is spent (2 of 2 rented today)" in alerts.get().message
@@ -137,19 +138,19 @@ def test_it_counts_todays_failed_rents_against_the_budget(offers, model):
     model.max_replacements_per_day = 1
     model.save()
     _replica(model, offer, state=State.FAILED, requested_at=timezone.now())
-    report = inference.maintain()
+    report = replicas.maintain()
     assert report.models[0].rented == [] and report.models[0].over_budget == 1
     assert _provider_labels() == []
 
 
 def test_it_rents_a_row_a_dead_task_wrote_but_never_rented(offers, model):
-    best = inference.rank_stored_offers(*profile_settings(None)).entries[0].offer
+    best = replicas.rank_stored_offers(*profile_settings(None)).entries[0].offer
     offer = Offer.objects.get(offer_id=best.offer_id, is_bid=best.is_bid)
 
     row, _ = actions.request_rent(offer=offer, idempotency_key="written-then-died", purpose="serving",
                                   image=model.image)
     Instance.objects.filter(pk=row.pk).update(serving_model=model)
-    inference.maintain()
+    replicas.maintain()
     row.refresh_from_db()
     assert row.provider_instance_id and Instance.objects.filter(serving_model=model).count() == 1
 
@@ -183,7 +184,7 @@ def test_it_shows_models_boxes_and_their_last_probes(client, member, model, prob
 
 
 def test_it_lets_staff_with_the_permission_set_the_desired_replicas(client, staff, model, monkeypatch):
-    monkeypatch.setattr(tasks.maintain_inference_fleet, "delay", lambda *a, **k: None)
+    monkeypatch.setattr(enqueue, "maintain_inference_fleet", lambda: None)
     client.force_login(staff)
     assert 'name="desired_replicas"' in client.get(reverse("inference")).content.decode()
     response = client.post(reverse("inference_replicas", args=[model.pk]), {"desired_replicas": "4"})

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from fleet import actions
 from fleet.models import Instance, Offer
-from fleet.offers import refresh_offers
+from fleet.offers.refresh import refresh_offers
 
 pytestmark = pytest.mark.django_db
 

@@ -5,10 +5,12 @@ from decimal import Decimal
 
 import pytest
 
-from fleet import actions, charges, ledger
+from fleet import actions
+from fleet.instances import charges
+from fleet.instances import ledger
 from fleet.models import Alert, Instance, Offer
-from fleet.offers import refresh_offers
-from fleet.providers import get_provider
+from fleet.offers.refresh import refresh_offers
+from fleet.providers.registry import get_provider
 from fleet.providers.records import RentRequest
 
 from .conftest import sim_now

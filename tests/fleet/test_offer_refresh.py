@@ -2,7 +2,7 @@ import pytest
 from django.urls import reverse
 
 from fleet.models import Offer, OfferRefresh
-from fleet.offers import refresh_offers, store_offers
+from fleet.offers.refresh import refresh_offers, store_offers
 from fleet.providers.errors import AuthenticationFailed
 from fleet.tasks import refresh_offers as refresh_offers_task
 
@@ -22,7 +22,7 @@ def test_it_stores_the_offers_a_celery_worker_fetched(market, celery_worker):
 def test_it_retires_offers_that_are_no_longer_listed(market):
     refresh_offers()
     first = Offer.objects.filter(available=True, is_bid=False).order_by("total_usd_per_hour").first()
-    from fleet.providers import get_provider
+    from fleet.providers.registry import get_provider
     from fleet.providers.records import RentRequest
 
     with get_provider() as provider:  # someone else rents the cheapest offer
@@ -65,7 +65,7 @@ def test_it_shows_a_failed_refresh_on_the_dashboard(client, member, market, sett
 
 @pytest.mark.django_db
 def test_it_upserts_without_duplicates(market):
-    from fleet.providers import get_provider
+    from fleet.providers.registry import get_provider
 
     with get_provider() as provider:
         records = list(provider.search_offers())

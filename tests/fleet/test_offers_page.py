@@ -9,11 +9,11 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from fleet.calibration import load_calibration, record_finished_run
-from fleet.forms import RankingForm
+from fleet.offers.calibration import load_calibration, record_finished_run
+from fleet.offers.forms import RankingForm
 from fleet.models import Offer, OfferProfile
-from fleet.offer_ranking import refresh_profile_rankings
-from fleet.offers import refresh_offers
+from fleet.offers.ranked import refresh_profile_rankings
+from fleet.offers.refresh import refresh_offers
 from fleet.ranking import OfferFilters, Recipe
 
 pytestmark = pytest.mark.django_db

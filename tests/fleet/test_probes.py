@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
-from fleet import probes, tasks
+from fleet import tasks
+from fleet.inference import probes
 from fleet.models import Alert, InferenceModel, Instance, ProbeResult
 
 pytestmark = pytest.mark.django_db

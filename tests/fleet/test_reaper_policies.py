@@ -3,7 +3,7 @@
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from fleet.reaper import DESTROY, MOVE, SKIP, InstanceSnapshot, ReaperPolicy, decide
+from fleet.reaper.policy import DESTROY, MOVE, SKIP, InstanceSnapshot, ReaperPolicy, decide
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 POLICY = ReaperPolicy(spend_cap_usd_per_hour=None)

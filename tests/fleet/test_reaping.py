@@ -1,16 +1,19 @@
 """Reaper passes against the database and the simulated marketplace: claims, dry runs, moves, alerts."""
 
+import io
 import threading
 import time
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from fleet import actions, reaping
+from fleet import actions
+from fleet.reaper import sweep
 from fleet.models import Alert, Instance, Offer
-from fleet.offers import refresh_offers
+from fleet.offers.refresh import refresh_offers
 
 State = Instance.State
 
@@ -43,11 +46,24 @@ def test_it_reports_without_destroying_in_a_dry_run(market):
     refresh_offers()
     old = _rented(_offers()[0], "old", running_at=timezone.now() - timedelta(hours=13),
                   last_process_at=timezone.now())
-    report = reaping.reap(dry_run=True)
+    report = sweep.reap(dry_run=True)
     assert report.lines() == [f"destroy {old.label}: age 13h00m > max 12h"]
     old.refresh_from_db()
     assert old.reaped_at is None and old.state == State.RUNNING
     assert not Alert.objects.filter(kind=Alert.Kind.INSTANCE_REAPED).exists()
+
+
+@pytest.mark.django_db
+def test_it_keeps_the_reap_command_dry_when_the_setting_says_so(market, settings):
+    settings.REAPER_DRY_RUN = True
+    refresh_offers()
+    old = _rented(_offers()[0], "old-command", running_at=timezone.now() - timedelta(hours=13),
+                  last_process_at=timezone.now())
+    out = io.StringIO()
+    call_command("reap", stdout=out)  # no --dry-run flag: the setting still holds
+    assert out.getvalue().strip() == f"(dry run) destroy {old.label}: age 13h00m > max 12h"
+    old.refresh_from_db()
+    assert old.reaped_at is None and old.state == State.RUNNING
 
 
 def test_it_destroys_once_when_two_passes_run_at_once(frozen_market, celery_worker):
@@ -57,7 +73,7 @@ def test_it_destroys_once_when_two_passes_run_at_once(frozen_market, celery_work
 
     def one_pass():
         try:
-            reaping.reap(now=now)
+            sweep.reap(now=now)
         finally:
             connection.close()
 
@@ -73,7 +89,7 @@ def test_it_destroys_once_when_two_passes_run_at_once(frozen_market, celery_work
     assert idle.destroy_attempts == 1
     assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_REAPED, instance=idle).count() == 1
     assert idle.events.filter(kind="reaped").count() == 1
-    assert reaping.reap(now=now).acted == []  # a later pass leaves a reaped row alone
+    assert sweep.reap(now=now).acted == []  # a later pass leaves a reaped row alone
 
 
 def test_it_moves_hung_training_to_a_new_box(frozen_market, celery_worker):
@@ -81,7 +97,7 @@ def test_it_moves_hung_training_to_a_new_box(frozen_market, celery_worker):
     now = timezone.now()
     hung = _rented(_offers()[0], "hung", running_at=now - timedelta(hours=2), last_process_at=now,
                    gpu_last_ok_at=now - timedelta(minutes=7), last_step_at=now - timedelta(minutes=7))
-    reaping.reap(now=now)
+    sweep.reap(now=now)
     _wait(lambda: Instance.objects.filter(replaces=hung).exclude(provider_instance_id=None).exists())
     hung.refresh_from_db()
     new = Instance.objects.get(replaces=hung)
@@ -97,7 +113,7 @@ def test_it_alerts_once_when_the_spend_cap_is_hit(market, settings):
     boxes = [_rented(offer, f"b{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
                      requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
     settings.SPEND_CAP_USD_PER_HOUR = boxes[0].usd_per_hour + boxes[1].usd_per_hour
-    report = reaping.reap(now=now)
+    report = sweep.reap(now=now)
     assert report.acted == [boxes[2].pk]  # the newest goes first, and one is enough
     assert "newest first" in boxes[2].events.get(kind="reaped").message
     assert Alert.objects.filter(kind=Alert.Kind.SPEND_CAP_HIT).count() == 1
@@ -109,8 +125,8 @@ def test_it_says_once_that_it_spared_a_kept_box(market):
     now = timezone.now()
     kept = _rented(_offers()[0], "kept", running_at=now - timedelta(hours=13), last_process_at=now,
                    keep_until=now + timedelta(hours=1))
-    reaping.reap(now=now)
-    reaping.reap(now=now + timedelta(minutes=1))
+    sweep.reap(now=now)
+    sweep.reap(now=now + timedelta(minutes=1))
     kept.refresh_from_db()
     assert kept.reaped_at is None
     assert kept.events.filter(kind="reap-skipped").count() == 1

@@ -13,7 +13,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fleet import alerts, webhooks
+from fleet.alerts import notify
+from fleet.alerts import webhooks
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
 Kind = Alert.Kind
@@ -87,12 +88,12 @@ def _fast_webhooks(settings):
 
 
 def endpoint(url, **fields):
-    return alerts.create_endpoint(name=fields.pop("name", "ops"), url=url, events=fields.pop("events", []),
+    return notify.create_endpoint(name=fields.pop("name", "ops"), url=url, events=fields.pop("events", []),
                                   slack=fields.pop("slack", False))
 
 
 def verify(secret: str, headers: dict, body: bytes) -> bool:
-    """The receiver's side, written from the spec and not from fleet.webhooks."""
+    """The receiver's side, written from the spec and not from fleet.alerts.webhooks."""
     key = base64.b64decode(secret[len("whsec_"):])
     signed = headers["webhook-id"].encode() + b"." + headers["webhook-timestamp"].encode() + b"." + body
     expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
@@ -113,11 +114,11 @@ def test_it_signs_as_standard_webhooks(receiver):
     hook = receiver()
     ep = endpoint(hook.url)
     assert ep.secret.startswith("whsec_") and len(base64.b64decode(ep.secret[6:])) == 24
-    alert = alerts.raise_alert(Kind.INSTANCE_RENTED, "vast-1 rented")
+    alert = notify.raise_alert(Kind.INSTANCE_RENTED, "vast-1 rented")
     delivery = only_delivery()
     assert delivery.state == State.PENDING and delivery.message_id.startswith("msg_")
 
-    assert alerts.deliver(delivery.pk).state == State.SENT
+    assert notify.deliver(delivery.pk).state == State.SENT
 
     [request] = hook.requests
     headers, body = request["headers"], request["body"]
@@ -139,19 +140,19 @@ def test_it_signs_as_standard_webhooks(receiver):
 def test_it_retries_until_success_once_per_attempt(receiver):
     hook = receiver(500, 503)
     endpoint(hook.url)
-    alerts.raise_alert(Kind.RUN_FAILED, "run 7 failed")
+    notify.raise_alert(Kind.RUN_FAILED, "run 7 failed")
     delivery = only_delivery()
 
-    first = alerts.deliver(delivery.pk)
+    first = notify.deliver(delivery.pk)
     assert first.state == State.RETRYING and 0 < first.retry_in_s <= 0.05
     # Not due yet: a duplicate task sends nothing.
-    assert alerts.deliver(delivery.pk).state is None
+    assert notify.deliver(delivery.pk).state is None
     assert len(hook.requests) == 1
-    assert alerts.deliver(delivery.pk, now=due_again(delivery.pk)).state == State.RETRYING
+    assert notify.deliver(delivery.pk, now=due_again(delivery.pk)).state == State.RETRYING
     assert WebhookDelivery.objects.get(pk=delivery.pk).attempts == 2
-    assert alerts.deliver(delivery.pk, now=due_again(delivery.pk)).state == State.SENT
+    assert notify.deliver(delivery.pk, now=due_again(delivery.pk)).state == State.SENT
     # Sent: nothing more goes out, however often the task runs.
-    assert alerts.deliver(delivery.pk, now=timezone.now() + timedelta(hours=1)).state is None
+    assert notify.deliver(delivery.pk, now=timezone.now() + timedelta(hours=1)).state is None
 
     assert len(hook.requests) == 3
     assert {r["headers"]["webhook-id"] for r in hook.requests} == {delivery.message_id}
@@ -165,10 +166,10 @@ def test_it_gives_up_after_the_maximum_attempts(receiver, settings):
     settings.WEBHOOK_MAX_ATTEMPTS = 2
     hook = receiver(500, 500, 500)
     endpoint(hook.url)
-    alerts.raise_alert(Kind.RUN_FAILED, "run 7 failed")
+    notify.raise_alert(Kind.RUN_FAILED, "run 7 failed")
     delivery = only_delivery()
-    alerts.deliver(delivery.pk)
-    assert alerts.deliver(delivery.pk, now=due_again(delivery.pk)).state == State.FAILED
+    notify.deliver(delivery.pk)
+    assert notify.deliver(delivery.pk, now=due_again(delivery.pk)).state == State.FAILED
     delivery.refresh_from_db()
     assert (delivery.state, delivery.attempts, delivery.next_attempt_at) == (State.FAILED, 2, None)
     assert "gave up after 2 attempts" in delivery.last_error and "HTTP 500" in delivery.last_error
@@ -179,20 +180,20 @@ def test_it_gives_up_after_the_maximum_attempts(receiver, settings):
 def test_it_disables_the_endpoint_on_410(receiver):
     hook = receiver(410)
     ep = endpoint(hook.url)
-    alerts.raise_alert(Kind.INSTANCE_DESTROYED, "gone")
-    alerts.raise_alert(Kind.INSTANCE_DESTROYED, "gone again")
+    notify.raise_alert(Kind.INSTANCE_DESTROYED, "gone")
+    notify.raise_alert(Kind.INSTANCE_DESTROYED, "gone again")
     first, second = WebhookDelivery.objects.order_by("id")
 
-    assert alerts.deliver(first.pk).state == State.FAILED
+    assert notify.deliver(first.pk).state == State.FAILED
     ep.refresh_from_db()
     assert not ep.enabled and "410" in ep.disabled_reason
     first.refresh_from_db()
     assert first.last_status_code == 410 and first.attempts == 1
     # The other waiting delivery fails without an attempt, and new alerts no longer go there.
-    assert alerts.deliver(second.pk).state is None
+    assert notify.deliver(second.pk).state is None
     second.refresh_from_db()
     assert (second.state, second.attempts, second.last_error) == (State.FAILED, 0, "endpoint disabled")
-    alerts.raise_alert(Kind.INSTANCE_DESTROYED, "after")
+    notify.raise_alert(Kind.INSTANCE_DESTROYED, "after")
     assert WebhookDelivery.objects.count() == 2
     assert len(hook.requests) == 1
 
@@ -202,9 +203,9 @@ def test_it_does_not_follow_a_redirect(receiver):
     elsewhere = receiver()
     hook = receiver(("redirect", elsewhere.url))
     endpoint(hook.url)
-    alerts.raise_alert(Kind.PROBE_FAILING, "3 failed probes")
+    notify.raise_alert(Kind.PROBE_FAILING, "3 failed probes")
     delivery = only_delivery()
-    assert alerts.deliver(delivery.pk).state == State.RETRYING
+    assert notify.deliver(delivery.pk).state == State.RETRYING
     delivery.refresh_from_db()
     assert delivery.last_status_code == 302 and "redirect not followed" in delivery.last_error
     assert len(hook.requests) == 1 and elsewhere.requests == []
@@ -217,9 +218,9 @@ def test_it_counts_timeouts_and_dead_receivers_as_failures(receiver):
     dead.close()
     endpoint(slow.url, name="slow")
     endpoint(dead.url, name="dead")
-    alerts.raise_alert(Kind.SPEND_CAP_HIT, "spend $14.20/h > cap $12/h")
+    notify.raise_alert(Kind.SPEND_CAP_HIT, "spend $14.20/h > cap $12/h")
     started = time.monotonic()
-    states = {d.endpoint.name: alerts.deliver(d.pk).state for d in WebhookDelivery.objects.select_related("endpoint")}
+    states = {d.endpoint.name: notify.deliver(d.pk).state for d in WebhookDelivery.objects.select_related("endpoint")}
     assert time.monotonic() - started < 1.0
     assert states == {"slow": State.RETRYING, "dead": State.RETRYING}
     errors = dict(WebhookDelivery.objects.values_list("endpoint__name", "last_error"))
@@ -230,7 +231,7 @@ def test_it_counts_timeouts_and_dead_receivers_as_failures(receiver):
 
 @pytest.mark.django_db
 def test_it_stores_the_alert_when_there_are_no_endpoints():
-    alert = alerts.raise_alert(Kind.RUN_FINISHED, "run 3 finished")
+    alert = notify.raise_alert(Kind.RUN_FINISHED, "run 3 finished")
     assert Alert.objects.get().pk == alert.pk and alert.message == "run 3 finished"
     assert WebhookDelivery.objects.count() == 0
 
@@ -241,11 +242,11 @@ def test_it_delivers_only_the_kinds_an_endpoint_wants(receiver, django_capture_o
     rented_only = endpoint(hook.url, name="rented", events=[Kind.INSTANCE_RENTED])
     everything = endpoint(hook.url, name="all")
     off = endpoint(hook.url, name="off")
-    alerts.set_enabled(off, False)
+    notify.set_enabled(off, False)
 
     with django_capture_on_commit_callbacks() as queued:
-        destroyed = alerts.raise_alert(Kind.INSTANCE_DESTROYED, "destroyed")
-        rented = alerts.raise_alert(Kind.INSTANCE_RENTED, "rented")
+        destroyed = notify.raise_alert(Kind.INSTANCE_DESTROYED, "destroyed")
+        rented = notify.raise_alert(Kind.INSTANCE_RENTED, "rented")
     assert len(queued) == 3  # one task per delivery, enqueued after commit
     assert set(destroyed.deliveries.values_list("endpoint", flat=True)) == {everything.pk}
     assert set(rented.deliveries.values_list("endpoint", flat=True)) == {rented_only.pk, everything.pk}
@@ -255,8 +256,8 @@ def test_it_delivers_only_the_kinds_an_endpoint_wants(receiver, django_capture_o
 def test_it_sends_a_slack_compatible_body(receiver):
     hook = receiver()
     ep = endpoint(hook.url, slack=True)
-    alerts.raise_alert(Kind.INSTANCE_REAPED, "age 12h03m > max 12h")
-    alerts.deliver(only_delivery().pk)
+    notify.raise_alert(Kind.INSTANCE_REAPED, "age 12h03m > max 12h")
+    notify.deliver(only_delivery().pk)
     [request] = hook.requests
     assert json.loads(request["body"]) == {"text": "[instance.reaped] age 12h03m > max 12h"}
     assert verify(ep.secret, request["headers"], request["body"])
@@ -266,7 +267,7 @@ def test_it_sends_a_slack_compatible_body(receiver):
 def test_it_sends_an_attempt_once_when_two_workers_race(receiver):
     hook = receiver(("sleep", 0.2))
     endpoint(hook.url)
-    alerts.raise_alert(Kind.RUN_FAILED, "run 9 failed")
+    notify.raise_alert(Kind.RUN_FAILED, "run 9 failed")
     delivery = only_delivery()
     barrier = threading.Barrier(2)
     results = []
@@ -274,7 +275,7 @@ def test_it_sends_an_attempt_once_when_two_workers_race(receiver):
     def work():
         barrier.wait()
         try:
-            results.append(alerts.deliver(delivery.pk).state)
+            results.append(notify.deliver(delivery.pk).state)
         finally:
             connection.close()
 
@@ -293,17 +294,17 @@ def test_it_picks_up_deliveries_whose_task_was_lost(receiver):
     hook = receiver()
     endpoint(hook.url)
     now = timezone.now()
-    alerts.raise_alert(Kind.RUN_FAILED, "old", now=now - timedelta(minutes=5))
-    alerts.raise_alert(Kind.RUN_FAILED, "fresh", now=now)
-    alerts.raise_alert(Kind.RUN_FAILED, "worker died", now=now - timedelta(minutes=5))
+    notify.raise_alert(Kind.RUN_FAILED, "old", now=now - timedelta(minutes=5))
+    notify.raise_alert(Kind.RUN_FAILED, "fresh", now=now)
+    notify.raise_alert(Kind.RUN_FAILED, "worker died", now=now - timedelta(minutes=5))
     old, _fresh, died = WebhookDelivery.objects.order_by("id")
     WebhookDelivery.objects.filter(pk=died.pk).update(state=State.SENDING, attempts=1,
                                                       next_attempt_at=now - timedelta(seconds=1))
 
-    assert sorted(alerts.due_deliveries(now=now)) == sorted([old.pk, died.pk])
+    assert sorted(notify.due_deliveries(now=now)) == sorted([old.pk, died.pk])
     died.refresh_from_db()
     assert died.state == State.RETRYING and "no result" in died.last_error
-    assert alerts.deliver(died.pk).state == State.SENT
+    assert notify.deliver(died.pk).state == State.SENT
     assert WebhookDelivery.objects.get(pk=died.pk).attempts == 2
 
 
@@ -328,7 +329,7 @@ def test_it_retries_through_a_real_worker(receiver, celery_worker):
     hook = receiver(500, 500)
     endpoint(hook.url)
     with transaction.atomic():
-        alerts.raise_alert(Kind.RUN_FAILED, "run 11 failed")
+        notify.raise_alert(Kind.RUN_FAILED, "run 11 failed")
         assert hook.requests == []  # nothing leaves before the commit
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and WebhookDelivery.objects.get().state != State.SENT:

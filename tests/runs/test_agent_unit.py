@@ -97,7 +97,7 @@ def test_it_stops_its_machine_with_the_configured_command(tmp_path, monkeypatch)
 
 
 def test_it_stops_its_own_vast_instance_with_the_container_key(market, monkeypatch):
-    from fleet.providers import get_provider
+    from fleet.providers.registry import get_provider
     from fleet.providers.records import RentRequest
     from tests.marketplace import MARKET_KEY
 

@@ -9,9 +9,10 @@ from decimal import Decimal
 import pytest
 from celery.beat import Service
 
-from fleet import charges, ledger
+from fleet.instances import charges
+from fleet.instances import ledger
 from fleet.models import Instance
-from fleet.offers import refresh_offers
+from fleet.offers.refresh import refresh_offers
 from fleet.simulator import SimulatedMarketplace
 from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Alert, Instance, ThroughputCalibration
-from fleet.offers import refresh_offers
+from fleet.offers.refresh import refresh_offers
 from runs import supervisor, tokens
 
 pytestmark = pytest.mark.django_db
@@ -158,6 +158,22 @@ def test_it_takes_over_the_reapers_move_of_its_hung_box(launched, frozen_market,
     assert run.state == "recovering" and not Instance.objects.filter(replaces=box).exists()
     run = _supervise(run)
     assert run.state == "provisioning" and run.current_instance.pk != box.pk
+
+
+def test_it_judges_a_hung_box_by_the_reapers_rule(launched, frozen_market, offers, settings):
+    settings.AGENT_HEARTBEAT_TIMEOUT_S = 3600  # the box keeps reporting: only the hung rule can fire
+    run = _supervise(launched())
+    agent = Agent(frozen_market, run)
+    agent.starts_training()
+    agent.steps(1)
+    agent.post("/heartbeat", {"state": "training", "process_alive": True, "gpu_ok": True, "gpu_util_percent": 0})
+    later = timezone.now() + timedelta(minutes=2)
+    assert _supervise(run, later).state == "training"  # 2 min idle is within REAPER_NO_PROGRESS_MIN (30)
+    settings.REAPER_NO_PROGRESS_MIN = 1
+    box = run.current_instance
+    run = _supervise(run, later)
+    assert run.state == "provisioning" and run.current_instance != box  # left the hung box, rented another
+    assert run.events.filter(kind="hung", message__contains="GPU idle 2 min and no step progress").exists()
 
 
 def test_it_bootstraps_a_stock_image_with_the_onstart_script(launched, frozen_market, offers, settings):

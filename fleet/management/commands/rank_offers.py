@@ -3,7 +3,7 @@ import json as jsonlib
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.models import OfferProfile
-from fleet.offer_ranking import profile_settings, rank_stored_offers
+from fleet.offers.ranked import profile_settings, rank_stored_offers
 from fleet.ranking import OfferFilters, Recipe
 
 

@@ -1,15 +1,17 @@
 from django.core.management.base import BaseCommand
 
-from fleet import reaping
+from fleet.reaper import sweep
 
 
 class Command(BaseCommand):
     help = "Run one reaper pass now and print every decision with its reason."
 
     def add_arguments(self, parser):
-        parser.add_argument("--dry-run", action="store_true", help="report what would be reaped; destroy nothing")
+        # No flag: REAPER_DRY_RUN decides, as for beat's passes; a flag only ever makes the pass safer.
+        parser.add_argument("--dry-run", action="store_true", default=None,
+                            help="report what would be reaped; destroy nothing (the default when REAPER_DRY_RUN is on)")
 
-    def handle(self, *args, dry_run: bool, **options):
-        report = reaping.reap(dry_run=dry_run)
+    def handle(self, *args, dry_run: bool | None, **options):
+        report = sweep.reap(dry_run=dry_run)
         for line in report.lines() or ["nothing to reap"]:
-            self.stdout.write(("(dry run) " if dry_run else "") + line)
+            self.stdout.write(("(dry run) " if report.dry_run else "") + line)

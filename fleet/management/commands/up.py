@@ -12,6 +12,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet import enqueue
+
 
 def _wait_for_port(host: str, port: int, timeout_s: float, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout_s
@@ -56,9 +58,7 @@ class Command(BaseCommand):
                                       "--workers", str(web_workers), "--access-logfile", "-"])
             _wait_for_port(host, port, 60, web)
 
-            from fleet.tasks import refresh_offers
-
-            refresh_offers.delay()  # the first listing now, not one beat interval from now
+            enqueue.refresh_offers()  # the first listing now, not one beat interval from now
             market = "the simulated marketplace" if settings.SIMULATOR_ENABLED else settings.VAST_API_URL
             self.stdout.write(self.style.SUCCESS(
                 f"The dashboard is up: open http://{host}:{port}/ and log in (offers from {market})."), ending="\n")

@@ -62,6 +62,18 @@ def _limit(delta: timedelta) -> str:
     return f"{minutes // 60}h" if minutes % 60 == 0 and minutes >= 60 else f"{minutes} min"
 
 
+def hung(*, progress_at: datetime | None, gpu_util_percent: float | None, gpu_last_ok_at: datetime | None,
+         policy: ReaperPolicy, now: datetime) -> str | None:
+    """Why a training box counts as hung (it bills while nothing trains), or None. The reaper and the run supervisor
+    both judge by this rule: its GPU stopped answering, or it idles with no step progress for too long."""
+    if gpu_last_ok_at is not None and now - gpu_last_ok_at > policy.gpu_unresponsive:
+        return f"GPU not responding for {_span(now - gpu_last_ok_at)}"
+    idle = gpu_util_percent is not None and gpu_util_percent < policy.gpu_idle_percent
+    if progress_at is not None and idle and now - progress_at > policy.no_progress:
+        return f"GPU idle {_span(now - progress_at)} and no step progress"
+    return None
+
+
 def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tuple[str, str, str] | None:
     """The first rule that condemns this box, as (action, rule, reason), or None if it may live."""
     started = box.running_at or box.requested_at
@@ -77,12 +89,10 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
     if box.running_at is None:
         return None  # still booting: only its age counts
     if box.purpose == "training" and box.last_process_at is not None:
-        if box.gpu_last_ok_at is not None and now - box.gpu_last_ok_at > policy.gpu_unresponsive:
-            return MOVE, "hung", f"GPU not responding for {_span(now - box.gpu_last_ok_at)}"
-        progress = box.last_step_at or box.last_process_at
-        idle = box.gpu_util_percent is not None and box.gpu_util_percent < policy.gpu_idle_percent
-        if idle and now - progress > policy.no_progress:
-            return MOVE, "hung", f"GPU idle {_span(now - progress)} and no step progress"
+        why = hung(progress_at=box.last_step_at or box.last_process_at, gpu_util_percent=box.gpu_util_percent,
+                   gpu_last_ok_at=box.gpu_last_ok_at, policy=policy, now=now)
+        if why:
+            return MOVE, "hung", why
     if box.last_process_at is None and age > policy.idle_grace:
         return DESTROY, "idle", f"no training or serving process {_span(age)} after start"
     return None

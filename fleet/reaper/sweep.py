@@ -10,9 +10,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from fleet.alerts import raise_alert
+from fleet import enqueue
+from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent
-from fleet.reaper import MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
+from fleet.reaper.policy import MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -87,12 +88,10 @@ def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: Re
 
 
 def _hand_over(decision: Decision) -> None:
-    from fleet import tasks
-
     if decision.action == MOVE:
-        tasks.move_instance.delay(decision.pk, f"reaped: {decision.reason}")
+        enqueue.move_instance(decision.pk, f"reaped: {decision.reason}")
     else:
-        tasks.destroy_instance.delay(decision.pk, f"reaped: {decision.reason}")
+        enqueue.destroy_instance(decision.pk, f"reaped: {decision.reason}")
 
 
 def _say_skipped(skipped: list[Decision], now: datetime) -> None:

@@ -17,7 +17,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from fleet import webhooks
+from fleet import enqueue
+from fleet.alerts import webhooks
 from fleet.models import Alert, Instance, WebhookDelivery, WebhookEndpoint
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,13 @@ def raise_alert(kind: str, message: str, *, instance: Instance | None = None, no
 
 
 def _queue_deliveries(alert: Alert, endpoints, now: datetime) -> list[WebhookDelivery]:
-    from fleet import tasks  # tasks imports actions, which imports this module
-
     deliveries = WebhookDelivery.objects.bulk_create([
         WebhookDelivery(endpoint=endpoint, alert=alert, message_id=f"msg_{uuid.uuid4().hex}", created_at=now)
         for endpoint in endpoints
     ])
     for delivery in deliveries:
         # robust: a broker outage must not fail the action that raised the alert; retry_webhooks picks it up.
-        transaction.on_commit(partial(tasks.deliver_webhook.delay, delivery.pk), robust=True)
+        transaction.on_commit(partial(enqueue.deliver_webhook, delivery.pk), robust=True)
     return deliveries
 
 

@@ -10,8 +10,8 @@ from django.db.models import Count, Max, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from fleet import alerts
-from fleet.instance_views import can, require_permission
+from fleet.alerts import notify
+from fleet.access import can, require_permission
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
 RECENT_ALERTS = 50
@@ -64,7 +64,7 @@ def add_endpoint(request):
     form = EndpointForm(request.POST)
     if not form.is_valid():
         return _page(request, form=form, status=400)
-    endpoint = alerts.create_endpoint(**form.cleaned_data, by=request.user)
+    endpoint = notify.create_endpoint(**form.cleaned_data, by=request.user)
     # Rendered, not redirected: the secret is shown in this one response and never again.
     return _page(request, created=endpoint, secret=endpoint.secret, status=201)
 
@@ -76,7 +76,7 @@ def send_test(request, pk):
     if not endpoint.enabled:
         messages.error(request, f"{endpoint.name} is disabled; enable it to send a test.")
     else:
-        delivery = alerts.send_test(endpoint, by=request.user)
+        delivery = notify.send_test(endpoint, by=request.user)
         messages.success(request, f"Test alert {delivery.message_id} queued for {endpoint.name}.")
     return redirect("alerts")
 
@@ -86,6 +86,6 @@ def set_enabled(request, pk):
     require_permission(request.user, MANAGE)
     endpoint = get_object_or_404(WebhookEndpoint, pk=pk)
     enabled = request.POST.get("enabled") == "1"
-    alerts.set_enabled(endpoint, enabled, by=request.user)
+    notify.set_enabled(endpoint, enabled, by=request.user)
     messages.success(request, f"{endpoint.name} is {'enabled' if enabled else 'disabled'}.")
     return redirect("alerts")

@@ -5,26 +5,16 @@ import uuid
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
-from fleet import actions, ledger, tasks
+from fleet import actions, enqueue
+from fleet.access import require_permission
+from fleet.instances import ledger
 from fleet.models import Instance, Offer
 
 RECENT_ENDED = 20
-
-
-def can(user, codename: str) -> bool:
-    """Side effects on the fleet (rent, destroy, webhooks, replicas) are for staff who hold the permission."""
-    return user.is_staff and user.has_perm(f"fleet.{codename}")
-
-
-def require_permission(user, codename: str) -> None:
-    """403 for everyone but staff with the permission."""
-    if not can(user, codename):
-        raise PermissionDenied(f"You need the {codename.replace('_', ' ')} permission.")
 
 
 def instance_rows(now):
@@ -81,7 +71,7 @@ def rent_confirm(request):
                     offer=offer, idempotency_key=form.cleaned_data["idempotency_key"], requested_by=request.user,
                     image=form.cleaned_data["image"], disk_gb=form.cleaned_data["disk_gb"])
                 if created:
-                    transaction.on_commit(lambda: tasks.rent_instance.delay(instance.pk))
+                    transaction.on_commit(lambda: enqueue.rent_instance(instance.pk))
             if created:
                 messages.success(request, f"Renting offer {offer.offer_id}: {instance.label} is requested.")
             return redirect("instance_detail", pk=instance.pk)
@@ -97,7 +87,7 @@ def destroy_confirm(request, pk):
     if request.method == "POST":
         reason = f"destroyed by {request.user.get_username()} from the dashboard"
         # The provider call runs on a worker; the page shows "stopping" as soon as it has claimed the row.
-        tasks.destroy_instance.delay(instance.pk, reason, True)
+        enqueue.destroy_instance(instance.pk, reason, True)
         messages.success(request, f"Destroying {instance.label}.")
         return redirect("instance_detail", pk=pk)
     return render(request, "fleet/destroy_confirm.html", {"instance": instance})

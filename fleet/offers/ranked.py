@@ -5,7 +5,7 @@ import dataclasses
 from django.conf import settings
 from django.utils import timezone
 
-from fleet.calibration import load_calibration
+from fleet.offers.calibration import load_calibration
 from fleet.models import Offer, OfferProfile
 from fleet.ranking import OfferFilters, Ranking, Recipe, rank_offers
 from fleet.ranking.filters import parse_version, version_at_least

@@ -6,7 +6,7 @@ from decimal import Decimal
 from django.utils import timezone
 
 from fleet.models import Instance
-from fleet.providers import get_provider
+from fleet.providers.registry import get_provider
 
 TRAFFIC_KINDS = ("bwu", "bwd")
 

@@ -30,7 +30,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.alerts import raise_alert
+from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, ProbeResult
 
 log = logging.getLogger(__name__)

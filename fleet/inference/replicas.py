@@ -22,9 +22,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet import actions
-from fleet.alerts import raise_alert
+from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, InferenceModel, Instance, Offer
-from fleet.offer_ranking import profile_settings, rank_stored_offers
+from fleet.offers.ranked import profile_settings, rank_stored_offers
 
 log = logging.getLogger(__name__)
 State = Instance.State

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.models import Offer, OfferRefresh
-from fleet.providers import get_provider
+from fleet.providers.registry import get_provider
 from fleet.providers.errors import ProviderError
 from fleet.providers.records import OfferRecord
 

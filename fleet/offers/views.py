@@ -1,18 +1,16 @@
-from django.conf import settings
+"""The Offers page: the stored offers ranked for a recipe and filters, and saving them as a profile."""
+
 from django.contrib import messages
-from django.db.models import Count
 from django.contrib.auth.decorators import permission_required
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
-from fleet.forms import RankingForm
-from fleet import ledger
-from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh
-from fleet.offer_ranking import profile_settings, rank_stored_offers
+from fleet.models import Offer, OfferProfile, OfferRefresh
+from fleet.offers.forms import RankingForm
+from fleet.offers.ranked import profile_settings, rank_stored_offers
 
 RANKED_SHOWN = 100
 EXCLUDED_SHOWN = 200
@@ -80,29 +78,3 @@ def _redirect(request, url: str):
     if request.headers.get("HX-Request"):  # htmx follows this header with a full page load
         return HttpResponse(status=204, headers={"HX-Redirect": url})
     return redirect(url)
-
-
-def _spend_against_cap(account) -> dict:
-    cap = settings.SPEND_CAP_USD_PER_HOUR
-    percent = float(account.burn_usd_per_hour / cap * 100) if cap > 0 else None
-    return {"cap": cap, "percent": percent, "bar": min(100.0, percent or 0.0),
-            "level": "over" if (percent or 0) >= 100 else "high" if (percent or 0) >= 80 else "ok"}
-
-
-def dashboard(request):
-    from runs.models import Run  # runs builds on fleet, not the other way round: only the page reads both
-
-    now = timezone.now()
-    states = dict(Instance.objects.values_list("state").annotate(n=Count("id")).order_by())
-    account = ledger.account_cost(now)
-    run_states = dict(Run.objects.values_list("state").annotate(n=Count("id")).order_by())
-    return render(request, "dashboard.html", {
-        "account": account,
-        "spend": _spend_against_cap(account),
-        "run_states": [(state, run_states.get(state, 0)) for state, _ in Run.State.choices],
-        "recent_alerts": Alert.objects.select_related("instance").order_by("-created_at", "-id")[:8],
-        "instance_states": [(state, states.get(state, 0)) for state, _ in Instance.State.choices],
-        "offer_count": Offer.objects.filter(available=True).count(),
-        "last_refresh": OfferRefresh.objects.order_by("-started_at").first(),
-        "profiles": OfferProfile.objects.exclude(last_ranking=None).order_by("name"),
-    })

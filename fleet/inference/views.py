@@ -11,9 +11,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from fleet import tasks
-from fleet.inference import failing_threshold, model_states
-from fleet.instance_views import can, require_permission
+from fleet import enqueue
+from fleet.inference.replicas import failing_threshold, model_states
+from fleet.access import can, require_permission
 from fleet.models import InferenceModel, Instance, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,6 @@ def set_desired_replicas(request, pk):
     log.info("%s set the desired replicas of %s from %s to %s", request.user.get_username(), model.name, before,
              model.desired_replicas)
     # Acted on at once rather than at the next beat tick; a broker that is down only delays it to that tick.
-    transaction.on_commit(tasks.maintain_inference_fleet.delay, robust=True)
+    transaction.on_commit(enqueue.maintain_inference_fleet, robust=True)
     messages.success(request, f"{model.name}: {model.desired_replicas} desired replica(s) (was {before}).")
     return redirect("inference")
