@@ -23,10 +23,11 @@ from django.utils.module_loading import import_string
 from fleet.instances import ledger
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
-from fleet.offers.ranked import profile_settings, rank_stored_offers
+from fleet.offers.ranked import rank_stored_offers, rent_settings
 from fleet.providers.registry import get_provider
 from fleet.providers.errors import OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
+from fleet.ranking import OfferFilters, Recipe, best_offer
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -333,6 +334,34 @@ def failure_of(record: InstanceRecord) -> str:
 # -- moving work to a new box ------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Rented:
+    instance: Instance
+    created: bool  # False: the key's row was there already (a retried task); it was rented at most once all the same
+
+
+def rent_best(recipe: Recipe, filters: OfferFilters, *, idempotency_key: str, purpose: str, image: str | None = None,
+              disk_gb: int | None = None, avoid_machines=frozenset(), avoid_offers=frozenset(),
+              env: dict[str, str] | None = None, onstart: str = "", on_requested=None,
+              now: datetime | None = None) -> Rented | None:
+    """Rents the best-ranked stored offer for the recipe and filters, off the machines and offers to avoid, or
+    returns None when none passes. The one way the product rents for its own work: a replacement, a run's box, an
+    inference replica. `on_requested(instance)` runs in the transaction that records the rent, before the provider is
+    called, so what the caller ties to the row (a run's attempt, a replica's model) is never missing from it."""
+    now = now or timezone.now()
+    ranked = [entry.offer for entry in rank_stored_offers(recipe, filters).entries]
+    best = best_offer(ranked, avoid_machines, avoid_offers)
+    if best is None:
+        return None
+    offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
+    with transaction.atomic():
+        instance, created = request_rent(offer=offer, idempotency_key=idempotency_key, image=image, disk_gb=disk_gb,
+                                         purpose=purpose, now=now)
+        if created and on_requested is not None:
+            on_requested(instance)
+    return Rented(rent(instance.pk, now=now, env=env, onstart=onstart), created)
+
+
 def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance | None:
     """Destroys a box that cannot go on and rents the best-ranked offer on another host for the same work; the new
     row points back at the old one. Retried, it rents once (the key names the replaced row)."""
@@ -341,19 +370,18 @@ def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> 
         return None
     destroy(instance, reason=reason, now=now)
     profile = instance.serving_model.profile if instance.serving_model_id else None
-    ranking = rank_stored_offers(*profile_settings(profile))
-    bad_hosts = {instance.machine_id} - {""}
-    best = next((e.offer for e in ranking.entries if e.offer.machine_id not in bad_hosts), None)
-    if best is None:
+
+    def moved(new: Instance) -> None:
+        Instance.objects.filter(pk=new.pk).update(replaces=instance, serving_model=instance.serving_model)
+        record_event(instance, "replaced", f"Work moves to {new.label} (offer {new.offer_id}, "
+                                           f"{new.num_gpus}x {new.gpu_name}): {reason}", now)
+
+    rented = rent_best(*rent_settings(profile, instance.image), idempotency_key=f"replace-{instance.pk}",
+                       purpose=instance.purpose, image=instance.image, disk_gb=instance.disk_gb or None,
+                       avoid_machines={instance.machine_id} - {""}, on_requested=moved, now=now)
+    if rented is None:
         message = f"{instance.label} could not be replaced: no offer passes the filters ({reason})."
         record_event(instance, "replace-failed", message, now)
         raise_alert(Alert.Kind.INSTANCE_FAILED, message, instance=instance, now=now)
         return None
-    offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
-    new, created = request_rent(offer=offer, idempotency_key=f"replace-{instance.pk}", image=instance.image,
-                                disk_gb=instance.disk_gb or None, purpose=instance.purpose, now=now)
-    if created:
-        Instance.objects.filter(pk=new.pk).update(replaces=instance, serving_model=instance.serving_model)
-        record_event(instance, "replaced", f"Work moves to {new.label} (offer {offer.offer_id}, "
-                                           f"{offer.num_gpus}x {offer.gpu_name}): {reason}", now)
-    return rent(new.pk, now=now)
+    return rented.instance

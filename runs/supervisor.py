@@ -16,8 +16,8 @@ from fleet import actions
 from fleet.instances import ledger
 from fleet.alerts.notify import raise_alert
 from fleet.offers.calibration import record_finished_run
-from fleet.models import Alert, Instance, Offer
-from fleet.offers.ranked import rank_stored_offers, run_settings
+from fleet.models import Alert, Instance
+from fleet.offers.ranked import run_settings
 from fleet.reaper.policy import hung
 from fleet.reaper.sweep import policy_from_settings
 from fleet.ranking import Recipe
@@ -105,30 +105,29 @@ def _abandon_box(run: Run, reason: str, now: datetime) -> None:
 
 
 def _rent_box(run: Run, now: datetime) -> None:
-    recipe, filters = run_settings(run.profile)
-    ranking = rank_stored_offers(recipe, filters)
+    image, onstart, bootstrap_env = box_bootstrap()
     bad = set(run.bad_machines)
-    best = next((e.offer for e in ranking.entries if e.offer.machine_id not in bad), None)
-    if best is None:
+
+    def attempt(instance: Instance) -> None:  # in the rent's own transaction: no rented box without its attempt
+        RunAttempt.objects.create(run=run, instance=instance, started_at=now)
+        Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
+
+    rented = actions.rent_best(*run_settings(run.profile), idempotency_key=f"run-{run.pk}-attempt-"
+                               f"{run.attempts.count()}", purpose="training", image=image, avoid_machines=bad,
+                               env={**agent_env(run), **bootstrap_env}, onstart=onstart, on_requested=attempt,
+                               now=now)
+    if rented is None:
         message = "No offer passes the run's filters (bad hosts excluded); trying again next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
             run.events.create(at=now, kind="waiting", message=message)
         return
-    offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
-    attempt_no = run.attempts.count()
-    image, onstart, bootstrap_env = box_bootstrap()
-    instance, created = actions.request_rent(offer=offer, idempotency_key=f"run-{run.pk}-attempt-{attempt_no}",
-                                             purpose="training", image=image, now=now)
-    if created:
-        RunAttempt.objects.create(run=run, instance=instance, started_at=now)
-    Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
-    instance = actions.rent(instance.pk, now=now, env={**agent_env(run), **bootstrap_env}, onstart=onstart)
+    instance = rented.instance
     if instance.state == Instance.State.FAILED:  # refused outright: this host is out, the next pass tries another
-        Run.objects.filter(pk=run.pk).update(bad_machines=[*bad, offer.machine_id], current_instance=None)
+        Run.objects.filter(pk=run.pk).update(bad_machines=[*bad, instance.machine_id], current_instance=None)
         RunAttempt.objects.filter(run=run, instance=instance).update(ended_at=now, end_reason=instance.failure_reason)
         return
-    events.record(run, "rented", f"Rented {instance.label}: offer {offer.offer_id}, {offer.num_gpus}x "
-                                 f"{offer.gpu_name} at ${instance.usd_per_hour:.3f}/h.", now=now)
+    events.record(run, "rented", f"Rented {instance.label}: offer {instance.offer_id}, {instance.num_gpus}x "
+                                 f"{instance.gpu_name} at ${instance.usd_per_hour:.3f}/h.", now=now)
     if not run.started_at:
         Run.objects.filter(pk=run.pk).update(started_at=now)
 

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from fleet import actions
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, InferenceModel, Instance, Offer
-from fleet.offers.ranked import profile_settings, rank_stored_offers
+from fleet.offers.ranked import rent_settings
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -94,13 +93,6 @@ def plan(model: ModelState, day: date) -> Plan:
                                                model.rented_today + i + 1))
         for i in range(to_rent))
     return Plan(model.model_id, missing, rentals, missing - to_rent)
-
-
-def pick_offer(ranked_offers, avoid_machines: set[str], avoid_offers: frozenset = frozenset()):
-    """The best-ranked offer (records, best first) not on a machine to avoid and not already taken (provider,
-    offer_id), or None."""
-    return next((o for o in ranked_offers if not (o.machine_id and o.machine_id in avoid_machines)
-                 and (o.provider, o.offer_id) not in avoid_offers), None)
 
 
 # -- acting on it ---------------------------------------------------------------------------------------------------
@@ -212,35 +204,31 @@ def maintain(*, now: datetime | None = None) -> FleetReport:
 
 
 def _rent_replacements(model: InferenceModel, rentals, now: datetime, entry: ModelReport) -> list[str]:
-    recipe, filters = profile_settings(model.profile)
-    ranked = [e.offer for e in rank_stored_offers(recipe, filters).entries]
     avoid = machines_to_avoid(model, now)
     taken = set()  # an offer is one machine's GPUs: two replicas of one run go to two offers, and two machines
     rented = []
     for rental in rentals:
-        best = pick_offer(ranked, avoid, frozenset(taken))
-        if best is None:
+        def replica(instance: Instance, rental=rental) -> None:
+            replaced = _replaced(model)
+            Instance.objects.filter(pk=instance.pk).update(serving_model=model, replaces=replaced)
+            actions.record_event(instance, "inference-replica",
+                                 f"Replica {rental.slot} of {model.name} (rent {rental.count} of "
+                                 f"{model.max_replacements_per_day} today)"
+                                 + (f", replacing {replaced.label}" if replaced else ""), now)
+
+        done = actions.rent_best(*rent_settings(model.profile, model.image), idempotency_key=rental.idempotency_key,
+                                 purpose="serving", image=model.image, avoid_machines=avoid,
+                                 avoid_offers=frozenset(taken), env=serving_env(model),
+                                 onstart=serving_onstart(model), on_requested=replica, now=now)
+        if done is None:
             entry.note += f"; no offer passes the filters{' off the machines that failed' if avoid else ''}"
             log.warning("inference fleet: %s is short of replicas and no offer passes the filters", model.name)
             break
-        taken.add((best.provider, best.offer_id))
-        if best.machine_id:
-            avoid.add(best.machine_id)
-        offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
-        with transaction.atomic():
-            instance, created = actions.request_rent(offer=offer, idempotency_key=rental.idempotency_key,
-                                                     image=model.image, purpose="serving", now=now)
-            if created:
-                replaced = _replaced(model)
-                Instance.objects.filter(pk=instance.pk).update(serving_model=model, replaces=replaced)
-                actions.record_event(instance, "inference-replica",
-                                     f"Replica {rental.slot} of {model.name} (rent {rental.count} of "
-                                     f"{model.max_replacements_per_day} today)"
-                                     + (f", replacing {replaced.label}" if replaced else ""), now)
-        if not created:
-            continue  # an earlier run wrote this row; it is counted as a replica and resumed if never rented
-        rented.append(actions.rent(instance.pk, now=now, env=serving_env(model),
-                                   onstart=serving_onstart(model)).label)
+        taken.add((done.instance.provider, done.instance.offer_id))
+        if done.instance.machine_id:
+            avoid.add(done.instance.machine_id)
+        if done.created:  # an earlier pass wrote a row of that key: it counts already and was resumed, not rented now
+            rented.append(done.instance.label)
     return rented
 
 

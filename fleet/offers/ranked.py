@@ -43,8 +43,16 @@ def for_worker_image(filters: OfferFilters, *, cuda: str | None = None, driver: 
 
 def run_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
     """What a training run ranks offers with: its profile (or the defaults), never below what the image needs."""
+    return rent_settings(profile, settings.WORKER_IMAGE)
+
+
+def rent_settings(profile: OfferProfile | None, image: str) -> tuple[Recipe, OfferFilters]:
+    """What the product ranks offers with when it rents for its own work: the profile (or the defaults), and for
+    the images it knows the CUDA of (the worker image, and the stock image it bootstraps) never below their needs."""
     recipe, filters = profile_settings(profile)
-    return recipe, for_worker_image(filters)
+    if image in (settings.WORKER_IMAGE, settings.WORKER_STOCK_IMAGE):
+        filters = for_worker_image(filters)
+    return recipe, filters
 
 
 def refresh_profile_rankings() -> int:

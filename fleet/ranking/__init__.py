@@ -2,7 +2,7 @@
 
 from .cost import CostBreakdown, CostModel, Projection
 from .filters import GPU_TIERS, REGIONS, OfferFilters, compile_filters, exclusion_reasons
-from .rank import Exclusion, RankedOffer, Ranking, rank_offers
+from .rank import Exclusion, RankedOffer, Ranking, best_offer, rank_offers
 from .recipe import PRESETS, Phase, Recipe
 from .throughput import SEED_CALIBRATION, Calibration, CalibrationEntry, ThroughputModel, record_step_time
 
@@ -10,5 +10,5 @@ __all__ = [
     "GPU_TIERS", "PRESETS", "REGIONS", "SEED_CALIBRATION",
     "Calibration", "CalibrationEntry", "CostBreakdown", "CostModel", "Exclusion", "OfferFilters", "Phase",
     "Projection", "RankedOffer", "Ranking", "Recipe", "ThroughputModel",
-    "compile_filters", "exclusion_reasons", "rank_offers", "record_step_time",
+    "best_offer", "compile_filters", "exclusion_reasons", "rank_offers", "record_step_time",
 ]

@@ -217,6 +217,14 @@ class _Pricing:
             o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
 
 
+def best_offer(ranked: list[OfferRecord], avoid_machines=frozenset(), avoid_offers=frozenset()
+               ) -> OfferRecord | None:
+    """The best-ranked offer (records, best first) not on a machine to avoid and not already taken (provider,
+    offer_id), or None."""
+    return next((o for o in ranked if not (o.machine_id and o.machine_id in avoid_machines)
+                 and (o.provider, o.offer_id) not in avoid_offers), None)
+
+
 def rank_offers(
     offers,
     recipe: Recipe | None = None,

@@ -9,9 +9,10 @@ from django.utils import timezone
 
 from fleet import actions, enqueue, tasks
 from fleet.inference import replicas
-from fleet.inference.replicas import ModelState, Rental, pick_offer, plan
+from fleet.inference.replicas import ModelState, Rental, plan
 from fleet.models import Alert, InferenceModel, Instance, Offer, ProbeResult
-from fleet.offers.ranked import profile_settings
+from fleet.offers.ranked import profile_settings, rank_stored_offers
+from fleet.ranking import best_offer
 from fleet.offers.refresh import refresh_offers
 from fleet.providers.registry import get_provider
 
@@ -58,11 +59,11 @@ def test_it_picks_the_best_offer_off_the_machines_to_avoid():
             self.provider, self.offer_id, self.machine_id = "vast", offer_id, machine_id
 
     ranked = [O("a", "m1"), O("b", "m1"), O("c", "m2"), O("d", "")]
-    assert pick_offer(ranked, set()).offer_id == "a"
-    assert pick_offer(ranked, {"m1"}).offer_id == "c"
-    assert pick_offer(ranked, {"m1", "m2"}).offer_id == "d"
-    assert pick_offer(ranked, set(), frozenset({("vast", "a")})).offer_id == "b"  # taken by this run already
-    assert pick_offer([], set()) is None
+    assert best_offer(ranked, set()).offer_id == "a"
+    assert best_offer(ranked, {"m1"}).offer_id == "c"
+    assert best_offer(ranked, {"m1", "m2"}).offer_id == "d"
+    assert best_offer(ranked, set(), frozenset({("vast", "a")})).offer_id == "b"  # taken by this run already
+    assert best_offer([], set()) is None
 
 
 # -- acting on the simulated marketplace ------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def test_it_rents_a_missing_replica_once_however_often_the_task_runs(offers, mod
 
 
 def test_it_replaces_a_failing_replica_on_another_machine(offers, model):
-    ranked = replicas.rank_stored_offers(*profile_settings(None)).entries
+    ranked = rank_stored_offers(*profile_settings(None)).entries
     best = Offer.objects.get(offer_id=ranked[0].offer.offer_id, is_bid=ranked[0].offer.is_bid)
     failing = _replica(model, best, state=State.RUNNING, consecutive_probe_failures=3,
                        requested_at=timezone.now() - timedelta(hours=1))
@@ -144,7 +145,7 @@ def test_it_counts_todays_failed_rents_against_the_budget(offers, model):
 
 
 def test_it_rents_a_row_a_dead_task_wrote_but_never_rented(offers, model):
-    best = replicas.rank_stored_offers(*profile_settings(None)).entries[0].offer
+    best = rank_stored_offers(*profile_settings(None)).entries[0].offer
     offer = Offer.objects.get(offer_id=best.offer_id, is_bid=best.is_bid)
 
     row, _ = actions.request_rent(offer=offer, idempotency_key="written-then-died", purpose="serving",

@@ -252,3 +252,17 @@ def test_it_fails_without_destroying_when_the_provider_refuses_the_rent(offer, f
     assert instance.state == State.FAILED and "nothing was rented" in instance.failure_reason
     assert instance.destroy_reason == "" and _provider_instances() == []
     assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=instance).count() == 1
+
+
+def test_it_never_replaces_a_box_onto_a_host_that_cannot_run_its_image(frozen_market, settings):
+    # The worker image is built for CUDA 13.0. The default filters (12.8) would take a cheaper 12.8 host, which
+    # rents fine and then fails CUDA init with error 803; no 13.0 host passes the rest of the defaults here.
+    settings.WORKER_IMAGE, settings.WORKER_IMAGE_CUDA = "ghcr.io/moe-fleet/worker:0.1.0-cuda13.0", "13.0"
+    settings.WORKER_IMAGE_MIN_DRIVER = "580"
+    refresh_offers()
+    assert _cheap_offer().cuda_max < 13.0
+    old = _rent(_cheap_offer(cuda_max__gte=13.0), frozen_market)
+    assert actions.replace(old, reason="GPU not responding for 7 min", now=sim_now(frozen_market)) is None
+    assert not Instance.objects.filter(replaces=old).exists()
+    assert old.events.filter(kind="replace-failed", message__contains="no offer passes the filters").exists()
+    assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=old).exists()
