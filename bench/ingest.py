@@ -52,7 +52,7 @@ def post_all(base: str, token: str, first_step: int, count: int, latencies: list
         for start in range(first_step, first_step + count, BATCH):
             points = [{"phase": 0, "step": s, "at": now, "loss": 2.0, "lr": 1e-4, "step_s": 1.2,
                        "tokens_per_s": 30000.0, "grad_norm_routed": 0.3, "grad_norm_attention": 0.2,
-                       "grad_norm_total": 0.36, "routed_b_norm": 1.5, "routed_b_zero": 0, "gpu_mem_gb": 70.0,
+                       "grad_norm_total": 0.36, "routed_b_norm": 1.5, "routed_b_zero": 0, "gpu_mem_gib": 70.0,
                        "kernel_path": "triton"} for s in range(start, min(start + BATCH, first_step + count))]
             t0 = time.perf_counter()
             response = http.post("metrics", json={"points": points})

@@ -78,7 +78,7 @@ def fill(points: int) -> Run:
                 run=run, phase=p, step=step, at=at, loss=2.0 * math.exp(-step / 4000) + 0.5 + noise, lr=1e-4,
                 step_s=BOXES[box][2] * (1 + noise), tokens_per_s=65536 / (BOXES[box][2] * (1 + noise)),
                 grad_norm_routed=0.0 if p == 2 else 0.3 + noise, grad_norm_attention=1.1 + noise, grad_norm_total=1.4,
-                routed_b_norm=0.001 * g ** 0.5, routed_b_zero=0 if g else 96, gpu_mem_gb=71.5, kernel_path="triton",
+                routed_b_norm=0.001 * g ** 0.5, routed_b_zero=0 if g else 96, gpu_mem_gib=71.5, kernel_path="triton",
                 instance=boxes[box]))
             g += 1
     MetricPoint.objects.bulk_create(rows, batch_size=5000)

@@ -70,7 +70,7 @@ def measure(backend, layers, checkpointing, steps, accum, batch, seq_len, graphs
     for _ in range(steps):
         records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
                                       graphs=runner))
-    seconds = sorted(r["step_seconds"] for r in records)[len(records) // 2]
+    seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
     tokens = accum * batch * seq_len
     result = {
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,

@@ -12,9 +12,10 @@ from django.core.exceptions import RequestDataTooBig
 from ninja import Field, NinjaAPI, Schema
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, field_validator
+from pydantic import AfterValidator, create_model, field_validator
 
 from runs import reports, tokens
+from training import metric_fields
 
 
 EARLIEST = datetime(2020, 1, 1, tzinfo=UTC)
@@ -73,7 +74,7 @@ class HeartbeatIn(Schema):
     phase: int | None = Field(None, ge=0, le=100)
     step: int | None = Field(None, ge=0, le=10_000_000)
     gpu_util_percent: float | None = Field(None, ge=0, le=100)
-    gpu_mem_gb: float | None = Field(None, ge=0, le=10_000)
+    gpu_mem_gib: float | None = Field(None, ge=0, le=10_000)
     gpu_ok: bool | None = None
     upload_queue: int = Field(0, ge=0, le=100_000)
 
@@ -84,24 +85,19 @@ class HeartbeatOut(Schema):
     upload: dict
 
 
-class PointIn(Schema):
-    phase: int = Field(..., ge=0, le=100)
-    step: int = Field(..., ge=0, le=10_000_000)
-    at: datetime | None = None
-    loss: float | None = Field(None, allow_inf_nan=False)
-    lr: float | None = Field(None, ge=0, allow_inf_nan=False)
-    step_s: float | None = Field(None, ge=0, allow_inf_nan=False)
-    tokens_per_s: float | None = Field(None, ge=0, allow_inf_nan=False)
-    grad_norm_routed: float | None = Field(None, ge=0, allow_inf_nan=False)
-    grad_norm_attention: float | None = Field(None, ge=0, allow_inf_nan=False)
-    grad_norm_total: float | None = Field(None, ge=0, allow_inf_nan=False)
-    routed_b_norm: float | None = Field(None, ge=0, allow_inf_nan=False)
-    routed_b_zero: int | None = Field(None, ge=0, le=10_000_000)
-    gpu_mem_gb: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
-    kernel_path: Text = Field("", max_length=20)
+def _metric_field(field: metric_fields.MetricField):
+    """One field of the metric record as the API validates it, from the record's own table."""
+    if field.kind is str:
+        return Text, Field("", max_length=field.max_length)
+    bounds = {"ge": field.minimum, "le": field.maximum}
+    bounds = {k: v for k, v in bounds.items() if v is not None}
+    if field.kind is float:
+        bounds["allow_inf_nan"] = False
+    return field.kind | None, Field(None, **bounds)
 
 
-    @field_validator("at")
+class _PointBase(Schema):
+    @field_validator(metric_fields.AT, check_fields=False)  # the field itself comes with PointIn below
     @classmethod
     def in_utc_and_plausible(cls, at: datetime | None) -> datetime | None:
         if at is None:
@@ -113,6 +109,14 @@ class PointIn(Schema):
         if not EARLIEST <= at <= datetime.now(UTC) + timedelta(days=1):
             raise ValueError("at must be when the step ran (UTC), not a time far in the past or the future")
         return at
+
+
+PointIn = create_model(
+    "PointIn", __base__=_PointBase,
+    **{key: (int, Field(..., ge=0, le=limit)) for key, limit in metric_fields.KEY_LIMITS.items()},
+    **{metric_fields.AT: (datetime | None, None)},
+    **{field.name: _metric_field(field) for field in metric_fields.FIELDS},
+)
 
 
 class MetricsIn(Schema):

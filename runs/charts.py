@@ -18,14 +18,13 @@ from django.db.models import Avg, Count, ExpressionWrapper, F, IntegerField, Max
 from fleet.instances import ledger
 from fleet.models import CostSegment
 from runs.models import MetricPoint, Run, RunEvent
+from training import metric_fields
 
 MAX_BUCKETS = 1000  # over the whole run; each bucket gives at most two points per series
 SETTLED_CACHE_S = 600  # buckets of phases a run has left behind, kept this long
-ENVELOPED = ("loss", "step_s", "tokens_per_s", "grad_norm_routed", "grad_norm_attention", "routed_b_norm",
-             "routed_b_zero")
-CSV_COLUMNS = ("phase", "step", "at", "loss", "lr", "step_s", "tokens_per_s", "grad_norm_routed",
-               "grad_norm_attention", "grad_norm_total", "routed_b_norm", "routed_b_zero", "gpu_mem_gb",
-               "kernel_path", "instance__label", "instance__gpu_name")
+ENVELOPED = metric_fields.ENVELOPED
+CSV_COLUMNS = (metric_fields.PHASE, metric_fields.STEP, metric_fields.AT, *metric_fields.NAMES, "instance__label",
+               "instance__gpu_name")
 RESTART_EVENTS = ("host_lost", "hung", "probe_failed")
 PHASE_COLOURS = ("#2457c5", "#0f8a6c", "#b4690e", "#8e44ad", "#c0392b", "#16a2b8", "#5b6475")
 BOX_COLOURS = ("#2457c5", "#d9480f", "#0f8a6c", "#8e44ad", "#b42318", "#16a2b8", "#a15c00")

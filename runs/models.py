@@ -99,7 +99,7 @@ class MetricPoint(models.Model):
     grad_norm_total = models.FloatField(null=True)
     routed_b_norm = models.FloatField(null=True)
     routed_b_zero = models.PositiveIntegerField(null=True)
-    gpu_mem_gb = models.FloatField(null=True)
+    gpu_mem_gib = models.FloatField(null=True)
     kernel_path = models.CharField(max_length=20, blank=True)
     instance = models.ForeignKey("fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="+")

@@ -8,9 +8,9 @@ from django.utils import timezone
 from fleet.models import Instance
 from runs import events, lifecycle, storage
 from runs.models import Checkpoint, MetricPoint, Run
+from training import metric_fields
 
-METRIC_FIELDS = ["loss", "lr", "step_s", "tokens_per_s", "grad_norm_routed", "grad_norm_attention", "grad_norm_total",
-                 "routed_b_norm", "routed_b_zero", "gpu_mem_gb", "kernel_path"]
+METRIC_FIELDS = list(metric_fields.NAMES)
 AGENT_EVENTS = ("agent_started", "probe_ok", "probe_failed", "finished", "trainer_failed", "log")
 
 

@@ -23,19 +23,15 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
 from training.checkpoint_names import MARKER, parse_name
+from training.metric_fields import wire_point
 from training.probe import SENTINEL as PROBE_SENTINEL
 
 log = logging.getLogger("training.agent")
-METRIC_KEYS = {"loss": "loss", "lr": "lr", "step_seconds": "step_s", "tokens_per_second": "tokens_per_s",
-               "grad_norm_routed": "grad_norm_routed", "grad_norm_attention": "grad_norm_attention",
-               "grad_norm_total": "grad_norm_total", "routed_b_norm": "routed_b_norm",
-               "routed_b_zero": "routed_b_zero", "gpu_mem_gib": "gpu_mem_gb", "kernel_path": "kernel_path"}
 
 
 class Api:
@@ -86,16 +82,11 @@ def gpu_status() -> dict:
     rows = [line.split(",") for line in out.stdout.strip().splitlines() if line.strip()]
     utils = [float(r[0]) for r in rows]
     return {"gpu_ok": True, "gpu_util_percent": sum(utils) / len(utils),
-            "gpu_mem_gb": sum(float(r[1]) for r in rows) / 1024}
+            "gpu_mem_gib": sum(float(r[1]) for r in rows) / 1024}  # nvidia-smi says MiB
 
 
 def to_point(record: dict) -> dict:
-    point = {"phase": record["phase_index"], "step": record["step"],
-             "at": datetime.fromtimestamp(record.get("time", time.time()), tz=UTC).isoformat()}
-    for theirs, ours in METRIC_KEYS.items():
-        if record.get(theirs) is not None:
-            point[ours] = record[theirs]
-    return point
+    return wire_point({"time": time.time(), **record})
 
 
 def restore(resume: dict | None, store: Path) -> None:
@@ -322,7 +313,7 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     spec = api.call("GET", "spec")
     heartbeat.interval_s, heartbeat.window_s = spec["heartbeat_interval_s"], spec["dead_man_window_s"]
     store, staging, metrics_path = workdir / "store", workdir / "staging", workdir / "metrics.jsonl"
-    recipe = {**spec["recipe"], "metrics": {"jsonl": str(metrics_path), "http": None},
+    recipe = {**spec["recipe"], "metrics": {"jsonl": str(metrics_path)},
               "checkpoint": {**spec["recipe"].get("checkpoint", {}), "store": str(store), "staging": str(staging),
                              "endpoint_url": None, "region": None}}
     store.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@
     cuda_graphs: true (on a GPU, CPT/SFT micro-steps of one shape are captured once and replayed)
     checkpoint:       {store: ./checkpoints | s3://bucket/prefix, endpoint_url:, region:, keep: 3, every: 50,
                        staging: ./checkpoint-staging (local snapshots waiting for upload)}
-    metrics:          {jsonl: ./metrics.jsonl, http: https://dashboard/api/runs/1/metrics}
+    metrics:          {jsonl: ./metrics.jsonl}   (the on-box agent tails it and posts each step to the dashboard)
     phases:           a list; each {name, kind: cpt|sft|dpo|kto|grpo, data: file.jsonl, steps,
                       checkpoint_every (default checkpoint.every), lr (default the run's), beta (dpo, kto),
                       reward: module:function, num_generations, max_new_tokens, temperature (grpo)}
@@ -44,7 +44,7 @@ DEFAULTS = {
     "seed": 0,
     "checkpoint": {"store": "checkpoints", "endpoint_url": None, "region": None, "keep": 3, "every": 50,
                    "staging": "checkpoint-staging"},
-    "metrics": {"jsonl": "metrics.jsonl", "http": None},
+    "metrics": {"jsonl": "metrics.jsonl"},
 }
 PHASE_DEFAULTS = {
     "dpo": {"beta": 0.1},
@@ -159,8 +159,6 @@ def validate(raw, base_dir="."):
     metrics["jsonl"] = _resolve(base_dir, metrics["jsonl"]) if metrics["jsonl"] else None
     if not metrics["jsonl"]:
         problems.append("metrics.jsonl: a file path (the JSONL sink is always on)")
-    if metrics["http"] is not None and not str(metrics["http"]).startswith(("http://", "https://")):
-        problems.append(f"metrics.http: an http(s) URL, got {metrics['http']!r}")
 
     phases = raw.get("phases")
     recipe["phases"] = []

@@ -147,8 +147,8 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
         record["gpu_allocated_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
     else:
         record["gpu_mem_gib"] = record["gpu_peak_gib"] = record["gpu_allocated_gib"] = None
-    record["step_seconds"] = time.perf_counter() - start
-    record["tokens_per_second"] = tokens / record["step_seconds"]
+    record["step_s"] = time.perf_counter() - start
+    record["tokens_per_s"] = tokens / record["step_s"]
     return record
 
 
@@ -172,8 +172,8 @@ def format_line(record):
     mem = (f" mem {record['gpu_mem_gib']:.1f}/{record['gpu_peak_gib']:.1f} GiB held (tensors "
            f"{record['gpu_allocated_gib']:.1f})" if record["gpu_mem_gib"] is not None else "")
     return (
-        f"{record['phase']} step {record['step']}/{record['steps']} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-        f"{record['step_seconds']:.2f}s {record['tokens_per_second']:,.0f} tok/s | grad routed "
+        f"{record['phase_name']} step {record['step']}/{record['steps']} loss {record['loss']:.4f} "
+        f"lr {record['lr']:.2e} {record['step_s']:.2f}s {record['tokens_per_s']:,.0f} tok/s | grad routed "
         f"{record['grad_norm_routed']:.3g} attn {record['grad_norm_attention']:.3g} total "
         f"{record['grad_norm_total']:.3g} | routed B norm {record['routed_b_norm']:.4g} zero "
         f"{record['routed_b_zero']}/{record['routed_b_count']} |{mem} experts {record['kernel_path']}"
@@ -227,7 +227,7 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
                                 recipe["max_grad_norm"], check_guard=guard_pending, graphs=graphs)
         guard_pending = guard_pending and not record["guard_checked"]
         step += 1
-        record = {"phase": phase["name"], "kind": kind, "phase_index": phase_index, "step": step,
+        record = {"phase": phase_index, "phase_name": phase["name"], "kind": kind, "step": step,
                   "steps": phase["steps"], "time": time.time(), **record}
         for sink in sinks:
             sink.emit(record)

@@ -23,7 +23,7 @@ def _post(client, path, body):
 def _point(step, **fields):
     return {"phase": 0, "step": step, "loss": 2.5 - step * 0.1, "lr": 1e-3, "step_s": 0.5, "tokens_per_s": 512.0,
             "grad_norm_routed": 0.3, "grad_norm_attention": 0.2, "grad_norm_total": 0.36, "routed_b_norm": 0.01,
-            "routed_b_zero": 0, "gpu_mem_gb": 1.5, "kernel_path": "loop", **fields}
+            "routed_b_zero": 0, "gpu_mem_gib": 1.5, "kernel_path": "loop", **fields}
 
 
 def test_it_gives_the_box_its_spec(launched):

@@ -42,20 +42,20 @@ def _api(server):
 
 
 def test_it_maps_every_trainer_metric_onto_the_api():
-    record = {"phase": "sft", "phase_index": 1, "step": 7, "time": time.time(), "loss": 1.5, "lr": 1e-4,
-              "step_seconds": 2.0, "tokens_per_second": 8192.0, "grad_norm_routed": 0.4, "grad_norm_attention": 0.3,
+    record = {"phase": 1, "phase_name": "sft", "step": 7, "time": time.time(), "loss": 1.5, "lr": 1e-4,
+              "step_s": 2.0, "tokens_per_s": 8192.0, "grad_norm_routed": 0.4, "grad_norm_attention": 0.3,
               "grad_norm_total": 0.5, "routed_b_norm": 2.0, "routed_b_zero": 0, "routed_b_count": 96,
               "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton"}
     point = agent.to_point(record)
     assert set(point) == set(PointIn.model_fields)  # nothing the dashboard stores is left unsent
-    assert point["phase"] == 1 and point["step_s"] == 2.0 and point["gpu_mem_gb"] == 70.0
+    assert point["phase"] == 1 and point["step_s"] == 2.0 and point["gpu_mem_gib"] == 70.0
     PointIn(**point)
 
 
 def test_it_keeps_a_half_written_line_for_the_next_round(dashboard, tmp_path):
     path = tmp_path / "metrics.jsonl"
-    line = {"phase_index": 0, "step": 1, "time": 1_800_000_000.0, "loss": 2.0}
-    path.write_text(json.dumps(line) + "\n" + '{"phase_index": 0, "st')
+    line = {"phase": 0, "step": 1, "time": 1_800_000_000.0, "loss": 2.0}
+    path.write_text(json.dumps(line) + "\n" + '{"phase": 0, "st')
     position = agent.forward_metrics(_api(dashboard), path, 0, max_points=100)
     assert [body["points"][0]["step"] for _, body, _ in dashboard.posts] == [1]
     with open(path, "a") as f:

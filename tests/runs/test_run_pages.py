@@ -50,7 +50,7 @@ def seed_run(name="qwen3-30b-sft", *, phases=PHASES, zero_routed_phase=None, sta
                 tokens_per_s=65536 / seconds, grad_norm_routed=0.0 if zero else 0.3 + 0.01 * (step % 5),
                 grad_norm_attention=1.1 + 0.02 * (step % 3), grad_norm_total=1.3,
                 routed_b_norm=0.0 if zero else 0.02 * (g + 1), routed_b_zero=ROUTED_B if zero or g == 0 else 0,
-                gpu_mem_gb=70.0, kernel_path="triton", instance=boxes[box]))
+                gpu_mem_gib=70.0, kernel_path="triton", instance=boxes[box]))
             g += 1
     MetricPoint.objects.bulk_create(rows)
     end = now if state not in Run.ACTIVE_STATES else None

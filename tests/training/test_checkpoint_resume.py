@@ -26,7 +26,7 @@ def _last_by_step(metrics_path):
     records = {}
     for line in open(metrics_path):
         r = json.loads(line)
-        records[(r["phase_index"], r["step"])] = r  # a step redone after a resume replaces the first try
+        records[(r["phase"], r["step"])] = r  # a step redone after a resume replaces the first try
     return records
 
 

@@ -1,0 +1,48 @@
+"""The metric record of one training step, as it travels: trainer -> metrics.jsonl -> agent -> agent API ->
+database -> CSV and charts. Every field is named here once, with its unit in its name where it has one, and each
+layer is built from this table (tests/runs/test_metric_contract.py breaks if one drifts). Plain Python: the
+dashboard imports it without torch, and the trainer without Django.
+"""
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+PHASE, STEP, AT = "phase", "step", "at"  # the key (phase index, step) and when the step finished (ISO 8601, UTC)
+KEY_LIMITS = {PHASE: 100, STEP: 10_000_000}
+
+
+@dataclass(frozen=True)
+class MetricField:
+    name: str
+    kind: type  # float, int or str
+    label: str  # what a chart axis or a column header says
+    minimum: float | None = 0.0  # None: no bound below (a loss may be negative)
+    maximum: float | None = None
+    max_length: int = 0  # text only
+    enveloped: bool = False  # charted per phase with a min/max envelope when downsampled
+
+
+FIELDS = (
+    MetricField("loss", float, "loss", minimum=None, enveloped=True),
+    MetricField("lr", float, "learning rate"),
+    MetricField("step_s", float, "step time (s)", enveloped=True),
+    MetricField("tokens_per_s", float, "tokens per second", enveloped=True),
+    MetricField("grad_norm_routed", float, "routed-expert LoRA gradient norm", enveloped=True),
+    MetricField("grad_norm_attention", float, "attention LoRA gradient norm", enveloped=True),
+    MetricField("grad_norm_total", float, "total gradient norm"),
+    MetricField("routed_b_norm", float, "routed-expert LoRA B norm", enveloped=True),
+    MetricField("routed_b_zero", int, "routed-expert LoRA B tensors still zero", maximum=10_000_000, enveloped=True),
+    MetricField("gpu_mem_gib", float, "GPU memory the trainer holds (GiB)", maximum=10_000),
+    MetricField("kernel_path", str, "experts kernel path", max_length=20),
+)
+NAMES = tuple(f.name for f in FIELDS)
+ENVELOPED = tuple(f.name for f in FIELDS if f.enveloped)
+
+
+def wire_point(record: dict) -> dict:
+    """What the agent posts for one record of metrics.jsonl: the key, the time, and the fields the record has."""
+    finished = record.get("time")
+    point = {PHASE: record[PHASE], STEP: record[STEP],
+             AT: datetime.fromtimestamp(finished, tz=UTC).isoformat() if finished is not None else None}
+    point.update({name: record[name] for name in NAMES if record.get(name) is not None})
+    return point
