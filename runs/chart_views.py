@@ -1,15 +1,12 @@
-"""The run page's chart data, the full data as CSV, the comparison page across runs and GPU models, and the
-Prometheus exposition. Views read only; every figure comes from runs.charts."""
+"""The run page's chart data, the full data as CSV, and the comparison page across runs and GPU models. Views read
+only: the data comes from runs/run_data.py, every figure from runs/figures.py, encoded by plotly's JSON encoder."""
 
 import csv
-import hmac
 from collections import defaultdict
 from decimal import Decimal
 
-from django.conf import settings
-from django.contrib.auth.decorators import login_not_required
 from django.db.models import Avg, Count
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -20,7 +17,9 @@ from fleet.instances import ledger
 from fleet.offers.calibration import load_calibration
 from fleet.models import Instance
 from fleet.ranking.throughput import gpu_model_key
-from runs import charts
+from plotly.io.json import to_json_plotly
+
+from runs import figures, run_data
 from runs.models import MetricPoint, Run
 
 LIVE_REFRESH_S = 10
@@ -30,12 +29,13 @@ WARMUP_STEPS = 3  # the first steps of a box compile kernels and fill caches; co
 @require_GET
 def run_chart_data(request, pk):
     run = get_object_or_404(Run.objects.select_related("current_instance"), pk=pk)
-    result = charts.run_charts(run, timezone.now())
-    data = result["data"]
+    inputs = run_data.chart_inputs(run, timezone.now())
+    data = inputs.data
     summary = render_to_string("runs/_run_summary.html", {"run": run, "data": data}, request=request)
-    return JsonResponse({"run": run.pk, "state": run.state, "active": run.is_active, "refresh_s": LIVE_REFRESH_S,
-                         "points": result["points"], "bucket_steps": result["bucket_steps"],
-                         "warnings": data.warnings, "summary_html": summary, "figures": result["figures"]})
+    return HttpResponse(to_json_plotly({
+        "run": run.pk, "state": run.state, "active": run.is_active, "refresh_s": LIVE_REFRESH_S,
+        "points": inputs.points, "bucket_steps": inputs.bucket_steps, "warnings": data.warnings,
+        "summary_html": summary, "figures": figures.run_figures(inputs)}), content_type="application/json")
 
 
 class _Echo:
@@ -47,9 +47,9 @@ class _Echo:
 def run_metrics_csv(request, pk):
     """Every step the run's boxes reported, streamed so a long run never sits in memory."""
     run = get_object_or_404(Run, pk=pk)
-    rows = MetricPoint.objects.filter(run=run).order_by("phase", "step").values_list(*charts.CSV_COLUMNS)
+    rows = MetricPoint.objects.filter(run=run).order_by("phase", "step").values_list(*run_data.CSV_COLUMNS)
     writer = csv.writer(_Echo())
-    header = [c.replace("instance__label", "box").replace("instance__gpu_name", "gpu") for c in charts.CSV_COLUMNS]
+    header = [c.replace("instance__label", "box").replace("instance__gpu_name", "gpu") for c in run_data.CSV_COLUMNS]
 
     def lines():
         yield writer.writerow(header)
@@ -107,8 +107,8 @@ def _bar_figure(chart_id: str, title: str, y_title: str, groups: list[dict], fie
         traces.append({"type": "bar", "name": f"{path} kernels", "x": [f"{g['num_gpus']}× {g['gpu_model']}"
                                                                         for g in mine],
                        "y": [round(float(g[field]), 6) for g in mine],
-                       "marker": {"color": charts.BOX_COLOURS[i % len(charts.BOX_COLOURS)]}})
-    layout = charts._layout(title, y_title, barmode="group", hovermode="closest", xaxis={"title": {"text": ""}},
+                       "marker": {"color": figures.BOX_COLOURS[i % len(figures.BOX_COLOURS)]}})
+    layout = figures.layout(title, y_title, barmode="group", hovermode="closest", xaxis={"title": {"text": ""}},
                             yaxis={"tickprefix": "$"} if money else {})
     return {"id": chart_id, "title": title, "data": traces, "layout": layout}
 
@@ -125,65 +125,3 @@ def compare(request):
     calibration = sorted(load_calibration().entries.values(), key=lambda e: (e.gpu_model, e.kernel_path))
     return render(request, "runs/compare.html", {"rows": rows, "groups": groups, "figures": figures,
                                                  "calibration": calibration, "warmup_steps": WARMUP_STEPS})
-
-
-def _label(value) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value) -> str:
-    return "NaN" if value is None else repr(float(value))
-
-
-def exposition(now) -> str:
-    """The fleet in Prometheus' text format: instances and runs by state, the spend rate, and each active run's
-    latest step time and tokens/s."""
-    lines = []
-
-    def gauge(name: str, help_text: str, samples: list[tuple[dict, object]]):
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} gauge")
-        for labels, value in samples:
-            text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
-
-    instances = dict(Instance.objects.values_list("state").annotate(n=Count("id")).order_by())
-    gauge("fleet_instances", "Instances by state.",
-          [({"state": s}, instances.get(s, 0)) for s, _ in Instance.State.choices])
-    account = ledger.account_cost(now)
-    gauge("fleet_spend_usd_per_hour", "What every billing instance costs per hour right now.",
-          [({}, account.burn_usd_per_hour)])
-    gauge("fleet_spend_cap_usd_per_hour", "The spend cap per hour (0: off).", [({}, settings.SPEND_CAP_USD_PER_HOUR)])
-    gauge("fleet_spend_this_hour_usd", "Spent since the start of this hour (UTC).", [({}, account.this_hour_usd)])
-    runs_by_state = dict(Run.objects.values_list("state").annotate(n=Count("id")).order_by())
-    gauge("fleet_runs", "Training runs by state.", [({"state": s}, runs_by_state.get(s, 0)) for s, _ in
-                                                    Run.State.choices])
-    active = list(Run.objects.filter(state__in=Run.ACTIVE_STATES).annotate(**charts.latest_step_annotations())
-                  .values("pk", "name", "current_phase", "current_step", "last_step_s", "last_tokens_per_s",
-                          "current_instance__gpu_name"))
-    samples = [({"run": r["pk"], "name": r["name"], "gpu": r["current_instance__gpu_name"] or ""}, r) for r in active]
-    gauge("fleet_run_step_seconds", "Each active run's latest step time.",
-          [(labels, r["last_step_s"]) for labels, r in samples if r["last_step_s"] is not None])
-    gauge("fleet_run_tokens_per_second", "Each active run's latest tokens per second.",
-          [(labels, r["last_tokens_per_s"]) for labels, r in samples if r["last_tokens_per_s"] is not None])
-    gauge("fleet_run_phase", "Each active run's current phase.", [(labels, r["current_phase"]) for labels, r in samples])
-    gauge("fleet_run_step", "Each active run's current step in its phase.",
-          [(labels, r["current_step"]) for labels, r in samples])
-    return "\n".join(lines) + "\n"
-
-
-@login_not_required
-@require_GET
-def prometheus_metrics(request):
-    """Token-protected instead of a login: `Authorization: Bearer <METRICS_TOKEN>`; refused while no token is set."""
-    token = settings.METRICS_TOKEN
-    if not token:
-        return HttpResponse("Metrics are off: set METRICS_TOKEN to turn them on.\n", status=403,
-                            content_type="text/plain")
-    given = request.headers.get("Authorization", "")
-    scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
-        return HttpResponse("A valid bearer token is required.\n", status=401, content_type="text/plain",
-                            headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
-    return HttpResponse(exposition(timezone.now()), content_type="text/plain; version=0.0.4; charset=utf-8")
-

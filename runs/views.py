@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from runs import charts
+from runs.run_data import latest_step_annotations, list_projection
 from runs import launch as launching
 from runs.forms import LaunchForm
 from runs.models import Run
@@ -21,11 +21,11 @@ def require_launch_permission(user) -> None:
 def run_list(request):
     now = timezone.now()
     runs = list(Run.objects.select_related("current_instance").prefetch_related("phases")
-                .annotate(**charts.latest_step_annotations())[:200])
+                .annotate(**latest_step_annotations())[:200])
     costs = run_costs(runs, now)
     for run in runs:
         run.cost_usd = costs[run.pk]
-        run.projection = charts.list_projection(run, run.cost_usd, now)
+        run.projection = list_projection(run, run.cost_usd, now)
         run.phase_name = next((p.name for p in run.phases.all() if p.index == run.current_phase), "")
     template = "runs/_run_table.html" if request.headers.get("HX-Request") else "runs/run_list.html"
     return render(request, template, {"runs": runs})

@@ -3,7 +3,7 @@
 import json
 import time
 
-from runs import charts, reports
+from runs import reports, run_data
 from runs.api import PointIn
 from runs.models import MetricPoint
 from training import agent, metric_fields
@@ -22,9 +22,9 @@ def test_the_database_stores_every_field_under_its_wire_name():
 
 
 def test_the_csv_and_the_charts_read_the_same_names():
-    assert charts.CSV_COLUMNS[:3 + len(metric_fields.NAMES)] == (metric_fields.PHASE, metric_fields.STEP,
+    assert run_data.CSV_COLUMNS[:3 + len(metric_fields.NAMES)] == (metric_fields.PHASE, metric_fields.STEP,
                                                                   metric_fields.AT, *metric_fields.NAMES)
-    assert set(charts.ENVELOPED) <= set(metric_fields.NAMES)
+    assert set(run_data.ENVELOPED) <= set(metric_fields.NAMES)
 
 
 def test_the_agent_forwards_a_trainer_record_as_one_valid_point(tmp_path):

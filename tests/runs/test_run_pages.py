@@ -1,9 +1,12 @@
 import csv
 import io
+import json
 import math
+import re
 from datetime import timedelta
 from decimal import Decimal
 
+import plotly.graph_objects as go
 import pytest
 from django.urls import reverse
 from django.utils import timezone
@@ -147,6 +150,10 @@ def test_it_compares_runs_and_gpu_models(logged_in):
     assert "30.00 s" in body and "55.00 s" in body  # steady state: the slow first steps are left out
     assert "$0.0100" in body  # 30 s on the H200 at $1.20/h
     assert 'id="figures-data"' in body and "triton kernels" in body
+    drawn = json.loads(re.search(r'<script id="figures-data" type="application/json">(.*?)</script>', body,
+                                 re.S).group(1))
+    for figure in drawn:  # as plotly's own schema reads them: a misspelt attribute raises
+        go.Figure({"data": figure["data"], "layout": figure["layout"]})
 
 
 @pytest.mark.django_db

@@ -1,0 +1,251 @@
+"""The run page's figures, as Plotly figure dicts (data and layout), built from what runs/run_data.py read. Styling
+only: nothing here reads the database. The views encode them with plotly's JSON encoder; the tests check each
+against plotly's own figure schema."""
+
+from runs.downsample import Bucket, envelope, higher, lower, rounded
+from runs.phase_stats import PhaseStats, zero_gradient_phases
+from runs.projection import cost_curve
+from runs.run_data import ChartInputs, RunData
+
+PHASE_COLOURS = ("#2457c5", "#0f8a6c", "#b4690e", "#8e44ad", "#c0392b", "#16a2b8", "#5b6475")
+
+
+BOX_COLOURS = ("#2457c5", "#d9480f", "#0f8a6c", "#8e44ad", "#b42318", "#16a2b8", "#a15c00")
+
+
+def layout(title: str, y_title: str, **extra) -> dict:
+    layout = {"title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
+              "margin": {"l": 64, "r": 16, "t": 40, "b": 30}, "height": 300, "uirevision": "keep",
+              "paper_bgcolor": "#fff", "plot_bgcolor": "#fff", "hovermode": "x unified",
+              "font": {"family": "system-ui, sans-serif", "size": 12, "color": "#1d2330"},
+              "legend": {"orientation": "h", "y": -0.12, "yanchor": "top", "font": {"size": 11}},
+              # The x axis is the step counted over all phases; the phase lines name where each begins.
+              "xaxis": {"gridcolor": "#eef1f5", "zeroline": False, "hoverformat": ",d"},
+              "yaxis": {"title": {"text": y_title}, "gridcolor": "#eef1f5", "zeroline": False}}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(layout.get(key), dict):
+            layout[key] = {**layout[key], **value}
+        else:
+            layout[key] = value
+    return layout
+
+
+def _phase_marks(data: RunData) -> list[dict]:
+    """Vertical lines where each phase starts, named at the top of the chart."""
+    shapes = []
+    for p in data.stats:
+        x = data.offsets[p.index]
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
+                       "line": {"color": "#c3c9d4", "width": 1, "dash": "dot"},
+                       "label": {"text": p.name, "textposition": "end", "yanchor": "top", "xanchor": "left",
+                                 "font": {"size": 10, "color": "#5b6475"}}})
+    return shapes
+
+
+def _merged(rows: list[dict], name: str, phase: int | None = None, instance: int | None = None) -> list[Bucket]:
+    """Buckets of one series, one phase's or one box's; rows of the same bucket on two boxes are merged."""
+    merged: dict[tuple, list] = {}
+    for r in rows:
+        if (phase is not None and r["phase"] != phase) or (instance is not None and r["instance_id"] != instance):
+            continue
+        low, high = r[f"{name}_low"], r[f"{name}_high"]
+        key = (r["phase"], r["bucket"])
+        if key not in merged:
+            merged[key] = [r["x_first"], r["x_last"], low, high]
+            continue
+        m = merged[key]
+        m[0], m[1] = min(m[0], r["x_first"]), max(m[1], r["x_last"])
+        m[2], m[3] = lower(m[2], low), higher(m[3], high)
+    return [Bucket(*m) for m in merged.values()]
+
+
+def _edge(data: RunData, edges: dict, p: PhaseStats, which: str, name: str, instance: int | None = None):
+    step = p.first_step if which == "first" else p.last_step
+    row = edges.get((p.index, step))
+    if row is None or (instance is not None and row["instance_id"] != instance):
+        return None
+    return data.offsets[p.index] + step, row[name]
+
+
+def _trace(name: str, xs: list, ys: list, colour: str, **extra) -> dict:
+    return {"type": "scattergl" if len(xs) > 5000 else "scatter", "mode": "lines", "name": name, "x": xs,
+            "y": rounded(ys), "line": {"color": colour, "width": 1.6}, **extra}
+
+
+def _phase_series(data: RunData, rows: list[dict], edges: dict, name: str, p: PhaseStats) -> tuple[list, list]:
+    return envelope(_merged(rows, name, phase=p.index), _edge(data, edges, p, "first", name),
+                    _edge(data, edges, p, "last", name))
+
+
+def _per_phase(data: RunData, rows, edges, name, chart_id, title, y_title, **extra) -> dict:
+    traces = []
+    for p in data.stats:
+        if p.points:
+            xs, ys = _phase_series(data, rows, edges, name, p)
+            traces.append(_trace(f"{p.index} · {p.name}", xs, ys, PHASE_COLOURS[p.index % len(PHASE_COLOURS)]))
+    return {"id": chart_id, "title": title, "data": traces,
+            "layout": layout(title, y_title, shapes=_phase_marks(data), **extra)}
+
+
+def _per_box(data: RunData, rows, edges, name, chart_id, title, y_title) -> dict:
+    traces = []
+    for i, (instance_id, box) in enumerate(data.boxes.items()):
+        box_rows = [r for r in rows if r["instance_id"] == instance_id]
+        if not box_rows:
+            continue
+        xs, ys = envelope(_merged(box_rows, name))
+        traces.append(_trace(box.name, xs, ys, BOX_COLOURS[i % len(BOX_COLOURS)],
+                             hovertemplate=f"%{{y:.4g}}<extra>{box.name} (host {box.machine_id or '?'})</extra>"))
+    orphans = [r for r in rows if r["instance_id"] not in data.boxes]
+    if orphans:
+        xs, ys = envelope(_merged(orphans, name))
+        traces.append(_trace("unknown box", xs, ys, "#5b6475"))
+    return {"id": chart_id, "title": title, "data": traces,
+            "layout": layout(title, y_title, shapes=_phase_marks(data) + _host_changes(data, rows))}
+
+
+def _host_changes(data: RunData, rows: list[dict]) -> list[dict]:
+    """A red line where the run moved to another box (a restart)."""
+    seen, shapes = None, []
+    for r in rows:
+        if seen is not None and r["instance_id"] != seen:
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": r["x_first"], "x1": r["x_first"],
+                           "y0": 0, "y1": 1, "line": {"color": "#b42318", "width": 1.5},
+                           "label": {"text": "host change", "textposition": "start", "yanchor": "bottom",
+                                     "xanchor": "left", "font": {"size": 10, "color": "#b42318"}}})
+        seen = r["instance_id"]
+    return shapes
+
+
+def _grad_norms(data: RunData, rows, edges) -> dict:
+    traces, shapes = [], _phase_marks(data)
+    flagged = {p.index for p in data.stats if zero_gradient_phases([p])}
+    for p in data.stats:
+        if not p.points:
+            continue
+        colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
+        xs, ys = _phase_series(data, rows, edges, "grad_norm_routed", p)
+        # A log axis cannot draw 0: the zero stretch is shaded in red instead.
+        traces.append(_trace(f"routed · {p.name}", xs, [y if y and y > 0 else None for y in ys], colour))
+        xs, ys = _phase_series(data, rows, edges, "grad_norm_attention", p)
+        traces.append(_trace(f"attention · {p.name}", xs, [y if y and y > 0 else None for y in ys], colour,
+                             line={"color": colour, "width": 1.2, "dash": "dot"}))
+        if p.index in flagged:
+            x0 = data.offsets[p.index] + p.first_step
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x0,
+                           "x1": data.offsets[p.index] + p.last_step, "y0": 0, "y1": 1,
+                           "fillcolor": "rgba(180,35,24,0.10)", "line": {"width": 0},
+                           "label": {"text": "routed gradient = 0", "textposition": "middle center",
+                                     "font": {"color": "#b42318", "size": 12}}})
+    title = "Gradient norms: routed experts (solid) vs attention (dotted)"
+    return {"id": "grad-norms", "title": title, "data": traces,
+            "layout": layout(title, "LoRA gradient norm", shapes=shapes, yaxis={"type": "log"})}
+
+
+def _b_matrices(data: RunData, rows, edges) -> dict:
+    traces = []
+    for p in data.stats:
+        if not p.points:
+            continue
+        colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
+        xs, ys = _phase_series(data, rows, edges, "routed_b_norm", p)
+        traces.append(_trace(f"B norm · {p.name}", xs, ys, colour))
+        xs, ys = _phase_series(data, rows, edges, "routed_b_zero", p)
+        traces.append(_trace(f"B at zero · {p.name}", xs, ys, colour, yaxis="y2",
+                             line={"color": colour, "width": 1.2, "dash": "dash", "shape": "hv"}))
+    title = "Routed LoRA B: norm (solid) and matrices still at zero (dashed)"
+    return {"id": "b-matrices", "title": title, "data": traces,
+            "layout": layout(title, "B norm", shapes=_phase_marks(data),
+                              yaxis2={"title": {"text": "B matrices at zero"}, "overlaying": "y", "side": "right",
+                                      "rangemode": "tozero", "showgrid": False},
+                              margin={"l": 64, "r": 56})}
+
+
+def _cost(data: RunData) -> dict:
+    times, values = cost_curve(data.segments, data.traffic_usd, data.now)
+    traces = [{"type": "scatter", "mode": "lines", "name": "cost so far", "x": [t.isoformat() for t in times],
+               "y": [round(v, 4) for v in values], "line": {"color": "#2457c5", "width": 2},
+               "fill": "tozeroy", "fillcolor": "rgba(36,87,197,0.08)"}]
+    proj = data.projection
+    if data.run.is_active and proj.finish_at and proj.total_usd is not None:
+        traces.append({"type": "scatter", "mode": "lines", "name": "projected", "x": [data.now.isoformat(),
+                                                                                     proj.finish_at.isoformat()],
+                       "y": [round(float(data.cost_usd), 4), round(float(proj.total_usd), 4)],
+                       "line": {"color": "#2457c5", "width": 2, "dash": "dash"}})
+    budget_end = proj.finish_at if data.run.is_active and proj.finish_at else data.now
+    start = times[0] if times else data.run.created_at
+    highest = max([*values, float(proj.total_usd or 0)], default=0.0)
+    traces.append({"type": "scatter", "mode": "lines", "name": "budget", "x": [start.isoformat(),
+                                                                                budget_end.isoformat()],
+                   "y": [float(data.run.budget_usd)] * 2, "line": {"color": "#b42318", "width": 1, "dash": "dot"},
+                   # Far above the spend it would flatten the curve: one click on its legend entry shows it.
+                   "visible": True if highest >= 0.4 * float(data.run.budget_usd) else "legendonly"})
+    title = "Cumulative cost"
+    return {"id": "cost", "title": title, "data": traces,
+            "layout": layout(title, "USD", xaxis={"type": "date"}, legend={"y": -0.2},
+                              yaxis={"tickprefix": "$", "rangemode": "tozero"})}
+
+
+def _cost_per_step(data: RunData, rows: list[dict]) -> dict:
+    """Dollars per step on each box: its hourly price times its mean step time in the bucket."""
+    traces = []
+    for i, (instance_id, box) in enumerate(data.boxes.items()):
+        rate = float(box.usd_per_hour) / 3600
+        points = [(r["x_last"], r["step_s_avg"] * rate) for r in rows
+                  if r["instance_id"] == instance_id and r["step_s_avg"] is not None]
+        if points:
+            xs, ys = zip(*points)
+            traces.append(_trace(f"$/step · {box.name}", list(xs), list(ys), BOX_COLOURS[i % len(BOX_COLOURS)]))
+    title = "Cost per step"
+    return {"id": "cost-per-step", "title": title, "data": traces,
+            "layout": layout(title, "USD per step", shapes=_phase_marks(data) + _host_changes(data, rows),
+                              yaxis={"tickprefix": "$", "rangemode": "tozero"})}
+
+
+def _timeline(data: RunData, restarts: list[tuple]) -> dict:
+    """Phases and boxes as bars over time, with the moments a host was lost or hung."""
+    traces = []
+    for p in data.stats:
+        if p.first_at is None:
+            continue
+        colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
+        traces.append({"type": "scatter", "mode": "lines", "name": f"phase {p.index} · {p.name}",
+                       "x": [p.first_at.isoformat(), p.last_at.isoformat()], "y": ["phases", "phases"],
+                       "line": {"color": colour, "width": 18},
+                       "hovertemplate": f"{p.name} ({p.kind}): steps {p.first_step}–{p.last_step}<extra></extra>"})
+    for i, box in enumerate(data.boxes.values()):
+        if box.started_at is None:
+            continue
+        end = box.ended_at or data.now
+        traces.append({"type": "scatter", "mode": "lines", "name": f"box · {box.name}",
+                       "x": [box.started_at.isoformat(), end.isoformat()], "y": ["boxes", "boxes"],
+                       "line": {"color": BOX_COLOURS[i % len(BOX_COLOURS)], "width": 18},
+                       "hovertemplate": f"{box.name}, host {box.machine_id or '?'}: "
+                                        f"{box.end_reason or 'running'}<extra></extra>"})
+    if restarts:
+        traces.append({"type": "scatter", "mode": "markers", "name": "host lost / hung",
+                       "x": [at.isoformat() for at, _, _ in restarts], "y": ["boxes"] * len(restarts),
+                       "text": [f"{kind}: {message}" for _, kind, message in restarts],
+                       "hovertemplate": "%{text}<extra></extra>",
+                       "marker": {"symbol": "x", "size": 13, "color": "#b42318", "line": {"width": 2}}})
+    title = "Timeline: phases, boxes and restarts"
+    return {"id": "timeline", "title": title, "data": traces,
+            "layout": layout(title, "", height=190, hovermode="closest", showlegend=False,
+                              xaxis={"title": {"text": "time (UTC)"}, "type": "date"},
+                              yaxis={"title": {"text": ""}, "categoryorder": "array",
+                                     "categoryarray": ["boxes", "phases"]})}
+
+
+def run_figures(inputs: ChartInputs) -> list[dict]:
+    """Every chart of the run page, in the order the page shows them."""
+    data, rows, edges = inputs.data, inputs.rows, inputs.edges
+    return [
+        _timeline(data, inputs.restarts),
+        _per_box(data, rows, edges, "step_s", "step-time", "Step time by box", "seconds per step"),
+        _per_phase(data, rows, edges, "loss", "loss", "Loss per phase", "loss"),
+        _grad_norms(data, rows, edges),
+        _b_matrices(data, rows, edges),
+        _per_box(data, rows, edges, "tokens_per_s", "tokens", "Tokens per second by box", "tokens/s"),
+        _cost(data),
+        _cost_per_step(data, rows),
+    ]
