@@ -23,7 +23,7 @@ class OfferAdmin(admin.ModelAdmin):
         return False
 
     def has_rent_permission(self, request):
-        return can(request.user, "rent_instance")
+        return can(request.user, "fleet.rent_instance")
 
     @admin.action(description="Rent the selected offer…", permissions=["rent"])
     def rent(self, request, queryset):
@@ -60,7 +60,7 @@ class InstanceAdmin(admin.ModelAdmin):
         return False  # instances are rented through the Rent confirmation, never typed in
 
     def has_destroy_permission(self, request):
-        return can(request.user, "destroy_instance")
+        return can(request.user, "fleet.destroy_instance")
 
     @admin.action(description="Destroy the selected instances…", permissions=["destroy"])
     def destroy(self, request, queryset):

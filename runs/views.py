@@ -1,11 +1,11 @@
 import yaml
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from fleet.access import require_permission
 from runs.run_data import latest_step_annotations, list_projection
 from runs import launch as launching
 from runs.forms import LaunchForm
@@ -14,8 +14,7 @@ from runs.supervisor import run_cost, run_costs
 
 
 def require_launch_permission(user) -> None:
-    if not (user.is_staff and user.has_perm("runs.launch_run")):
-        raise PermissionDenied("You need the launch run permission.")
+    require_permission(user, "runs.launch_run")
 
 
 def run_list(request):

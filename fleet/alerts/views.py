@@ -16,7 +16,7 @@ from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
 RECENT_ALERTS = 50
 RECENT_DELIVERIES = 5
-MANAGE = "add_webhookendpoint"
+MANAGE = "fleet.add_webhookendpoint"
 State = WebhookDelivery.State
 
 

@@ -19,7 +19,7 @@ from fleet.models import InferenceModel, Instance, ProbeResult
 log = logging.getLogger(__name__)
 
 PROBES_SHOWN = 5
-CHANGE_MODELS = "change_inferencemodel"
+CHANGE_MODELS = "fleet.change_inferencemodel"
 MAX_DESIRED_REPLICAS = 100
 
 

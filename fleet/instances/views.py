@@ -61,7 +61,7 @@ def _offer_from(request) -> Offer:
 
 
 def rent_confirm(request):
-    require_permission(request.user, "rent_instance")
+    require_permission(request.user, "fleet.rent_instance")
     offer = _offer_from(request)
     if request.method == "POST":
         form = RentForm(request.POST)
@@ -82,7 +82,7 @@ def rent_confirm(request):
 
 
 def destroy_confirm(request, pk):
-    require_permission(request.user, "destroy_instance")
+    require_permission(request.user, "fleet.destroy_instance")
     instance = get_object_or_404(Instance, pk=pk)
     if request.method == "POST":
         reason = f"destroyed by {request.user.get_username()} from the dashboard"
@@ -94,7 +94,7 @@ def destroy_confirm(request, pk):
 
 
 def keep_for_debugging(request, pk):
-    require_permission(request.user, "destroy_instance")
+    require_permission(request.user, "fleet.destroy_instance")
     instance = get_object_or_404(Instance, pk=pk)
     if request.method != "POST":
         return redirect("instance_detail", pk=pk)

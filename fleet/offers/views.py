@@ -1,13 +1,13 @@
 """The Offers page: the stored offers ranked for a recipe and filters, and saving them as a profile."""
 
 from django.contrib import messages
-from django.contrib.auth.decorators import permission_required
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
+from fleet.access import require_permission
 from fleet.models import Offer, OfferProfile, OfferRefresh
 from fleet.offers.forms import RankingForm
 from fleet.offers.ranked import profile_settings, rank_stored_offers
@@ -60,8 +60,8 @@ def offers(request):
 
 
 @require_POST
-@permission_required("fleet.add_offerprofile", raise_exception=True)
 def save_profile(request):
+    require_permission(request.user, "fleet.add_offerprofile")
     form = RankingForm(request.POST)
     name = slugify(request.POST.get("profile_name", ""))
     if not name or not form.is_valid():

@@ -30,7 +30,7 @@ pytestmark = [
 
 @pytest.fixture
 def seeded(member):
-    from tests.runs.test_run_pages import seed_run
+    from tests.runs.seeding import seed_run
 
     return seed_run("healthy"), seed_run("broken", zero_routed_phase=1)
 

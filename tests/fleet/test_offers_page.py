@@ -6,6 +6,7 @@ import re
 from io import StringIO
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
@@ -121,6 +122,14 @@ def test_it_forbids_saving_a_profile_without_the_permission(client, member, list
     client.force_login(member)
     response = client.post(reverse("save_profile"), {**_params(), "profile_name": "mine"})
     assert response.status_code == 403
+    assert not OfferProfile.objects.exists()
+
+
+def test_it_forbids_saving_a_profile_to_a_non_staff_user_who_holds_the_permission(client, member, listed):
+    # One rule for every side effect: staff who hold the permission, whatever page it is on.
+    member.user_permissions.add(Permission.objects.get(codename="add_offerprofile"))
+    client.force_login(member)
+    assert client.post(reverse("save_profile"), {**_params(), "profile_name": "mine"}).status_code == 403
     assert not OfferProfile.objects.exists()
 
 

@@ -142,7 +142,7 @@ def test_it_downsamples_a_long_run_in_the_database():
     from django.core.cache import cache
 
     from runs.models import MetricPoint
-    from tests.runs.test_run_pages import seed_run
+    from tests.runs.seeding import seed_run
 
     cache.clear()
     run = seed_run(phases=(("cpt", "cpt", 3000), ("sft", "sft", 3000)), zero_routed_phase=None)
@@ -168,7 +168,7 @@ def test_it_reads_only_the_live_phase_again_while_a_run_trains():
     from django.test.utils import CaptureQueriesContext
 
     from runs.models import MetricPoint, Run
-    from tests.runs.test_run_pages import seed_run
+    from tests.runs.seeding import seed_run
 
     cache.clear()
     run = seed_run(state="training")
