@@ -46,6 +46,9 @@ DEFAULTS = {
                    "staging": "checkpoint-staging"},
     "metrics": {"jsonl": "metrics.jsonl"},
 }
+MODEL_DEFAULTS = {"dtype": "bfloat16", "seed": 0, "tokenizer": None}  # and exactly one of path or config
+# What every phase takes; name defaults to the kind, checkpoint_every and lr to the run's, reward to none (grpo only).
+PHASE_COMMON = {"name", "kind", "data", "steps", "checkpoint_every", "lr", "reward"}
 PHASE_DEFAULTS = {
     "dpo": {"beta": 0.1},
     "kto": {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
@@ -77,16 +80,42 @@ def _resolve(base_dir, value):
     return str(p if p.is_absolute() else (Path(base_dir) / p))
 
 
+class _Problems(list):
+    """Every problem found, in the order a user reads them, with the checks that add to it."""
+
+    def positive_int(self, where, value, zero_ok=False):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero_ok else 1):
+            self.append(f"{where}: must be an integer {'>= 0' if zero_ok else '>= 1'}, got {value!r}")
+
+    def positive_number(self, where, value, zero_ok=False):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero_ok):
+            self.append(f"{where}: must be a number {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+
+    def flag(self, where, value):
+        if not isinstance(value, bool):
+            self.append(f"{where}: true or false")
+
+
 def validate(raw, base_dir="."):
     """Fill in defaults and check every value; raise RecipeError with all problems at once."""
-    problems = []
     if not isinstance(raw, dict):
         raise RecipeError(f"the recipe must be a mapping of settings, got {type(raw).__name__}")
+    problems = _Problems()
+    recipe = _with_defaults(raw, problems)
+    recipe["model"] = _model(raw.get("model"), base_dir, problems)
+    _training(recipe, problems)
+    _outputs(recipe, base_dir, problems)
+    recipe["phases"] = _phases(raw.get("phases"), recipe, base_dir, problems)
+    if problems:
+        raise RecipeError("the recipe has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
+    return recipe
+
+
+def _with_defaults(raw: dict, problems: _Problems) -> dict:
     known = set(DEFAULTS) | {"model", "phases"}
     for key in raw:
         if key not in known:
             problems.append(f"unknown setting {key!r} (known: {', '.join(sorted(known))})")
-
     recipe = {}
     for key, default in DEFAULTS.items():
         value = raw.get(key, default)
@@ -99,115 +128,109 @@ def validate(raw, base_dir="."):
                 problems.append(f"{key}: unknown setting(s) {', '.join(sorted(unknown))}")
             value = {**default, **value}
         recipe[key] = value
+    return recipe
 
-    def positive_int(where, value, zero_ok=False):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero_ok else 1):
-            problems.append(f"{where}: must be an integer {'>= 0' if zero_ok else '>= 1'}, got {value!r}")
 
-    def positive_number(where, value, zero_ok=False):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero_ok):
-            problems.append(f"{where}: must be a number {'>= 0' if zero_ok else '> 0'}, got {value!r}")
-
-    model = raw.get("model")
+def _model(model, base_dir, problems: _Problems) -> dict:
     if not isinstance(model, dict) or ("path" in model) == ("config" in model):
         problems.append("model: give exactly one of model.path (a local folder or hub id) or model.config "
                         "(a transformers config mapping, random weights)")
-        model = {}
-    else:
-        model = {"dtype": "bfloat16", "seed": 0, "tokenizer": None, **model}
-        unknown = set(model) - {"path", "config", "dtype", "seed", "tokenizer"}
-        if unknown:
-            problems.append(f"model: unknown setting(s) {', '.join(sorted(unknown))}")
-        if model["dtype"] not in DTYPES:
-            problems.append(f"model.dtype: one of {DTYPES}, got {model['dtype']!r}")
-        if "config" in model:
-            if not isinstance(model["config"], dict) or "model_type" not in model["config"]:
-                problems.append("model.config: a mapping with model_type (e.g. qwen3_moe) and the config's fields")
-        elif Path(_resolve(base_dir, model["path"])).exists():
-            model["path"] = _resolve(base_dir, model["path"])
-        model["tokenizer"] = _resolve(base_dir, model["tokenizer"])
-    recipe["model"] = model
+        return {}
+    model = {**MODEL_DEFAULTS, **model}
+    unknown = set(model) - set(MODEL_DEFAULTS) - {"path", "config"}
+    if unknown:
+        problems.append(f"model: unknown setting(s) {', '.join(sorted(unknown))}")
+    if model["dtype"] not in DTYPES:
+        problems.append(f"model.dtype: one of {DTYPES}, got {model['dtype']!r}")
+    if "config" in model:
+        if not isinstance(model["config"], dict) or "model_type" not in model["config"]:
+            problems.append("model.config: a mapping with model_type (e.g. qwen3_moe) and the config's fields")
+    elif Path(_resolve(base_dir, model["path"])).exists():
+        model["path"] = _resolve(base_dir, model["path"])
+    model["tokenizer"] = _resolve(base_dir, model["tokenizer"])
+    return model
 
+
+def _training(recipe: dict, problems: _Problems) -> None:
     lora = recipe["lora"]
-    positive_int("lora.r", lora["r"])
-    positive_number("lora.alpha", lora["alpha"])
-    if not isinstance(lora["attention"], bool):
-        problems.append("lora.attention: true or false")
+    problems.positive_int("lora.r", lora["r"])
+    problems.positive_number("lora.alpha", lora["alpha"])
+    problems.flag("lora.attention", lora["attention"])
     for key in ("batch_size", "grad_accum", "seq_len"):
-        positive_int(key, recipe[key])
-    positive_number("lr", recipe["lr"])
-    positive_int("warmup_steps", recipe["warmup_steps"], zero_ok=True)
-    positive_number("min_lr_ratio", recipe["min_lr_ratio"], zero_ok=True)
-    positive_number("weight_decay", recipe["weight_decay"], zero_ok=True)
-    positive_number("max_grad_norm", recipe["max_grad_norm"], zero_ok=True)
-    positive_int("seed", recipe["seed"], zero_ok=True)
+        problems.positive_int(key, recipe[key])
+    problems.positive_number("lr", recipe["lr"])
+    problems.positive_int("warmup_steps", recipe["warmup_steps"], zero_ok=True)
+    for key in ("min_lr_ratio", "weight_decay", "max_grad_norm"):
+        problems.positive_number(key, recipe[key], zero_ok=True)
+    problems.positive_int("seed", recipe["seed"], zero_ok=True)
     if recipe["schedule"] not in SCHEDULES:
         problems.append(f"schedule: one of {SCHEDULES}, got {recipe['schedule']!r}")
-    for flag in ("gradient_checkpointing", "cuda_graphs"):
-        if not isinstance(recipe[flag], bool):
-            problems.append(f"{flag}: true or false")
+    for key in ("gradient_checkpointing", "cuda_graphs"):
+        problems.flag(key, recipe[key])
 
+
+def _outputs(recipe: dict, base_dir, problems: _Problems) -> None:
     ckpt = recipe["checkpoint"]
     if not ckpt["store"]:
         problems.append("checkpoint.store: a folder or an s3://bucket/prefix URL")
     else:
         ckpt["store"] = _resolve(base_dir, ckpt["store"])
     ckpt["staging"] = _resolve(base_dir, ckpt["staging"] or "checkpoint-staging")
-    positive_int("checkpoint.keep", ckpt["keep"])
-    positive_int("checkpoint.every", ckpt["every"])
+    problems.positive_int("checkpoint.keep", ckpt["keep"])
+    problems.positive_int("checkpoint.every", ckpt["every"])
     metrics = recipe["metrics"]
     metrics["jsonl"] = _resolve(base_dir, metrics["jsonl"]) if metrics["jsonl"] else None
     if not metrics["jsonl"]:
         problems.append("metrics.jsonl: a file path (the JSONL sink is always on)")
 
-    phases = raw.get("phases")
-    recipe["phases"] = []
+
+def _phases(phases, recipe: dict, base_dir, problems: _Problems) -> list[dict]:
     if not isinstance(phases, list) or not phases:
         problems.append("phases: a non-empty list of phases")
-        phases = []
-    names = set()
-    for i, phase in enumerate(phases):
-        where = f"phases[{i}]"
-        if not isinstance(phase, dict):
-            problems.append(f"{where}: must be a mapping")
-            continue
-        kind = phase.get("kind")
-        if kind not in PHASE_KINDS:
-            problems.append(f"{where}.kind: one of {PHASE_KINDS}, got {kind!r}")
-            continue
-        phase = {"name": kind, "checkpoint_every": ckpt["every"], "lr": recipe["lr"],
-                 **PHASE_DEFAULTS.get(kind, {}), "reward": None, **phase}
-        where = f"phases[{i}] ({phase['name']})"
-        allowed = {"name", "kind", "data", "steps", "checkpoint_every", "lr", "reward"} | set(PHASE_DEFAULTS.get(kind, {}))
-        unknown = set(phase) - allowed
-        if unknown:
-            problems.append(f"{where}: unknown setting(s) {', '.join(sorted(unknown))} for a {kind} phase")
-        if phase["name"] in names:
-            problems.append(f"{where}.name: {phase['name']!r} is used twice; phases need distinct names")
-        names.add(phase["name"])
-        if not phase.get("data"):
-            problems.append(f"{where}.data: a JSONL file")
-        else:
-            phase["data"] = _resolve(base_dir, phase["data"])
-            if not Path(phase["data"]).is_file():
-                problems.append(f"{where}.data: no such file {phase['data']}")
-        positive_int(f"{where}.steps", phase.get("steps"))
-        positive_int(f"{where}.checkpoint_every", phase["checkpoint_every"])
-        positive_number(f"{where}.lr", phase["lr"])
-        if kind in ("dpo", "kto"):
-            positive_number(f"{where}.beta", phase["beta"])
-        if kind == "grpo":
-            if not isinstance(phase["reward"], str) or ":" not in phase["reward"]:
-                problems.append(f"{where}.reward: a reward function as 'module:function', got {phase['reward']!r}")
-            positive_int(f"{where}.num_generations", phase["num_generations"])
-            if isinstance(phase["num_generations"], int) and phase["num_generations"] < 2:
-                problems.append(f"{where}.num_generations: at least 2 (advantages are relative within a group)")
-            positive_int(f"{where}.max_new_tokens", phase["max_new_tokens"])
-            positive_number(f"{where}.temperature", phase["temperature"])
-        elif phase["reward"] is not None:
-            problems.append(f"{where}.reward: only a grpo phase takes a reward function")
-        recipe["phases"].append(phase)
+        return []
+    names: set[str] = set()
+    checked = (_phase(i, phase, recipe, base_dir, names, problems) for i, phase in enumerate(phases))
+    return [phase for phase in checked if phase is not None]
 
-    if problems:
-        raise RecipeError("the recipe has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
-    return recipe
+
+def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Problems) -> dict | None:
+    where = f"phases[{i}]"
+    if not isinstance(phase, dict):
+        problems.append(f"{where}: must be a mapping")
+        return None
+    kind = phase.get("kind")
+    if kind not in PHASE_KINDS:
+        problems.append(f"{where}.kind: one of {PHASE_KINDS}, got {kind!r}")
+        return None
+    own = PHASE_DEFAULTS.get(kind, {})
+    phase = {"name": kind, "checkpoint_every": recipe["checkpoint"]["every"], "lr": recipe["lr"], **own,
+             "reward": None, **phase}
+    where = f"phases[{i}] ({phase['name']})"
+    unknown = set(phase) - PHASE_COMMON - set(own)
+    if unknown:
+        problems.append(f"{where}: unknown setting(s) {', '.join(sorted(unknown))} for a {kind} phase")
+    if phase["name"] in names:
+        problems.append(f"{where}.name: {phase['name']!r} is used twice; phases need distinct names")
+    names.add(phase["name"])
+    if not phase.get("data"):
+        problems.append(f"{where}.data: a JSONL file")
+    else:
+        phase["data"] = _resolve(base_dir, phase["data"])
+        if not Path(phase["data"]).is_file():
+            problems.append(f"{where}.data: no such file {phase['data']}")
+    problems.positive_int(f"{where}.steps", phase.get("steps"))
+    problems.positive_int(f"{where}.checkpoint_every", phase["checkpoint_every"])
+    problems.positive_number(f"{where}.lr", phase["lr"])
+    if kind in ("dpo", "kto"):
+        problems.positive_number(f"{where}.beta", phase["beta"])
+    if kind == "grpo":
+        if not isinstance(phase["reward"], str) or ":" not in phase["reward"]:
+            problems.append(f"{where}.reward: a reward function as 'module:function', got {phase['reward']!r}")
+        problems.positive_int(f"{where}.num_generations", phase["num_generations"])
+        if isinstance(phase["num_generations"], int) and phase["num_generations"] < 2:
+            problems.append(f"{where}.num_generations: at least 2 (advantages are relative within a group)")
+        problems.positive_int(f"{where}.max_new_tokens", phase["max_new_tokens"])
+        problems.positive_number(f"{where}.temperature", phase["temperature"])
+    elif phase["reward"] is not None:
+        problems.append(f"{where}.reward: only a grpo phase takes a reward function")
+    return phase
