@@ -88,7 +88,7 @@ def set_path(holder, path):
     if path in ("eager+peft", "grouped_mm+peft"):
         experts.config._experts_implementation = path.split("+")[0]
         return
-    moe_lora.set_kernel_path(path.split(":")[1].split("+")[0])
+    moe_lora.kernels_of(holder).path = path.split(":")[1].split("+")[0]
 
 
 def graphed_step(holder, inputs, grad):
@@ -101,7 +101,7 @@ def graphed_step(holder, inputs, grad):
     statics = [x.detach().requires_grad_() for x in inputs]  # the inputs themselves, as leaves of the graphs
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), moe_lora.grads_accumulated_in_place():
+    with torch.cuda.stream(side), moe_lora.grads_accumulated_in_place(holder):
         for _ in range(2):
             holder.mlp(statics[0]).backward(grad)
     torch.cuda.current_stream().wait_stream(side)
@@ -112,7 +112,7 @@ def graphed_step(holder, inputs, grad):
     for static_x in statics:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=graphs[0].pool() if graphs else None), \
-                moe_lora.grads_accumulated_in_place():
+                moe_lora.grads_accumulated_in_place(holder):
             holder.mlp(static_x).backward(grad)
         graphs.append(graph)
     state = {"i": 0}
@@ -346,7 +346,6 @@ def main():
                     row = dict(shape=shape_name, tokens=tokens, path=path, error=f"{type(exc).__name__}: {exc}"[:400])
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
-            moe_lora.set_kernel_path(None)
             del ref, inputs, grad
             try:
                 gemm = dict(shape=shape_name, tokens=tokens, **grouped_gemm_bench(shape, tokens))
@@ -426,7 +425,6 @@ def profile(shape, tokens, path="ours:triton"):
             print(f"tuned {name}: {key[:8]} -> {config}")
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),
                           eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
-    moe_lora.set_kernel_path(None)
 
 
 def unadopt(holder):

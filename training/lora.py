@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model, inject_adapter_in_model
 from peft.tuners.lora.layer import ParamWrapper
 
 from training.lora_linear import LoraLinear
-from training.moe_lora import IMPLEMENTATION_NAME, register, use_moe_lora
+from training.moe_lora import IMPLEMENTATION_NAME, Kernels, register, set_kernels, use_moe_lora
 from training.norms import use_fused_rms_norms
 from training.routers import use_fused_routers
 
@@ -102,14 +102,17 @@ def attach_lora(model, r=32, alpha=64, attention=True):
     return peft_model
 
 
-def adopt_routed_lora(module):
-    """Let "moe_lora" run the routed-expert LoRA that peft attached to `module` (a model or a bare MoE block)."""
+def adopt_routed_lora(module, kernels: Kernels | None = None):
+    """Let "moe_lora" run the routed-expert LoRA that peft attached to `module` (a model or a bare MoE block), every
+    experts module of it with the same Kernels (`moe_lora.kernels_of(module)`: the path, in-place accumulation)."""
     register()
     for wrapper in _experts_wrappers(module):
         RoutedExpertsLora.adopt(wrapper)
+    kernels = kernels or Kernels()
     for _, experts in routed_experts_modules(module):
         if experts.config._experts_implementation != IMPLEMENTATION_NAME:
             experts.config._experts_implementation = IMPLEMENTATION_NAME
+        set_kernels(experts, kernels)
     return module
 
 

@@ -13,78 +13,87 @@ import logging
 import os
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
 from training.grouped_ops import BACKENDS, Groups, accumulation_dtype, experts_a
 
 IMPLEMENTATION_NAME = "moe_lora"
+KERNELS_ATTRIBUTE = "_moe_lora_kernels"
 KERNEL_PATHS = ("triton", "grouped_mm", "loop")
 _log = logging.getLogger(__name__)
 
 # How many times our forward ran for each experts module (by id): the start-up guard probes it.
 forward_calls = Counter()
 
-_forced_path = os.environ.get("MOE_LORA_KERNELS") or None
-_last_path = None
+@dataclass
+class Kernels:
+    """How one model's experts run; `adopt_routed_lora` gives every experts module of a model the same one.
+
+    path: "triton", "grouped_mm" or "loop", or None to choose by device (MOE_LORA_KERNELS sets a default);
+    accumulate_in_place: the backward adds the LoRA factor gradients into their `.grad` where one exists (see
+    `grads_accumulated_in_place`); last_path: the path the last forward took, for the trainer to report."""
+
+    path: str | None = field(default_factory=lambda: os.environ.get("MOE_LORA_KERNELS") or None)
+    accumulate_in_place: bool = False
+    last_path: str | None = None
+
+    def __post_init__(self):
+        if self.path is not None and self.path not in KERNEL_PATHS:
+            raise ValueError(f"unknown kernel path {self.path!r}; expected one of {KERNEL_PATHS}")
+
+    def choose(self, device) -> str:
+        """The dispatch policy: Triton on every GPU (bench/NOTES_moe_block.md has the H200 numbers behind it),
+        `torch._grouped_mm` on sm_90 / sm_100 only when forced, the loop where there is no GPU."""
+        if self.path is not None:
+            return self.path
+        return "triton" if device.type == "cuda" else "loop"
+
+    def note(self, path, device) -> None:
+        if path != self.last_path:
+            _log.info("moe_lora experts: kernel path %s on %s", path, device)
+            self.last_path = path
 
 
-_accumulate_in_place = False
+def kernels_of(module) -> Kernels:
+    """The Kernels of a model (or a bare MoE block) whose routed LoRA `adopt_routed_lora` adopted."""
+    for sub in module.modules():
+        kernels = sub.__dict__.get(KERNELS_ATTRIBUTE)
+        if kernels is not None:
+            return kernels
+    raise ValueError("no moe_lora experts in this module: adopt its routed LoRA first (training.lora)")
+
+
+def set_kernels(experts, kernels: Kernels) -> None:
+    # A plain attribute in __dict__: not a submodule, not in the state dict.
+    experts.__dict__[KERNELS_ATTRIBUTE] = kernels
 
 
 @contextmanager
-def grads_accumulated_in_place():
-    """Within it, the backward adds the LoRA factor gradients into their `.grad` where one exists (the micro-steps of an
-    accumulation window, CUDA-graph replays included) instead of returning them for autograd to add: one
-    read-modify-write inside the gradient kernels instead of a separate pass over every factor gradient. Only for
-    callers that take gradients through `backward()` into `.grad` and hook no gradient of these parameters (autograd
-    does not see the in-place add); the trainer is one."""
-    global _accumulate_in_place
-    before, _accumulate_in_place = _accumulate_in_place, True
+def grads_accumulated_in_place(module):
+    """Within it, the backward of `module`'s experts adds the LoRA factor gradients into their `.grad` where one
+    exists (the micro-steps of an accumulation window, CUDA-graph replays included) instead of returning them for
+    autograd to add: one read-modify-write inside the gradient kernels instead of a separate pass over every factor
+    gradient. Decided at each forward, so forward and backward both belong inside. Only for callers that take
+    gradients through `backward()` into `.grad` and hook no gradient of these parameters (autograd does not see the
+    in-place add); the trainer is one."""
+    kernels = kernels_of(module)
+    before, kernels.accumulate_in_place = kernels.accumulate_in_place, True
     try:
         yield
     finally:
-        _accumulate_in_place = before
+        kernels.accumulate_in_place = before
 
 
-def _grad_target(param):
+def _grad_target(param, accumulate: bool):
     """The `.grad` to add this backward's gradient into, or None (then it is returned to autograd)."""
-    if not _accumulate_in_place:
+    if not accumulate:
         return None
     grad = param.grad
     if grad is None or grad.is_sparse or grad.shape != param.shape or grad.dtype != param.dtype:
         return None
     return grad if grad.is_contiguous() else None
-
-
-def set_kernel_path(path):
-    """Force a kernel path ("triton", "grouped_mm", "loop"), or None to choose by device again."""
-    global _forced_path
-    if path is not None and path not in KERNEL_PATHS:
-        raise ValueError(f"unknown kernel path {path!r}; expected one of {KERNEL_PATHS}")
-    _forced_path = path
-
-
-def choose_kernel_path(device, dtype):
-    """The dispatch policy: Triton on every GPU (bench/NOTES_moe_block.md has the H200 numbers behind it),
-    `torch._grouped_mm` on sm_90 / sm_100 only when forced, the loop where there is no GPU."""
-    if _forced_path is not None:
-        return _forced_path
-    if device.type != "cuda":
-        return "loop"
-    return "triton"
-
-
-def kernel_path():
-    """The kernel path the last experts forward used (None before the first), for the trainer to report."""
-    return _last_path
-
-
-def _note_path(path, device):
-    global _last_path
-    if path != _last_path:
-        _log.info("moe_lora experts: kernel path %s on %s", path, device)
-        _last_path = path
 
 
 def route(top_k_index, num_experts, path="loop"):
@@ -116,7 +125,7 @@ class MoeLoraExperts(torch.autograd.Function):
     or converted around the call but B, once per forward, into the kernels' (E, r, out) layout in x's type."""
 
     @staticmethod
-    def forward(ctx, x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path):
+    def forward(ctx, x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path, accumulate):
         ops = BACKENDS[path]
         num_experts = w1.shape[0]
         groups, rows, slots, order = route(top_k_index, num_experts, path)
@@ -131,7 +140,7 @@ class MoeLoraExperts(torch.autograd.Function):
         down, _ = ops.mm(h, w2, groups, lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None, z=xa2)
         out = ops.combine(down, slots, top_k_weights)
         ctx.save_for_backward(x, top_k_weights, w1, w2, a1, bk1, a2, bk2, rows, slots, order, xa1, gate_up, h, xa2)
-        ctx.groups, ctx.s1, ctx.s2, ctx.path = groups, s1, s2, path
+        ctx.groups, ctx.s1, ctx.s2, ctx.path, ctx.accumulate = groups, s1, s2, path, accumulate
         ctx.lora_b = (b1, b2)  # the parameters themselves, for their .grad (see grads_accumulated_in_place)
         return out
 
@@ -158,10 +167,12 @@ class MoeLoraExperts(torch.autograd.Function):
         if a2 is not None:
             if ctx.needs_input_grad[7]:
                 grad_a2 = _factor_grad(a2, lambda out: ops.weight_grad(
-                    t2, h, groups, scale=s2, row_scale=row_weight, out_dtype=a2.dtype, out=out), num_experts)
+                    t2, h, groups, scale=s2, row_scale=row_weight, out_dtype=a2.dtype, out=out), num_experts,
+                    ctx.accumulate)
             if ctx.needs_input_grad[8]:
                 grad_b2 = _b_grad(ops, ctx.lora_b[1], ops.weight_grad(
-                    xa2, grad_out, groups, q_rows=rows, scale=s2, row_scale=row_weight, out_dtype=acc))
+                    xa2, grad_out, groups, q_rows=rows, scale=s2, row_scale=row_weight, out_dtype=acc),
+                    ctx.accumulate)
 
         # Gate/up projection.
         grad_a1 = grad_b1 = None
@@ -170,27 +181,27 @@ class MoeLoraExperts(torch.autograd.Function):
         if a1 is not None:
             if ctx.needs_input_grad[5]:
                 grad_a1 = _factor_grad(a1, lambda out: ops.weight_grad(
-                    u, x, groups, q_rows=rows, scale=s1, out_dtype=a1.dtype, out=out), num_experts)
+                    u, x, groups, q_rows=rows, scale=s1, out_dtype=a1.dtype, out=out), num_experts, ctx.accumulate)
             if ctx.needs_input_grad[6]:
                 grad_b1 = _b_grad(ops, ctx.lora_b[0], ops.weight_grad(
-                    xa1, grad_gate_up, groups, scale=s1, out_dtype=acc))
+                    xa1, grad_gate_up, groups, scale=s1, out_dtype=acc), ctx.accumulate)
         grad_x = ops.combine(grad_x_sorted, slots)
 
         if not ctx.needs_input_grad[2]:
             grad_weights = None
-        return grad_x, None, grad_weights, None, None, grad_a1, grad_b1, grad_a2, grad_b2, None, None, None
+        return grad_x, None, grad_weights, None, None, grad_a1, grad_b1, grad_a2, grad_b2, None, None, None, None
 
 
-def _factor_grad(a, compute, num_experts):
+def _factor_grad(a, compute, num_experts, accumulate):
     """An A factor's gradient, (E, r, in) in peft's own layout: added into a.grad (-> None) or returned."""
-    target = _grad_target(a)
+    target = _grad_target(a, accumulate)
     grad = compute(experts_a(target, num_experts) if target is not None else None)
     return None if target is not None else grad.view_as(a)
 
 
-def _b_grad(ops, b, experts_grad):
+def _b_grad(ops, b, experts_grad, accumulate):
     """A B factor's gradient from the kernels' (E, r, out) layout: added into b.grad (-> None) or returned."""
-    target = _grad_target(b)
+    target = _grad_target(b, accumulate)
     grad = ops.experts_to_peft_b(experts_grad, b.dtype, out=target)
     return None if target is not None else grad
 
@@ -222,10 +233,15 @@ def moe_lora_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     lora2 = lora_factors(wrappers.get("down_proj"))
     a1, b1, s1 = lora1 if lora1 else (None, None, 0.0)
     a2, b2, s2 = lora2 if lora2 else (None, None, 0.0)
-    path = choose_kernel_path(hidden_states.device, dtype)
-    _note_path(path, hidden_states.device)
+    kernels = self.__dict__.get(KERNELS_ATTRIBUTE)
+    if kernels is None:  # experts switched to "moe_lora" by hand, without adopt_routed_lora
+        kernels = Kernels()
+        set_kernels(self, kernels)
+    path = kernels.choose(hidden_states.device)
+    kernels.note(path, hidden_states.device)
     x = hidden_states.to(dtype)
-    out = MoeLoraExperts.apply(x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path)
+    out = MoeLoraExperts.apply(x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path,
+                               kernels.accumulate_in_place)
     return out.to(hidden_states.dtype)
 
 

@@ -135,7 +135,7 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
         "tokens": tokens,
         "signal": signal,
         "guard_checked": guard_checked,
-        "kernel_path": moe_lora.kernel_path(),
+        "kernel_path": moe_lora.kernels_of(model).last_path,
         **{key: float(value) for key, value in extras.items()},
     }
     if device.type == "cuda":
@@ -287,7 +287,7 @@ def run(recipe, out=print):
     try:
         # Gradients reach .grad through backward() only and nothing hooks them: the experts' backward may add the
         # routed LoRA gradients into .grad itself.
-        with moe_lora.grads_accumulated_in_place():
+        with moe_lora.grads_accumulated_in_place(model):
             for phase_index in range(start_phase, len(phases)):
                 run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
                           resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out,

@@ -30,9 +30,10 @@ def _problem(make_routing, dtype, num_tokens=9, hidden=12, inter=8, rank=4, expe
     )
 
 
-def _ours(p, path, s1=2.0, s2=0.5):
+def _ours(p, path, s1=2.0, s2=0.5, accumulate=False):
     return MoeLoraExperts.apply(
-        p["x"], p["index"], p["weights"], p["w1"], p["w2"], p["a1"], p["b1"], p["a2"], p["b2"], s1, s2, path
+        p["x"], p["index"], p["weights"], p["w1"], p["w2"], p["a1"], p["b1"], p["a2"], p["b2"], s1, s2, path,
+        accumulate,
     )
 
 
@@ -48,7 +49,8 @@ def test_it_passes_gradcheck_in_float64(make_routing):
     inputs = (p["x"], p["weights"], p["a1"], p["b1"], p["a2"], p["b2"])
 
     def fn(x, weights, a1, b1, a2, b2):
-        return MoeLoraExperts.apply(x, p["index"], weights, p["w1"], p["w2"], a1, b1, a2, b2, 2.0, 0.5, "loop")
+        return MoeLoraExperts.apply(x, p["index"], weights, p["w1"], p["w2"], a1, b1, a2, b2, 2.0, 0.5, "loop",
+                                    False)
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
 
@@ -104,11 +106,10 @@ def test_it_can_add_factor_gradients_into_grad_in_place_over_micro_steps(make_ro
     for grad_out in grad_outs:
         for total, grad in zip(want, torch.autograd.grad(_reference(p), [p[n] for n in names], grad_out)):
             total += grad
-    with moe_lora.grads_accumulated_in_place():
-        _ours(p, path).backward(grad_outs[0])
-        first = [p[n].grad for n in names]
-        for grad_out in grad_outs[1:]:
-            _ours(p, path).backward(grad_out)
+    _ours(p, path, accumulate=True).backward(grad_outs[0])
+    first = [p[n].grad for n in names]
+    for grad_out in grad_outs[1:]:
+        _ours(p, path, accumulate=True).backward(grad_out)
     for name, tensor, expected in zip(names, first, want):
         assert p[name].grad is tensor, f"d{name} was replaced, not added into"
         torch.testing.assert_close(tensor, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
@@ -130,16 +131,34 @@ def test_it_reports_the_kernel_path_it_used(tiny_model, tokens):
     from training.lora import attach_lora
 
     model = attach_lora(tiny_model, r=4, alpha=8)
+    kernels = moe_lora.kernels_of(model)
+    assert kernels.last_path is None
     model(input_ids=tokens)
-    assert moe_lora.kernel_path() == "loop"  # no GPU here: the CPU fallback
-    moe_lora.set_kernel_path("triton")
-    try:
-        model(input_ids=tokens)
-        assert moe_lora.kernel_path() == "triton"
-    finally:
-        moe_lora.set_kernel_path(None)
-    with pytest.raises(ValueError):
-        moe_lora.set_kernel_path("cuda-magic")
+    assert kernels.last_path == "loop"  # no GPU here: the CPU fallback
+    kernels.path = "triton"
+    model(input_ids=tokens)
+    assert kernels.last_path == "triton"
+    with pytest.raises(ValueError, match="unknown kernel path"):
+        moe_lora.Kernels(path="cuda-magic")
+
+
+def test_it_accumulates_in_place_only_inside_the_context_and_per_model(tiny_model, tokens):
+    import copy
+
+    from training.lora import attach_lora, randomize_routed_lora_b, routed_lora_wrappers
+
+    other = attach_lora(copy.deepcopy(tiny_model), r=4, alpha=8)
+    model = attach_lora(tiny_model, r=4, alpha=8)
+    randomize_routed_lora_b(model, generator=torch.Generator().manual_seed(0))
+    a = next(wrapper.lora_A[name].weight for _, _, wrapper in routed_lora_wrappers(model) for name in wrapper.lora_A)
+    model(input_ids=tokens).logits.sum().backward()
+    once = a.grad.clone()
+    with moe_lora.grads_accumulated_in_place(model):
+        assert moe_lora.kernels_of(model).accumulate_in_place
+        assert not moe_lora.kernels_of(other).accumulate_in_place  # another model's experts are not touched
+        model(input_ids=tokens).logits.sum().backward()  # added into .grad by the kernels, not returned
+    torch.testing.assert_close(a.grad, 2 * once)
+    assert not moe_lora.kernels_of(model).accumulate_in_place
 
 
 def test_it_gives_the_same_logits_as_transformers_experts_without_lora(tiny_model, tokens):

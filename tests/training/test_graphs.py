@@ -51,7 +51,7 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
         graphs = MicroStepGraphs(groups["trainable"]) if use_graphs else None
         # As the trainer runs graphs: routed LoRA gradients added into .grad by the kernels; eager: plain autograd.
-        with moe_lora.grads_accumulated_in_place() if use_graphs else contextlib.nullcontext():
+        with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
             losses = [optimizer_step(model, batches, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
                                      graphs=graphs)["loss"] for _ in range(3)]
         return losses, [p.detach().float().clone() for p in groups["trainable"]], graphs
