@@ -12,6 +12,7 @@ what is wrong with it. Fields an offer leaves blank exclude it with "... unknown
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from decimal import Decimal, InvalidOperation
 
@@ -136,227 +137,201 @@ def version_at_least(version: tuple[int, ...], needed: tuple[int, ...]) -> bool:
     return version + (0,) * (width - len(version)) >= needed + (0,) * (width - len(needed))
 
 
-# One bit per reason, in the order a user reads them. Checking sets bits (cheap, for 10,000 offers); the words are
-# written only for the exclusions someone looks at.
-NOT_RENTABLE = 1 << 0
-BID_NOT_ALLOWED = 1 << 1
-GPUS_UNKNOWN = 1 << 2
-GPU_COUNT = 1 << 3
-VRAM_UNKNOWN = 1 << 4
-VRAM_RANGE = 1 << 5
-VRAM_NEEDED = 1 << 6
-PRICE_UNKNOWN = 1 << 7
-PRICE_CAP = 1 << 8
-DRIVER_UNKNOWN = 1 << 9
-DRIVER_OLD = 1 << 10
-CUDA_UNKNOWN = 1 << 11
-CUDA_OLD = 1 << 12
-DISK_UNKNOWN = 1 << 13
-DISK = 1 << 14
-DOWNLINK_UNKNOWN = 1 << 15
-DOWNLINK = 1 << 16
-UPLINK_UNKNOWN = 1 << 17
-UPLINK = 1 << 18
-LOCATION_UNKNOWN = 1 << 19
-LOCATION = 1 << 20
-RELIABILITY_UNKNOWN = 1 << 21
-RELIABILITY = 1 << 22
-NOT_VERIFIED = 1 << 23
+@dataclass(frozen=True)
+class Filter:
+    """One hard filter, written once: whether the filters turn it on, its test bound to their thresholds (true when
+    the offer fails it), and the words a user reads. A field an offer leaves blank fails its "unknown" filter and
+    passes the ones that compare it, so it reads "disk unknown", not "disk None GB < 250"."""
+
+    name: str
+    applies: Callable[[OfferFilters], bool]
+    bind: Callable[[OfferFilters, Recipe], Callable[[OfferRecord], bool]]
+    words: Callable[[OfferRecord, OfferFilters, Recipe], str]
+
+
+def _always(f: OfferFilters) -> bool:
+    return True
+
+
+def _said(text: str):
+    return lambda o, f, r: text
+
+
+def _blank(value) -> bool:
+    """None, or NaN (a number that is no number): either way the listing did not say."""
+    return value is None or value != value
+
+
+def _in_ranges(ram: float, ranges) -> bool:
+    return any(low <= ram <= high for low, high in ranges)
+
+
+def _driver_bind(f: OfferFilters, r: Recipe):
+    needed = parse_version(f.min_driver_version)
+    verdicts: dict = {}  # a catalogue has a handful of driver strings: each is parsed once
+
+    def verdict(text) -> str:
+        version = parse_version(text) if isinstance(text, str) and text.strip() else None
+        return "unknown" if version is None else "ok" if version_at_least(version, needed) else "old"
+
+    def check(o, want):
+        text = o.driver_version
+        try:
+            return verdicts[text] == want
+        except KeyError:
+            return verdicts.setdefault(text, verdict(text)) == want
+        except TypeError:  # unhashable junk where a string belongs
+            return want == "unknown"
+    return check
+
+
+def _location_bind(f: OfferFilters, r: Recipe):
+    countries, codes = f.allowed_countries, {}
+
+    def check(o, want):
+        geo = o.geolocation
+        code = codes[geo] if geo in codes else codes.setdefault(geo, country_code(geo))
+        return (not code) if want == "unknown" else bool(code) and code not in countries
+    return check
+
+
+def _driver_unknown_words(o, f, r) -> str:
+    text = o.driver_version
+    return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
+
+
+def _has_driver_floor(f: OfferFilters) -> bool:
+    return bool(f.min_driver_version)
+
+
+def _has_cuda_floor(f: OfferFilters) -> bool:
+    return round(f.min_cuda, 3) > 0
+
+
+# In the order a user reads the reasons; each filter's bit is its place here. A filter applies only where it can
+# exclude something (a floor of 0 cannot), so an offer that passes costs only the tests that could have failed it.
+FILTERS = (
+    Filter("rentable", _always, lambda f, r: lambda o: not o.rentable, _said("not rentable")),
+    Filter("bids", lambda f: not f.allow_bids, lambda f, r: lambda o: bool(o.is_bid),
+           _said("interruptible (bid) offer; bids not allowed")),
+    Filter("gpus_unknown", _always, lambda f, r: lambda o: not o.num_gpus, _said("GPU count unknown")),
+    Filter("gpu_count", lambda f: f.min_gpus > 1 or f.max_gpus is not None,
+           lambda f, r: (lambda low, high: lambda o: bool(o.num_gpus) and not low <= o.num_gpus <= high)(
+               f.min_gpus, f.max_gpus if f.max_gpus is not None else 1 << 30),
+           lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus)),
+    Filter("vram_unknown", _always, lambda f, r: lambda o: not o.gpu_ram_gb, _said("VRAM unknown")),
+    Filter("vram_range", lambda f: bool(f.vram_ranges),
+           lambda f, r: (lambda ranges: lambda o: bool(o.gpu_ram_gb) and not _in_ranges(o.gpu_ram_gb, ranges))(
+               f.vram_ranges),
+           lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"),
+    Filter("vram_needed", _always,
+           lambda f, r: (lambda needed: lambda o: bool(o.gpu_ram_gb) and o.gpu_ram_gb < needed)(r.vram_gb),
+           lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}"),
+    Filter("price_unknown", _always, lambda f, r: lambda o: o.total_usd_per_hour is None, _said("price unknown")),
+    Filter("price_cap", lambda f: f.max_usd_per_hour is not None,
+           lambda f, r: (lambda cap: lambda o: o.total_usd_per_hour is not None and o.total_usd_per_hour > cap)(
+               f.max_usd_per_hour),
+           lambda o, f, r: f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"),
+    Filter("driver_unknown", _has_driver_floor,
+           lambda f, r: (lambda check: lambda o: check(o, "unknown"))(_driver_bind(f, r)), _driver_unknown_words),
+    Filter("driver_old", _has_driver_floor, lambda f, r: (lambda check: lambda o: check(o, "old"))(_driver_bind(f, r)),
+           lambda o, f, r: f"driver {o.driver_version.strip()} < needed {f.min_driver_version}"),
+    Filter("cuda_unknown", _has_cuda_floor, lambda f, r: lambda o: not o.cuda_max or _blank(o.cuda_max),
+           _said("CUDA unknown")),
+    Filter("cuda_old", _has_cuda_floor,
+           lambda f, r: (lambda floor: lambda o: bool(o.cuda_max) and round(o.cuda_max, 3) < floor)(
+               round(f.min_cuda, 3)),
+           lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
+    Filter("disk_unknown", _always, lambda f, r: lambda o: _blank(o.disk_gb), _said("disk unknown")),
+    Filter("disk", lambda f: f.min_disk_gb > 0,
+           lambda f, r: (lambda low: lambda o: not _blank(o.disk_gb) and o.disk_gb < low)(f.min_disk_gb),
+           lambda o, f, r: f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"),
+    Filter("downlink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_down_mbps), _said("downlink unknown")),
+    Filter("downlink", lambda f: f.min_inet_down_mbps > 0,
+           lambda f, r: (lambda low: lambda o: not _blank(o.inet_down_mbps) and o.inet_down_mbps < low)(
+               f.min_inet_down_mbps),
+           lambda o, f, r: f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"),
+    Filter("uplink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_up_mbps), _said("uplink unknown")),
+    Filter("uplink", lambda f: f.min_inet_up_mbps > 0,
+           lambda f, r: (lambda low: lambda o: not _blank(o.inet_up_mbps) and o.inet_up_mbps < low)(
+               f.min_inet_up_mbps),
+           lambda o, f, r: f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"),
+    Filter("location_unknown", lambda f: bool(f.locations),
+           lambda f, r: (lambda check: lambda o: check(o, "unknown"))(_location_bind(f, r)),
+           _said("location unknown")),
+    Filter("location", lambda f: bool(f.locations),
+           lambda f, r: (lambda check: lambda o: check(o, "outside"))(_location_bind(f, r)),
+           lambda o, f, r: f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"),
+    Filter("reliability_unknown", _always, lambda f, r: lambda o: _blank(o.reliability),
+           _said("reliability unknown")),
+    Filter("reliability", lambda f: f.min_reliability > 0,
+           lambda f, r: (lambda low: lambda o: not _blank(o.reliability) and o.reliability < low)(f.min_reliability),
+           lambda o, f, r: f"reliability {o.reliability:.4g} < {f.min_reliability:g}"),
+    Filter("verified", lambda f: f.require_verified, lambda f, r: lambda o: not o.verified, _said("not verified")),
+)
+BITS = {f.name: 1 << i for i, f in enumerate(FILTERS)}
 # Set by the ranking after the filters, for offers it cannot price.
-NO_THROUGHPUT = 1 << 24
-UNBOUNDED_COST = 1 << 25
+NO_THROUGHPUT = 1 << len(FILTERS)
+UNBOUNDED_COST = NO_THROUGHPUT << 1
+RANKING_BITS = NO_THROUGHPUT | UNBOUNDED_COST
+
+
+def _no_throughput_words(o, f, r) -> str:
+    return (f"no throughput figure: {o.gpu_name or 'unnamed GPU'} has no calibration and the listing has no TFLOPS or "
+            f"DLPerf")
+
+
+def _unbounded_cost_words(o, f, r) -> str:
+    if not o.inet_down_mbps or o.inet_down_mbps <= 0:
+        return "downlink 0 Mb/s: the model download never finishes"
+    if not o.inet_up_mbps or o.inet_up_mbps <= 0:
+        return "uplink 0 Mb/s: checkpoints never upload"
+    return f"reliability {o.reliability:g}: the host is expected to be lost before any work is saved"
+
+
+WORDS = {**{BITS[f.name]: f.words for f in FILTERS}, NO_THROUGHPUT: _no_throughput_words,
+         UNBOUNDED_COST: _unbounded_cost_words}
 
 
 class CompiledFilters:
-    """The filters bound to one recipe: `mask(offer)` is 0 when the offer passes, else one bit per reason, and
-    `reasons(offer, mask)` turns the bits into the words a user reads.
+    """The filter table bound to one filters-and-recipe pair: the filters that apply, each test with its
+    thresholds bound once.
 
-    Thresholds are bound once as closure locals so the per-offer work is a run of plain comparisons; parsed driver
-    versions and country codes are cached per distinct string (a catalogue has a handful of each).
+    `first_failed(offer)` is the ranking's hot path: the bit of the first filter the offer fails, 0 when it passes,
+    stopping there (most of 10,000 offers fail one of the first few). `mask(offer)` has a bit for every filter it
+    fails, and `reasons(offer, mask)` turns them into the words a user reads.
     """
 
     def __init__(self, filters: OfferFilters, recipe: Recipe):
         self.filters = filters
         self.recipe = recipe
-        ranges = filters.vram_ranges
-        vram_needed = recipe.vram_gb
-        cap = filters.max_usd_per_hour
-        needed_driver = parse_version(filters.min_driver_version) if filters.min_driver_version else None
-        min_cuda = round(filters.min_cuda, 3)
-        min_disk = filters.min_disk_gb
-        min_down = filters.min_inet_down_mbps
-        min_up = filters.min_inet_up_mbps
-        countries = filters.allowed_countries if filters.locations else None
-        min_rel = filters.min_reliability
-        require_verified = filters.require_verified
-        allow_bids = filters.allow_bids
-        min_gpus = filters.min_gpus
-        max_gpus = filters.max_gpus if filters.max_gpus is not None else 1 << 30
-        driver_bits: dict = {}
-        location_bits: dict = {}
+        self.tests = tuple((BITS[f.name], f.bind(filters, recipe)) for f in FILTERS if f.applies(filters))
 
-        def driver_bit(text) -> int:
-            if not isinstance(text, str) or not text.strip():
-                return DRIVER_UNKNOWN
-            version = parse_version(text)
-            if version is None:
-                return DRIVER_UNKNOWN
-            return 0 if version_at_least(version, needed_driver) else DRIVER_OLD
+    def first_failed(self, offer: OfferRecord) -> int:
+        for bit, fails in self.tests:
+            if fails(offer):
+                return bit
+        return 0
 
-        def location_bit(geo) -> int:
-            code = country_code(geo)
-            if not code:
-                return LOCATION_UNKNOWN
-            return 0 if code in countries else LOCATION
-
-        def mask(o: OfferRecord) -> int:
-            m = 0
-            if not o.rentable:
-                m = NOT_RENTABLE
-            if o.is_bid and not allow_bids:
-                m |= BID_NOT_ALLOWED
-            n = o.num_gpus
-            if not n:
-                m |= GPUS_UNKNOWN
-            elif n < min_gpus or n > max_gpus:
-                m |= GPU_COUNT
-            ram = o.gpu_ram_gb
-            if not ram:
-                m |= VRAM_UNKNOWN
-            else:
-                if ranges:
-                    for low, high in ranges:
-                        if low <= ram <= high:
-                            break
-                    else:
-                        m |= VRAM_RANGE
-                if ram < vram_needed:
-                    m |= VRAM_NEEDED
-            price = o.total_usd_per_hour
-            if price is None:
-                m |= PRICE_UNKNOWN
-            elif cap is not None and price > cap:
-                m |= PRICE_CAP
-            if needed_driver is not None:
-                text = o.driver_version
-                try:
-                    m |= driver_bits[text]
-                except KeyError:
-                    m |= driver_bits.setdefault(text, driver_bit(text))
-                except TypeError:  # unhashable junk where a string belongs
-                    m |= DRIVER_UNKNOWN
-            if min_cuda > 0:
-                cuda = o.cuda_max
-                if not cuda:
-                    m |= CUDA_UNKNOWN
-                elif round(cuda, 3) < min_cuda:
-                    m |= CUDA_OLD
-            disk = o.disk_gb
-            if disk is None:
-                m |= DISK_UNKNOWN
-            elif disk < min_disk:
-                m |= DISK
-            down = o.inet_down_mbps
-            if down is None:
-                m |= DOWNLINK_UNKNOWN
-            elif down < min_down:
-                m |= DOWNLINK
-            up = o.inet_up_mbps
-            if up is None:
-                m |= UPLINK_UNKNOWN
-            elif up < min_up:
-                m |= UPLINK
-            if countries is not None:
-                geo = o.geolocation
-                try:
-                    m |= location_bits[geo]
-                except KeyError:
-                    m |= location_bits.setdefault(geo, location_bit(geo))
-            rel = o.reliability
-            if rel is None:
-                m |= RELIABILITY_UNKNOWN
-            elif rel < min_rel:
-                m |= RELIABILITY
-            if require_verified and not o.verified:
-                m |= NOT_VERIFIED
-            return m
-
-        self.mask = mask
+    def mask(self, offer: OfferRecord) -> int:
+        m = 0
+        for bit, fails in self.tests:
+            if fails(offer):
+                m |= bit
+        return m
 
     def check(self, offer: OfferRecord) -> tuple[str, ...]:
         """Every reason the offer is excluded; () when it passes."""
         return self.reasons(offer, self.mask(offer))
 
     def reasons(self, o: OfferRecord, mask: int) -> tuple[str, ...]:
-        f = self.filters
         words = []
         bit = 1
         while bit <= mask:
             if mask & bit:
-                words.append(self._words(bit, o, f))
+                words.append(WORDS[bit](o, self.filters, self.recipe))
             bit <<= 1
         return tuple(words)
-
-    def _words(self, bit: int, o: OfferRecord, f: OfferFilters) -> str:
-        if bit == NOT_RENTABLE:
-            return "not rentable"
-        if bit == BID_NOT_ALLOWED:
-            return "interruptible (bid) offer; bids not allowed"
-        if bit == GPUS_UNKNOWN:
-            return "GPU count unknown"
-        if bit == GPU_COUNT:
-            return _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus)
-        if bit == VRAM_UNKNOWN:
-            return "VRAM unknown"
-        if bit == VRAM_RANGE:
-            return f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"
-        if bit == VRAM_NEEDED:
-            return f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(self.recipe.vram_gb)} GB for {self.recipe.model}"
-        if bit == PRICE_UNKNOWN:
-            return "price unknown"
-        if bit == PRICE_CAP:
-            return f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"
-        if bit == DRIVER_UNKNOWN:
-            text = o.driver_version
-            return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
-        if bit == DRIVER_OLD:
-            return f"driver {o.driver_version.strip()} < needed {f.min_driver_version}"
-        if bit == CUDA_UNKNOWN:
-            return "CUDA unknown"
-        if bit == CUDA_OLD:
-            return f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"
-        if bit == DISK_UNKNOWN:
-            return "disk unknown"
-        if bit == DISK:
-            return f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"
-        if bit == DOWNLINK_UNKNOWN:
-            return "downlink unknown"
-        if bit == DOWNLINK:
-            return f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"
-        if bit == UPLINK_UNKNOWN:
-            return "uplink unknown"
-        if bit == UPLINK:
-            return f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"
-        if bit == LOCATION_UNKNOWN:
-            return "location unknown"
-        if bit == LOCATION:
-            return f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"
-        if bit == RELIABILITY_UNKNOWN:
-            return "reliability unknown"
-        if bit == RELIABILITY:
-            return f"reliability {o.reliability:.4g} < {f.min_reliability:g}"
-        if bit == NOT_VERIFIED:
-            return "not verified"
-        if bit == NO_THROUGHPUT:
-            return (f"no throughput figure: {o.gpu_name or 'unnamed GPU'} has no calibration and the listing has no "
-                    f"TFLOPS or DLPerf")
-        if bit == UNBOUNDED_COST:
-            if not o.inet_down_mbps or o.inet_down_mbps <= 0:
-                return "downlink 0 Mb/s: the model download never finishes"
-            if not o.inet_up_mbps or o.inet_up_mbps <= 0:
-                return "uplink 0 Mb/s: checkpoints never upload"
-            return f"reliability {o.reliability:g}: the host is expected to be lost before any work is saved"
-        raise ValueError(f"unknown exclusion bit {bit}")
 
 
 def compile_filters(filters: OfferFilters, recipe: Recipe) -> CompiledFilters:

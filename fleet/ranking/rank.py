@@ -19,7 +19,7 @@ from operator import attrgetter
 from fleet.providers.records import OfferRecord
 
 from .cost import CostBreakdown, CostModel, Projection
-from .filters import NO_THROUGHPUT, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
+from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
 from .recipe import Recipe
 from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputModel, anchor_ratio, model_tflops_of
 
@@ -130,12 +130,14 @@ class Exclusion:
 
     def __init__(self, offer: OfferRecord, mask: int, filters: CompiledFilters):
         self.offer = offer
-        self.mask = mask  # one bit per reason, see filters.py
+        self.mask = mask  # the first failed filter's bit, or a ranking bit (see filters.py)
         self._filters = filters
 
     @property
     def reasons(self) -> tuple[str, ...]:
-        return self._filters.reasons(self.offer, self.mask)
+        # The ranking stops at an offer's first failed filter; every reason is worked out when someone reads them.
+        full = self._filters.mask(self.offer) | (self.mask & RANKING_BITS)
+        return self._filters.reasons(self.offer, full)
 
     def __repr__(self):
         return f"<Exclusion {self.offer.provider}:{self.offer.offer_id} {'; '.join(self.reasons)}>"
@@ -239,7 +241,7 @@ def rank_offers(
     recipe = recipe or Recipe()
     filters = filters or OfferFilters()
     compiled = compile_filters(filters, recipe)
-    mask = compiled.mask
+    first_failed = compiled.first_failed
     speeds = ThroughputModel(calibration or SEED_CALIBRATION, recipe)
     costs = CostModel(recipe)
     pricing = _Pricing(speeds, costs, recipe)
@@ -260,7 +262,7 @@ def rank_offers(
     calibrated_offers = []  # in catalogue order, to anchor the estimates on
     uncalibrated, uncalibrated_at = [], []  # offers and their catalogue positions (two lists: no tuple apiece)
     for i, o in enumerate(offers):
-        m = mask(o)
+        m = first_failed(o)
         if m:
             excluded.append(Exclusion(o, m, compiled))
             continue

@@ -251,3 +251,21 @@ def test_it_rejects_bad_values_with_a_message_naming_the_field(data, message):
 def test_it_rejects_a_non_mapping():
     with pytest.raises(ValueError, match="filters must be a mapping"):
         OfferFilters.from_dict(["max_usd_per_hour"])
+
+
+@pytest.mark.parametrize("field, words", [
+    ("disk_gb", "disk unknown"), ("inet_down_mbps", "downlink unknown"), ("inet_up_mbps", "uplink unknown"),
+    ("reliability", "reliability unknown"), ("cuda_max", "CUDA unknown"),
+])
+def test_it_takes_a_nan_field_as_unknown_instead_of_letting_it_pass(field, words):
+    # NaN compares false with everything, so "disk < 250" never fires: a listing that says NaN said nothing.
+    assert reasons(make_offer(**{field: float("nan")})) == (words,)
+
+
+def test_the_ranking_stops_at_the_first_failed_filter_and_the_reasons_name_them_all():
+    check = compile_filters(OfferFilters(), Recipe())
+    bad = make_offer(num_gpus=2, disk_gb=10.0, reliability=0.5)
+    assert check.first_failed(bad) and check.first_failed(bad) & check.mask(bad) == check.first_failed(bad)
+    assert check.reasons(bad, check.mask(bad)) == ("2 GPUs, need exactly 1", "disk 10 GB < 250",
+                                                    "reliability 0.5 < 0.95")
+    assert check.first_failed(make_offer()) == check.mask(make_offer()) == 0
