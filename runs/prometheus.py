@@ -54,7 +54,8 @@ def exposition(now) -> str:
           [(labels, r["last_step_s"]) for labels, r in samples if r["last_step_s"] is not None])
     gauge("fleet_run_tokens_per_second", "Each active run's latest tokens per second.",
           [(labels, r["last_tokens_per_s"]) for labels, r in samples if r["last_tokens_per_s"] is not None])
-    gauge("fleet_run_phase", "Each active run's current phase.", [(labels, r["current_phase"]) for labels, r in samples])
+    gauge("fleet_run_phase", "Each active run's current phase.",
+          [(labels, r["current_phase"]) for labels, r in samples])
     gauge("fleet_run_step", "Each active run's current step in its phase.",
           [(labels, r["current_step"]) for labels, r in samples])
     return "\n".join(lines) + "\n"

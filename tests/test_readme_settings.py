@@ -4,7 +4,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-READS = re.compile(r"""(?:env_(?:str|int|float|bool|list|decimal)\(|os\.environ(?:\.get)?[\[(]|getenv\()\s*["']([A-Z][A-Z0-9_]+)["']""")
+READS = re.compile(r"""(?:env_(?:str|int|float|bool|list|decimal)\(|os\.environ(?:\.get)?[\[(]|getenv\()"""
+                   r"""\s*["']([A-Z][A-Z0-9_]+)["']""")
 
 
 def _read_by_the_code() -> set[str]:

@@ -234,7 +234,8 @@ class Handler(BaseHTTPRequestHandler):
         ids = self._id_list("ids")
         if ids is not None:
             changes = {k: v for k, v in self.body.items() if k != "ids"}
-            self._json(200, {"success": True, "results": self._each(ids, lambda i: self.server.market.manage(i, changes))})
+            results = self._each(ids, lambda instance_id: self.server.market.manage(instance_id, changes))
+            self._json(200, {"success": True, "results": results})
 
     def destroy_instances(self) -> None:
         ids = self._id_list("instance_ids")

@@ -34,7 +34,8 @@ def test_it_compares_driver_versions_and_cuda_as_vast_ai_does(vastai_cli, market
 
 
 def test_it_takes_lists_with_in_and_notin(vastai_cli, market):
-    names = {o["gpu_name"] for o in vastai_cli.json("search", "offers", "gpu_name in [H200,H200_NVL]", "--limit", "1000")}
+    found = vastai_cli.json("search", "offers", "gpu_name in [H200,H200_NVL]", "--limit", "1000")
+    names = {o["gpu_name"] for o in found}
     assert names == {"H200", "H200 NVL"}
     others = vastai_cli.json("search", "offers", "gpu_name notin [H200,H200_NVL,B200]", "--limit", "1000")
     assert others and not {o["gpu_name"] for o in others} & {"H200", "H200 NVL", "B200"}
@@ -123,7 +124,8 @@ def test_it_bills_what_invoices_and_charges_report(clients_bin, client_home, fro
     market = frozen_market  # the clock moves only with advance(): the reports and the market bill the same seconds
     vastai_cli = Cli(clients_bin / "vastai", market.origin, client_home)
     offer = vastai_cli.json("search", "offers", "num_gpus=1", "-o", "dph+", "--limit", "1")[0]
-    instance_id = vastai_cli.json("create", "instance", str(offer["id"]), "--image", IMAGE, "--disk", "20")["new_contract"]
+    created = vastai_cli.json("create", "instance", str(offer["id"]), "--image", IMAGE, "--disk", "20")
+    instance_id = created["new_contract"]
     market.advance(3600)
     billed = next(i for i in market.state()["instances"] if i["id"] == instance_id)["billing"]
 
@@ -175,8 +177,8 @@ def test_it_refuses_a_rent_of_a_taken_offer_with_the_cli_error(vastai_cli, marke
 
 def test_it_filters_the_instance_list_by_label_and_status(vastai_cli, market):
     offers = vastai_cli.json("search", "offers", "num_gpus=1", "-o", "dph+", "--limit", "2")
-    ids = {label: vastai_cli.json("create", "instance", str(o["id"]), "--image", IMAGE, "--label", label)["new_contract"]
-           for label, o in zip(("alpha", "beta"), offers)}
+    ids = {label: vastai_cli.json("create", "instance", str(o["id"]), "--image", IMAGE, "--label", label)
+           ["new_contract"] for label, o in zip(("alpha", "beta"), offers)}
     market.advance(90)
     assert vastai_cli.run("show", "instances", "--label", "alpha", "-q").stdout.split() == [str(ids["alpha"])]
     running = vastai_cli.run("show", "instances", "-s", "running", "-q").stdout.split()

@@ -510,7 +510,8 @@ def test_it_refuses_values_that_cannot_be_the_fields_type(api):
 
 
 def test_it_lists_instances_in_v1_pages_with_filters_order_and_columns(api, sim):
-    ids = [rented(api, o["id"], label=f"page-{n % 2}") for n, o in enumerate(search(api, limit=7, disk_space={"gte": 100}))]
+    offers = search(api, limit=7, disk_space={"gte": 100})
+    ids = [rented(api, o["id"], label=f"page-{n % 2}") for n, o in enumerate(offers)]
     v1 = httpx.Client(base_url=sim.origin + "/api/v1", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
     query = {"select_filters": '{"label": {"in": ["page-0"]}}', "order_by": '[{"col": "id", "dir": "desc"}]',
              "limit": 3, "select_cols": '["id", "label"]'}
