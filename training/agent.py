@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from training.checkpoint_names import MARKER, parse_name
+from training.checkpoint_names import MARKER, inside, parse_name
 from training.metric_fields import wire_point
 from training.probe import SENTINEL as PROBE_SENTINEL
 
@@ -93,7 +93,7 @@ def restore(resume: dict | None, store: Path) -> None:
     """Puts the checkpoint to resume from into the trainer's store, its marker last."""
     if not resume:
         return
-    target = store / Path(resume["uri"]).name
+    target = inside(store, Path(resume["uri"]).name)
     grant = resume["download"]
     if grant["kind"] == "local":
         shutil.copytree(grant["path"], target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MARKER))
@@ -102,10 +102,11 @@ def restore(resume: dict | None, store: Path) -> None:
     files = grant["files"]
     with httpx.Client(timeout=120) as http:
         for name in sorted(files, key=lambda n: n == MARKER):
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            dest = inside(target, name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
             with http.stream("GET", files[name]) as response:
                 response.raise_for_status()
-                with open(target / name, "wb") as f:
+                with open(dest, "wb") as f:
                     for chunk in response.iter_bytes():
                         f.write(chunk)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint_names import MARKER, checkpoint_name, parse_name  # noqa: F401 (the store API)
+from training.checkpoint_names import MARKER, checkpoint_name, inside, parse_name  # noqa: F401 (the store API)
 
 _log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class S3Store:
     def download(self, name, local_dir):
         root = self._key(name) + "/"
         for key in self._keys(root):
-            dest = Path(local_dir) / key[len(root):]
+            dest = inside(local_dir, key[len(root):])
             dest.parent.mkdir(parents=True, exist_ok=True)
             self.client.download_file(self.bucket, key, str(dest))
 
@@ -188,5 +188,6 @@ def load(store, name, local_dir):
     if not (local_dir / MARKER).exists():
         raise RuntimeError(f"checkpoint {name} lost its completion marker while being read")
     adapter = load_file(os.fspath(local_dir / "adapter" / "adapter_model.safetensors"))
-    trainer_state = torch.load(local_dir / "trainer.pt", weights_only=False)
+    # Tensors and plain values only: a pickle that names any other object (code a box could have put there) raises.
+    trainer_state = torch.load(local_dir / "trainer.pt", weights_only=True)
     return adapter, trainer_state

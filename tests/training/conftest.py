@@ -1,6 +1,7 @@
 """CPU runs of the Triton kernels go through Triton's interpreter; it must be chosen before triton is imported."""
 
 import os
+import socket
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -52,3 +53,25 @@ def tiny_model(tiny_config):
 @pytest.fixture
 def tokens():
     return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    """A real S3-compatible server (moto) on loopback, with a bucket "runs"; its endpoint URL."""
+    pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    import boto3
+
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="runs")
+    yield endpoint
+    server.stop()

@@ -4,7 +4,6 @@ completion marker is never used; checkpoints round-trip through a real S3-compat
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -128,27 +127,6 @@ def test_prune_keeps_the_newest_complete_and_drops_older_torn_ones(tmp_path):
             (folder / checkpoint.MARKER).write_text("1")
     checkpoint.prune(store, keep=2)
     assert store.names() == {"ckpt-p00-s00000006": True, "ckpt-p01-s00000002": True, "ckpt-p01-s00000004": False}
-
-
-@pytest.fixture
-def s3_server(monkeypatch):
-    pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    import boto3
-
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="runs")
-    yield endpoint
-    server.stop()
 
 
 def test_checkpoints_round_trip_through_an_s3_compatible_server(tmp_path, s3_server):

@@ -1,0 +1,87 @@
+"""A rented box's host has root: whatever it wrote into a checkpoint store is read as data, never run, and never
+written outside the folder it belongs in."""
+
+import os
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from training import agent, checkpoint
+from training.checkpoint_names import UnsafePath, inside
+
+NAME = "ckpt-p00-s00000002"
+
+
+class _RunsCode:
+    """What a hostile pickle looks like: unpickling it calls a function of the attacker's choosing."""
+
+    def __init__(self, proof):
+        self.proof = proof
+
+    def __reduce__(self):
+        return (os.mkdir, (self.proof,))
+
+
+def _checkpoint(folder, trainer_state_bytes: bytes):
+    (folder / "adapter").mkdir(parents=True)
+    save_file({"w": torch.zeros(2)}, str(folder / "adapter" / "adapter_model.safetensors"))
+    (folder / "trainer.pt").write_bytes(trainer_state_bytes)
+    (folder / checkpoint.MARKER).write_text("1\n")
+
+
+def test_it_loads_the_trainer_state_it_wrote(tmp_path):
+    store = checkpoint.LocalStore(tmp_path / "store")
+    _checkpoint(tmp_path / "store" / NAME, b"")
+    state = {"optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": [{"lr": 1e-4}]},
+             "rng": checkpoint.rng_state(), "data_position": 7, "phase_name": "sft", "reference": torch.arange(4.0)}
+    torch.save(state, tmp_path / "store" / NAME / "trainer.pt")
+    _, loaded = checkpoint.load(store, NAME, tmp_path / "local")
+    assert loaded["data_position"] == 7 and torch.equal(loaded["reference"], torch.arange(4.0))
+    checkpoint.set_rng_state(loaded["rng"])
+
+
+def test_it_refuses_a_trainer_state_whose_pickle_would_run_code(tmp_path):
+    proof = tmp_path / "the-pickle-ran"
+    store = checkpoint.LocalStore(tmp_path / "store")
+    _checkpoint(tmp_path / "store" / NAME, b"")
+    torch.save({"optimizer": _RunsCode(str(proof))}, tmp_path / "store" / NAME / "trainer.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load(store, NAME, tmp_path / "local")
+    assert not proof.exists()
+
+
+@pytest.mark.parametrize("name", ["", "/etc/passwd", "../outside", "adapter/../../outside", "a//b", "./a",
+                                  "C:evil", "\\\\host\\share", "a\x00b"])
+def test_it_refuses_a_file_name_that_leaves_its_folder(tmp_path, name):
+    with pytest.raises(UnsafePath):
+        inside(tmp_path, name)
+
+
+def test_it_refuses_a_name_that_leaves_through_a_link(tmp_path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "link").symlink_to(tmp_path)
+    with pytest.raises(UnsafePath):
+        inside(tmp_path / "root", "link/outside")
+    assert inside(tmp_path / "root", "adapter/adapter_model.safetensors") == (
+        tmp_path / "root" / "adapter" / "adapter_model.safetensors").resolve()
+
+
+def test_it_downloads_no_key_that_leaves_the_checkpoint(tmp_path, s3_server):
+    store = checkpoint.S3Store("s3://runs/team/run-9", endpoint_url=s3_server, region="us-east-1")
+    store.client.put_object(Bucket="runs", Key=f"team/run-9/{NAME}/trainer.pt", Body=b"state")
+    store.client.put_object(Bucket="runs", Key=f"team/run-9/{NAME}/../../../escaped", Body=b"evil")
+    with pytest.raises(UnsafePath):
+        store.download(NAME, tmp_path / "local" / NAME)
+    assert not any(p.name == "escaped" for p in tmp_path.rglob("*"))
+
+
+def test_the_agent_restores_no_file_outside_the_store(tmp_path):
+    resume = {"uri": f"s3://runs/team/run-9/{NAME}", "download": {"kind": "s3", "files": {
+        "../../escaped": "http://127.0.0.1:9/never-fetched"}}}
+    with pytest.raises(UnsafePath):
+        agent.restore(resume, tmp_path / "store")
+    with pytest.raises(UnsafePath):
+        agent.restore({"uri": "s3://runs/team/..", "download": {"kind": "s3", "files": {}}}, tmp_path / "store")
+    assert not (tmp_path / "escaped").exists()
