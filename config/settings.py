@@ -254,7 +254,8 @@ SPEND_CAP_USD_PER_HOUR = env_decimal("SPEND_CAP_USD_PER_HOUR", Decimal("12"))  #
 CELERY_BEAT_SCHEDULE.update({"reap-instances": {"task": "fleet.tasks.reap_instances", "schedule": float(REAPER_SECONDS)}})
 
 # Webhook alerts
-WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 15.0, minimum=0.01)
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 15.0, minimum=0.01)  # the whole attempt, not each read
+WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env_bool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", False)  # a private network only
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 6, minimum=1)
 WEBHOOK_BACKOFF_BASE_S = env_float("WEBHOOK_BACKOFF_BASE_S", 10.0, minimum=0.001)
 WEBHOOK_BACKOFF_FACTOR = env_float("WEBHOOK_BACKOFF_FACTOR", 2.0, minimum=1.0)

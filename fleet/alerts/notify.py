@@ -80,7 +80,8 @@ def deliver(delivery_id: int, *, now: datetime | None = None) -> Delivered:
     body = webhooks.body(delivery.alert, slack=endpoint.slack)
     timestamp = int(now.timestamp())  # the attempt's time, as the spec says; the event's is in the body
     attempt = webhooks.post(endpoint.url, webhooks.headers(endpoint.secret, delivery.message_id, timestamp, body),
-                            body, timeout_s=settings.WEBHOOK_TIMEOUT_S)
+                            body, timeout_s=settings.WEBHOOK_TIMEOUT_S,
+                            allow_private=settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
     return _record(delivery, attempt, now)
 
 
@@ -135,7 +136,11 @@ def due_deliveries(*, now: datetime | None = None) -> list[int]:
 
 
 def create_endpoint(*, name: str, url: str, events: list[str], slack: bool, by=None) -> WebhookEndpoint:
-    """A new endpoint with a fresh secret. The caller shows the secret once."""
+    """A new endpoint with a fresh secret. The caller shows the secret once. A URL whose host the address guard
+    refuses raises ValueError with the reason."""
+    why = webhooks.url_refusal(url, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
+    if why:
+        raise ValueError(f"This URL is not allowed: {why}.")
     return WebhookEndpoint.objects.create(name=name, url=url, events=sorted(events), slack=slack,
                                           secret=webhooks.new_secret(), created_by=by)
 

@@ -1,7 +1,6 @@
 """The Alerts page: recent alerts, webhook endpoints with their deliveries, and (for staff with the permission)
 adding an endpoint, a test alert, disabling and enabling."""
 
-from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import messages
@@ -10,7 +9,7 @@ from django.db.models import Count, Max, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from fleet.alerts import notify
+from fleet.alerts import notify, webhooks
 from fleet.access import can, require_permission
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
@@ -38,7 +37,7 @@ def endpoint_rows():
                      .prefetch_related(Prefetch("deliveries", queryset=recent, to_attr="recent"))
                      .order_by("-enabled", "name", "id"))
     for endpoint in endpoints:
-        endpoint.host = urlsplit(endpoint.url).netloc  # the path of a Slack URL is its secret: show the host only
+        endpoint.host = webhooks.shown_host(endpoint.url)  # a Slack URL's path and any user:password are secrets
         endpoint.last_error = next((d.last_error for d in endpoint.recent if d.last_error), "")
     return endpoints
 
@@ -64,7 +63,11 @@ def add_endpoint(request):
     form = EndpointForm(request.POST)
     if not form.is_valid():
         return _page(request, form=form, status=400)
-    endpoint = notify.create_endpoint(**form.cleaned_data, by=request.user)
+    try:
+        endpoint = notify.create_endpoint(**form.cleaned_data, by=request.user)
+    except ValueError as exc:  # the address guard refused the URL's host
+        form.add_error("url", str(exc))
+        return _page(request, form=form, status=400)
     # Rendered, not redirected: the secret is shown in this one response and never again.
     return _page(request, created=endpoint, secret=endpoint.secret, status=201)
 

@@ -1,18 +1,29 @@
 """Webhooks as the Standard Webhooks spec says: secrets, signatures, bodies, the retry schedule, and one POST.
 
-Everything here but `post` is pure; the database side (claiming a delivery, recording its outcome) is in
-fleet/alerts.py.
+Everything here but `post` and `url_refusal` is pure; the database side (claiming a delivery, recording its
+outcome) is in fleet/alerts/notify.py.
+
+A webhook URL is a user's, but the request comes from the dashboard's own network: the receiver's name is resolved
+once, every address it stands for must pass the address guard (fleet/addresses.py: no loopback, private, link-local
+or metadata address unless WEBHOOK_ALLOW_PRIVATE_ADDRESSES), and the POST goes to the address that was checked, with
+the name in the Host header and TLS's server name. The whole attempt has one deadline, whatever the receiver
+drips, and nothing of its body is read.
 """
 
+import asyncio
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import random
 import secrets
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from fleet.addresses import host_refusal, resolve
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 24  # the spec's minimum for HMAC-SHA256 keys
@@ -88,17 +99,75 @@ class Attempt:
     error: str  # empty on 2xx
 
 
-def post(url: str, headers: dict[str, str], body: bytes, *, timeout_s: float) -> Attempt:
-    """One POST. Redirects are not followed (a 3xx is a failure, as the spec recommends)."""
+def shown_host(url: str) -> str:
+    """The receiver as a page may show it: host and port, never the credentials or the (secret) path."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
     try:
-        response = httpx.post(url, content=body, headers=headers, timeout=timeout_s, follow_redirects=False)
-    except httpx.TimeoutException as exc:
-        return Attempt(None, f"timed out after {timeout_s:g} s ({type(exc).__name__})")
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
+
+
+def _where(url: str, *, allow_private: bool) -> tuple[str, str, str]:
+    """(the URL to connect to, with the checked address in place of the name; the Host header; "") or
+    ("", "", why not)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "", "", "not an http(s) URL with a host"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return "", "", "the port is not a number"
+    try:
+        addresses = resolve(parts.hostname, port)
+    except OSError as exc:
+        return "", "", f"{parts.hostname} does not resolve ({exc})"
+    why = host_refusal(parts.hostname, addresses, allow_private=allow_private)
+    if why:
+        return "", "", why
+    ip = ipaddress.ip_address(addresses[0])
+    pinned = f"[{ip}]" if ip.version == 6 else str(ip)
+    host = shown_host(url)
+    return urlunsplit((parts.scheme, f"{pinned}:{port}", parts.path or "/", parts.query, "")), host, ""
+
+
+def url_refusal(url: str, *, allow_private: bool) -> str:
+    """Why a webhook URL may not be saved, or "": an address the guard refuses, now. A name that does not resolve
+    yet is accepted here (each attempt checks it again)."""
+    connect, _, why = _where(url, allow_private=allow_private)
+    if why and "does not resolve" in why:
+        return ""
+    return why
+
+
+def post(url: str, headers: dict[str, str], body: bytes, *, timeout_s: float, allow_private: bool) -> Attempt:
+    """One POST to the checked address, within `timeout_s` in all. Redirects are not followed (a 3xx is a failure,
+    as the spec recommends)."""
+    connect, host, why = _where(url, allow_private=allow_private)
+    if why:
+        return Attempt(None, f"refused: {why}"[:500])
+    hostname = urlsplit(url).hostname
+    try:
+        status = asyncio.run(asyncio.wait_for(_send(connect, {**headers, "Host": host}, body, hostname, timeout_s),
+                                              timeout_s))
+    except (TimeoutError, httpx.TimeoutException) as exc:
+        return Attempt(None, f"timed out: no answer within {timeout_s:g} s in all ({type(exc).__name__})")
     except httpx.HTTPError as exc:
         return Attempt(None, f"{type(exc).__name__}: {exc}"[:500])
-    if 200 <= response.status_code < 300:
-        return Attempt(response.status_code, "")
-    error = f"HTTP {response.status_code}"
-    if response.is_redirect:
+    if 200 <= status < 300:
+        return Attempt(status, "")
+    error = f"HTTP {status}"
+    if 300 <= status < 400:
         error += " redirect not followed"
-    return Attempt(response.status_code, error)
+    return Attempt(status, error)
+
+
+async def _send(connect: str, headers: dict[str, str], body: bytes, hostname: str, timeout_s: float) -> int:
+    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
+        # The answer's status is all that counts: its body is never read.
+        async with client.stream("POST", connect, content=body, headers=headers,
+                                 extensions={"sni_hostname": hostname}) as response:
+            return response.status_code

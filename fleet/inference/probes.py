@@ -30,6 +30,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from fleet.addresses import address_refusal
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, ProbeResult
 
@@ -40,53 +41,8 @@ MAX_BODY_BYTES = 1_000_000  # a models list is a few KB; a box that sends more i
 ERROR_CHARS = 300  # ProbeResult.error's length
 DEFAULT_CONTAINER_PORT = 8000  # vLLM's, for a serving box without a model row
 
-# Never a serving box, whatever the settings say.
-METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
-    "169.254.170.2",  # AWS ECS task metadata
-    "169.254.169.253",  # AWS DNS
-    "169.254.0.23",  # Tencent Cloud
-    "100.100.100.200",  # Alibaba Cloud
-    "fd00:ec2::254",  # AWS IMDS over IPv6
-    "fd00:ec2::253",
-))
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
-
-# -- where a probe may go (pure) -----------------------------------------------------------------------------------
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
-    found = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
-    if ip in _NAT64:
-        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-    return [a for a in found if a is not None]
-
-
-def address_refusal(address: str, *, allow_private: bool) -> str:
-    """Why a probe must not be sent to this address, or "" if it may."""
-    try:
-        ip = ipaddress.ip_address(address.strip())
-    except ValueError:
-        return f"{address!r} is not a literal IP address (hostnames are not resolved)"
-    # An IPv4 address carried inside an IPv6 one is where the packets go: judge (and name) it first.
-    candidates = (_embedded_ipv4(ip) if ip.version == 6 else []) + [ip]
-    for candidate in candidates:
-        shown = str(candidate) if candidate == ip else f"{candidate} (inside {ip})"
-        if candidate in METADATA_ADDRESSES:
-            return f"{shown} is a cloud metadata address"
-        if candidate.is_unspecified:
-            return f"{shown} is the unspecified address"
-        if candidate.is_multicast:
-            return f"{shown} is a multicast address"
-        if allow_private:
-            continue
-        for kind in ("loopback", "link_local", "reserved", "private"):
-            if getattr(candidate, f"is_{kind}"):
-                return f"{shown} is a {kind.replace('_', '-')} address"
-        if not candidate.is_global:
-            return f"{shown} is not a public address"
-    return ""
+# -- where a probe may go (pure; the address guard is fleet/addresses.py) -------------------------------------------
 
 
 def public_port(ports: dict, container_port: int) -> int | None:

@@ -81,6 +81,21 @@ def test_it_refuses_a_bad_endpoint(client, staff):
     assert WebhookEndpoint.objects.count() == 0
 
 
+def test_it_refuses_an_endpoint_on_an_internal_address_with_the_reason_by_the_field(client, staff):
+    client.force_login(staff)
+    response = client.post(reverse("add_webhook_endpoint"), {**NEW, "url": "http://169.254.169.254/latest/meta-data"})
+    assert response.status_code == 400
+    assert "169.254.169.254 is a cloud metadata address" in response.content.decode()
+    assert WebhookEndpoint.objects.count() == 0
+
+
+def test_it_shows_no_credentials_of_an_endpoint_url(client, member):
+    _endpoint("ops", url="https://bot:hunter2@hooks.example.com/services/SECRET-PATH")
+    client.force_login(member)
+    page = client.get(reverse("alerts")).content.decode()
+    assert "hooks.example.com" in page and "hunter2" not in page and "SECRET-PATH" not in page
+
+
 def test_it_checks_csrf_on_every_form(staff):
     ops = _endpoint()
     client = Client(enforce_csrf_checks=True)

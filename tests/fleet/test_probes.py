@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
+from fleet import addresses
 from fleet import tasks
 from fleet.inference import probes
 from fleet.models import Alert, InferenceModel, Instance, ProbeResult
@@ -220,19 +221,19 @@ def test_it_refuses_loopback_without_sending_a_request(endpoints, model, probe_s
     ("metadata.google.internal", "not a literal IP address"),
 ])
 def test_it_refuses_non_public_addresses(address, words):
-    assert words in probes.address_refusal(address, allow_private=False)
+    assert words in addresses.address_refusal(address, allow_private=False)
 
 
 @pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700:4700::1111", "1.1.1.1"])
 def test_it_allows_public_addresses(address):
-    assert probes.address_refusal(address, allow_private=False) == ""
+    assert addresses.address_refusal(address, allow_private=False) == ""
 
 
 def test_it_refuses_metadata_unspecified_and_multicast_even_when_private_addresses_are_allowed():
     for address in ("169.254.169.254", "fd00:ec2::254", "0.0.0.0", "239.1.1.1"):
-        assert probes.address_refusal(address, allow_private=True)
+        assert addresses.address_refusal(address, allow_private=True)
     for address in ("127.0.0.1", "10.0.0.2", "::1"):
-        assert probes.address_refusal(address, allow_private=True) == ""
+        assert addresses.address_refusal(address, allow_private=True) == ""
 
 
 def test_it_probes_only_the_port_mapped_to_the_models_container_port(endpoints, model):

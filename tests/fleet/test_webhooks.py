@@ -4,6 +4,7 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -80,6 +81,7 @@ def receiver():
 @pytest.fixture(autouse=True)
 def _fast_webhooks(settings):
     settings.WEBHOOK_TIMEOUT_S = 0.3
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True  # the receivers here listen on loopback
     settings.WEBHOOK_MAX_ATTEMPTS = 6
     settings.WEBHOOK_BACKOFF_BASE_S = 0.05
     settings.WEBHOOK_BACKOFF_FACTOR = 2.0
@@ -339,3 +341,79 @@ def test_it_retries_through_a_real_worker(receiver, celery_worker):
     assert [r["headers"]["webhook-id"] for r in hook.requests] == [delivery.message_id] * 3
     assert len({r["headers"]["webhook-signature"] for r in hook.requests}) >= 1
     assert WebhookEndpoint.objects.get().enabled
+
+
+# -- where a webhook may go, and for how long ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:9/hook", "http://localhost/hook", "http://169.254.169.254/latest/meta-data/",
+    "http://10.1.2.3/hook", "http://192.168.0.10:8080/hook", "http://[::1]/hook", "http://[::ffff:127.0.0.1]/hook",
+    "http://[::ffff:a9fe:a9fe]/", "https://0.0.0.0/hook",
+])
+def test_it_refuses_to_save_an_endpoint_on_an_address_the_guard_refuses(url, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = False
+    with pytest.raises(ValueError, match="not allowed"):
+        endpoint(url)
+    assert not WebhookEndpoint.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_never_allows_a_metadata_address(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True  # a lab network: loopback and private, but never metadata
+    with pytest.raises(ValueError, match="cloud metadata"):
+        endpoint("http://169.254.169.254/latest/meta-data/")
+
+
+@pytest.mark.django_db
+def test_it_checks_the_address_again_at_every_attempt(receiver, settings):
+    hook = receiver(200)
+    saved = endpoint(hook.url)  # saved while a lab setting allowed loopback
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = False
+    notify.raise_alert(Kind.RUN_FAILED, "run 7 failed")
+    delivery = WebhookDelivery.objects.get(endpoint=saved)
+    assert notify.deliver(delivery.pk).state == State.RETRYING
+    delivery.refresh_from_db()
+    assert delivery.last_error.startswith("refused: 127.0.0.1 is a loopback address")
+    assert hook.requests == []  # nothing was sent
+
+
+@pytest.mark.django_db
+def test_a_receiver_that_drips_holds_an_attempt_no_longer_than_its_deadline():
+    # Headers one byte every 50 ms: no single read waits long, so only a deadline on the whole attempt ends it.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    attempt = webhooks.post(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", {}, b"{}", timeout_s=0.5,
+                            allow_private=True)
+    elapsed = time.monotonic() - started
+    stop.set()
+    listener.close()
+    assert attempt.status_code is None and attempt.error.startswith("timed out")
+    assert elapsed < 1.0
+
+
+def test_it_shows_host_and_port_only():
+    assert webhooks.shown_host("https://user:s3cret@hooks.example.com:8443/T000/B000/XYZ?token=1") == \
+        "hooks.example.com:8443"
+    assert webhooks.shown_host("https://hooks.slack.com/services/T0/B0/secret") == "hooks.slack.com"
+    assert webhooks.shown_host("http://[2001:db8::1]:8080/x") == "[2001:db8::1]:8080"

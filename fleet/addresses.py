@@ -1,0 +1,83 @@
+"""Where the product may send a request of its own (a probe of a serving box, a webhook): the address guard.
+
+A name is resolved once and the request goes to the address that was checked (a name resolved here and again by the
+HTTP client could point somewhere else the second time: DNS rebinding). Loopback, private, link-local, multicast,
+reserved, unspecified and non-global addresses are refused (including IPv4 addresses embedded in IPv6: mapped,
+6to4, Teredo, NAT64) unless private addresses are allowed (tests, a lab); cloud metadata, unspecified and multicast
+addresses are refused even then.
+"""
+
+import ipaddress
+import socket
+
+# Never a serving box or a webhook receiver, whatever the settings say.
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
+    "169.254.170.2",  # AWS ECS task metadata
+    "169.254.169.253",  # AWS DNS
+    "169.254.0.23",  # Tencent Cloud
+    "100.100.100.200",  # Alibaba Cloud
+    "fd00:ec2::254",  # AWS IMDS over IPv6
+    "fd00:ec2::253",
+))
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    found = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
+    if ip in _NAT64:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return [a for a in found if a is not None]
+
+
+def address_refusal(address: str, *, allow_private: bool) -> str:
+    """Why nothing may be sent to this literal address, or "" if it may."""
+    try:
+        ip = ipaddress.ip_address(address.strip())
+    except ValueError:
+        return f"{address!r} is not a literal IP address (hostnames are not resolved)"
+    # An IPv4 address carried inside an IPv6 one is where the packets go: judge (and name) it first.
+    candidates = (_embedded_ipv4(ip) if ip.version == 6 else []) + [ip]
+    for candidate in candidates:
+        shown = str(candidate) if candidate == ip else f"{candidate} (inside {ip})"
+        if candidate in METADATA_ADDRESSES:
+            return f"{shown} is a cloud metadata address"
+        if candidate.is_unspecified:
+            return f"{shown} is the unspecified address"
+        if candidate.is_multicast:
+            return f"{shown} is a multicast address"
+        if allow_private:
+            continue
+        for kind in ("loopback", "link_local", "reserved", "private"):
+            if getattr(candidate, f"is_{kind}"):
+                return f"{shown} is a {kind.replace('_', '-')} address"
+        if not candidate.is_global:
+            return f"{shown} is not a public address"
+    return ""
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """Every address a host name (or literal IP) stands for; raises OSError when it resolves to nothing."""
+    host = host.strip("[]")
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    found = []
+    for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        address = str(ipaddress.ip_address(sockaddr[0].split("%", 1)[0]))
+        if address not in found:
+            found.append(address)
+    if not found:
+        raise OSError(f"{host} resolves to no address")
+    return found
+
+
+def host_refusal(host: str, addresses: list[str], *, allow_private: bool) -> str:
+    """Why a host may not be reached at these addresses, or "": every one of them must be allowed (a name that also
+    points at a private address would let the next resolution pick it)."""
+    for address in addresses:
+        why = address_refusal(address, allow_private=allow_private)
+        if why:
+            return why if address == host.strip("[]") else f"{host} resolves to {why}"
+    return ""
