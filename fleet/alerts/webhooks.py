@@ -111,44 +111,54 @@ def shown_host(url: str) -> str:
     return f"{host}:{port}" if port else host
 
 
-def _where(url: str, *, allow_private: bool) -> tuple[str, str, str]:
-    """(the URL to connect to, with the checked address in place of the name; the Host header; "") or
-    ("", "", why not)."""
+class Refused(ValueError):
+    """The address guard, or the URL itself, does not let a webhook go there; the message says why."""
+
+
+class Unresolved(Refused):
+    """The receiver's name resolves to nothing right now."""
+
+
+def _where(url: str, *, allow_private: bool) -> tuple[str, str]:
+    """(the URL to connect to, with the checked address in place of the name; the Host header), or Refused."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "", "", "not an http(s) URL with a host"
+        raise Refused("not an http(s) URL with a host")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
-        return "", "", "the port is not a number"
+        raise Refused("the port is not a number") from None
     try:
         addresses = resolve(parts.hostname, port)
     except OSError as exc:
-        return "", "", f"{parts.hostname} does not resolve ({exc})"
+        raise Unresolved(f"{parts.hostname} does not resolve ({exc})") from None
     why = host_refusal(parts.hostname, addresses, allow_private=allow_private)
     if why:
-        return "", "", why
+        raise Refused(why)
     ip = ipaddress.ip_address(addresses[0])
     pinned = f"[{ip}]" if ip.version == 6 else str(ip)
-    host = shown_host(url)
-    return urlunsplit((parts.scheme, f"{pinned}:{port}", parts.path or "/", parts.query, "")), host, ""
+    return urlunsplit((parts.scheme, f"{pinned}:{port}", parts.path or "/", parts.query, "")), shown_host(url)
 
 
 def url_refusal(url: str, *, allow_private: bool) -> str:
     """Why a webhook URL may not be saved, or "": an address the guard refuses, now. A name that does not resolve
     yet is accepted here (each attempt checks it again)."""
-    connect, _, why = _where(url, allow_private=allow_private)
-    if why and "does not resolve" in why:
+    try:
+        _where(url, allow_private=allow_private)
+    except Unresolved:
         return ""
-    return why
+    except Refused as exc:
+        return str(exc)
+    return ""
 
 
 def post(url: str, headers: dict[str, str], body: bytes, *, timeout_s: float, allow_private: bool) -> Attempt:
     """One POST to the checked address, within `timeout_s` in all. Redirects are not followed (a 3xx is a failure,
     as the spec recommends)."""
-    connect, host, why = _where(url, allow_private=allow_private)
-    if why:
-        return Attempt(None, f"refused: {why}"[:500])
+    try:
+        connect, host = _where(url, allow_private=allow_private)
+    except Refused as exc:
+        return Attempt(None, f"refused: {exc}"[:500])
     hostname = urlsplit(url).hostname
     try:
         status = asyncio.run(asyncio.wait_for(_send(connect, {**headers, "Host": host}, body, hostname, timeout_s),

@@ -50,7 +50,7 @@ def rent_settings(profile: OfferProfile | None, image: str) -> tuple[Recipe, Off
     """What the product ranks offers with when it rents for its own work: the profile (or the defaults), and for
     the images it knows the CUDA of (the worker image, and the stock image it bootstraps) never below their needs."""
     recipe, filters = profile_settings(profile)
-    if image in (settings.WORKER_IMAGE, settings.WORKER_STOCK_IMAGE):
+    if image and image in (settings.WORKER_IMAGE, settings.WORKER_STOCK_IMAGE):  # the stock image may be unset
         filters = for_worker_image(filters)
     return recipe, filters
 
