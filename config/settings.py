@@ -5,7 +5,9 @@ DATA_DIR, with the simulated marketplace standing in for vast.ai. DATABASE_URL (
 the production stack.
 """
 
+import re
 import secrets
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -70,6 +72,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "axes",
     "fleet",
     "runs",
 ]
@@ -90,6 +93,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into the locked-out page
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -136,6 +140,22 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
+
+# Login throttling (config/login_throttle.py): LOGIN_FAILURE_LIMIT failed logins for one username from one address
+# lock that pair out for LOGIN_COOLOFF_MIN minutes, right password or not, on the login page and the admin's.
+# Behind a proxy every client shares its address: LOGIN_CLIENT_IP_HEADER names the header the proxy sets with the
+# client's (X-Forwarded-For); only then is it read, since a client can send any header itself.
+AUTHENTICATION_BACKENDS = ["config.login_throttle.LoginThrottleBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MIN", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "config.login_throttle.client_address"
+AXES_LOCKOUT_CALLABLE = "config.login_throttle.locked_out"
+_client_ip_header = env_str("LOGIN_CLIENT_IP_HEADER", "")
+if _client_ip_header and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", _client_ip_header):
+    raise ImproperlyConfigured(f"LOGIN_CLIENT_IP_HEADER={_client_ip_header!r} is not a header name (X-Forwarded-For).")
+LOGIN_CLIENT_IP_META_KEY = "HTTP_" + _client_ip_header.upper().replace("-", "_") if _client_ip_header else ""
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -1,0 +1,132 @@
+"""Failed logins lock one username from one address out for a while, on the login page and on the admin's."""
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from axes.models import AccessAttempt
+from django.conf import settings
+from django.urls import reverse
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGIN = "/login/"
+ADMIN_LOGIN = "/admin/login/"
+
+
+def _post(client, url, username, password, address="203.0.113.5", **headers):
+    return client.post(url, {"username": username, "password": password}, REMOTE_ADDR=address, **headers)
+
+
+def _fail(client, url, username, times=None, **kwargs):
+    for _ in range(settings.AXES_FAILURE_LIMIT if times is None else times):
+        response = _post(client, url, username, "wrong-password", **kwargs)
+        assert response.status_code in (200, 429)
+
+
+def _logged_in(client) -> bool:
+    return "_auth_user_id" in client.session
+
+
+@pytest.mark.django_db
+def test_it_refuses_the_right_password_after_the_failure_limit(client, operator):
+    _fail(client, LOGIN, "operator", times=200)
+    response = _post(client, LOGIN, "operator", "operator-pass-123")
+    assert response.status_code == 429
+    assert not _logged_in(client)
+    text = response.content.decode()
+    assert "Too many failed logins" in text and "operator" in text
+    assert f"refused for {settings.AXES_COOLOFF_TIME.total_seconds() / 60:.0f} minutes" in text
+
+
+@pytest.mark.django_db
+def test_it_locks_out_after_exactly_the_limit(client, operator):
+    _fail(client, LOGIN, "operator", times=settings.AXES_FAILURE_LIMIT - 1)
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 302
+    assert _logged_in(client)
+    client.logout()
+    _fail(client, LOGIN, "operator")  # a success starts the count again
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 429
+
+
+@pytest.mark.django_db
+def test_it_locks_the_admin_login_too(client, operator):
+    _fail(client, ADMIN_LOGIN, "operator")
+    response = _post(client, ADMIN_LOGIN, "operator", "operator-pass-123")
+    assert response.status_code == 429 and "Too many failed logins" in response.content.decode()
+    assert not _logged_in(client)
+    # one count for both doors
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 429
+
+
+@pytest.mark.django_db
+def test_it_locks_only_that_username_from_that_address(client, operator, member):
+    _fail(client, LOGIN, "operator")
+    assert _post(client, LOGIN, "member", "member-pass-123").status_code == 302
+    client.logout()
+    assert _post(client, LOGIN, "operator", "operator-pass-123", address="198.51.100.7").status_code == 302
+
+
+@pytest.mark.django_db
+def test_it_lets_the_pair_in_again_after_the_cool_off(client, operator):
+    _fail(client, LOGIN, "operator")
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 429
+    for attempt in AccessAttempt.objects.all():
+        attempt.attempt_time -= settings.AXES_COOLOFF_TIME + timedelta(seconds=1)
+        attempt.save()
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 302
+    assert _logged_in(client)
+
+
+@pytest.mark.django_db
+def test_it_ignores_a_forwarded_address_unless_configured(client, operator):
+    _fail(client, LOGIN, "operator")
+    response = _post(client, LOGIN, "operator", "operator-pass-123", HTTP_X_FORWARDED_FOR="192.0.2.99")
+    assert response.status_code == 429
+
+
+@pytest.mark.django_db
+def test_it_counts_by_the_configured_proxy_header(client, operator, settings):
+    settings.LOGIN_CLIENT_IP_META_KEY = "HTTP_X_FORWARDED_FOR"
+    proxy = "10.0.0.2"  # every request comes through the proxy
+    _fail(client, LOGIN, "operator", address=proxy, HTTP_X_FORWARDED_FOR="192.0.2.10")
+    # A client who prepends an address of its own is still counted by the one the proxy appended.
+    spoofed = _post(client, LOGIN, "operator", "operator-pass-123", address=proxy,
+                    HTTP_X_FORWARDED_FOR="198.51.100.1, 192.0.2.10")
+    assert spoofed.status_code == 429
+    # Another client behind the same proxy is not locked out by the first one's failures.
+    other = _post(client, LOGIN, "operator", "operator-pass-123", address=proxy, HTTP_X_FORWARDED_FOR="192.0.2.20")
+    assert other.status_code == 302 and _logged_in(client)
+
+
+@pytest.mark.django_db
+def test_the_tests_own_logins_keep_working(client, operator):
+    assert client.login(username="operator", password="operator-pass-123")
+    client.logout()
+    client.force_login(operator)
+    assert client.get(reverse("dashboard")).status_code == 200
+
+
+def _settings_in_fresh_process(tmp_path, **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+    clean.update(DATA_DIR=str(tmp_path), **env)
+    code = ("import json; from django.conf import settings as s; print(json.dumps([s.AXES_FAILURE_LIMIT, "
+            "s.AXES_COOLOFF_TIME.total_seconds(), s.LOGIN_CLIENT_IP_META_KEY]))")
+    return subprocess.run([sys.executable, "-c", "import django, os; os.environ['DJANGO_SETTINGS_MODULE']="
+                           "'config.settings'; django.setup(); " + code],
+                          cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60)
+
+
+def test_its_settings_come_from_the_environment(tmp_path):
+    defaults = _settings_in_fresh_process(tmp_path)
+    assert defaults.returncode == 0, defaults.stderr
+    assert json.loads(defaults.stdout.strip().splitlines()[-1]) == [5, 900.0, ""]
+    chosen = _settings_in_fresh_process(tmp_path, LOGIN_FAILURE_LIMIT="3", LOGIN_COOLOFF_MIN="60",
+                                        LOGIN_CLIENT_IP_HEADER="X-Forwarded-For")
+    assert chosen.returncode == 0, chosen.stderr
+    assert json.loads(chosen.stdout.strip().splitlines()[-1]) == [3, 3600.0, "HTTP_X_FORWARDED_FOR"]
+    bad = _settings_in_fresh_process(tmp_path, LOGIN_CLIENT_IP_HEADER="X-Forwarded-For: 1.2.3.4")
+    assert bad.returncode != 0 and "LOGIN_CLIENT_IP_HEADER" in bad.stderr
