@@ -81,6 +81,9 @@ INSTALLED_APPS = [
 # returns True when it took the move over (a training run resumes from its checkpoint on a box it rents itself);
 # otherwise fleet.actions.replace rents a like box for the same work.
 FLEET_MOVE_HANDLERS = ["runs.supervisor.on_move"]
+# Work that wants to know the moment its box is attached to a machine: each handler gets (instance, now) in the
+# transaction that links the row to the machine (a run moves to "provisioning" on it in the same commit).
+FLEET_ATTACH_HANDLERS = ["runs.supervisor.on_box_attached"]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -129,7 +132,9 @@ if EMBEDDED:
         }
     }
 else:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+    # Persistent connections are checked before reuse, so a database restart costs a reconnect, not failed tasks.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+                                                  conn_health_checks=True)}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -194,6 +199,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A web request that queues a task waits about a second for an unreachable broker, then says so (fleet.enqueue).
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25, "interval_max": 0.5}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # Two queues, so a slow rent or destroy (minutes of provider calls) never holds up the probes, syncs and webhooks
 # that must run on time; compose runs a worker for each (-Q fast, -Q slow), a worker given no -Q consumes both.
@@ -205,7 +212,8 @@ _FAST_TASKS = ["fleet.tasks.refresh_offers", "fleet.tasks.rank_profiles", "fleet
                "fleet.tasks.reconcile_charges", "fleet.tasks.probe_serving_instances", "fleet.tasks.deliver_webhook",
                "fleet.tasks.retry_webhooks"]
 _SLOW_TASKS = ["fleet.tasks.rent_instance", "fleet.tasks.destroy_instance", "fleet.tasks.move_instance",
-               "fleet.tasks.reap_instances", "fleet.tasks.maintain_inference_fleet", "runs.tasks.supervise_runs"]
+               "fleet.tasks.reap_instances", "fleet.tasks.maintain_inference_fleet", "runs.tasks.supervise_runs",
+               "fleet.tasks.rent_waiting_instances"]
 CELERY_TASK_ROUTES = {**{name: {"queue": "fast"} for name in _FAST_TASKS},
                       **{name: {"queue": "slow"} for name in _SLOW_TASKS}}
 OFFER_REFRESH_SECONDS = env_int("OFFER_REFRESH_SECONDS", 60, minimum=5)
@@ -238,7 +246,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     # httpx logs every request line at INFO; keep it at WARNING so a busy worker's log stays readable.
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    # axes logs every successful login's reset at INFO; failures and lockouts come at WARNING.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
 # Instances
@@ -257,9 +266,14 @@ CHARGES_RECONCILE_SECONDS = env_int("CHARGES_RECONCILE_SECONDS", 300, minimum=10
 RENT_OUTCOME_GRACE_S = env_int("RENT_OUTCOME_GRACE_S", 120, minimum=1)  # a rent not listed after this never happened
 DESTROY_VERIFY_S = env_int("DESTROY_VERIFY_S", 60, minimum=1)  # a destroy still listed after this is retried
 MAX_KEEP_FOR_DEBUG_HOURS = env_int("MAX_KEEP_FOR_DEBUG_HOURS", 24, minimum=1)
+# A requested rent no worker attempted within RENT_QUEUE_GRACE_S (its task lost) is rented by a sweep that runs that
+# often, or given up on with its reason once it has waited RENT_QUEUE_MAX_WAIT_S (the offer may be gone by then).
+RENT_QUEUE_GRACE_S = env_int("RENT_QUEUE_GRACE_S", 60, minimum=5)
+RENT_QUEUE_MAX_WAIT_S = env_int("RENT_QUEUE_MAX_WAIT_S", 1800, minimum=RENT_QUEUE_GRACE_S)
 CELERY_BEAT_SCHEDULE.update({
     "sync-instances": {"task": "fleet.tasks.sync_instances", "schedule": float(INSTANCE_SYNC_SECONDS)},
     "reconcile-charges": {"task": "fleet.tasks.reconcile_charges", "schedule": float(CHARGES_RECONCILE_SECONDS)},
+    "rent-waiting-instances": {"task": "fleet.tasks.rent_waiting_instances", "schedule": float(RENT_QUEUE_GRACE_S)},
 })
 
 # The reaper
@@ -282,6 +296,16 @@ WEBHOOK_BACKOFF_FACTOR = env_float("WEBHOOK_BACKOFF_FACTOR", 2.0, minimum=1.0)
 WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0, minimum=0.001)
 WEBHOOK_RETRY_SECONDS = env_int("WEBHOOK_RETRY_SECONDS", 60, minimum=5)  # beat: picks up deliveries whose task was lost
 CELERY_BEAT_SCHEDULE.update({"retry-webhooks": {"task": "fleet.tasks.retry_webhooks", "schedule": float(WEBHOOK_RETRY_SECONDS)}})
+# Redis hands an unacknowledged message (late acks) to another worker after its visibility timeout, counted from
+# when it was sent: it must outlast the longest countdown a task is queued with (a webhook's backoff) plus the
+# longest a task may run (TASK_TIME_LIMIT_MAX_S, every task's hard limit is within it), or the message runs
+# twice. A worker lost mid-task is therefore redelivered only after that long; periodic tasks are re-sent by beat.
+TASK_TIME_LIMIT_MAX_S = 600
+if REDIS_URL:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": int(WEBHOOK_BACKOFF_MAX_S) + TASK_TIME_LIMIT_MAX_S + 600,
+        "socket_connect_timeout": 5,
+    }
 
 # The inference fleet: probes of every serving box's /v1/models, and replicas kept at each model's desired count
 PROBE_SECONDS = env_int("PROBE_SECONDS", 30, minimum=5)
@@ -308,6 +332,8 @@ AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=6
 STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60)
 RUN_INSTALL_TIMEOUT_S = env_int("RUN_INSTALL_TIMEOUT_S", 1800, minimum=60)
 SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
+# A box whose heartbeat finds the supervisor silent this long stops its own machine (nothing would reap it).
+SUPERVISOR_STALE_S = env_int("SUPERVISOR_STALE_S", 1800, minimum=60)
 AGENT_MAX_METRIC_POINTS = env_int("AGENT_MAX_METRIC_POINTS", 2000, minimum=1)
 CELERY_BEAT_SCHEDULE.update({"supervise-runs": {"task": "runs.tasks.supervise_runs",
                                                 "schedule": float(SUPERVISOR_SECONDS)}})

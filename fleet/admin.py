@@ -1,26 +1,51 @@
+"""The fleet in the admin, to look at: nothing is added, changed or deleted here. Every change that costs money,
+rents or destroys a box, or decides what a box runs goes through the product's own pages and fleet.actions, which
+validate it and check the permission (fleet.access); the admin's actions lead there or to the same checks."""
+
 from django.contrib import admin, messages
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django_celery_beat import admin as beat_admin
+from django_celery_beat.models import ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, SolarSchedule
 
 from fleet import enqueue
 from fleet.access import can
 from fleet.models import Alert, Instance, InstanceEvent, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shows a model's rows and changes none: an edit here would skip the product's checks (a keep_until in 2099
+    outlives the reaper's age and spend cap; a run's bucket or recipe is what its box writes to and executes)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Offer)
-class OfferAdmin(admin.ModelAdmin):
+class OfferAdmin(ReadOnlyAdmin):
     list_display = ["offer_id", "gpu_name", "num_gpus", "gpu_ram_gb", "total_usd_per_hour", "reliability",
                     "geolocation", "is_bid", "available", "last_seen_at"]
     list_filter = ["provider", "available", "is_bid", "verified", "gpu_name"]
     search_fields = ["offer_id", "gpu_name", "geolocation", "machine_id"]
     actions = ["rent"]
-
-    def has_add_permission(self, request):
-        return False  # offers come from the marketplace, not from people
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
     def has_rent_permission(self, request):
         return can(request.user, "fleet.rent_instance")
@@ -36,28 +61,21 @@ class OfferAdmin(admin.ModelAdmin):
                         f"&bid={int(offer.is_bid)}")
 
 
-class InstanceEventInline(admin.TabularInline):
+class InstanceEventInline(ReadOnlyInline):
     model = InstanceEvent
-    extra = 0
-    can_delete = False
-    readonly_fields = ["at", "kind", "message"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Instance)
-class InstanceAdmin(admin.ModelAdmin):
+class InstanceAdmin(ReadOnlyAdmin):
+    """Rented through the Rent confirmation, kept for debugging (with its capped expiry) on the instance's page,
+    destroyed by the action below."""
+
     list_display = ["label", "state", "provider", "provider_instance_id", "gpu_name", "usd_per_hour",
                     "requested_at", "keep_until"]
     list_filter = ["state", "provider", "purpose", "is_bid"]
     search_fields = ["label", "provider_instance_id", "offer_id"]
-    readonly_fields = [f.name for f in Instance._meta.fields if f.name != "keep_until"]
     inlines = [InstanceEventInline]
     actions = ["destroy"]
-
-    def has_add_permission(self, request):
-        return False  # instances are rented through the Rent confirmation, never typed in
 
     def has_destroy_permission(self, request):
         return can(request.user, "fleet.destroy_instance")
@@ -78,11 +96,36 @@ class InstanceAdmin(admin.ModelAdmin):
 
 
 @admin.register(OfferRefresh)
-class OfferRefreshAdmin(admin.ModelAdmin):
+class OfferRefreshAdmin(ReadOnlyAdmin):
     list_display = ["provider", "started_at", "finished_at", "offers_seen", "offers_skipped", "error"]
     list_filter = ["provider"]
 
 
-admin.site.register(OfferProfile)
-admin.site.register(ThroughputCalibration)
-admin.site.register(Alert)
+@admin.register(OfferProfile)
+class OfferProfileAdmin(ReadOnlyAdmin):
+    """Saved from the Offers page: runs and inference replicas rank the offers they rent with these."""
+
+    list_display = ["name", "created_by", "updated_at", "last_ranked_at"]
+
+
+@admin.register(ThroughputCalibration)
+class ThroughputCalibrationAdmin(ReadOnlyAdmin):
+    """Folded in from finished runs; the ranking's cost projections rest on it."""
+
+    list_display = ["gpu_model", "kernel_path", "model_tflops", "weight", "measured_runs", "updated_at"]
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyAdmin):
+    list_display = ["kind", "created_at", "instance", "message"]
+    list_filter = ["kind"]
+
+
+# The work schedule (django-celery-beat's tables) is written from settings.CELERY_BEAT_SCHEDULE: shown here, never
+# edited, switched off or run by hand, so no one pauses the reaper or schedules a rent or destroy around the checks.
+_BEAT_ADMINS = {PeriodicTask: beat_admin.PeriodicTaskAdmin, IntervalSchedule: beat_admin.IntervalScheduleAdmin,
+                CrontabSchedule: beat_admin.CrontabScheduleAdmin, SolarSchedule: beat_admin.SolarScheduleAdmin,
+                ClockedSchedule: beat_admin.ClockedScheduleAdmin}
+for _model, _shown_by in _BEAT_ADMINS.items():
+    admin.site.unregister(_model)
+    admin.site.register(_model, type(_shown_by.__name__, (ReadOnlyAdmin, _shown_by), {"actions": []}))

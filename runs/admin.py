@@ -1,25 +1,28 @@
+"""Runs in the admin, to look at: launched (recipe validated, bucket checked) and cancelled from the Runs pages with
+the launch permission; their bucket, budget, restarts and recipe are never edited here, since the box writes to that
+bucket and executes that recipe, and the supervisor spends by that budget."""
+
 from django.contrib import admin
 
+from fleet.admin import ReadOnlyAdmin, ReadOnlyInline
 from runs.models import Checkpoint, Run, RunEvent
 
 
-class RunEventInline(admin.TabularInline):
+class RunEventInline(ReadOnlyInline):
     model = RunEvent
-    extra = 0
-    can_delete = False
-    readonly_fields = ["at", "kind", "message"]
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ReadOnlyAdmin):
     list_display = ["name", "state", "restarts", "max_restarts", "budget_usd", "created_at"]
     list_filter = ["state"]
-    readonly_fields = ["state", "state_reason", "restarts", "current_instance", "bad_machines"]
     exclude = ["token_nonce"]
     inlines = [RunEventInline]
 
-    def has_add_permission(self, request):
-        return False  # runs are launched from the Runs page, which validates the recipe
 
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyAdmin):
+    """What a run resumes from: written by its box through the agent API only."""
 
-admin.site.register(Checkpoint)
+    list_display = ["run", "phase", "step", "complete", "uri", "created_at"]
+    list_filter = ["complete"]
