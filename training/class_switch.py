@@ -8,14 +8,14 @@ _subclasses = {}
 
 
 def switch_class(module, fused_forward, applies):
-    """Make `module` a `Fused<its class>`: forward(*args) runs fused_forward(module, *args) where
-    applies(module, *args) holds, the class's own forward otherwise."""
+    """Make `module` a `Fused<its class>`: forward(*args, **kwargs) runs fused_forward(module, *args, **kwargs) where
+    applies(module, *args, **kwargs) holds, the class's own forward otherwise."""
     cls = type(module)
     if cls not in _subclasses:
-        def forward(self, *args):
-            if applies(self, *args):
-                return fused_forward(self, *args)
-            return cls.forward(self, *args)
+        def forward(self, *args, **kwargs):
+            if applies(self, *args, **kwargs):
+                return fused_forward(self, *args, **kwargs)
+            return cls.forward(self, *args, **kwargs)
 
         _subclasses[cls] = type(f"Fused{cls.__name__}", (cls,),
                                 {"forward": forward, "__module__": fused_forward.__module__})

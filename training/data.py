@@ -4,6 +4,7 @@ One record per line, by phase kind:
     cpt   {"text": "..."}                                            packed into seq_len rows, loss on every token
     sft   {"messages": [{"role", "content", "tool_calls"?}], "tools"?: [...]}
                                                                      packed; loss only on assistant tokens
+(packed: whole samples per row, each with its own positions, kept apart in the forward: training/packing.py)
     dpo   {"prompt": str | messages, "chosen": str, "rejected": str}
     kto   {"prompt": str | messages, "completion": str, "label": true | false}
     grpo  {"prompt": str | messages, ...anything the reward function reads (e.g. "answer")}
@@ -16,6 +17,8 @@ import functools
 import json
 
 import torch
+
+from training.packing import row_positions
 
 IGNORE = -100
 
@@ -117,14 +120,32 @@ def render_prompt(tokenizer, prompt):
     return _encode(tokenizer, "".join(_simple_turn(m) for m in prompt) + "<|assistant|>\n")
 
 
-def _pack(ids, labels, seq_len, pad_id):
-    """Cut one long stream into seq_len rows (the tail padded, its padding out of the loss)."""
-    rows = []
-    for start in range(0, len(ids), seq_len):
-        row_ids, row_labels = ids[start:start + seq_len], labels[start:start + seq_len]
+def _pack(samples, seq_len, pad_id):
+    """Pack (ids, labels) samples into rows of seq_len tokens, in order, each sample whole in one row (one longer
+    than seq_len is cut into seq_len pieces, each a sample of its own); the tail of a row padded, out of the loss.
+    Every row carries its positions, restarting at each sample (training/packing.py keeps the samples apart), and a
+    sample's first token is no target: nothing before it in the row belongs to it."""
+    pieces = [(ids[i:i + seq_len], labels[i:i + seq_len])
+              for ids, labels in samples for i in range(0, len(ids), seq_len)]
+    rows, current = [], []
+    for piece in pieces:
+        if current and sum(len(ids) for ids, _ in current) + len(piece[0]) > seq_len:
+            rows.append(current)
+            current = []
+        current.append(piece)
+    if current:
+        rows.append(current)
+    packed = []
+    for row in rows:
+        row_ids = [t for ids, _ in row for t in ids]
+        row_labels = [IGNORE if i == 0 else t for _, labels in row for i, t in enumerate(labels)]
+        lengths = [len(ids) for ids, _ in row]
         pad = seq_len - len(row_ids)
-        rows.append({"input_ids": row_ids + [pad_id] * pad, "labels": row_labels + [IGNORE] * pad})
-    return rows
+        if pad:
+            lengths.append(pad)
+        packed.append({"input_ids": row_ids + [pad_id] * pad, "labels": row_labels + [IGNORE] * pad,
+                       "position_ids": row_positions(lengths)})
+    return packed
 
 
 def _truncate(prompt_ids, completion_ids, seq_len):
@@ -137,17 +158,15 @@ def load_phase_data(kind, path, tokenizer, seq_len):
     """The phase's items (rows for cpt/sft, examples for the others) as plain lists of token ids."""
     eos = tokenizer.eos_token_id
     if kind == "cpt":
-        ids = []
+        samples = []
         for record in read_jsonl(path, ["text"]):
-            ids += _encode(tokenizer, record["text"]) + [eos]
-        return _pack(ids, list(ids), seq_len, tokenizer.pad_token_id)
+            ids = _encode(tokenizer, record["text"]) + [eos]
+            samples.append((ids, list(ids)))
+        return _pack(samples, seq_len, tokenizer.pad_token_id)
     if kind == "sft":
-        ids, labels = [], []
-        for record in read_jsonl(path, ["messages"]):
-            row_ids, row_labels = render_chat(tokenizer, record["messages"], record.get("tools"))
-            ids += row_ids
-            labels += row_labels
-        return _pack(ids, labels, seq_len, tokenizer.pad_token_id)
+        samples = [render_chat(tokenizer, record["messages"], record.get("tools"))
+                   for record in read_jsonl(path, ["messages"])]
+        return _pack(samples, seq_len, tokenizer.pad_token_id)
     if kind == "dpo":
         items = []
         for record in read_jsonl(path, ["prompt", "chosen", "rejected"]):
@@ -197,7 +216,8 @@ def collate(kind, items, pad_id):
     """A micro-batch of tensors (on the CPU) for the phase's loss."""
     if kind in ("cpt", "sft"):
         return {"input_ids": torch.tensor([it["input_ids"] for it in items]),
-                "labels": torch.tensor([it["labels"] for it in items])}
+                "labels": torch.tensor([it["labels"] for it in items]),
+                "position_ids": torch.tensor([it["position_ids"] for it in items])}
     if kind == "dpo":
         # Chosen rows first, then rejected rows, in one forward.
         return pad_pairs([it["chosen"] for it in items] + [it["rejected"] for it in items], pad_id)

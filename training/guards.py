@@ -4,13 +4,16 @@
    patching did, is caught by probing every MoE block, not by trusting the config).
 2. At start: the routed LoRA delta is in the forward (nonzero B changes the loss).
 3. After the first backward: every routed-expert LoRA factor pair got a gradient, checked on its own, apart from
-   attention (with B initialised to zero only B gets one at step 1; A must too once B is nonzero).
+   attention (with B initialised to zero only B gets one at step 1; A must too once B is nonzero); and so did every
+   other targeted module (attention, DeltaNet projections, shared expert), each group reported on its own, so a
+   shared expert or a DeltaNet projection cut from the graph stops the run as surely as the experts.
 """
 
 import torch
 
 from training import moe_lora
-from training.lora import routed_experts_modules, routed_lora_parameters, routed_lora_wrappers
+from training.lora import (module_lora_parameters, routed_experts_modules, routed_lora_parameters,
+                           routed_lora_wrappers)
 
 
 class GuardError(RuntimeError):
@@ -25,7 +28,11 @@ class LoraDeltaMissing(GuardError):
     pass
 
 
-class RoutedLoraNoGradient(GuardError):
+class LoraNoGradient(GuardError):
+    """A targeted LoRA module got no gradient at step 1."""
+
+
+class RoutedLoraNoGradient(LoraNoGradient):
     pass
 
 
@@ -96,18 +103,15 @@ def check_lora_delta_in_forward(model, loss_fn, std=0.02, seed=0):
 
 def routed_lora_grad_norms(model):
     """name -> gradient norm (None if no gradient) of each routed-expert LoRA factor: the per-phase metric."""
-    return {
-        name: (None if param.grad is None else float(param.grad.detach().float().norm()))
-        for name, param in routed_lora_parameters(model).items()
-    }
+    return {name: _grad_norm(param) for name, param in routed_lora_parameters(model).items()}
 
 
-def check_routed_lora_grads(model):
-    """After the first backward: each routed LoRA B has a nonzero gradient, and each A too where its B is nonzero."""
-    params = routed_lora_parameters(model)
-    if not params:
-        raise RoutedLoraNoGradient("the model has no routed-expert LoRA parameters")
-    norms = routed_lora_grad_norms(model)
+def _grad_norm(param):
+    return None if param.grad is None else float(param.grad.detach().float().norm())
+
+
+def _missing_grads(params, norms):
+    """Each B needs a nonzero gradient, each A too where its B is nonzero (B == 0: A's is zero by construction)."""
     missing = []
     for name, param in params.items():
         if not param.requires_grad:
@@ -116,9 +120,37 @@ def check_routed_lora_grads(model):
         if ".lora_A." in name:
             partner = params[name.replace(".lora_A.", ".lora_B.")]
             if not bool(partner.detach().ne(0).any()):
-                continue  # B == 0: A's gradient is zero by construction at step 1
+                continue
         if not norms[name]:
             missing.append(f"{name}: gradient {'missing' if norms[name] is None else 'zero'}")
+    return missing
+
+
+def check_lora_grads(model):
+    """After the first backward: the routed experts (`check_routed_lora_grads`), then every other targeted group on
+    its own: each of its LoRA modules got a gradient. Returns name -> gradient norm of every factor checked."""
+    norms = check_routed_lora_grads(model)
+    problems = []
+    for group, params in module_lora_parameters(model).items():
+        group_norms = {name: _grad_norm(param) for name, param in params.items()}
+        missing = _missing_grads(params, group_norms)
+        if missing:
+            problems.append(f"{group}: {len(missing)} of {len(params)} LoRA parameters got no gradient:\n"
+                            + "\n".join(missing))
+        norms.update(group_norms)
+    if problems:
+        raise LoraNoGradient("targeted LoRA modules got no gradient at step 1 (each group checked on its own); "
+                             "aborting:\n" + "\n".join(problems))
+    return norms
+
+
+def check_routed_lora_grads(model):
+    """After the first backward: each routed LoRA B has a nonzero gradient, and each A too where its B is nonzero."""
+    params = routed_lora_parameters(model)
+    if not params:
+        raise RoutedLoraNoGradient("the model has no routed-expert LoRA parameters")
+    norms = routed_lora_grad_norms(model)
+    missing = _missing_grads(params, norms)
     if missing:
         raise RoutedLoraNoGradient(
             f"{len(missing)} of {len(params)} routed-expert LoRA parameters got no gradient at step 1 "

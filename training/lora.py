@@ -1,23 +1,30 @@
-"""LoRA on attention (peft's own layers) and on the routed experts (peft's parameter layout, our forward).
+"""LoRA on the family's module targets (peft's own layers) and on the routed experts (peft's parameter layout, our
+forward).
+
+Which modules get LoRA comes from the model family's row in training/families.py (attention, Gated DeltaNet
+projections, shared expert), optionally overridden by the recipe; the resolved targets stay on the PeftModel so
+the metrics and the step-1 guard can tell the groups apart (`module_lora_parameters`).
 
 The routed-expert adapter is created by peft itself (`target_parameters`), so it is saved and loaded in peft's format
 and a plain `PeftModel.from_pretrained` serves it. Only the forward differs: peft's ParamWrapper would fold W + BA
 into a full expert-stack-sized tensor on every call; `RoutedExpertsLora` keeps peft's parameters but calls the experts
-directly, and the "moe_lora" experts forward reads the factors and runs them as grouped matmuls. The attention
-layers stay peft's too, with their forward fused into one autograd function (`training/lora_linear.py`).
+directly, and the "moe_lora" experts forward reads the factors and runs them as grouped matmuls. The module
+targets stay peft's too, with their forward fused into one autograd function (`training/lora_linear.py`).
 """
 
 import torch
 from peft import LoraConfig, get_peft_model, inject_adapter_in_model
-from peft.tuners.lora.layer import ParamWrapper
+from peft.tuners.lora.layer import LoraLayer, ParamWrapper
 
+from training import families
+from training.linear_attention import use_segmented_linear_attention
 from training.lora_linear import LoraLinear
 from training.moe_lora import IMPLEMENTATION_NAME, Kernels, register, set_kernels, use_moe_lora
 from training.norms import use_fused_rms_norms
 from training.routers import use_fused_routers
 
-ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
+TARGETS_ATTRIBUTE = "_lora_targets"
 
 
 class RoutedExpertsLora(ParamWrapper):
@@ -74,32 +81,67 @@ def routed_lora_parameters(model):
     return params
 
 
-def lora_config(r=32, alpha=64, attention=True):
-    config = LoraConfig(
+def lora_config(r=32, alpha=64, targets=None):
+    """peft's LoraConfig: LoRA on `targets` (group -> module paths within a decoder layer, `families.module_targets`;
+    None: none) and on the routed experts."""
+    pattern = families.target_modules_pattern(targets or {})
+    return LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=0.0,
-        target_modules=list(ATTENTION_TARGETS) if attention else [],
+        target_modules=pattern if pattern is not None else [],
         target_parameters=[f"experts.{name}" for name in EXPERT_PARAMETERS],
     )
-    return config
 
 
-def attach_lora(model, r=32, alpha=64, attention=True):
-    """Wrap a transformers MoE model with peft LoRA on attention and routed experts; the experts run "moe_lora".
+def model_targets(model, overrides=None, attention=True):
+    """group -> module paths for this model: its family's defaults, the recipe's `lora.targets` over them. Every path
+    must name a module of the model, so a typo or a path from another family fails here, not silently."""
+    targets = families.module_targets(families.family_of(model.config), overrides, attention)
+    names = [name for name, _ in model.named_modules()]
+    for group, paths in targets.items():
+        for path in paths:
+            if not any(families.group_of(name, {group: (path,)}) for name in names):
+                raise ValueError(f"LoRA target {group}: {path!r} names no module of this {model.config.model_type} "
+                                 "model (paths are within a decoder layer, such as 'self_attn.q_proj')")
+    return targets
+
+
+def attach_lora(model, r=32, alpha=64, attention=True, targets=None):
+    """Wrap a transformers MoE model with peft LoRA on its family's targets and the routed experts; the experts run
+    "moe_lora". targets: the recipe's `lora.targets` overrides (group -> module paths), or None.
 
     Returns the PeftModel (its `save_pretrained` writes a standard peft adapter)."""
     experts = routed_experts_modules(model)
     if not experts:
         raise ValueError("the model has no routed experts with 3-D gate_up_proj / down_proj parameters")
-    peft_model = get_peft_model(model, lora_config(r, alpha, attention))
+    resolved = model_targets(model, targets, attention)
+    peft_model = get_peft_model(model, lora_config(r, alpha, resolved))
+    peft_model.__dict__[TARGETS_ATTRIBUTE] = resolved  # a plain attribute: not in the state dict, not a submodule
     use_moe_lora(peft_model.get_base_model())
     adopt_routed_lora(peft_model)
     for module in peft_model.modules():
-        LoraLinear.adopt(module)  # attention LoRA: peft's layers, fused forward
+        LoraLinear.adopt(module)  # module targets: peft's layers, fused forward
     use_fused_rms_norms(peft_model)  # the frozen norms on one Triton kernel each way (on a GPU)
     use_fused_routers(peft_model)  # softmax, top-k and renormalisation after each router's linear, likewise
+    use_segmented_linear_attention(peft_model)  # DeltaNet keeps packed samples apart
     return peft_model
+
+
+def module_lora_parameters(model):
+    """group -> {name: parameter} of the LoRA factors on the module targets (attention, linear attention, shared
+    expert), by the targets `attach_lora` resolved."""
+    targets = model.__dict__.get(TARGETS_ATTRIBUTE, {})
+    found = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer) or isinstance(module, ParamWrapper):
+            continue
+        group = families.group_of(name, targets) or "other"
+        for adapter, layer in module.lora_A.items():
+            found.setdefault(group, {})[f"{name}.lora_A.{adapter}"] = layer.weight
+        for adapter, layer in module.lora_B.items():
+            found.setdefault(group, {})[f"{name}.lora_B.{adapter}"] = layer.weight
+    return found
 
 
 def adopt_routed_lora(module, kernels: Kernels | None = None):
@@ -118,7 +160,7 @@ def adopt_routed_lora(module, kernels: Kernels | None = None):
 
 def inject_routed_lora(module, r=32, alpha=64):
     """peft's plain routed-expert LoRA (ParamWrapper, which folds W + BA) on any module: the benchmark's baseline."""
-    return inject_adapter_in_model(lora_config(r, alpha, attention=False), module)
+    return inject_adapter_in_model(lora_config(r, alpha), module)
 
 
 @torch.no_grad()

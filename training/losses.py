@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from training.data import IGNORE
+from training.packing import model_inputs
 
 
 def _cross_entropy(logits, targets, reduction):
@@ -41,8 +42,9 @@ def sequence_logps(model, batch):
 
 
 def causal_lm_loss(model, batch, phase, ctx):
-    """CPT and SFT: mean next-token cross-entropy over label tokens (SFT labels cover assistant turns only)."""
-    logits = model(input_ids=batch["input_ids"]).logits
+    """CPT and SFT: mean next-token cross-entropy over label tokens (SFT labels cover assistant turns only); the
+    samples packed in a row are kept apart (training/packing.py)."""
+    logits = model(**model_inputs(model, batch)).logits
     targets = batch["labels"][:, 1:]
     count = (targets != IGNORE).sum()  # a tensor: no host sync per micro-batch
     loss = _cross_entropy(logits, targets, "sum")

@@ -29,6 +29,8 @@ FIELDS = (
     MetricField("tokens_per_s", float, "tokens per second", enveloped=True),
     MetricField("grad_norm_routed", float, "routed-expert LoRA gradient norm", enveloped=True),
     MetricField("grad_norm_attention", float, "attention LoRA gradient norm", enveloped=True),
+    MetricField("grad_norm_linear_attention", float, "linear-attention (DeltaNet) LoRA gradient norm", enveloped=True),
+    MetricField("grad_norm_shared_expert", float, "shared-expert LoRA gradient norm", enveloped=True),
     MetricField("grad_norm_total", float, "total gradient norm"),
     MetricField("routed_b_norm", float, "routed-expert LoRA B norm", enveloped=True),
     MetricField("routed_b_zero", int, "routed-expert LoRA B tensors still zero", maximum=10_000_000, enveloped=True),

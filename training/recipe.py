@@ -3,7 +3,10 @@
     model:            {path: Qwen/Qwen3-30B-A3B}  or  {config: {model_type: qwen3_moe, ...}, seed: 0}
                       dtype: bfloat16 (default) | float32; tokenizer: a path (default: the model path; a byte
                       tokenizer for a config with random weights)
-    lora:             {r: 32, alpha: 64, attention: true}   (routed experts always; router frozen)
+    lora:             {r: 32, alpha: 64, attention: true, targets: null}   (routed experts always; routers frozen;
+                      the modules per model family in training/families.py; attention: false drops attention and
+                      linear attention; targets: {group: [module paths within a decoder layer]} replaces a group's,
+                      e.g. {shared_expert: []} to leave the shared expert frozen)
     batch_size: 2     grad_accum: 8     seq_len: 2048
     lr: 2.0e-4        schedule: cosine | linear | constant     warmup_steps: 0     min_lr_ratio: 0.1
     weight_decay: 0.0 max_grad_norm: 1.0    gradient_checkpointing: false    seed: 0
@@ -24,12 +27,14 @@ from pathlib import Path
 
 import yaml
 
+from training.families import target_problems
+
 PHASE_KINDS = ("cpt", "sft", "dpo", "kto", "grpo")
 SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("bfloat16", "float32", "float16")
 
 DEFAULTS = {
-    "lora": {"r": 32, "alpha": 64, "attention": True},
+    "lora": {"r": 32, "alpha": 64, "attention": True, "targets": None},
     "batch_size": 2,
     "grad_accum": 8,
     "seq_len": 2048,
@@ -156,6 +161,7 @@ def _training(recipe: dict, problems: _Problems) -> None:
     problems.positive_int("lora.r", lora["r"])
     problems.positive_number("lora.alpha", lora["alpha"])
     problems.flag("lora.attention", lora["attention"])
+    problems.extend(target_problems(lora["targets"]))
     for key in ("batch_size", "grad_accum", "seq_len"):
         problems.positive_int(key, recipe[key])
     problems.positive_number("lr", recipe["lr"])

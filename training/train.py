@@ -19,15 +19,28 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint, guards, moe_lora
+from training import checkpoint, families, guards, moe_lora
 from training.data import batch_indices, collate, load_phase_data, load_tokenizer
 from training.graphs import MicroStepGraphs, eager_micro_step
-from training.lora import attach_lora, routed_lora_parameters
+from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
 from training.losses import LOSSES, sequence_logps
 from training.metrics import open_sinks
 from training.recipe import RecipeError, load_recipe
 
 _log = logging.getLogger("training")
+
+
+def checkpoint_class(config):
+    """The class a checkpoint was saved from (its config's `architectures`), so that the adapter's keys are the
+    checkpoint's own: the Qwen3.5/3.6-MoE checkpoints are the multimodal `Qwen3_5MoeForConditionalGeneration`, text
+    under `model.language_model` (only the text decoder gets LoRA, training/families.py). A causal LM otherwise."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModelForCausalLM
 
 
 def build_model(model_recipe, device):
@@ -40,7 +53,8 @@ def build_model(model_recipe, device):
         torch.manual_seed(model_recipe["seed"])
         with torch.device(device):
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return AutoModelForCausalLM.from_pretrained(model_recipe["path"], dtype=dtype, device_map=device)
+    config = AutoConfig.from_pretrained(model_recipe["path"])
+    return checkpoint_class(config).from_pretrained(model_recipe["path"], dtype=dtype, device_map=device)
 
 
 def lr_lambda(schedule, warmup_steps, total_steps, min_lr_ratio):
@@ -57,17 +71,25 @@ def lr_lambda(schedule, warmup_steps, total_steps, min_lr_ratio):
     return factor
 
 
+NORM_GROUPS = (*families.GROUPS, "other")  # "other": trainable parameters outside the family's groups
+
+
 def parameter_groups(model):
-    """The trainable parameters, and apart: routed-expert LoRA, attention LoRA, routed LoRA B (for the metrics)."""
+    """The trainable parameters, and apart (for the metrics): each group of training/families.py (the routed
+    experts never with the shared expert), what falls in none of them, and the routed LoRA B."""
     routed = routed_lora_parameters(model)
-    routed_ids = {id(p) for p in routed.values()}
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return {
-        "trainable": trainable,
-        "routed": [p for p in trainable if id(p) in routed_ids],
-        "attention": [p for p in trainable if id(p) not in routed_ids],
-        "routed_b": [p for n, p in routed.items() if ".lora_B." in n],
-    }
+    trainable_ids = {id(p) for p in trainable}
+    members = {families.ROUTED: list(routed.values())}
+    for group, params in module_lora_parameters(model).items():
+        members.setdefault(group, []).extend(params.values())
+    groups = {"trainable": trainable, "routed_b": [p for n, p in routed.items() if ".lora_B." in n]}
+    grouped = set()
+    for group in families.GROUPS:
+        groups[group] = [p for p in members.get(group, []) if id(p) in trainable_ids]
+        grouped.update(id(p) for p in groups[group])
+    groups["other"] = [p for p in trainable if id(p) not in grouped]
+    return groups
 
 
 def _norm(params):
@@ -106,10 +128,10 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
     signal = any(bool(s) for s in signals)
     guard_checked = False
     if check_guard and signal:
-        guards.check_routed_lora_grads(model)
+        guards.check_lora_grads(model)
         guard_checked = True
-    routed_norm, attention_norm = _norm(groups["routed"]), _norm(groups["attention"])
-    total_norm = torch.linalg.vector_norm(torch.stack([routed_norm.to(device), attention_norm.to(device)]))
+    norms = {group: _norm(groups.get(group, ())).to(device) for group in NORM_GROUPS}
+    total_norm = torch.linalg.vector_norm(torch.stack(list(norms.values())))
     if max_grad_norm:
         coef = (max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         grads = [p.grad for p in groups["trainable"] if p.grad is not None]
@@ -126,8 +148,7 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
     record = {
         "loss": float(loss_sum) / len(micro_batches),
         "lr": lr,
-        "grad_norm_routed": float(routed_norm),
-        "grad_norm_attention": float(attention_norm),
+        **{f"grad_norm_{group}": float(norm) for group, norm in norms.items()},
         "grad_norm_total": float(total_norm),
         "routed_b_norm": float(torch.linalg.vector_norm(torch.stack(b_norms))) if b_norms else 0.0,
         "routed_b_zero": b_zero,
@@ -174,7 +195,8 @@ def format_line(record):
     return (
         f"{record['phase_name']} step {record['step']}/{record['steps']} loss {record['loss']:.4f} "
         f"lr {record['lr']:.2e} {record['step_s']:.2f}s {record['tokens_per_s']:,.0f} tok/s | grad routed "
-        f"{record['grad_norm_routed']:.3g} attn {record['grad_norm_attention']:.3g} total "
+        f"{record['grad_norm_routed']:.3g} attn {record['grad_norm_attention']:.3g} linear attn "
+        f"{record['grad_norm_linear_attention']:.3g} shared {record['grad_norm_shared_expert']:.3g} total "
         f"{record['grad_norm_total']:.3g} | routed B norm {record['routed_b_norm']:.4g} zero "
         f"{record['routed_b_zero']}/{record['routed_b_count']} |{mem} experts {record['kernel_path']}"
     )
@@ -251,16 +273,17 @@ def run(recipe, out=print):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = build_model(recipe["model"], device)
-    tokenizer = load_tokenizer(recipe["model"], base.config.vocab_size)
+    vocab_size = base.config.get_text_config().vocab_size
+    tokenizer = load_tokenizer(recipe["model"], vocab_size)
     if recipe["gradient_checkpointing"]:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = recipe["lora"]
-    model = attach_lora(base, r=lora["r"], alpha=lora["alpha"], attention=lora["attention"])
+    model = attach_lora(base, r=lora["r"], alpha=lora["alpha"], attention=lora["attention"], targets=lora["targets"])
     model.train()
     groups = parameter_groups(model)
 
     guards.check_experts_forward_is_ours(model)
-    probe = torch.randint(3, base.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)).to(device)
+    probe = torch.randint(3, vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)).to(device)
     guards.check_lora_delta_in_forward(model, lambda: model(input_ids=probe, labels=probe).loss)
 
     store = checkpoint.open_store(recipe["checkpoint"])
@@ -283,7 +306,10 @@ def run(recipe, out=print):
         out(f"resuming from checkpoint {name}")
 
     sinks = open_sinks(recipe["metrics"])
-    graphs = MicroStepGraphs(groups["trainable"]) if device.type == "cuda" and recipe["cuda_graphs"] else None
+    # DeltaNet layers read the packed samples' boundaries on the host (training/packing.py): nothing to capture.
+    capturable = not families.family_of(base.config).linear_attention
+    graphs = (MicroStepGraphs(groups["trainable"]) if device.type == "cuda" and recipe["cuda_graphs"] and capturable
+              else None)
     try:
         # Gradients reach .grad through backward() only and nothing hooks them: the experts' backward may add the
         # routed LoRA gradients into .grad itself.

@@ -99,7 +99,7 @@ def test_it_loads_a_yaml_recipe_with_defaults_and_relative_paths(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
     (tmp_path / "r.yaml").write_text("model: {path: Qwen/Qwen3-30B-A3B}\nphases:\n  - {kind: cpt, data: d.jsonl, steps: 5}\n")
     recipe = load_recipe(tmp_path / "r.yaml")
-    assert recipe["seq_len"] == 2048 and recipe["lora"] == {"r": 32, "alpha": 64, "attention": True}
+    assert recipe["seq_len"] == 2048 and recipe["lora"] == {"r": 32, "alpha": 64, "attention": True, "targets": None}
     assert recipe["phases"][0]["data"] == str(tmp_path / "d.jsonl")
     assert recipe["checkpoint"]["store"] == str(tmp_path / "checkpoints")
     with pytest.raises(RecipeError, match="not valid YAML"):
