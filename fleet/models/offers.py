@@ -11,7 +11,8 @@ class Offer(models.Model):
     """The latest listing of one marketplace offer, as the last refresh saw it."""
 
     provider = models.CharField(max_length=20)
-    offer_id = models.CharField(max_length=40)
+    # RunPod's offer id is its GPU type id, cloud and count: "NVIDIA RTX PRO 6000 Blackwell Server Edition:SECURE:1"
+    offer_id = models.CharField(max_length=120)
     machine_id = models.CharField(max_length=40, blank=True)
     host_id = models.CharField(max_length=40, blank=True)
     gpu_name = models.CharField(max_length=80)

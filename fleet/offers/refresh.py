@@ -1,22 +1,91 @@
-"""Storing what a marketplace lists: upsert the offers a search returned, retire the ones it no longer lists."""
+"""Storing what a marketplace lists: upsert the offers a search returned, retire the ones it no longer lists.
 
-from dataclasses import fields
+A record the database cannot hold (text longer than its column, a count past its column's range, a price with more
+digits than the column keeps, a NaN) is skipped with the reason before the save, against the limits of the Offer
+model's own columns, so one such record never fails the save of all the others.
+"""
 
-from django.db import transaction
+import functools
+import logging
+from dataclasses import dataclass, field, fields
+
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from fleet.models import Offer, OfferRefresh
-from fleet.providers.registry import get_provider
+from fleet.providers import fields as offer_fields
 from fleet.providers.errors import ProviderError
 from fleet.providers.records import OfferRecord
+from fleet.providers.registry import get_provider
 
+log = logging.getLogger(__name__)
+
+_RECORD_FIELDS = [f.name for f in fields(OfferRecord)]
 _KEY_FIELDS = ("provider", "offer_id", "is_bid")
-_REFRESHED_FIELDS = [f.name for f in fields(OfferRecord) if f.name not in _KEY_FIELDS] + ["last_seen_at", "available"]
+_REFRESHED_FIELDS = [name for name in _RECORD_FIELDS if name not in _KEY_FIELDS] + ["last_seen_at", "available"]
 
 
-def store_offers(provider: str, records: list[OfferRecord], now=None) -> int:
+@dataclass
+class StoredOffers:
+    stored: int = 0
+    skipped: list[str] = field(default_factory=list)  # one reason per record not stored, naming the field
+
+
+def _column(model_field: models.Field) -> offer_fields.Column:
+    null = model_field.null
+    if isinstance(model_field, models.BooleanField):
+        return offer_fields.Column("flag", null=null)
+    if isinstance(model_field, models.DecimalField):
+        return offer_fields.Column("decimal", null=null, max_digits=model_field.max_digits,
+                                   decimal_places=model_field.decimal_places)
+    if isinstance(model_field, models.IntegerField):
+        low, high = connection.ops.integer_field_range(model_field.get_internal_type())
+        return offer_fields.Column("whole", null=null, low=low, high=high)
+    if isinstance(model_field, models.FloatField):
+        return offer_fields.Column("real", null=null)
+    if isinstance(model_field, models.CharField):
+        return offer_fields.Column("text", null=null, max_length=model_field.max_length)
+    raise TypeError(f"Offer.{model_field.name}: no check for a {type(model_field).__name__}")
+
+
+@functools.cache
+def offer_columns() -> dict[str, offer_fields.Column]:
+    """What each Offer column a record fills can hold, read from the model and the database's integer ranges."""
+    return {name: _column(Offer._meta.get_field(name)) for name in _RECORD_FIELDS}
+
+
+def storage_problem(record: OfferRecord) -> str | None:
+    """Why the record cannot be stored, naming the first field that does not fit its column; None if it fits."""
+    for name, column in offer_columns().items():
+        problem = offer_fields.column_problem(getattr(record, name), column)
+        if problem:
+            return f"{name} {problem}"
+    return None
+
+
+def _storable(records: list[OfferRecord]) -> tuple[list[OfferRecord], list[str]]:
+    """The records that fit their columns, each key once (the first listing wins), and a reason for every other."""
+    keep, skipped, seen = [], [], set()
+    for record in records:
+        name = f"offer {offer_fields.label(record.offer_id)}{' (bid)' if record.is_bid is True else ''}"
+        problem = storage_problem(record)
+        key = (record.provider, record.offer_id, record.is_bid)
+        if problem is None and key in seen:
+            problem = "listed twice; the first listing kept"
+        if problem:
+            skipped.append(f"{name}: {problem}")
+            continue
+        seen.add(key)
+        keep.append(record)
+    return keep, skipped
+
+
+def store_offers(provider: str, records: list[OfferRecord], now=None) -> StoredOffers:
     now = now or timezone.now()
-    rows = [Offer(**Offer.field_values(r), first_seen_at=now, last_seen_at=now, available=True) for r in records]
+    keep, skipped = _storable(records)
+    if skipped:
+        log.warning("Not storing %d %s offers: %s", len(skipped), provider, "; ".join(skipped[:5]))
+    rows = [Offer(**Offer.field_values(r), first_seen_at=now, last_seen_at=now, available=True) for r in keep]
     with transaction.atomic():
         if rows:
             Offer.objects.bulk_create(
@@ -27,7 +96,7 @@ def store_offers(provider: str, records: list[OfferRecord], now=None) -> int:
                 update_fields=_REFRESHED_FIELDS,
             )
         Offer.objects.filter(provider=provider, available=True, last_seen_at__lt=now).update(available=False)
-    return len(rows)
+    return StoredOffers(stored=len(rows), skipped=skipped)
 
 
 def refresh_offers(provider_name: str = "vast") -> OfferRefresh:
@@ -45,8 +114,9 @@ def refresh_offers(provider_name: str = "vast") -> OfferRefresh:
         refresh.finished_at = timezone.now()
         refresh.save(update_fields=["error", "finished_at"])
         raise
-    refresh.offers_seen = store_offers(provider_name, list(on_demand) + list(bids), now=refresh.started_at)
-    refresh.offers_skipped = len(on_demand.skipped) + len(bids.skipped)
+    stored = store_offers(provider_name, list(on_demand) + list(bids), now=refresh.started_at)
+    refresh.offers_seen = stored.stored
+    refresh.offers_skipped = len(on_demand.skipped) + len(bids.skipped) + len(stored.skipped)
     refresh.finished_at = timezone.now()
     refresh.save(update_fields=["offers_seen", "offers_skipped", "finished_at"])
     return refresh

@@ -17,14 +17,16 @@ What RunPod's API does not tell, and the product must live without:
   between polls, and it is None until the container runs.
 """
 
+import json
 import logging
 import shlex
 import time
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 import httpx
 
+from . import fields
 from .base import HttpProvider, OfferSearch
 from .errors import (
     AuthenticationFailed,
@@ -149,8 +151,8 @@ class RunPodClient(HttpProvider):
                 try:
                     result.extend(parse_offers(raw, gpu_count, cloud_types, bid=bid,
                                                storage_usd_per_gb_month=self.storage_usd_per_gb_month))
-                except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
-                    gpu_id = raw.get("id", "?") if isinstance(raw, dict) else "?"
+                except (TypeError, ValueError) as exc:  # fields.BadField is a ValueError that names the field
+                    gpu_id = fields.label(raw.get("id", "?")) if isinstance(raw, dict) else "?"
                     result.skipped.append(f"GPU type {gpu_id} x{gpu_count}: {exc}")
         result.sort(key=lambda o: (o.total_usd_per_hour, o.offer_id))
         del result[limit:]
@@ -270,7 +272,7 @@ class RunPodClient(HttpProvider):
 
 def _decode(response: httpx.Response, what: str, *, strict: bool = True) -> dict:
     try:
-        data = response.json()
+        data = json.loads(response.content, parse_int=fields.json_int)
     except ValueError:
         if not strict:
             return {}
@@ -332,16 +334,9 @@ def compute_capability(gpu_name: str) -> int:
     return 0
 
 
-def _price(raw: dict | None, key: str) -> Decimal | None:
-    if not isinstance(raw, dict) or raw.get(key) is None:
-        return None
-    value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{key} is {value!r}, not a number")
-    price = Decimal(str(value))
-    if price < 0:
-        raise ValueError(f"{key} is negative")
-    return price if price > 0 else None  # RunPod reports 0 where it has no price
+def _price(raw: dict, key: str) -> Decimal | None:
+    price = fields.money(raw, key, default=None)
+    return price if price else None  # RunPod reports 0 where it has no price
 
 
 def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: bool = False,
@@ -349,27 +344,30 @@ def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: boo
     """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine.
 
     The per-cloud list price is used where RunPod gives it, its lowestPrice otherwise. A bid offer is priced at
-    the minimum bid. `rentable` says whether lowestPrice reports a machine for this count at all.
+    the minimum bid. `rentable` says whether lowestPrice reports a machine for this count at all. Anything the
+    GPU type holds in place of a value raises BadField (a ValueError naming the field).
     """
     if not isinstance(raw, dict):
         raise TypeError("GPU type is not an object")
-    gpu_type_id = raw["id"]
-    if not isinstance(gpu_type_id, str) or not gpu_type_id or ":" in gpu_type_id:
-        raise ValueError(f"id is {gpu_type_id!r}")
-    memory = raw["memoryInGb"]
-    if isinstance(memory, bool) or not isinstance(memory, int | float) or memory <= 0:
-        raise ValueError(f"memoryInGb is {memory!r}")
-    max_count = raw.get("maxGpuCount")
-    if isinstance(max_count, int) and not isinstance(max_count, bool) and gpu_count > max_count:
+    gpu_type_id = fields.text(raw, "id", blank=False)
+    if ":" in gpu_type_id:  # the offer id joins the type, the cloud and the count with colons
+        raise fields.BadField("id", f"is {fields.shown(gpu_type_id)}, which holds a colon")
+    memory = fields.number(raw, "memoryInGb")
+    if not memory:
+        raise fields.BadField("memoryInGb", "is 0")
+    max_count = fields.whole(raw, "maxGpuCount", default=None)
+    if max_count is not None and gpu_count > max_count:
         return []
-    lowest = raw.get("lowestPrice")
+    lowest = raw.get("lowestPrice") or {}
+    if not isinstance(lowest, dict):
+        raise fields.BadField("lowestPrice", f"is {fields.shown(lowest)}, not an object")
     lowest_on_demand = _price(lowest, "uninterruptablePrice")
     lowest_bid = _price(lowest, "minimumBidPrice")
-    name = str(raw.get("displayName") or gpu_type_id)
+    name = fields.text(raw, "displayName", default="") or gpu_type_id
     offers = []
     for cloud in cloud_types:
         key = "secure" if cloud == "SECURE" else "community"
-        if raw.get(f"{key}Cloud") is not True:
+        if not fields.flag(raw, f"{key}Cloud", default=False):
             continue
         on_demand = _price(raw, f"{key}Price") or lowest_on_demand
         spot = _price(raw, f"{key}SpotPrice") or lowest_bid
@@ -441,7 +439,7 @@ def _public_ports(runtime: dict) -> tuple[str, dict[str, int], str, int | None]:
             continue
         try:
             private, public = int(port["privatePort"]), int(port["publicPort"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
         ip = str(port.get("ip") or "").strip()
         public_ip = public_ip or ip
@@ -467,13 +465,10 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
             raise TypeError(f"runtime is {runtime!r}")
         public_ip, ports, ssh_host, ssh_port = _public_ports(runtime or {})
         machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
-        uptime = (runtime or {}).get("uptimeInSeconds")
+        uptime = fields.number(runtime or {}, "uptimeInSeconds", default=None)
         started_at = None
-        if isinstance(uptime, int | float) and not isinstance(uptime, bool):
+        if uptime is not None:
             started_at = (now or datetime.now(UTC)).replace(microsecond=0) - timedelta(seconds=int(uptime))
-        cost = raw.get("costPerHr")
-        if isinstance(cost, bool) or not isinstance(cost, int | float | None):
-            raise ValueError(f"costPerHr is {cost!r}")
         return InstanceRecord(
             provider="runpod",
             instance_id=str(raw["id"]),
@@ -483,9 +478,9 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
             intended_status=_intended_status(desired),
             is_bid=str(raw.get("podType") or "").upper() == "INTERRUPTABLE",
             gpu_name=str(machine.get("gpuDisplayName") or ""),
-            num_gpus=int(raw.get("gpuCount") or 0),
+            num_gpus=fields.whole(raw, "gpuCount", default=0),
             machine_id=str(raw.get("machineId") or ""),
-            usd_per_hour=Decimal(str(cost or 0)),
+            usd_per_hour=fields.money(raw, "costPerHr", default=Decimal(0)),
             gpu_util_percent=_gpu_util(runtime or {}),
             public_ip=public_ip,
             ports=ports,
@@ -493,6 +488,6 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
             ssh_port=ssh_port,
             started_at=started_at,
         )
-    except (TypeError, ValueError, InvalidOperation) as exc:
-        raise MalformedResponse(f"RunPod pod {raw.get('id')}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise MalformedResponse(f"RunPod pod {fields.label(raw.get('id'))}: {exc}") from None
 

@@ -3,12 +3,14 @@
 Every response is converted here, once, into plain records with units in their field names.
 """
 
+import json
 import logging
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 import httpx
 
+from . import fields
 from .base import HttpProvider, OfferSearch
 from .errors import InstanceNotFound, MalformedResponse, OfferUnavailable
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
@@ -43,8 +45,8 @@ class VastClient(HttpProvider):
         for raw in raw_offers:
             try:
                 result.append(parse_offer(raw, is_bid=bid))
-            except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
-                offer_id = raw.get("id", "?") if isinstance(raw, dict) else "?"
+            except (TypeError, ValueError) as exc:  # fields.BadField is a ValueError that names the field
+                offer_id = fields.label(raw.get("id", "?")) if isinstance(raw, dict) else "?"
                 result.skipped.append(f"offer {offer_id}: {exc}")
         if result.skipped:
             log.warning("Skipped %d malformed vast.ai offers: %s", len(result.skipped), "; ".join(result.skipped[:5]))
@@ -126,7 +128,7 @@ def _raise_for_status(response: httpx.Response) -> None:
 
 def _decode(response: httpx.Response, *, strict: bool = True) -> dict:
     try:
-        data = response.json()
+        data = json.loads(response.content, parse_int=fields.json_int)
     except ValueError:
         if not strict:
             return {}
@@ -144,66 +146,46 @@ def _decode(response: httpx.Response, *, strict: bool = True) -> dict:
 # -- conversion: marketplace JSON -> records ---------------------------------------------------------------------
 
 
-def _number(raw: dict, key: str) -> float:
-    value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{key} is {value!r}, not a number")
-    return float(value)
-
-
-def _optional_number(raw: dict, key: str) -> float | None:
-    return None if raw.get(key) is None else _number(raw, key)
-
-
-def _money(raw: dict, key: str, default: float | None = None) -> Decimal:
-    if raw.get(key) is None and default is not None:
-        return Decimal(str(default))
-    value = Decimal(str(_number(raw, key)))
-    if value < 0:
-        raise ValueError(f"{key} is negative")
-    return value
-
-
 def _timestamp(value) -> datetime | None:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return datetime.fromtimestamp(value, tz=UTC)
+    try:
+        return datetime.fromtimestamp(value, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # NaN, an infinity, or a year no calendar here holds
+        return None
 
 
 def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
+    """One listing of vast.ai's search as a record; BadField (naming the field) for anything it cannot hold."""
     if not isinstance(raw, dict):
         raise TypeError("offer is not an object")
-    num_gpus = int(_number(raw, "num_gpus"))
-    if num_gpus < 1:
-        raise ValueError("num_gpus < 1")
-    min_bid = raw.get("min_bid")
     return OfferRecord(
         provider="vast",
-        offer_id=str(int(_number(raw, "id"))),
-        machine_id=str(raw.get("machine_id", "")),
-        host_id=str(raw.get("host_id", "")),
-        gpu_name=str(raw["gpu_name"]),
-        num_gpus=num_gpus,
-        gpu_ram_gb=round(_number(raw, "gpu_ram") / MIB_PER_GIB, 1),
-        compute_capability=int(round(_number(raw, "compute_cap") / 10)),
-        cuda_max=_optional_number(raw, "cuda_max_good") or 0.0,
-        driver_version=str(raw.get("driver_version") or ""),
-        disk_gb=_number(raw, "disk_space"),
-        inet_up_mbps=_number(raw, "inet_up"),
-        inet_down_mbps=_number(raw, "inet_down"),
-        inet_up_usd_per_gb=_money(raw, "inet_up_cost", default=0),
-        inet_down_usd_per_gb=_money(raw, "inet_down_cost", default=0),
-        storage_usd_per_gb_month=_money(raw, "storage_cost", default=0),
-        gpu_usd_per_hour=_money(raw, "dph_base"),
-        total_usd_per_hour=_money(raw, "dph_total"),
-        min_bid_usd_per_hour=None if min_bid is None else _money(raw, "min_bid"),
-        reliability=float(raw.get("reliability2") or raw.get("reliability") or 0.0),
-        verified=bool(raw.get("verified", False)),
-        rentable=bool(raw.get("rentable", True)),
-        is_bid=bool(raw.get("is_bid", is_bid)),
-        geolocation=str(raw.get("geolocation") or ""),
-        dlperf=_optional_number(raw, "dlperf"),
-        total_flops=_optional_number(raw, "total_flops"),
+        offer_id=str(fields.whole(raw, "id", low=1, high=fields.MAX_ID)),
+        machine_id=fields.identifier(raw, "machine_id"),
+        host_id=fields.identifier(raw, "host_id"),
+        gpu_name=fields.text(raw, "gpu_name", blank=False),
+        num_gpus=fields.whole(raw, "num_gpus", low=1),
+        gpu_ram_gb=round(fields.number(raw, "gpu_ram") / MIB_PER_GIB, 1),
+        compute_capability=int(round(fields.number(raw, "compute_cap") / 10)),
+        cuda_max=fields.number(raw, "cuda_max_good", default=0.0),
+        driver_version=fields.text(raw, "driver_version", default=""),
+        disk_gb=fields.number(raw, "disk_space"),
+        inet_up_mbps=fields.number(raw, "inet_up"),
+        inet_down_mbps=fields.number(raw, "inet_down"),
+        inet_up_usd_per_gb=fields.money(raw, "inet_up_cost", default=Decimal(0)),
+        inet_down_usd_per_gb=fields.money(raw, "inet_down_cost", default=Decimal(0)),
+        storage_usd_per_gb_month=fields.money(raw, "storage_cost", default=Decimal(0)),
+        gpu_usd_per_hour=fields.money(raw, "dph_base"),
+        total_usd_per_hour=fields.money(raw, "dph_total"),
+        min_bid_usd_per_hour=fields.money(raw, "min_bid", default=None),
+        reliability=fields.one_of(raw, ("reliability2", "reliability"), fields.number, high=1.0, default=0.0),
+        verified=fields.flag(raw, "verified", default=False),
+        rentable=fields.flag(raw, "rentable", default=True),
+        is_bid=fields.flag(raw, "is_bid", default=is_bid),
+        geolocation=fields.text(raw, "geolocation", default=""),
+        dlperf=fields.number(raw, "dlperf", default=None),
+        total_flops=fields.number(raw, "total_flops", default=None),
     )
 
 
@@ -214,7 +196,7 @@ def _ports(raw_ports) -> dict[str, int]:
             if isinstance(bindings, list) and bindings and isinstance(bindings[0], dict):
                 try:
                     ports[str(container_port)] = int(bindings[0].get("HostPort"))
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     continue
     return ports
 
@@ -223,10 +205,9 @@ def parse_instance(raw: dict) -> InstanceRecord:
     if not isinstance(raw, dict) or "id" not in raw:
         raise MalformedResponse("vast.ai returned an instance without an id.")
     try:
-        ssh_port = raw.get("ssh_port")
         return InstanceRecord(
             provider="vast",
-            instance_id=str(int(raw["id"])),
+            instance_id=str(fields.whole(raw, "id")),
             label=str(raw.get("label") or ""),
             status=str(raw.get("actual_status") or ""),
             status_msg=str(raw.get("status_msg") or ""),
@@ -235,16 +216,16 @@ def parse_instance(raw: dict) -> InstanceRecord:
             gpu_name=str(raw.get("gpu_name") or ""),
             num_gpus=int(raw.get("num_gpus") or 0),
             machine_id=str(raw.get("machine_id") or ""),
-            usd_per_hour=_money(raw, "dph_total", default=0),
-            gpu_util_percent=_optional_number(raw, "gpu_util"),
+            usd_per_hour=fields.money(raw, "dph_total", default=Decimal(0)),
+            gpu_util_percent=fields.number(raw, "gpu_util", low=None, default=None),
             public_ip=str(raw.get("public_ipaddr") or "").strip(),
             ports=_ports(raw.get("ports")),
             ssh_host=str(raw.get("ssh_host") or ""),
-            ssh_port=int(ssh_port) if ssh_port else None,
+            ssh_port=fields.whole(raw, "ssh_port", default=None) or None,
             started_at=_timestamp(raw.get("start_date")),
         )
-    except (TypeError, ValueError, InvalidOperation) as exc:
-        raise MalformedResponse(f"vast.ai instance {raw.get('id')}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise MalformedResponse(f"vast.ai instance {fields.label(raw.get('id'))}: {exc}") from None
 
 
 def parse_charge(raw: dict) -> ChargeRecord:
@@ -254,12 +235,12 @@ def parse_charge(raw: dict) -> ChargeRecord:
             raise ValueError("start/end are not timestamps")
         return ChargeRecord(
             provider="vast",
-            instance_id=str(int(raw["instance_id"])),
+            instance_id=str(fields.whole(raw, "instance_id")),
             kind=str(raw["type"]),
-            amount_usd=_money(raw, "amount"),
-            quantity=_number(raw, "quantity"),
+            amount_usd=fields.money(raw, "amount"),
+            quantity=fields.number(raw, "quantity", low=None),
             start=start,
             end=end,
         )
-    except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise MalformedResponse(f"vast.ai charge line {raw!r:.80}: {exc}") from None

@@ -8,7 +8,9 @@ cheap tier, so the floor is 0.95 and the ranking prices the rest (see cost.py); 
 mid-phase, so bids are opt-in. The price cap stops "cheapest rentable" from landing on $1.90-2.50/h boxes.
 
 An excluded offer gets every reason that applies, not just the first, so a user who looks an offer up sees all of
-what is wrong with it. Fields an offer leaves blank exclude it with "... unknown" rather than pass or crash.
+what is wrong with it. Fields an offer leaves blank exclude it with "... unknown" rather than pass or crash, and so
+do NaN and infinite values, whichever way they reached a record (a listing, or a row stored before they were
+refused).
 """
 
 import math
@@ -158,8 +160,37 @@ def _said(text: str):
 
 
 def _blank(value) -> bool:
-    """None, or NaN (a number that is no number): either way the listing did not say."""
-    return value is None or value != value
+    """None, NaN or an infinity (a float or a Decimal): either way the listing did not say a usable number."""
+    if value is None:
+        return True
+    try:
+        return not math.isfinite(value)
+    except (TypeError, ValueError):  # a signalling NaN, or no number at all
+        return True
+
+
+# The prices the cost model reads, with the words a user reads when one is blank; the total comes first.
+_PRICES = (("total_usd_per_hour", "price"), ("gpu_usd_per_hour", "GPU price"),
+           ("storage_usd_per_gb_month", "storage price"), ("inet_down_usd_per_gb", "download price"),
+           ("inet_up_usd_per_gb", "upload price"))
+
+
+def _price_unknown(o) -> bool:
+    # On every offer's path: Decimal.is_finite is several times cheaper than _blank's float conversion.
+    try:
+        return not (o.total_usd_per_hour.is_finite() and o.gpu_usd_per_hour.is_finite()
+                    and o.storage_usd_per_gb_month.is_finite() and o.inet_down_usd_per_gb.is_finite()
+                    and o.inet_up_usd_per_gb.is_finite())
+    except AttributeError:  # None, or anything but a Decimal, where a price belongs
+        return True
+
+
+def _blank_price(value) -> bool:
+    return not isinstance(value, Decimal) or not value.is_finite()
+
+
+def _price_unknown_words(o, f, r) -> str:
+    return " and ".join(words for name, words in _PRICES if _blank_price(getattr(o, name))) + " unknown"
 
 
 def _in_ranges(ram: float, ranges) -> bool:
@@ -219,17 +250,19 @@ FILTERS = (
            lambda f, r: (lambda low, high: lambda o: bool(o.num_gpus) and not low <= o.num_gpus <= high)(
                f.min_gpus, f.max_gpus if f.max_gpus is not None else 1 << 30),
            lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus)),
-    Filter("vram_unknown", _always, lambda f, r: lambda o: not o.gpu_ram_gb, _said("VRAM unknown")),
+    Filter("vram_unknown", _always, lambda f, r: lambda o: not o.gpu_ram_gb or _blank(o.gpu_ram_gb),
+           _said("VRAM unknown")),
     Filter("vram_range", lambda f: bool(f.vram_ranges),
-           lambda f, r: (lambda ranges: lambda o: bool(o.gpu_ram_gb) and not _in_ranges(o.gpu_ram_gb, ranges))(
-               f.vram_ranges),
+           lambda f, r: (lambda ranges: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
+                         and not _in_ranges(o.gpu_ram_gb, ranges))(f.vram_ranges),
            lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"),
     Filter("vram_needed", _always,
-           lambda f, r: (lambda needed: lambda o: bool(o.gpu_ram_gb) and o.gpu_ram_gb < needed)(r.vram_gb),
+           lambda f, r: (lambda needed: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
+                         and o.gpu_ram_gb < needed)(r.vram_gb),
            lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}"),
-    Filter("price_unknown", _always, lambda f, r: lambda o: o.total_usd_per_hour is None, _said("price unknown")),
+    Filter("price_unknown", _always, lambda f, r: _price_unknown, _price_unknown_words),
     Filter("price_cap", lambda f: f.max_usd_per_hour is not None,
-           lambda f, r: (lambda cap: lambda o: o.total_usd_per_hour is not None and o.total_usd_per_hour > cap)(
+           lambda f, r: (lambda cap: lambda o: not _blank_price(o.total_usd_per_hour) and o.total_usd_per_hour > cap)(
                f.max_usd_per_hour),
            lambda o, f, r: f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"),
     Filter("driver_unknown", _has_driver_floor,
@@ -239,8 +272,8 @@ FILTERS = (
     Filter("cuda_unknown", _has_cuda_floor, lambda f, r: lambda o: not o.cuda_max or _blank(o.cuda_max),
            _said("CUDA unknown")),
     Filter("cuda_old", _has_cuda_floor,
-           lambda f, r: (lambda floor: lambda o: bool(o.cuda_max) and round(o.cuda_max, 3) < floor)(
-               round(f.min_cuda, 3)),
+           lambda f, r: (lambda floor: lambda o: bool(o.cuda_max) and not _blank(o.cuda_max)
+                         and round(o.cuda_max, 3) < floor)(round(f.min_cuda, 3)),
            lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
     Filter("disk_unknown", _always, lambda f, r: lambda o: _blank(o.disk_gb), _said("disk unknown")),
     Filter("disk", lambda f: f.min_disk_gb > 0,
@@ -352,6 +385,8 @@ def country_code(geolocation) -> str:
 
 def usd(amount: Decimal) -> str:
     """$2.93, $1.30; more places only when they matter ($0.0125)."""
+    if not amount.is_finite():
+        return f"${amount}"
     cents = amount.quantize(Decimal("0.01"))
     if cents == amount:
         return f"${cents}"

@@ -98,7 +98,7 @@ def test_it_skips_a_malformed_gpu_type_and_keeps_the_rest(runpod, fake):
     offers = runpod.search_offers()
     assert H200_SECURE in {o.offer_id for o in offers}
     assert not any(o.offer_id.startswith("NVIDIA B200") for o in offers)
-    assert offers.skipped == ["GPU type NVIDIA B200 x1: memoryInGb is 'lots'"]
+    assert offers.skipped == ["GPU type NVIDIA B200 x1: memoryInGb is 'lots' (a string), not a number"]
 
 
 # -- rent, follow, destroy ------------------------------------------------------------------------------------
