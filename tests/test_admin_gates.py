@@ -2,7 +2,6 @@
 checks the product's pages make (a keep_until past the reaper's caps, a run's bucket, budget or recipe, a paused
 reaper). Its actions (rent, destroy) lead to the same confirmations and permission checks as the pages."""
 
-from dataclasses import asdict
 from decimal import Decimal
 
 import pytest
@@ -14,10 +13,18 @@ from django_celery_beat.models import ClockedSchedule, CrontabSchedule, Interval
 from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
 from fleet.ranking import OfferFilters, Recipe
 from runs.models import Checkpoint, Run
-from tests.fleet.test_ranking_filters import make_offer
 
 pytestmark = pytest.mark.django_db
 GUARDED_APPS = ("fleet", "runs", "django_celery_beat")
+
+
+def _offer() -> Offer:
+    return Offer.objects.create(
+        provider="vast", offer_id="100", gpu_name="H200", num_gpus=1, gpu_ram_gb=141.0, compute_capability=90,
+        cuda_max=12.8, disk_gb=250.0, inet_up_mbps=200.0, inet_down_mbps=250.0, inet_up_usd_per_gb=Decimal("0.01"),
+        inet_down_usd_per_gb=Decimal("0.01"), storage_usd_per_gb_month=Decimal("0.1"),
+        gpu_usd_per_hour=Decimal("2.4"), total_usd_per_hour=Decimal("2.5"), reliability=0.99, verified=True,
+        rentable=True, is_bid=False, first_seen_at=timezone.now(), last_seen_at=timezone.now())
 
 
 def _instance() -> Instance:
@@ -37,8 +44,7 @@ def _interval() -> IntervalSchedule:
 
 
 MAKERS = {
-    Offer: lambda: Offer.objects.create(**asdict(make_offer()), first_seen_at=timezone.now(),
-                                        last_seen_at=timezone.now()),
+    Offer: _offer,
     Instance: _instance,
     OfferRefresh: lambda: OfferRefresh.objects.create(provider="vast", started_at=timezone.now()),
     OfferProfile: lambda: OfferProfile.objects.create(name="h200", recipe=Recipe().to_dict(),

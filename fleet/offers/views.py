@@ -7,8 +7,9 @@ from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
-from fleet.access import require_permission
+from fleet.access import can, require_permission
 from fleet.models import Offer, OfferProfile, OfferRefresh
+from fleet.offers import profiles
 from fleet.offers.forms import RankingForm
 from fleet.offers.ranked import profile_settings, rank_stored_offers
 
@@ -61,16 +62,23 @@ def offers(request):
 
 @require_POST
 def save_profile(request):
-    require_permission(request.user, "fleet.add_offerprofile")
+    may_add = can(request.user, "fleet.add_offerprofile")
+    may_replace = can(request.user, "fleet.change_offerprofile")
+    if not (may_add or may_replace):
+        require_permission(request.user, "fleet.add_offerprofile")
     form = RankingForm(request.POST)
     name = slugify(request.POST.get("profile_name", ""))
     if not name or not form.is_valid():
         messages.error(request, "Profile not saved: " + ("give it a name." if not name else
                                                          form.errors.as_text().replace("\n", " ")))
         return _redirect(request, reverse("offers"))
-    OfferProfile.objects.update_or_create(name=name, defaults={
-        "recipe": form.recipe.to_dict(), "filters": form.filters.to_dict(), "created_by": request.user})
-    messages.success(request, f"Profile {name!r} saved.")
+    try:
+        replaced = profiles.save(name, form.recipe, form.filters, by=request.user, may_add=may_add,
+                                 may_replace=may_replace)
+    except profiles.Refused as exc:
+        messages.error(request, f"Profile {name!r} not saved: {exc}")
+        return _redirect(request, reverse("offers"))
+    messages.success(request, f"Profile {name!r} {'replaced' if replaced else 'saved'}.")
     return _redirect(request, reverse("offers") + f"?profile={name}")
 
 

@@ -1,0 +1,35 @@
+"""Saving the Offers page's settings as a profile. A profile is shared: the runs and inference replicas that name it
+rank the offers they rent by it, so writing over one is a change (its own permission), not an add."""
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from fleet.models import OfferProfile
+from fleet.ranking import OfferFilters, Recipe
+
+TAKEN = ("a profile of that name exists and runs may rank offers with it; replacing it needs the change offer "
+         "profile permission. Save it under another name.")
+
+
+class Refused(Exception):
+    """The profile was not saved; the message says why."""
+
+
+def save(name: str, recipe: Recipe, filters: OfferFilters, *, by, may_add: bool, may_replace: bool) -> bool:
+    """Makes the profile `name` (may_add) or writes over the one of that name (may_replace). True when it replaced
+    one; Refused when the permission it needed is not given."""
+    values = {"recipe": recipe.to_dict(), "filters": filters.to_dict()}
+    if may_replace and OfferProfile.objects.filter(name=name).update(**values, updated_at=timezone.now()):
+        return True
+    if not may_replace and OfferProfile.objects.filter(name=name).exists():
+        raise Refused(TAKEN)
+    if not may_add:
+        raise Refused("there is no profile of that name to replace, and making one needs the add offer profile "
+                      "permission.")
+    try:
+        with transaction.atomic():
+            OfferProfile.objects.create(name=name, **values, created_by=by)
+    except IntegrityError:  # someone saved that name between the check and the insert
+        raise Refused("someone saved a profile of that name a moment ago; save again to replace it." if may_replace
+                      else TAKEN) from None
+    return False
