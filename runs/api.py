@@ -1,7 +1,8 @@
 """The agent API that rented boxes report to, with its OpenAPI schema at /api/agent/v1/openapi.json.
 
-Every call carries the run's own token (Authorization: Bearer run_...), which opens that run and no other.
-Payloads are validated and size-limited; bad input gets a 4xx with a message and changes nothing.
+Every call carries the box's own token (Authorization: Bearer run_...), which opens that box's attempt of its run and
+nothing else, while the attempt is current and the token unexpired (runs.tokens). Payloads are validated and
+size-limited; bad input gets a 4xx with a message and changes nothing.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -30,18 +31,23 @@ def _no_nul(text: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]  # PostgreSQL text cannot hold NUL
 
 
-class RunToken(HttpBearer):
+class AttemptToken(HttpBearer):
     def authenticate(self, request, token):
-        return tokens.run_for(token)
+        return tokens.attempt_for(token)
 
 
-api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=RunToken(),
+api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=AttemptToken(),
                docs_url=None)
 
 
 @api.exception_handler(RequestDataTooBig)
 def too_big(request, exc):
     return api.create_response(request, {"detail": "The request body is too large."}, status=413)
+
+
+@api.exception_handler(reports.CheckpointRefused)
+def refused(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=409)
 
 
 class ErrorOut(Schema):
@@ -60,7 +66,7 @@ class SpecOut(Schema):
     name: str
     recipe: dict
     phases: list[PhaseOut]
-    resume: dict | None
+    resume: list[dict]
     upload: dict
     heartbeat_interval_s: int
     dead_man_window_s: int
@@ -81,7 +87,8 @@ class HeartbeatIn(Schema):
 
 class HeartbeatOut(Schema):
     renewed_until: datetime
-    command: Literal["continue", "stop"]
+    command: Literal["continue", "stop", "stop_machine"]
+    reason: str
     upload: dict
 
 
@@ -133,7 +140,7 @@ class CheckpointIn(Schema):
     uri: str = Field(..., min_length=1, max_length=500, pattern=r"^[A-Za-z0-9._/-]+$",
                      description="the checkpoint's folder, relative to the run's own prefix")
     complete: bool
-    size_bytes: int | None = Field(None, ge=0, le=10**15)
+    manifest: dict[str, dict] | None = Field(None, description="{file name: {size, sha256}}; required when complete")
 
     @field_validator("uri")
     @classmethod
@@ -147,6 +154,16 @@ class CheckpointOut(Schema):
     phase: int
     step: int
     complete: bool
+
+
+class RejectedIn(Schema):
+    phase: int = Field(..., ge=0, le=100)
+    step: int = Field(..., ge=0, le=10_000_000)
+    reason: Text = Field(..., min_length=1, max_length=2000)
+
+
+class RejectedOut(Schema):
+    rejected: bool
 
 
 class EventIn(Schema):
@@ -175,9 +192,14 @@ def metrics(request, batch: MetricsIn):
     return {"stored": reports.ingest_metrics(request.auth, [p.dict() for p in batch.points])}
 
 
-@api.post("/checkpoints", response={200: CheckpointOut})
+@api.post("/checkpoints", response={200: CheckpointOut, 409: ErrorOut})
 def checkpoint(request, notice: CheckpointIn):
     return reports.checkpoint(request.auth, notice.dict())
+
+
+@api.post("/checkpoints/rejected", response={200: RejectedOut})
+def checkpoint_rejected(request, report: RejectedIn):
+    return {"rejected": reports.checkpoint_rejected(request.auth, report.phase, report.step, report.reason)}
 
 
 @api.post("/events", response={200: EventOut})

@@ -78,6 +78,10 @@ class RunAttempt(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.TextField(blank=True)
+    token_nonce = models.CharField(max_length=32, blank=True,
+                                   help_text="part of this box's signed agent token: it opens this attempt only")
+    token_expires_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="the box's token stops opening anything then; heartbeats renew it")
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -96,6 +100,8 @@ class MetricPoint(models.Model):
     tokens_per_s = models.FloatField(null=True)
     grad_norm_routed = models.FloatField(null=True)
     grad_norm_attention = models.FloatField(null=True)
+    grad_norm_linear_attention = models.FloatField(null=True)
+    grad_norm_shared_expert = models.FloatField(null=True)
     grad_norm_total = models.FloatField(null=True)
     routed_b_norm = models.FloatField(null=True)
     routed_b_zero = models.PositiveIntegerField(null=True)
@@ -116,6 +122,10 @@ class Checkpoint(models.Model):
     uri = models.CharField(max_length=500)
     complete = models.BooleanField(default=False, help_text="its completion marker was written")
     size_bytes = models.BigIntegerField(null=True, blank=True)
+    manifest = models.JSONField(null=True, blank=True,
+                                help_text="{file name: {size, sha256}} as recorded when it was declared complete; a box "
+                                          "loads it only if every file matches")
+    rejected_reason = models.TextField(blank=True, help_text="why a box refused to load it: it is never resumed from")
     created_at = models.DateTimeField()
 
     class Meta:
@@ -133,3 +143,14 @@ class RunEvent(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class Pulse(models.Model):
+    """When a part of the control plane last finished a pass (the supervisor): a box's heartbeat answer depends on it,
+    so boxes stop themselves when nothing watches them any more."""
+
+    name = models.CharField(max_length=40, unique=True)
+    at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.name} at {self.at:%Y-%m-%d %H:%M:%S}"

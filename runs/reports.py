@@ -3,11 +3,12 @@
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from fleet.models import Instance
-from runs import events, lifecycle, storage
-from runs.models import Checkpoint, MetricPoint, Run
+from runs import events, lifecycle, manifests, pulse, storage
+from runs.models import Checkpoint, MetricPoint, Run, RunAttempt
 from training import metric_fields
 
 METRIC_FIELDS = list(metric_fields.NAMES)
@@ -23,32 +24,62 @@ def renewed_until(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.AGENT_DEAD_MAN_WINDOW_S)
 
 
-def heartbeat(run: Run, beat: dict, *, now=None) -> dict:
-    """Renews the box's credentials and passes what it saw to its instance, where the reaper reads it."""
+def standing_order(*, run_active: bool, spent, budget, supervisor_age_s: float | None,
+                   stale_after_s: float) -> tuple[str, str]:
+    """What a heartbeat answer tells the box, as (command, why). Pure.
+
+    continue      keep training;
+    stop          stop the trainer (it checkpoints) and upload: the dashboard takes the box down;
+    stop_machine  the same, then stop this machine from inside: nothing on the dashboard's side would take it down
+                  (its supervisor has not finished a pass for a while), or the run's money is spent and the box must
+                  not bill another hour whatever happens to the dashboard next.
+    """
+    if not run_active:
+        return "stop", "the run has ended"
+    if spent >= budget:
+        return "stop_machine", f"the run spent ${spent:.2f} of its ${budget:.2f} budget"
+    if supervisor_age_s is None or supervisor_age_s > stale_after_s:
+        since = "never finished a pass" if supervisor_age_s is None else \
+            f"last finished a pass {supervisor_age_s:.0f} s ago"
+        return "stop_machine", f"the dashboard's supervisor {since}: nothing would notice this box hang"
+    return "continue", ""
+
+
+def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
+    """Renews the box's token and credentials and passes what it saw to its own instance, where the reaper reads it."""
     now = now or timezone.now()
+    run = attempt.run
+    RunAttempt.objects.filter(pk=attempt.pk).update(token_expires_at=renewed_until(now))
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=now, credentials_renewed_at=now)
-    if run.current_instance_id:
-        seen = {}
-        if beat.get("process_alive"):
-            seen["last_process_at"] = now
-        if beat.get("gpu_ok"):
-            seen["gpu_last_ok_at"] = now
-        if beat.get("gpu_util_percent") is not None:
-            seen["gpu_util_percent"] = beat["gpu_util_percent"]
-        if seen:
-            Instance.objects.filter(pk=run.current_instance_id).update(**seen)
+    seen = {}
+    if beat.get("process_alive"):
+        seen["last_process_at"] = now
+    if beat.get("gpu_ok"):
+        seen["gpu_last_ok_at"] = now
+    if beat.get("gpu_util_percent") is not None:
+        seen["gpu_util_percent"] = beat["gpu_util_percent"]
+    if seen:
+        Instance.objects.filter(pk=attempt.instance_id).update(**seen)
     if lifecycle.moves(run.state, "agent_started"):
         events.record(run, "agent_started", "The box's agent reported in.", now=now)
-    stop = not run.is_active
-    return {"renewed_until": renewed_until(now), "command": "stop" if stop else "continue",
+    from runs.supervisor import run_cost  # the supervisor imports this module
+
+    command, why = standing_order(run_active=run.is_active, spent=run_cost(run, now), budget=run.budget_usd,
+                                  supervisor_age_s=pulse.age_s("supervisor", now),
+                                  stale_after_s=settings.SUPERVISOR_STALE_S)
+    if command == "stop_machine" and not run.events.filter(kind="told_to_stop", at__gte=now - timedelta(
+            seconds=settings.SUPERVISOR_STALE_S)).exists():
+        run.events.create(at=now, kind="told_to_stop", message=f"The box was told to stop its machine: {why}.")
+    return {"renewed_until": renewed_until(now), "command": command, "reason": why,
             "upload": storage.upload_grant(storage.location(run.bucket, run.pk), settings.STORAGE_GRANT_S)}
 
 
-def ingest_metrics(run: Run, points: list[dict], *, now=None) -> int:
+def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
     """Stores a batch of steps in one statement. A step trained again after a resume replaces the earlier one."""
     now = now or timezone.now()
+    run = attempt.run
     latest = {(p["phase"], p["step"]): p for p in points}  # a step sent twice in one batch: the later one counts
-    rows = [MetricPoint(run_id=run.pk, instance_id=run.current_instance_id, phase=p["phase"], step=p["step"],
+    rows = [MetricPoint(run_id=run.pk, instance_id=attempt.instance_id, phase=p["phase"], step=p["step"],
                         at=p.get("at") or now, **{f: p.get(f) for f in METRIC_FIELDS if f != "kernel_path"},
                         kernel_path=p.get("kernel_path") or "") for p in latest.values()]
     if not rows:
@@ -57,50 +88,93 @@ def ingest_metrics(run: Run, points: list[dict], *, now=None) -> int:
                                     update_fields=["at", "instance", *METRIC_FIELDS])
     last = max(rows, key=lambda r: (r.phase, r.step))
     Run.objects.filter(pk=run.pk).update(current_phase=last.phase, current_step=last.step, last_step_at=now)
-    if run.current_instance_id:
-        Instance.objects.filter(pk=run.current_instance_id).update(last_step_at=now, last_process_at=now)
+    Instance.objects.filter(pk=attempt.instance_id).update(last_step_at=now, last_process_at=now)
     if lifecycle.moves(run.state, "step"):
         events.record(run, "step", f"Training: phase {last.phase} step {last.step}.", now=now)
     return len(rows)
 
 
-def checkpoint(run: Run, notice: dict, *, now=None) -> Checkpoint:
+class CheckpointRefused(Exception):
+    """A checkpoint notice the dashboard does not record (the agent API answers 409 with the reason)."""
+
+
+def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
+    """Records a checkpoint the box began or finished uploading. Declared complete, it needs a manifest of every file
+    that the store holds at those sizes; a complete checkpoint is never reopened or given another manifest."""
     now = now or timezone.now()
-    saved, _ = Checkpoint.objects.update_or_create(
-        run=run, phase=notice["phase"], step=notice["step"],
-        defaults={"uri": notice["uri"], "complete": notice["complete"], "size_bytes": notice.get("size_bytes"),
-                  "created_at": now})
+    run = attempt.run
+    key = {"run": run, "phase": notice["phase"], "step": notice["step"]}
+    values = {"uri": notice["uri"], "complete": False, "manifest": None, "size_bytes": None, "created_at": now}
+    if notice["complete"]:
+        try:
+            manifest = manifests.validated(notice.get("manifest"))
+        except manifests.ManifestError as exc:
+            raise CheckpointRefused(f"Checkpoint {notice['uri']}: {exc}.") from None
+        stored = storage.stored_files(storage.location(run.bucket, run.pk), notice["uri"])
+        problems = manifests.missing_from_store(manifest, stored)
+        if problems:
+            message = f"Checkpoint {notice['uri']} is not complete in the store: {'; '.join(problems[:5])}."
+            run.events.create(at=now, kind="checkpoint_refused", message=message[:4000])
+            raise CheckpointRefused(message)
+        values.update(complete=True, manifest=manifest, size_bytes=manifests.total_bytes(manifest))
+    with transaction.atomic():
+        existing = Checkpoint.objects.select_for_update().filter(**key).first()
+        if existing is not None and existing.complete:
+            if values["complete"] and values["manifest"] == existing.manifest and values["uri"] == existing.uri:
+                return existing  # the same declaration again (a retried post)
+            raise CheckpointRefused(f"Checkpoint {existing.uri} is complete already; it cannot be changed.")
+        saved, _ = Checkpoint.objects.update_or_create(**key, defaults=values)
     return saved
 
 
-def agent_event(run: Run, kind: str, message: str, *, now=None) -> str:
+def checkpoint_rejected(attempt: RunAttempt, phase: int, step: int, reason: str, *, now=None) -> bool:
+    """The box refused to load a checkpoint (a file missing or not matching its manifest): it is never offered again."""
+    now = now or timezone.now()
+    run = attempt.run
+    found = Checkpoint.objects.filter(run=run, phase=phase, step=step, complete=True, rejected_reason="")
+    if not found.update(rejected_reason=reason or "refused by the box"):
+        return False
+    run.events.create(at=now, kind="checkpoint_rejected",
+                      message=f"The box refused checkpoint phase {phase} step {step}: {reason}"[:4000])
+    return True
+
+
+def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> str:
+    run = attempt.run
     if kind == "log":
         run.events.create(at=now or timezone.now(), kind="log", message=message)
         return run.state
     return events.record(run, kind, message, now=now)[1]
 
 
-def resume_point(run: Run) -> Checkpoint | None:
-    """The newest checkpoint whose completion marker was written; a half-written one is never used."""
-    return run.checkpoints.filter(complete=True).order_by("-phase", "-step").first()
+RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest first
 
 
-def spec(run: Run, *, now=None) -> dict:
+def resume_points(run: Run) -> list[Checkpoint]:
+    """The checkpoints a box may resume from, newest first: complete, with a manifest, never refused by a box. A
+    half-written one is never used."""
+    usable = run.checkpoints.filter(complete=True, rejected_reason="").exclude(manifest=None)
+    return list(usable.order_by("-phase", "-step")[:RESUME_CANDIDATES])
+
+
+def spec(attempt: RunAttempt, *, now=None) -> dict:
     now = now or timezone.now()
+    run = attempt.run
     where = storage.location(run.bucket, run.pk)
-    resume = resume_point(run)
+    candidates = resume_points(run)
     Run.objects.filter(pk=run.pk).update(credentials_renewed_at=now)
-    if resume is not None:
-        run.events.create(at=now, kind="resume", message=f"The box resumes from {resume.uri} (phase {resume.phase}, "
-                                                         f"step {resume.step}), the newest complete checkpoint.")
+    if candidates:
+        newest = candidates[0]
+        run.events.create(at=now, kind="resume", message=f"The box resumes from {newest.uri} (phase {newest.phase}, "
+                                                         f"step {newest.step}), the newest verified checkpoint.")
     return {
         "run_id": run.pk,
         "name": run.name,
         "recipe": run.recipe,
         "phases": [{"index": p.index, "name": p.name, "kind": p.kind, "steps": p.steps} for p in run.phases.all()],
-        "resume": None if resume is None else {
-            "phase": resume.phase, "step": resume.step, "uri": resume.uri,
-            "download": storage.download_grant(where, resume.uri, settings.STORAGE_GRANT_S)},
+        "resume": [{"phase": c.phase, "step": c.step, "uri": c.uri, "manifest": c.manifest,
+                    "download": storage.download_grant(where, c.uri, c.manifest, settings.STORAGE_GRANT_S)}
+                   for c in candidates],
         "upload": storage.upload_grant(where, settings.STORAGE_GRANT_S),
         "heartbeat_interval_s": heartbeat_interval_s(),
         "dead_man_window_s": settings.AGENT_DEAD_MAN_WINDOW_S,

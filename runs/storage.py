@@ -2,16 +2,23 @@
 
 A box never holds the account's storage key: for an S3-compatible bucket it gets a presigned POST whose policy only
 admits keys under the run's own prefix, and presigned GETs for the files of the checkpoint it resumes from, all
-expiring (the dashboard renews them with each heartbeat). For a local folder (the embedded default, where the
+expiring (the dashboard renews them with each heartbeat). Every POST is SigV4-signed and capped in size; a GET is
+signed only for a file the checkpoint's recorded manifest names. For a local folder (the embedded default, where the
 simulated box is a process on this machine) it gets the folder's path.
 """
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
 from django.conf import settings
+
+from training.checkpoint_names import MARKER
+
+MAX_POST_BYTES = 5 * 1024**3  # the most one S3 POST upload may carry
+_RUN_PREFIX = re.compile(r"(^|/)runs/\d+(/|$)")
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,10 @@ def location(bucket_uri: str, run_id: int) -> Location:
 def validate_bucket(bucket_uri: str) -> str:
     """A clear error for a bucket the product cannot use; the URI unchanged otherwise."""
     parsed = urlparse(bucket_uri)
+    if _RUN_PREFIX.search(parsed.path if parsed.scheme in ("s3", "file") else bucket_uri):
+        # Each run's files live under <bucket>/runs/<id>/: a bucket inside one would hand this run's boxes a grant
+        # into another run's checkpoints (or theirs into this one's).
+        raise ValueError("The bucket must not lie inside another run's folder (a 'runs/<number>' part).")
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError("An S3 bucket looks like s3://bucket/prefix.")
@@ -55,9 +66,10 @@ def _client():
 def _s3_client(endpoint_url, region, access_key, secret_key):
     """One client per set of settings: every heartbeat signs a grant, and making a boto3 client costs far more."""
     import boto3
+    from botocore.config import Config
 
     return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, aws_access_key_id=access_key,
-                        aws_secret_access_key=secret_key)
+                        aws_secret_access_key=secret_key, config=Config(signature_version="s3v4"))
 
 
 def upload_grant(where: Location, expires_s: int) -> dict:
@@ -65,19 +77,37 @@ def upload_grant(where: Location, expires_s: int) -> dict:
         return {"kind": "local", "path": str(Path(where.bucket) / where.prefix)}
     post = _client().generate_presigned_post(
         Bucket=where.bucket, Key=where.prefix + "${filename}",
-        Conditions=[["starts-with", "$key", where.prefix]], ExpiresIn=expires_s)
+        Conditions=[["starts-with", "$key", where.prefix], ["content-length-range", 0, MAX_POST_BYTES]],
+        ExpiresIn=expires_s)
     return {"kind": "s3-post", "url": post["url"], "fields": post["fields"], "prefix": where.prefix}
 
 
-def download_grant(where: Location, checkpoint_uri: str, expires_s: int) -> dict:
-    """Everything under one checkpoint, readable for a while: presigned GETs, or the local folder."""
+def download_grant(where: Location, checkpoint_uri: str, names, expires_s: int) -> dict:
+    """The named files of one checkpoint (its manifest's), readable for a while: presigned GETs, or the local folder.
+    Nothing else under the checkpoint is offered, whatever a box put there."""
     if where.kind == "local":
         return {"kind": "local", "path": str(Path(where.bucket) / where.prefix / checkpoint_uri)}
     client = _client()
     prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
-    files = {}
+    return {"kind": "s3-get", "files": {
+        name: client.generate_presigned_url("get_object", Params={"Bucket": where.bucket, "Key": prefix + name},
+                                            ExpiresIn=expires_s) for name in sorted(names)}}
+
+
+def stored_files(where: Location, checkpoint_uri: str) -> dict[str, int]:
+    """{relative name: size} of what the store holds under one checkpoint, its completion marker left out."""
+    if where.kind == "local":
+        root = Path(where.bucket) / where.prefix / checkpoint_uri
+        if not root.is_dir():
+            return {}
+        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
+                if p.is_file() and not p.is_symlink() and p.name != MARKER}
+    client = _client()
+    prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
+    found = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            files[item["Key"][len(prefix):]] = client.generate_presigned_url(
-                "get_object", Params={"Bucket": where.bucket, "Key": item["Key"]}, ExpiresIn=expires_s)
-    return {"kind": "s3-get", "files": files}
+            name = item["Key"][len(prefix):]
+            if name.rsplit("/", 1)[-1] != MARKER:
+                found[name] = item["Size"]
+    return found

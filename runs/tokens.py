@@ -1,31 +1,59 @@
-"""Per-run agent tokens: signed with the server's key, never stored. A token names its run and the run's current
-nonce, so it opens only that run, and a new nonce revokes every token given out before."""
+"""Agent tokens: one per attempt (one box of a run), signed with the server's key, never stored.
+
+A token names its run, its attempt and both their nonces. It opens that attempt only, and only while
+- the attempt is the run's current one (a replaced box's token gets 401: its late heartbeats, metrics and checkpoints
+  cannot land on the box that replaced it),
+- the run is active (a finished, failed or cancelled run's boxes get 401),
+- it has not expired: each heartbeat renews it for the dead-man window, so a token read off a box's environment is
+  dead soon after that box stops reporting,
+- neither nonce changed (a new run nonce revokes every token of the run).
+"""
 
 import secrets
+from datetime import datetime
 
 from django.core import signing
+from django.db.models import F
+from django.utils import timezone
 
-from runs.models import Run
+from runs import reports
+from runs.models import Run, RunAttempt
 
-_SIGNER = signing.Signer(salt="runs.agent-token")
+_SIGNER = signing.Signer(salt="runs.agent-token.v2")
 
 
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def issue(run: Run) -> str:
-    return "run_" + _SIGNER.sign(f"{run.pk}.{run.token_nonce}")
+def issue(attempt: RunAttempt, *, now: datetime | None = None) -> str:
+    """The token of an attempt, valid for the dead-man window from now (and renewed by every heartbeat)."""
+    now = now or timezone.now()
+    if not attempt.token_nonce:
+        attempt.token_nonce = new_nonce()
+    attempt.token_expires_at = reports.renewed_until(now)
+    RunAttempt.objects.filter(pk=attempt.pk).update(token_nonce=attempt.token_nonce,
+                                                    token_expires_at=attempt.token_expires_at)
+    run = attempt.run
+    return "run_" + _SIGNER.sign(f"{run.pk}.{run.token_nonce}.{attempt.pk}.{attempt.token_nonce}")
 
 
-def run_for(token: str) -> Run | None:
+def attempt_for(token: str, *, now: datetime | None = None) -> RunAttempt | None:
+    """The attempt a token opens now, with its run and instance loaded, or None."""
     if not token.startswith("run_"):
         return None
     try:
         value = _SIGNER.unsign(token[len("run_"):])
     except signing.BadSignature:
         return None
-    pk, _, nonce = value.partition(".")
-    if not pk.isdigit():
+    parts = value.split(".")
+    if len(parts) != 4 or not (parts[0].isdigit() and parts[2].isdigit()):
         return None
-    return Run.objects.filter(pk=int(pk), token_nonce=nonce).first()
+    run_pk, run_nonce, attempt_pk, attempt_nonce = int(parts[0]), parts[1], int(parts[2]), parts[3]
+    if not attempt_nonce:
+        return None
+    return (RunAttempt.objects.select_related("run", "instance")
+            .filter(pk=attempt_pk, run_id=run_pk, run__token_nonce=run_nonce, token_nonce=attempt_nonce,
+                    ended_at=None, run__current_instance=F("instance"), token_expires_at__gt=now or timezone.now(),
+                    run__state__in=Run.ACTIVE_STATES)
+            .first())

@@ -14,6 +14,7 @@ container's own key, which can stop it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +35,14 @@ from training.probe import SENTINEL as PROBE_SENTINEL
 log = logging.getLogger("training.agent")
 
 
+class Refused(ValueError):
+    """The dashboard answered 4xx: what we sent is wrong, or (401) this box's token no longer opens anything."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 class Api:
     """The dashboard's agent API, retried with backoff; a 4xx is a bug in what we sent, not worth retrying."""
 
@@ -52,7 +61,8 @@ class Api:
                 if response.status_code < 400:
                     return response.json()
                 if response.status_code < 500 and response.status_code != 429:
-                    raise ValueError(f"{method} {path}: HTTP {response.status_code}: {response.text[:300]}")
+                    raise Refused(f"{method} {path}: HTTP {response.status_code}: {response.text[:300]}",
+                                  response.status_code)
                 error = f"HTTP {response.status_code}"
             time.sleep(min(8.0, 0.5 * 2**attempt))
         raise ConnectionError(f"{method} {path}: {error} after {self.attempts} tries")
@@ -69,46 +79,119 @@ def probe(python: str) -> tuple[bool, str]:
 
 
 def gpu_status() -> dict:
-    """GPU utilisation and whether the GPU answers at all (nvidia-smi hangs or fails on a wedged GPU)."""
+    """GPU utilisation and whether the GPU answers at all (nvidia-smi hangs or fails on a wedged GPU). A field it
+    cannot read (`[N/A]`, `[Not Supported]`) is left out rather than guessed."""
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, OSError):
         return {"gpu_ok": False}
     if out.returncode != 0:
         return {"gpu_ok": False}
-    rows = [line.split(",") for line in out.stdout.strip().splitlines() if line.strip()]
-    utils = [float(r[0]) for r in rows]
-    return {"gpu_ok": True, "gpu_util_percent": sum(utils) / len(utils),
-            "gpu_mem_gib": sum(float(r[1]) for r in rows) / 1024}  # nvidia-smi says MiB
+    rows = [[_reading(cell) for cell in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
+    if not rows:
+        return {"gpu_ok": False}
+    status = {"gpu_ok": True}
+    utils = [r[0] for r in rows if r and r[0] is not None and 0 <= r[0] <= 100]
+    if utils:
+        status["gpu_util_percent"] = sum(utils) / len(utils)
+    mems = [r[1] for r in rows if len(r) > 1 and r[1] is not None and r[1] >= 0]
+    if mems:
+        status["gpu_mem_gib"] = sum(mems) / 1024  # nvidia-smi says MiB
+    return status
+
+
+def _reading(cell: str) -> float | None:
+    try:
+        value = float(cell.strip())
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
 
 
 def to_point(record: dict) -> dict:
     return wire_point({"time": time.time(), **record})
 
 
-def restore(resume: dict | None, store: Path) -> None:
-    """Puts the checkpoint to resume from into the trainer's store, its marker last."""
-    if not resume:
-        return
-    target = inside(store, Path(resume["uri"]).name)
-    grant = resume["download"]
-    if grant["kind"] == "local":
-        shutil.copytree(grant["path"], target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MARKER))
-        shutil.copyfile(Path(grant["path"]) / MARKER, target / MARKER)
-        return
-    files = grant["files"]
-    with httpx.Client(timeout=120) as http:
-        for name in sorted(files, key=lambda n: n == MARKER):
-            dest = inside(target, name)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            with http.stream("GET", files[name]) as response:
-                response.raise_for_status()
-                with open(dest, "wb") as f:
-                    for chunk in response.iter_bytes():
-                        f.write(chunk)
+def restore(api: Api, candidates: list[dict], store: Path) -> dict | None:
+    """Puts the newest checkpoint that verifies into the trainer's store, its marker last, and returns it.
+
+    Only the files of the manifest the dashboard recorded are fetched, each checked for its size and sha256 before
+    the marker is written; a candidate that fails is removed, reported and skipped for the next older one. Nothing
+    unverified is ever left where the trainer would load it."""
+    for candidate in candidates or []:
+        target = inside(store, Path(candidate["uri"]).name)
+        try:
+            fetch_verified(candidate, target)
+        except (CheckpointMismatch, OSError, httpx.HTTPError) as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            reason = f"{type(exc).__name__}: {exc}"[:1500]
+            log.warning("checkpoint %s refused: %s", candidate["uri"], reason)
+            api.call("POST", "checkpoints/rejected", {"phase": candidate["phase"], "step": candidate["step"],
+                                                      "reason": reason})
+            continue
+        (target / MARKER).write_text(f"{time.time()}\n")
+        return candidate
+    return None
+
+
+class CheckpointMismatch(Exception):
+    pass
+
+
+def fetch_verified(candidate: dict, target: Path) -> None:
+    manifest, grant = candidate["manifest"], candidate["download"]
+    shutil.rmtree(target, ignore_errors=True)
+    for name, entry in sorted(manifest.items()):
+        dest = inside(target, name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if grant["kind"] == "local":
+            source = inside(grant["path"], name)
+            if source.is_symlink() or not source.is_file():
+                raise CheckpointMismatch(f"{name} is missing from the store")
+            shutil.copyfile(source, dest)
+        else:
+            url = grant["files"].get(name)
+            if not url:
+                raise CheckpointMismatch(f"no download was granted for {name}")
+            download(url, dest, limit=entry["size"])
+        size, digest = file_digest(dest)
+        if size != entry["size"] or digest != entry["sha256"]:
+            raise CheckpointMismatch(f"{name} does not match its manifest ({size} bytes, sha256 {digest[:12]}...)")
+
+
+def download(url: str, dest: Path, *, limit: int) -> None:
+    """Streams one file; more bytes than the manifest says is a mismatch, found without filling the disk."""
+    written = 0
+    with httpx.Client(timeout=120) as http, http.stream("GET", url) as response:
+        response.raise_for_status()
+        with open(dest, "wb") as f:
+            for chunk in response.iter_bytes():
+                written += len(chunk)
+                if written > limit:
+                    raise CheckpointMismatch(f"{dest.name} is larger than its manifest says")
+                f.write(chunk)
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+    return size, sha.hexdigest()
+
+
+def manifest_of(folder: Path) -> dict[str, dict]:
+    """{name: {size, sha256}} of a checkpoint folder, its marker left out: what the dashboard records."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
+    manifest = {}
+    for path in files:
+        size, digest = file_digest(path)
+        manifest[path.relative_to(folder).as_posix()] = {"size": size, "sha256": digest}
+    return manifest
 
 
 class Uploader(threading.Thread):
@@ -185,13 +268,13 @@ class Uploader(threading.Thread):
     def _upload(self, folder: Path):
         phase, step = parse_name(folder.name)
         self.api.call("POST", "checkpoints", {"phase": phase, "step": step, "uri": folder.name, "complete": False})
-        files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != MARKER))
-        for path in [*files, folder / MARKER]:
-            self._put(path, f"{folder.name}/{path.relative_to(folder)}")
-        size = sum(p.stat().st_size for p in files)
+        manifest = manifest_of(folder)  # hashed from the snapshot, as it is uploaded
+        for name in manifest:
+            self._put(folder / name, f"{folder.name}/{name}")
+        self._put(folder / MARKER, f"{folder.name}/{MARKER}")
         self.before_complete()
         self.api.call("POST", "checkpoints", {"phase": phase, "step": step, "uri": folder.name, "complete": True,
-                                              "size_bytes": size})
+                                              "manifest": manifest})
 
     def _put(self, path: Path, key: str):
         grant = self.grant
@@ -227,29 +310,49 @@ def complete_checkpoints(store: Path) -> list[Path]:
 
 
 def stop_machine() -> None:
-    """Stops this machine from inside, so that only its disk bills: FLEET_SELF_STOP if set, else vast.ai's API with
-    the key vast.ai gives each container (CONTAINER_API_KEY), which can stop only this instance."""
+    """Stops this machine from inside, so that only its disk bills: FLEET_SELF_STOP if set, else the provider's API
+    with the key it gives each machine, which can stop only that machine: vast.ai's CONTAINER_ID/CONTAINER_API_KEY,
+    RunPod's RUNPOD_POD_ID/RUNPOD_API_KEY. A refusal or a dead API is logged: the trainer is stopped either way."""
     command = os.environ.get("FLEET_SELF_STOP", "")
-    if command:
-        log.warning("dead-man switch: stopping this machine: %s", command)
-        subprocess.run(command, shell=True, timeout=120)
-        return
-    instance, key = os.environ.get("CONTAINER_ID"), os.environ.get("CONTAINER_API_KEY")
-    if instance and key:
-        api = os.environ.get("FLEET_VAST_API_URL", "https://console.vast.ai/api/v0").rstrip("/")
-        log.warning("dead-man switch: stopping vast.ai instance %s", instance)
-        response = httpx.put(f"{api}/instances/{instance}/", json={"state": "stopped"},
-                             headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        if response.status_code >= 400:
-            log.warning("dead-man switch: the stop was refused: HTTP %s", response.status_code)
-        return
-    log.warning("dead-man switch: no FLEET_SELF_STOP and no container key; the trainer is stopped, the machine is not")
+    try:
+        if command:
+            log.warning("stopping this machine: %s", command)
+            subprocess.run(command, shell=True, timeout=120)
+        elif os.environ.get("CONTAINER_ID") and os.environ.get("CONTAINER_API_KEY"):
+            _stop_vast(os.environ["CONTAINER_ID"], os.environ["CONTAINER_API_KEY"])
+        elif os.environ.get("RUNPOD_POD_ID") and os.environ.get("RUNPOD_API_KEY"):
+            _stop_runpod(os.environ["RUNPOD_POD_ID"], os.environ["RUNPOD_API_KEY"])
+        else:
+            log.warning("no FLEET_SELF_STOP and no machine key: the trainer is stopped, the machine is not")
+    except (httpx.HTTPError, subprocess.SubprocessError, OSError) as exc:
+        log.warning("stopping this machine failed: %s", exc)
+
+
+def _stop_vast(instance: str, key: str) -> None:
+    api = os.environ.get("FLEET_VAST_API_URL", "https://console.vast.ai/api/v0").rstrip("/")
+    log.warning("stopping vast.ai instance %s", instance)
+    response = httpx.put(f"{api}/instances/{instance}/", json={"state": "stopped"},
+                         headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    if response.status_code >= 400:
+        log.warning("the stop was refused: HTTP %s", response.status_code)
+
+
+def _stop_runpod(pod: str, key: str) -> None:
+    api = os.environ.get("FLEET_RUNPOD_API_URL", "https://api.runpod.io/graphql")
+    log.warning("stopping RunPod pod %s", pod)
+    response = httpx.post(api, json={"query": "mutation Stop($input: PodStopInput!) { podStop(input: $input) { id } }",
+                                     "variables": {"input": {"podId": pod}}},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    if response.status_code >= 400 or answer.get("errors"):
+        log.warning("the stop was refused: HTTP %s %s", response.status_code, str(answer.get("errors"))[:300])
 
 
 class Heartbeat(threading.Thread):
     """Heartbeats from start to end, through the install and the probe too: a box that goes quiet is taken for
-    lost. Each answer renews the credentials; `stop` is set when the dashboard says stop or the dead-man window
-    passes without a renewal."""
+    lost. Each answer renews the credentials; `stop` is set when the dashboard says stop, and `self_stop` too (the
+    machine stops itself once the trainer is down) when it says stop_machine, when this box's token is refused, or
+    when the dead-man window passes without a renewal. Nothing an answer holds can end the thread."""
 
     def __init__(self, api: Api, interval_s: float, window_s: float):
         super().__init__(name="heartbeat", daemon=True)
@@ -259,30 +362,56 @@ class Heartbeat(threading.Thread):
         self.on_upload_grant = lambda grant: None
         self.stop = threading.Event()
         self.stop_reason = ""
-        self.dead_man = False
+        self.self_stop = False
         self._done = threading.Event()
         self._renewed_at = time.monotonic()
 
     def run(self):
         while not self._done.is_set():
-            self.beat()
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - the dead-man switch lives in this thread: it must outlive any bug
+                log.exception("heartbeat round failed")
+                self._check_window()
             self._done.wait(self.interval_s)
 
     def beat(self):
         try:
             answer = self.api.call("POST", "heartbeat", {**self.status, **gpu_status()})
-        except (ConnectionError, ValueError) as exc:
+        except Refused as exc:
+            if exc.status in (401, 403):  # revoked: the run ended, or another box replaced this one
+                self._halt(f"the dashboard no longer accepts this box ({exc.status})", self_stop=True)
+            log.warning("heartbeat refused: %s", exc)
+            self._check_window()
+            return
+        except ConnectionError as exc:
             log.warning("heartbeat failed: %s", exc)
-            if time.monotonic() - self._renewed_at > self.window_s and not self.stop.is_set():
-                self.stop_reason = f"credentials not renewed for {self.window_s:.0f} s (dead-man switch)"
-                self.dead_man = True
-                self.stop.set()
+            self._check_window()
+            return
+        if not isinstance(answer, dict):
+            log.warning("heartbeat answer is not an object: %r", str(answer)[:200])
+            self._check_window()
             return
         self._renewed_at = time.monotonic()
-        if answer.get("upload"):
+        if isinstance(answer.get("upload"), dict):
             self.on_upload_grant(answer["upload"])
-        if answer["command"] == "stop" and not self.stop.is_set():
-            self.stop_reason = "the dashboard said stop"
+        command, reason = answer.get("command"), str(answer.get("reason") or "")[:300]
+        if command == "stop":
+            self._halt(f"the dashboard said stop{': ' + reason if reason else ''}", self_stop=False)
+        elif command == "stop_machine":
+            self._halt(f"the dashboard said stop this machine{': ' + reason if reason else ''}", self_stop=True)
+        elif command != "continue":
+            log.warning("heartbeat answer without a known command: %r", str(command)[:100])
+
+    def _check_window(self):
+        if time.monotonic() - self._renewed_at > self.window_s:
+            self._halt(f"credentials not renewed for {self.window_s:.0f} s (dead-man switch)", self_stop=True)
+
+    def _halt(self, reason: str, *, self_stop: bool):
+        if self_stop:
+            self.self_stop = True
+        if not self.stop.is_set():
+            self.stop_reason = reason
             self.stop.set()
 
     def finish(self):
@@ -318,7 +447,7 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
               "checkpoint": {**spec["recipe"].get("checkpoint", {}), "store": str(store), "staging": str(staging),
                              "endpoint_url": None, "region": None}}
     store.mkdir(parents=True, exist_ok=True)
-    restore(spec.get("resume"), store)
+    restore(api, spec.get("resume") or [], store)
     recipe_path = workdir / "recipe.json"
     recipe_path.write_text(json.dumps(recipe))
 
@@ -359,7 +488,8 @@ def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: Metr
     for folder in complete_checkpoints(store):
         uploader.offer(folder)
     uploader.close()
-    if heartbeat.dead_man:
+    if heartbeat.self_stop:
+        log.warning("stopping this machine: %s", heartbeat.stop_reason)
         stop_machine()
         return 4
     if heartbeat.stop.is_set():

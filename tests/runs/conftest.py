@@ -16,3 +16,28 @@ def launched(tmp_path):
         return launch(name=name, recipe=tiny_recipe(), bucket=str(tmp_path / "bucket"), budget_usd=budget,
                       max_restarts=max_restarts, **kwargs)
     return make
+
+
+def put_on_a_box(run, *, now=None, supervised=True) -> str:
+    """The run as the supervisor leaves it after renting: on a running box of its own, with that box's token (the
+    supervisor having just finished a pass unless `supervised` is False)."""
+    from django.utils import timezone
+
+    from fleet.models import Instance
+    from runs import pulse, tokens
+    from runs.models import RunAttempt
+
+    now = now or timezone.now()
+    number = run.attempts.count()
+    box = Instance.objects.create(provider="vast", idempotency_key=f"run-{run.pk}-attempt-{number}",
+                                  label=f"run{run.pk}-box{number}", state=Instance.State.RUNNING, purpose="training",
+                                  offer_id=str(number), gpu_name="H200", machine_id=f"m{run.pk}-{number}",
+                                  image="img", disk_gb=50, requested_at=now, running_at=now,
+                                  usd_per_hour=Decimal("1.00"))
+    run.attempts.filter(ended_at=None).update(ended_at=now, end_reason="replaced")
+    attempt = RunAttempt.objects.create(run=run, instance=box, started_at=now, token_nonce=tokens.new_nonce())
+    type(run).objects.filter(pk=run.pk).update(current_instance=box)
+    run.refresh_from_db()
+    if supervised:
+        pulse.record("supervisor", now)
+    return tokens.issue(attempt, now=now)

@@ -1,4 +1,5 @@
-"""The agent API as a box uses it: its token opens its own run only, and bad input changes nothing."""
+"""The agent API as a box uses it: its token opens its own attempt of its own run only, and bad input changes
+nothing."""
 
 import json
 
@@ -7,13 +8,14 @@ from django.test import Client
 
 from runs import events, tokens
 from runs.models import Checkpoint, MetricPoint
+from tests.runs.conftest import put_on_a_box
 
 pytestmark = pytest.mark.django_db
 API = "/api/agent/v1"
 
 
-def _client(run):
-    return Client(HTTP_AUTHORIZATION=f"Bearer {tokens.issue(run)}")
+def _client(run, token=None):
+    return Client(HTTP_AUTHORIZATION=f"Bearer {token or put_on_a_box(run)}")
 
 
 def _post(client, path, body):
@@ -30,7 +32,7 @@ def test_it_gives_the_box_its_spec(launched):
     run = launched()
     spec = _client(run).get(API + "/spec").json()
     assert spec["run_id"] == run.pk and [p["kind"] for p in spec["phases"]] == ["cpt", "sft", "dpo", "kto", "grpo"]
-    assert spec["resume"] is None and spec["upload"]["kind"] == "local"
+    assert spec["resume"] == [] and spec["upload"]["kind"] == "local"
     assert spec["upload"]["path"].endswith(f"runs/{run.pk}")
 
 
@@ -53,10 +55,10 @@ def test_it_refuses_a_missing_or_forged_token(launched, header):
 
 def test_it_revokes_tokens_with_a_new_nonce(launched):
     run = launched()
-    old = _client(run)
+    token = put_on_a_box(run)
     run.token_nonce = tokens.new_nonce()
     run.save()
-    assert old.get(API + "/spec").status_code == 401
+    assert _client(run, token).get(API + "/spec").status_code == 401
     assert _client(run).get(API + "/spec").status_code == 200
 
 
@@ -92,23 +94,152 @@ def test_it_replaces_a_step_trained_again_after_a_resume(launched):
     assert (run.current_phase, run.current_step) == (0, 3)
 
 
+def _stored(run, uri, files):
+    """Writes a checkpoint's files where the run's local bucket keeps them; returns its manifest."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(run.bucket) / "runs" / str(run.pk) / uri
+    manifest = {}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+        manifest[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return manifest
+
+
+FILES = {"adapter/adapter_model.safetensors": b"w" * 64, "trainer.pt": b"t" * 32}
+
+
+def _declare(client, step, uri, manifest):
+    return _post(client, "/checkpoints", {"phase": 0, "step": step, "uri": uri, "complete": True,
+                                          "manifest": manifest})
+
+
 def test_it_records_checkpoints_inside_the_run_only(launched):
     run = launched()
     client = _client(run)
     assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": False}).status_code == 200
     for uri in ["../other-run/p0", "/etc/passwd", "a/../../b", "p0 s4"]:
-        assert _post(client, "/checkpoints", {"phase": 0, "step": 5, "uri": uri, "complete": True}).status_code == 422
-    _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": True})
-    assert list(Checkpoint.objects.values_list("uri", "complete")) == [("p0-s4", True)]
-    assert client.get(API + "/spec").json()["resume"]["step"] == 4
+        assert _declare(client, 5, uri, {}).status_code == 422
+    assert _declare(client, 4, "p0-s4", _stored(run, "p0-s4", FILES)).status_code == 200
+    checkpoint = Checkpoint.objects.get()
+    assert (checkpoint.uri, checkpoint.complete, checkpoint.size_bytes) == ("p0-s4", True, 96)
+    resume = client.get(API + "/spec").json()["resume"]
+    assert [c["step"] for c in resume] == [4] and set(resume[0]["manifest"]) == set(FILES)
 
 
 def test_it_never_resumes_from_a_half_written_checkpoint(launched):
     run = launched()
     client = _client(run)
-    _post(client, "/checkpoints", {"phase": 0, "step": 2, "uri": "p0-s2", "complete": True})
+    _declare(client, 2, "p0-s2", _stored(run, "p0-s2", FILES))
     _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": False})
-    assert client.get(API + "/spec").json()["resume"]["uri"] == "p0-s2"
+    assert [c["uri"] for c in client.get(API + "/spec").json()["resume"]] == ["p0-s2"]
+
+
+def test_it_declares_complete_only_what_the_store_holds(launched):
+    run = launched()
+    client = _client(run)
+    manifest = _stored(run, "p0-s4", FILES)
+    lying = {**manifest, "trainer.pt": {**manifest["trainer.pt"], "size": 33}}
+    missing = {**manifest, "extra.bin": {"size": 1, "sha256": "0" * 64}}
+    for bad in (None, {}, lying, missing, {"../x": manifest["trainer.pt"]},
+                {"COMPLETE": manifest["trainer.pt"]}, {"a": {"size": -1, "sha256": "0" * 64}},
+                {"a": {"size": 1, "sha256": "not-hex"}}):
+        response = _declare(client, 4, "p0-s4", bad)
+        assert response.status_code in (409, 422), bad
+        assert "detail" in response.json()
+    assert not run.checkpoints.filter(complete=True).exists() and client.get(API + "/spec").json()["resume"] == []
+    assert run.events.filter(kind="checkpoint_refused").exists()
+
+
+def test_it_never_reopens_or_rewrites_a_complete_checkpoint(launched):
+    run = launched()
+    client = _client(run)
+    manifest = _stored(run, "p0-s4", FILES)
+    assert _declare(client, 4, "p0-s4", manifest).status_code == 200
+    assert _declare(client, 4, "p0-s4", manifest).status_code == 200  # a retried post
+    other = _stored(run, "p0-s4", {**FILES, "trainer.pt": b"x" * 32})
+    assert _declare(client, 4, "p0-s4", other).status_code == 409
+    assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": False}).status_code == 409
+    assert Checkpoint.objects.get().manifest == manifest
+
+
+def test_a_checkpoint_a_box_refused_is_never_offered_again(launched):
+    run = launched()
+    client = _client(run)
+    _declare(client, 2, "p0-s2", _stored(run, "p0-s2", FILES))
+    _declare(client, 4, "p0-s4", _stored(run, "p0-s4", FILES))
+    answer = _post(client, "/checkpoints/rejected", {"phase": 0, "step": 4, "reason": "trainer.pt does not match"})
+    assert answer.json() == {"rejected": True}
+    assert [c["step"] for c in client.get(API + "/spec").json()["resume"]] == [2]
+    assert "trainer.pt does not match" in run.events.get(kind="checkpoint_rejected").message
+
+
+def test_a_replaced_or_ended_attempt_is_refused_and_touches_nothing(launched):
+    run = launched()
+    stale_token = put_on_a_box(run)
+    stale_box = run.current_instance
+    current = _client(run)  # the run moved to a new box
+    stale = _client(run, stale_token)
+    assert _post(stale, "/heartbeat", {"state": "training", "process_alive": True, "gpu_util_percent": 90}
+                 ).status_code == 401
+    assert _post(stale, "/metrics", {"points": [_point(1)]}).status_code == 401
+    assert _post(stale, "/events", {"kind": "finished"}).status_code == 401
+    stale_box.refresh_from_db()
+    assert stale_box.last_process_at is None and stale_box.gpu_util_percent is None and not run.metrics.exists()
+    assert _post(current, "/heartbeat", {"state": "training", "process_alive": True}).status_code == 200
+    events.record(run, "cancelled", "An operator cancelled it.")
+    assert _post(current, "/heartbeat", {"state": "training"}).status_code == 401
+
+
+def test_a_token_expires_unless_heartbeats_renew_it(launched, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = launched()
+    then = timezone.now() - timedelta(seconds=settings.AGENT_DEAD_MAN_WINDOW_S + 60)
+    token = put_on_a_box(run, now=then)
+    assert _client(run, token).get(API + "/spec").status_code == 401
+    fresh = put_on_a_box(run)
+    assert _post(_client(run, fresh), "/heartbeat", {"state": "training"}).status_code == 200
+    expires = run.attempts.get(ended_at=None).token_expires_at
+    assert expires > timezone.now() + timedelta(seconds=settings.AGENT_DEAD_MAN_WINDOW_S - 60)
+
+
+def test_it_tells_the_box_to_stop_its_machine_when_nothing_watches_it(launched, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs import pulse
+
+    run = launched()
+    client = _client(run, put_on_a_box(run, supervised=False))
+    answer = _post(client, "/heartbeat", {"state": "training"}).json()
+    assert answer["command"] == "stop_machine" and "supervisor never finished a pass" in answer["reason"]
+    pulse.record("supervisor", timezone.now() - timedelta(seconds=settings.SUPERVISOR_STALE_S + 5))
+    assert _post(client, "/heartbeat", {"state": "training"}).json()["command"] == "stop_machine"
+    pulse.record("supervisor", timezone.now())
+    assert _post(client, "/heartbeat", {"state": "training"}).json()["command"] == "continue"
+    assert run.events.filter(kind="told_to_stop").count() == 1
+
+
+def test_it_tells_the_box_to_stop_its_machine_when_the_budget_is_spent(launched):
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from fleet.models import CostSegment
+
+    run = launched(budget=Decimal("2"))
+    client = _client(run)
+    CostSegment.objects.create(instance=run.current_instance, usd_per_hour=Decimal("1.00"),
+                               started_at=timezone.now() - timedelta(hours=3))
+    answer = _post(client, "/heartbeat", {"state": "training"}).json()
+    assert answer["command"] == "stop_machine" and "budget" in answer["reason"]
 
 
 def test_it_moves_the_run_on_agent_events_and_renews_on_heartbeats(launched):
@@ -120,7 +251,7 @@ def test_it_moves_the_run_on_agent_events_and_renews_on_heartbeats(launched):
     run.refresh_from_db()
     assert run.credentials_renewed_at is not None
     assert _post(client, "/events", {"kind": "log", "message": "pip done"}).json()["state"] == "pending"
-    events.record(run, "rented", "A box was rented.")
+    events.record(run, "rented", "A box was rented.")  # the supervisor's record of the rent
     _post(client, "/heartbeat", {"state": "installing", "process_alive": True})
     run.refresh_from_db()
     assert run.state == "installing"  # the agent's first heartbeat on its box
@@ -147,7 +278,7 @@ def test_it_refuses_what_the_database_cannot_hold(launched):
     client = _client(run)
     assert _post(client, "/events", {"kind": "log", "message": "bad\x00byte"}).status_code == 422
     assert _post(client, "/checkpoints", {"phase": 0, "step": 1, "uri": "c", "complete": True,
-                                          "size_bytes": 10**20}).status_code == 422
+                                          "manifest": {"a": {"size": 10**20, "sha256": "0" * 64}}}).status_code == 409
     assert not run.events.filter(kind="log").exists() and not run.checkpoints.exists()
 
 

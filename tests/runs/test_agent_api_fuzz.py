@@ -8,7 +8,7 @@ from django.core import signals
 from django.db import close_old_connections
 
 from config.wsgi import application
-from runs import tokens
+from tests.runs.conftest import put_on_a_box
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def agent_schema(db):
 
 @pytest.fixture
 def token(launched):
-    return tokens.issue(launched())
+    return put_on_a_box(launched())
 
 
 def test_it_never_answers_with_a_server_error(agent_schema, token):

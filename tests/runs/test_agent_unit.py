@@ -18,7 +18,7 @@ class _Dashboard(BaseHTTPRequestHandler):
         self.server.posts.append((self.path, body, self.headers["Authorization"]))
         answer = self.server.answers.get(self.path.rsplit("/", 1)[-1], {})
         data = json.dumps(answer).encode()
-        self.send_response(200)
+        self.send_response(self.server.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -32,6 +32,7 @@ class _Dashboard(BaseHTTPRequestHandler):
 def dashboard():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard)
     server.posts, server.answers = [], {"metrics": {"stored": 0}, "heartbeat": {"command": "continue"}}
+    server.status = 200
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -44,6 +45,7 @@ def _api(server):
 def test_it_maps_every_trainer_metric_onto_the_api():
     record = {"phase": 1, "phase_name": "sft", "step": 7, "time": time.time(), "loss": 1.5, "lr": 1e-4,
               "step_s": 2.0, "tokens_per_s": 8192.0, "grad_norm_routed": 0.4, "grad_norm_attention": 0.3,
+              "grad_norm_linear_attention": 0.2, "grad_norm_shared_expert": 0.1,
               "grad_norm_total": 0.5, "routed_b_norm": 2.0, "routed_b_zero": 0, "routed_b_count": 96,
               "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton"}
     point = agent.to_point(record)
@@ -69,7 +71,7 @@ def test_it_stops_when_its_credentials_are_not_renewed(tmp_path):
     dead = agent.Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
     beat = agent.Heartbeat(dead, interval_s=0.01, window_s=0.0)
     beat.beat()
-    assert beat.stop.is_set() and beat.dead_man
+    assert beat.stop.is_set() and beat.self_stop
     assert "dead-man switch" in beat.stop_reason
 
 
@@ -77,7 +79,66 @@ def test_it_stops_when_the_dashboard_says_so(dashboard):
     dashboard.answers["heartbeat"] = {"command": "stop"}
     beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.beat()
-    assert beat.stop.is_set() and not beat.dead_man
+    assert beat.stop.is_set() and not beat.self_stop
+
+
+def test_it_stops_its_machine_when_the_dashboard_says_nothing_watches_it(dashboard):
+    dashboard.answers["heartbeat"] = {"command": "stop_machine", "reason": "the supervisor is silent"}
+    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat.beat()
+    assert beat.stop.is_set() and beat.self_stop and "the supervisor is silent" in beat.stop_reason
+
+
+def test_it_stops_its_machine_when_its_token_is_refused(dashboard):
+    dashboard.status = 401
+    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat.beat()
+    assert beat.stop.is_set() and beat.self_stop and "no longer accepts" in beat.stop_reason
+
+
+@pytest.mark.parametrize("answer", [{}, {"command": None}, {"command": "reboot"}, [], "ok", {"upload": "x"}])
+def test_an_odd_answer_neither_stops_the_box_nor_ends_its_heartbeat(dashboard, answer):
+    dashboard.answers["heartbeat"] = answer
+    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat.start()
+    time.sleep(0.1)
+    assert beat.is_alive() and not beat.stop.is_set()
+    beat.finish()
+
+
+@pytest.mark.parametrize("printed, expected", [
+    ("[N/A], [N/A]\n", {"gpu_ok": True}),
+    ("97, 81000\n[N/A], 1024\n", {"gpu_ok": True, "gpu_util_percent": 97.0, "gpu_mem_gib": 80.1}),
+    ("[Not Supported], nan\n", {"gpu_ok": True}),
+    ("", {"gpu_ok": False}),
+])
+def test_it_reads_what_nvidia_smi_can_say(tmp_path, monkeypatch, printed, expected):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\nprintf '{printed}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    status = agent.gpu_status()
+    assert set(status) == set(expected)
+    for key, value in expected.items():
+        assert status[key] == pytest.approx(value, abs=0.05)
+
+
+def test_it_stops_its_own_runpod_pod_with_the_pods_key(monkeypatch):
+    from tests.fleet.runpod_server import RUNPOD_KEY, FakeRunPod
+
+    fake = FakeRunPod(boot_polls=None).start()
+    try:
+        pod = fake.deploy({"gpuTypeId": "NVIDIA H200", "gpuCount": 1, "cloudType": "SECURE", "imageName": "img",
+                           "containerDiskInGb": 10, "name": "box"}, interruptible=False)
+        for name in ("FLEET_SELF_STOP", "CONTAINER_ID", "CONTAINER_API_KEY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("RUNPOD_POD_ID", pod.id)
+        monkeypatch.setenv("RUNPOD_API_KEY", RUNPOD_KEY)
+        monkeypatch.setenv("FLEET_RUNPOD_API_URL", fake.base_url)
+        agent.stop_machine()
+        assert fake.count("podStop") == 1 and fake.pod(pod.id)["desiredStatus"] == "EXITED"
+    finally:
+        fake.stop()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from runs import storage
-from training.agent import Api, Uploader, restore
+from training.agent import Api, Uploader, manifest_of, restore
 
 BUCKET = "checkpoints"
 
@@ -40,23 +40,82 @@ def _checkpoint(folder):
     return folder
 
 
+class _Recorder(Api):
+    """The agent's API client, recording what it would post instead of posting it."""
+
+    def __init__(self):
+        self.posts = []
+
+    def call(self, method, path, body=None):
+        self.posts.append((path, body))
+        return {}
+
+
+def _upload(uploader, folder):
+    manifest = manifest_of(folder)
+    for name in manifest:
+        uploader._put(folder / name, f"{folder.name}/{name}")
+    uploader._put(folder / "COMPLETE", f"{folder.name}/COMPLETE")
+    return manifest
+
+
+def _candidate(where, name, manifest, phase=1, step=4):
+    return {"phase": phase, "step": step, "uri": name, "manifest": manifest,
+            "download": storage.download_grant(where, name, manifest, expires_s=600)}
+
+
 def test_it_uploads_marker_last_and_restores_through_presigned_urls(s3, tmp_path):
     where = storage.location(f"s3://{BUCKET}/team-a", 7)
     grant = storage.upload_grant(where, expires_s=600)
     assert "account-secret" not in str(grant)
     uploader = Uploader(Api("http://127.0.0.1:9/", "unused"), grant, tmp_path / "outbox")
     folder = _checkpoint(tmp_path / "store" / "ckpt-p01-s00000004")
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        uploader._put(path, f"{folder.name}/{path.relative_to(folder)}")
+    manifest = _upload(uploader, folder)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
     assert all(k.startswith("team-a/runs/7/ckpt-p01-s00000004/") for k in keys) and len(keys) == 3
+    assert storage.stored_files(where, "ckpt-p01-s00000004") == {name: e["size"] for name, e in manifest.items()}
 
-    download = storage.download_grant(where, "ckpt-p01-s00000004", expires_s=600)
-    assert set(download["files"]) == {"COMPLETE", "trainer.pt", "adapter/adapter_model.safetensors"}
-    restore({"uri": "ckpt-p01-s00000004", "download": download}, tmp_path / "new-box")
+    candidate = _candidate(where, "ckpt-p01-s00000004", manifest)
+    assert set(candidate["download"]["files"]) == {"trainer.pt", "adapter/adapter_model.safetensors"}
+    assert restore(_Recorder(), [candidate], tmp_path / "new-box") is candidate
     restored = tmp_path / "new-box" / "ckpt-p01-s00000004"
     assert (restored / "trainer.pt").read_bytes() == (folder / "trainer.pt").read_bytes()
     assert (restored / "COMPLETE").exists()
+
+
+def test_a_box_loads_nothing_changed_or_planted_after_the_manifest_was_recorded(s3, tmp_path):
+    where = storage.location(f"s3://{BUCKET}/team-a", 7)
+    uploader = Uploader(Api("http://127.0.0.1:9/", "unused"), storage.upload_grant(where, 600), tmp_path / "outbox")
+    older = _upload(uploader, _checkpoint(tmp_path / "a" / "ckpt-p01-s00000002"))
+    newer = _upload(uploader, _checkpoint(tmp_path / "b" / "ckpt-p01-s00000004"))
+    # A stale box with a grant overwrites the newest checkpoint's optimizer state and plants a file beside it.
+    s3.put_object(Bucket=BUCKET, Key="team-a/runs/7/ckpt-p01-s00000004/trainer.pt", Body=b"pickled-code" * 75)
+    s3.put_object(Bucket=BUCKET, Key="team-a/runs/7/ckpt-p01-s00000002/adapter/evil.py", Body=b"import os")
+    api = _Recorder()
+    chosen = restore(api, [_candidate(where, "ckpt-p01-s00000004", newer),
+                           _candidate(where, "ckpt-p01-s00000002", older, step=2)], tmp_path / "box")
+    assert chosen["step"] == 2
+    assert not (tmp_path / "box" / "ckpt-p01-s00000004").exists()
+    assert not (tmp_path / "box" / "ckpt-p01-s00000002" / "adapter" / "evil.py").exists()
+    assert [(path, body["step"]) for path, body in api.posts] == [("checkpoints/rejected", 4)]
+    assert "trainer.pt does not match its manifest" in api.posts[0][1]["reason"]
+
+
+def test_a_box_resumes_from_nothing_rather_than_from_a_checkpoint_that_fails(s3, tmp_path):
+    where = storage.location(f"s3://{BUCKET}/team-a", 7)
+    uploader = Uploader(Api("http://127.0.0.1:9/", "unused"), storage.upload_grant(where, 600), tmp_path / "outbox")
+    manifest = _upload(uploader, _checkpoint(tmp_path / "a" / "ckpt-p01-s00000004"))
+    s3.delete_object(Bucket=BUCKET, Key="team-a/runs/7/ckpt-p01-s00000004/trainer.pt")
+    assert restore(_Recorder(), [_candidate(where, "ckpt-p01-s00000004", manifest)], tmp_path / "box") is None
+    assert not (tmp_path / "box" / "ckpt-p01-s00000004").exists()
+
+
+def test_it_refuses_a_bucket_inside_another_runs_folder(settings):
+    settings.S3_ACCESS_KEY = "key"
+    for nested in (f"s3://{BUCKET}/runs/5", f"s3://{BUCKET}/team/runs/5/more", "/data/ckpt/runs/12"):
+        with pytest.raises(ValueError, match="another run"):
+            storage.validate_bucket(nested)
+    assert storage.validate_bucket(f"s3://{BUCKET}/team/runs-archive") == f"s3://{BUCKET}/team/runs-archive"
 
 
 def test_it_grants_nothing_outside_the_runs_prefix_and_only_for_a_while(s3, tmp_path):
@@ -64,6 +123,8 @@ def test_it_grants_nothing_outside_the_runs_prefix_and_only_for_a_while(s3, tmp_
     grant = storage.upload_grant(storage.location(f"s3://{BUCKET}/team-a", 7), expires_s=600)
     policy = json.loads(base64.b64decode(grant["fields"]["policy"]))
     assert ["starts-with", "$key", "team-a/runs/7/"] in policy["conditions"]
+    assert ["content-length-range", 0, storage.MAX_POST_BYTES] in policy["conditions"]
+    assert grant["fields"]["x-amz-algorithm"] == "AWS4-HMAC-SHA256"  # SigV4, whatever the endpoint's default
     expires = datetime.fromisoformat(policy["expiration"].replace("Z", "+00:00"))
     assert timedelta(minutes=9) < expires - datetime.now(UTC) <= timedelta(minutes=10)
     assert grant["fields"]["key"].startswith("team-a/runs/7/")

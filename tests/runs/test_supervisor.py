@@ -25,7 +25,8 @@ class Agent:
     def __init__(self, market, run):
         env = next(i["env"] for i in market.state()["instances"] if i["label"] == run.current_instance.label)
         assert env["FLEET_RUN_ID"] == str(run.pk)
-        self.client = Client(HTTP_AUTHORIZATION=f"Bearer {env['FLEET_AGENT_TOKEN']}")
+        self.token = env["FLEET_AGENT_TOKEN"]
+        self.client = Client(HTTP_AUTHORIZATION=f"Bearer {self.token}")
 
     def post(self, path, body):
         response = self.client.post(API + path, json.dumps(body), content_type="application/json")
@@ -57,8 +58,8 @@ def test_it_rents_the_best_box_and_follows_the_agent_into_training(launched, fro
     run = _supervise(launched())
     box = run.current_instance
     assert run.state == "provisioning" and box.purpose == "training" and box.provider_instance_id
-    assert tokens.run_for(tokens.issue(run)) == run
     agent = Agent(frozen_market, run)
+    assert tokens.attempt_for(agent.token).instance == box  # the box's token opens its own attempt
     agent.post("/heartbeat", {"state": "installing"})
     run.refresh_from_db()
     assert run.state == "installing"
