@@ -43,6 +43,17 @@ class _Echo:
         return value
 
 
+# A spreadsheet evaluates a text cell that starts like a formula (=HYPERLINK(...), +cmd|...): text a box or a
+# marketplace chose (a GPU name, a label, a kernel path) gets a leading quote; numbers, negative ones too, stay numbers.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value):
+    if isinstance(value, str):
+        return "'" + value if value.startswith(_FORMULA_STARTS) else value
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
 @require_GET
 def run_metrics_csv(request, pk):
     """Every step the run's boxes reported, streamed so a long run never sits in memory."""
@@ -54,7 +65,7 @@ def run_metrics_csv(request, pk):
     def lines():
         yield writer.writerow(header)
         for row in rows.iterator(chunk_size=5000):
-            yield writer.writerow([v.isoformat() if hasattr(v, "isoformat") else v for v in row])
+            yield writer.writerow([_csv_cell(v) for v in row])
 
     name = slugify(run.name) or "run"
     return StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8", headers={
