@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import autotune_configs, interpreting, m_bucket
+from training.kernels._config import autotune_configs, interpreting, m_bucket, shared_memory_prune
 
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages. Chosen on an H200 with bench/moe_gemms.py (bench/NOTES_moe_block.md):
 # 128 x 256 tiles won for the four products of a block; the others stay for narrower N and other epilogues.
@@ -67,6 +67,22 @@ def _by_width(configs, named_args, **_):
     narrow = named_args["N"] <= 64
     kept = [c for c in configs if (c.kwargs["BLOCK_N"] <= 64) == narrow]
     return kept or configs
+
+
+def shared_bytes(config, stages, named_args, kwargs):
+    """Shared memory of one program: the pipelined x and w tiles of `stages` K steps, and with LoRA the z and l2
+    tiles of the epilogue, in x's type as the kernel casts them (the model of Triton's own matmul pruning, plus the
+    epilogue's operands)."""
+    block_m, block_n, block_k = (config.kwargs[name] for name in _NAMES)
+    size = named_args["x_ptr"].element_size()
+    total = stages * (block_m + block_n) * block_k * size
+    if kwargs.get("HAS_LORA"):
+        total += kwargs["BLOCK_R"] * (block_m + block_n) * size
+    return max(total, block_m * block_n * named_args["y_ptr"].element_size())  # the output tile's layout change
+
+
+_prune_pointer = shared_memory_prune(shared_bytes, "x_ptr", then=_by_width)
+_prune_tma = shared_memory_prune(shared_bytes, "x_ptr")
 
 
 @triton.jit
@@ -120,7 +136,7 @@ def _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn):
 
 
 @triton.autotune(configs=_configs(_WIDE + _NARROW), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"],
-                 prune_configs_by={"early_config_prune": _by_width})
+                 prune_configs_by={"early_config_prune": _prune_pointer})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_kernel(
@@ -173,7 +189,8 @@ def _grouped_gemm_kernel(
 
 
 @triton.autotune(configs=_configs(_TMA, FLATTEN=(True, False)),
-                 key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA"])
+                 key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA"],
+                 prune_configs_by={"early_config_prune": _prune_tma})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_gemm_tma_kernel(

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import autotune_configs, m_bucket
+from training.kernels._config import autotune_configs, m_bucket, shared_memory_prune
 
 
 def _configs():
@@ -26,8 +26,18 @@ def _configs():
     )
 
 
+def shared_bytes(config, stages, named_args, kwargs):
+    """Shared memory of one program: the p and q row blocks of `stages` steps in flight."""
+    block_p, block_q, block_k = config.kwargs["BLOCK_P"], config.kwargs["BLOCK_Q"], config.kwargs["BLOCK_K"]
+    p_size, q_size = named_args["p_ptr"].element_size(), named_args["q_ptr"].element_size()
+    return stages * block_k * (block_p * p_size + block_q * q_size)
+
+
+_prune = shared_memory_prune(shared_bytes, "p_ptr")
+
+
 @triton.autotune(configs=_configs(), key=["P", "Q", "M_BUCKET", "HAS_Q_ROWS", "HAS_ROW_SCALE", "ACCUMULATE"],
-                 restore_value=["out_ptr"])
+                 restore_value=["out_ptr"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _grouped_weight_grad_kernel(
     p_ptr, q_ptr, out_ptr, counts_ptr, q_rows_ptr, row_scale_ptr,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels._config import autotune_configs, m_bucket
+from training.kernels._config import autotune_configs, m_bucket, shared_memory_prune
 from training.kernels.grouped_gemm import _rows_of_tile
 
 
@@ -29,6 +29,15 @@ _SHAPES = [(16, 64, 4, 1), (32, 64, 4, 1), (16, 128, 4, 1), (64, 64, 8, 1)]
 
 def _configs():
     return autotune_configs(_SHAPES, names=("BLOCK_M", "BLOCK_I"))
+
+
+def shared_bytes(config, stages, named_args, kwargs):
+    """Shared memory of one program, counted in fp32: the row tiles and the factor tile of `stages` column steps."""
+    block_m, block_i, rank = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_I"], kwargs["BLOCK_R"]
+    return stages * 4 * (3 * block_m * block_i + 2 * block_i * rank)
+
+
+_prune = shared_memory_prune(shared_bytes, "gu_ptr")
 
 
 @triton.jit
@@ -45,7 +54,8 @@ def _factor_tile(f_ptr, e, offs_c, limit, R, stride_fe, stride_fr, stride_fc, BL
                    mask=(offs_c < limit)[:, None] & (offs_r < R)[None, :], other=0.0)
 
 
-@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"])
+@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"],
+                 prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _swiglu_forward_kernel(
     gu_ptr, h_ptr, counts_ptr, a_ptr, z_ptr,
@@ -83,7 +93,8 @@ def _swiglu_forward_kernel(
                  mask=mask_m[:, None] & (offs_r < R)[None, :])
 
 
-@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"])
+@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"],
+                 prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _swiglu_backward_kernel(
     gu_ptr, g_ptr, dgu_ptr, counts_ptr, order_ptr, w_ptr, row_w_ptr, dw_ptr, b_ptr, u_ptr,
