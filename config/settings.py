@@ -266,6 +266,8 @@ CHARGES_RECONCILE_SECONDS = env_int("CHARGES_RECONCILE_SECONDS", 300, minimum=10
 RENT_OUTCOME_GRACE_S = env_int("RENT_OUTCOME_GRACE_S", 120, minimum=1)  # a rent not listed after this never happened
 DESTROY_VERIFY_S = env_int("DESTROY_VERIFY_S", 60, minimum=1)  # a destroy still listed after this is retried
 MAX_KEEP_FOR_DEBUG_HOURS = env_int("MAX_KEEP_FOR_DEBUG_HOURS", 24, minimum=1)
+# A run whose trainer finished without its final adapters in the store fails and keeps its box this long.
+RUN_KEEP_BOX_ON_LOST_OUTPUTS_H = env_int("RUN_KEEP_BOX_ON_LOST_OUTPUTS_H", 4, minimum=0)
 # A requested rent no worker attempted within RENT_QUEUE_GRACE_S (its task lost) is rented by a sweep that runs that
 # often, or given up on with its reason once it has waited RENT_QUEUE_MAX_WAIT_S (the offer may be gone by then).
 RENT_QUEUE_GRACE_S = env_int("RENT_QUEUE_GRACE_S", 60, minimum=5)

@@ -15,7 +15,7 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, create_model, field_validator
 
-from runs import reports, tokens
+from runs import checkpoints, reports, tokens
 from training import metric_fields
 
 
@@ -45,7 +45,7 @@ def too_big(request, exc):
     return api.create_response(request, {"detail": "The request body is too large."}, status=413)
 
 
-@api.exception_handler(reports.CheckpointRefused)
+@api.exception_handler(checkpoints.CheckpointRefused)
 def refused(request, exc):
     return api.create_response(request, {"detail": str(exc)}, status=409)
 
@@ -194,12 +194,12 @@ def metrics(request, batch: MetricsIn):
 
 @api.post("/checkpoints", response={200: CheckpointOut, 409: ErrorOut})
 def checkpoint(request, notice: CheckpointIn):
-    return reports.checkpoint(request.auth, notice.dict())
+    return checkpoints.checkpoint(request.auth, notice.dict())
 
 
 @api.post("/checkpoints/rejected", response={200: RejectedOut})
 def checkpoint_rejected(request, report: RejectedIn):
-    return {"rejected": reports.checkpoint_rejected(request.auth, report.phase, report.step, report.reason)}
+    return {"rejected": checkpoints.checkpoint_rejected(request.auth, report.phase, report.step, report.reason)}
 
 
 @api.post("/events", response={200: EventOut})

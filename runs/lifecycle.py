@@ -4,7 +4,7 @@
        ^                     │                              │                       │
        └──── recovering <────┴── host_lost / probe_failed ──┴── host_lost / hung ───┘
                  │ rented: back to provisioning on a new box
-    any active state ──trainer_failed / restarts_exhausted / budget_exhausted / no_offer──> failed
+    any active state ──trainer_failed / outputs_lost / restarts_exhausted / budget_exhausted / no_offer──> failed
     any active state ──cancelled──> cancelled
 
 An event that does not apply in the current state (a late heartbeat after a failure, a duplicate notice) changes
@@ -27,6 +27,7 @@ _MOVES = {
     "hung": {TRAINING: RECOVERING, INSTALLING: RECOVERING},
     "finished": {TRAINING: FINISHED},
     "trainer_failed": {state: FAILED for state in ACTIVE},
+    "outputs_lost": {state: FAILED for state in ACTIVE},  # the trainer finished, its final adapters are not stored
     "restarts_exhausted": {state: FAILED for state in ACTIVE},
     "budget_exhausted": {state: FAILED for state in ACTIVE},
     "no_offer": {state: FAILED for state in ACTIVE},

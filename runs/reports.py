@@ -1,14 +1,15 @@
-"""What a run's box reports through the agent API: heartbeats, metric points, checkpoints and events."""
+"""What a run's box reports through the agent API: heartbeats, metric points and events (checkpoints: runs.checkpoints),
+and the spec it starts from."""
 
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
+from fleet import actions
 from fleet.models import Instance
-from runs import events, lifecycle, manifests, pulse, storage
-from runs.models import Checkpoint, MetricPoint, Run, RunAttempt
+from runs import checkpoints, events, lifecycle, pulse, storage
+from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields
 
 METRIC_FIELDS = list(metric_fields.NAMES)
@@ -94,74 +95,29 @@ def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
     return len(rows)
 
 
-class CheckpointRefused(Exception):
-    """A checkpoint notice the dashboard does not record (the agent API answers 409 with the reason)."""
-
-
-def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
-    """Records a checkpoint the box began or finished uploading. Declared complete, it needs a manifest of every file
-    that the store holds at those sizes; a complete checkpoint is never reopened or given another manifest."""
-    now = now or timezone.now()
-    run = attempt.run
-    key = {"run": run, "phase": notice["phase"], "step": notice["step"]}
-    values = {"uri": notice["uri"], "complete": False, "manifest": None, "size_bytes": None, "created_at": now}
-    if notice["complete"]:
-        try:
-            manifest = manifests.validated(notice.get("manifest"))
-        except manifests.ManifestError as exc:
-            raise CheckpointRefused(f"Checkpoint {notice['uri']}: {exc}.") from None
-        stored = storage.stored_files(storage.location(run.bucket, run.pk), notice["uri"])
-        problems = manifests.missing_from_store(manifest, stored)
-        if problems:
-            message = f"Checkpoint {notice['uri']} is not complete in the store: {'; '.join(problems[:5])}."
-            run.events.create(at=now, kind="checkpoint_refused", message=message[:4000])
-            raise CheckpointRefused(message)
-        values.update(complete=True, manifest=manifest, size_bytes=manifests.total_bytes(manifest))
-    with transaction.atomic():
-        existing = Checkpoint.objects.select_for_update().filter(**key).first()
-        if existing is not None and existing.complete:
-            if values["complete"] and values["manifest"] == existing.manifest and values["uri"] == existing.uri:
-                return existing  # the same declaration again (a retried post)
-            raise CheckpointRefused(f"Checkpoint {existing.uri} is complete already; it cannot be changed.")
-        saved, _ = Checkpoint.objects.update_or_create(**key, defaults=values)
-    return saved
-
-
-def checkpoint_rejected(attempt: RunAttempt, phase: int, step: int, reason: str, *, now=None) -> bool:
-    """The box refused to load a checkpoint (a file missing or not matching its manifest): it is never offered again."""
-    now = now or timezone.now()
-    run = attempt.run
-    found = Checkpoint.objects.filter(run=run, phase=phase, step=step, complete=True, rejected_reason="")
-    if not found.update(rejected_reason=reason or "refused by the box"):
-        return False
-    run.events.create(at=now, kind="checkpoint_rejected",
-                      message=f"The box refused checkpoint phase {phase} step {step}: {reason}"[:4000])
-    return True
-
-
 def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> str:
+    now = now or timezone.now()
     run = attempt.run
     if kind == "log":
-        run.events.create(at=now or timezone.now(), kind="log", message=message)
+        run.events.create(at=now, kind="log", message=message)
         return run.state
+    if kind == "finished" and lifecycle.moves(run.state, kind):
+        missing = checkpoints.missing_outputs(run)
+        if missing:
+            # Green without its adapters would be a lie, and the box's disk may be the only copy left: keep it.
+            hours = min(settings.RUN_KEEP_BOX_ON_LOST_OUTPUTS_H, settings.MAX_KEEP_FOR_DEBUG_HOURS)
+            actions.keep_for_debugging(attempt.instance, hours, now=now)
+            return events.record(run, "outputs_lost", f"The trainer finished, but {'; '.join(missing)}. Its box "
+                                                      f"is kept for {hours:g} h so that its disk can be read.",
+                                 now=now)[1]
     return events.record(run, kind, message, now=now)[1]
-
-
-RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest first
-
-
-def resume_points(run: Run) -> list[Checkpoint]:
-    """The checkpoints a box may resume from, newest first: complete, with a manifest, never refused by a box. A
-    half-written one is never used."""
-    usable = run.checkpoints.filter(complete=True, rejected_reason="").exclude(manifest=None)
-    return list(usable.order_by("-phase", "-step")[:RESUME_CANDIDATES])
 
 
 def spec(attempt: RunAttempt, *, now=None) -> dict:
     now = now or timezone.now()
     run = attempt.run
     where = storage.location(run.bucket, run.pk)
-    candidates = resume_points(run)
+    candidates = checkpoints.resume_points(run)
     Run.objects.filter(pk=run.pk).update(credentials_renewed_at=now)
     if candidates:
         newest = candidates[0]

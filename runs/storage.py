@@ -9,6 +9,8 @@ simulated box is a process on this machine) it gets the folder's path.
 
 import functools
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -52,8 +54,15 @@ def validate_bucket(bucket_uri: str) -> str:
         return bucket_uri
     if parsed.scheme not in ("", "file"):
         raise ValueError(f"Unsupported bucket scheme {parsed.scheme!r}: use s3://bucket/prefix or a local folder.")
-    if not Path(parsed.path if parsed.scheme else bucket_uri).is_absolute():
+    folder = Path(parsed.path if parsed.scheme else bucket_uri)
+    if not folder.is_absolute():
         raise ValueError("A local checkpoint folder must be an absolute path.")
+    try:  # a folder no upload can reach would lose every checkpoint and the adapter
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"The checkpoint folder {folder} cannot be written: {exc.strerror or exc}.") from None
     return bucket_uri
 
 
@@ -111,3 +120,19 @@ def stored_files(where: Location, checkpoint_uri: str) -> dict[str, int]:
             if name.rsplit("/", 1)[-1] != MARKER:
                 found[name] = item["Size"]
     return found
+
+
+def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
+    """Removes one checkpoint's files, its completion marker first so that a half-deleted one is never complete."""
+    if where.kind == "local":
+        root = Path(where.bucket) / where.prefix / checkpoint_uri
+        (root / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    client = _client()
+    prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
+    client.delete_object(Bucket=where.bucket, Key=prefix + MARKER)
+    keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=prefix)
+            for item in page.get("Contents", [])]
+    for start in range(0, len(keys), 1000):
+        client.delete_objects(Bucket=where.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})

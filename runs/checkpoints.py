@@ -1,0 +1,100 @@
+"""A run's checkpoints as the dashboard records them: declared by its box, verified against the store, offered for
+resume newest first, pruned to the recipe's keep count, and checked for the run's final adapters when it finishes."""
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs import manifests, retention, storage
+from runs.models import Checkpoint, Run, RunAttempt
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointRefused(Exception):
+    """A checkpoint notice the dashboard does not record (the agent API answers 409 with the reason)."""
+
+
+def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
+    """Records a checkpoint the box began or finished uploading. Declared complete, it needs a manifest of every file
+    that the store holds at those sizes; a complete checkpoint is never reopened or given another manifest."""
+    now = now or timezone.now()
+    run = attempt.run
+    key = {"run": run, "phase": notice["phase"], "step": notice["step"]}
+    values = {"uri": notice["uri"], "complete": False, "manifest": None, "size_bytes": None, "created_at": now}
+    if notice["complete"]:
+        try:
+            manifest = manifests.validated(notice.get("manifest"))
+        except manifests.ManifestError as exc:
+            raise CheckpointRefused(f"Checkpoint {notice['uri']}: {exc}.") from None
+        stored = storage.stored_files(storage.location(run.bucket, run.pk), notice["uri"])
+        problems = manifests.missing_from_store(manifest, stored)
+        if problems:
+            message = f"Checkpoint {notice['uri']} is not complete in the store: {'; '.join(problems[:5])}."
+            run.events.create(at=now, kind="checkpoint_refused", message=message[:4000])
+            raise CheckpointRefused(message)
+        values.update(complete=True, manifest=manifest, size_bytes=manifests.total_bytes(manifest))
+    with transaction.atomic():
+        existing = Checkpoint.objects.select_for_update().filter(**key).first()
+        if existing is not None and existing.complete:
+            if values["complete"] and values["manifest"] == existing.manifest and values["uri"] == existing.uri:
+                return existing  # the same declaration again (a retried post)
+            raise CheckpointRefused(f"Checkpoint {existing.uri} is complete already; it cannot be changed.")
+        saved, _ = Checkpoint.objects.update_or_create(**key, defaults=values)
+    if saved.complete:
+        prune(run)
+    return saved
+
+
+def prune(run: Run) -> list[str]:
+    """Deletes what the run's store no longer needs (runs.retention) and forgets it; returns the folders deleted. A
+    failed delete is logged and tried again after the next checkpoint."""
+    rows = list(run.checkpoints.all())
+    keep = (run.recipe.get("checkpoint") or {}).get("keep", 3)
+    finals = {(phase.index, phase.steps) for phase in run.phases.all()}
+    doomed = set(retention.to_prune([retention.Stored(c.phase, c.step, c.complete, bool(c.rejected_reason))
+                                     for c in rows], keep=keep if isinstance(keep, int) else 3, finals=finals))
+    where, deleted = storage.location(run.bucket, run.pk), []
+    for row in rows:
+        if (row.phase, row.step) not in doomed:
+            continue
+        try:
+            storage.delete_checkpoint(where, row.uri)
+        except Exception:  # noqa: BLE001 - the store may be down; nothing is lost by trying again later
+            log.warning("run %s: deleting checkpoint %s failed", run.pk, row.uri, exc_info=True)
+            continue
+        row.delete()
+        deleted.append(row.uri)
+    return deleted
+
+
+def checkpoint_rejected(attempt: RunAttempt, phase: int, step: int, reason: str, *, now=None) -> bool:
+    """The box refused to load a checkpoint (a file missing or not matching its manifest): it is never offered again."""
+    now = now or timezone.now()
+    run = attempt.run
+    found = Checkpoint.objects.filter(run=run, phase=phase, step=step, complete=True, rejected_reason="")
+    if not found.update(rejected_reason=reason or "refused by the box"):
+        return False
+    run.events.create(at=now, kind="checkpoint_rejected",
+                      message=f"The box refused checkpoint phase {phase} step {step}: {reason}"[:4000])
+    return True
+
+
+RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest first
+
+
+def resume_points(run: Run) -> list[Checkpoint]:
+    """The checkpoints a box may resume from, newest first: complete, with a manifest, never refused by a box. A
+    half-written one is never used."""
+    usable = run.checkpoints.filter(complete=True, rejected_reason="").exclude(manifest=None)
+    return list(usable.order_by("-phase", "-step")[:RESUME_CANDIDATES])
+
+
+def missing_outputs(run: Run) -> list[str]:
+    """What a finished run lacks in its store, in words: each phase's final checkpoint (its adapter) must be complete,
+    recorded with its manifest and never refused by a box."""
+    stored = set(run.checkpoints.filter(complete=True, rejected_reason="").exclude(manifest=None)
+                 .values_list("phase", "step"))
+    return [f"the final adapter of phase {phase.name} (step {phase.steps}) is not in the run's store"
+            for phase in run.phases.all() if (phase.index, phase.steps) not in stored]

@@ -1,0 +1,23 @@
+"""Which of a run's checkpoints its store keeps: the recipe's `checkpoint.keep` newest complete ones, plus every
+phase's final one (its adapter is an output of the run), and nothing older than the newest that was never finished
+or that a box refused. Pure."""
+
+from typing import NamedTuple
+
+
+class Stored(NamedTuple):
+    phase: int
+    step: int
+    complete: bool
+    refused: bool = False
+
+
+def to_prune(stored: list[Stored], *, keep: int, finals: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(phase, step) of every checkpoint to delete, oldest first."""
+    usable = sorted(((c.phase, c.step) for c in stored if c.complete and not c.refused), reverse=True)
+    if not usable:
+        return []
+    newest = usable[0]
+    kept = set(usable[:max(1, keep)]) | (finals & set(usable))
+    drop = {(c.phase, c.step) for c in stored if (c.phase, c.step) not in kept and (c.phase, c.step) < newest}
+    return sorted(drop)

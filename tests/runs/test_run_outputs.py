@@ -1,0 +1,103 @@
+"""A run is green only with its outputs: each phase's final adapter verified in the run's store. Its store keeps the
+recipe's `keep` newest checkpoints and every phase's final one, and a folder no upload can reach is refused at launch."""
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from runs import retention, storage
+from runs.models import Checkpoint
+from tests.runs.conftest import put_on_a_box, tiny_recipe
+
+pytestmark = pytest.mark.django_db
+API = "/api/agent/v1"
+
+
+def _post(client, path, body):
+    import json
+
+    return client.post(API + path, json.dumps(body), content_type="application/json")
+
+
+def _store(run, phase, step):
+    """Uploads a checkpoint into the run's local bucket and declares it complete, as a box does."""
+    uri = f"ckpt-p{phase:02d}-s{step:08d}"
+    root = Path(run.bucket) / "runs" / str(run.pk) / uri
+    data = f"adapter {phase} {step}".encode()
+    (root / "adapter").mkdir(parents=True, exist_ok=True)
+    (root / "adapter" / "adapter_model.safetensors").write_bytes(data)
+    (root / "COMPLETE").write_text("done\n")
+    manifest = {"adapter/adapter_model.safetensors": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+    return uri, {"phase": phase, "step": step, "uri": uri, "complete": True, "manifest": manifest}
+
+
+def _training(run):
+    from runs import events
+
+    token = put_on_a_box(run)
+    events.record(run, "rented", "A box was rented.")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert _post(client, "/events", {"kind": "probe_ok"}).json()["state"] == "training"
+    return client
+
+
+def test_a_run_whose_final_adapters_are_not_stored_fails_and_keeps_its_box(launched, settings):
+    run = launched()
+    client = _training(run)
+    phases = list(run.phases.all())
+    for phase in phases[:-1]:
+        assert _post(client, "/checkpoints", _store(run, phase.index, phase.steps)[1]).status_code == 200
+    assert _post(client, "/events", {"kind": "finished", "message": "done"}).json()["state"] == "failed"
+    run.refresh_from_db()
+    last = phases[-1]
+    assert f"the final adapter of phase {last.name} (step {last.steps}) is not in the run's store" in run.state_reason
+    box = run.current_instance
+    box.refresh_from_db()
+    assert box.keep_until is not None  # its disk may hold the only copy
+
+
+def test_a_run_with_every_final_adapter_stored_finishes(launched):
+    run = launched()
+    client = _training(run)
+    for phase in run.phases.all():
+        assert _post(client, "/checkpoints", _store(run, phase.index, phase.steps)[1]).status_code == 200
+    assert _post(client, "/events", {"kind": "finished", "message": "done"}).json()["state"] == "finished"
+
+
+def test_the_runs_store_keeps_the_newest_and_every_phases_final_checkpoint(tmp_path):
+    from runs.launch import launch
+    from decimal import Decimal
+
+    recipe = tiny_recipe()
+    recipe["checkpoint"] = {**recipe.get("checkpoint", {}), "keep": 2}
+    run = launch(name="keep", recipe=recipe, bucket=str(tmp_path / "bucket"), budget_usd=Decimal("5"), max_restarts=1)
+    client = _training(run)
+    first = run.phases.get(index=0)
+    uris = {}
+    for step in (first.steps - 2, first.steps - 1, first.steps):
+        uris[(0, step)], notice = _store(run, 0, step)
+        _post(client, "/checkpoints", notice)
+    for step in (1, 2, 3):
+        uris[(1, step)], notice = _store(run, 1, step)
+        _post(client, "/checkpoints", notice)
+    kept = set(Checkpoint.objects.filter(run=run).values_list("phase", "step"))
+    assert kept == {(0, first.steps), (1, 2), (1, 3)}
+    on_disk = {p.name for p in (Path(run.bucket) / "runs" / str(run.pk)).iterdir()}
+    assert on_disk == {uris[key] for key in kept}
+
+
+def test_retention_drops_refused_and_unfinished_ones_older_than_the_newest():
+    rows = [retention.Stored(0, 10, True), retention.Stored(0, 20, True, refused=True), retention.Stored(0, 30, False),
+            retention.Stored(0, 40, True), retention.Stored(0, 50, False)]
+    assert retention.to_prune(rows, keep=3, finals=set()) == [(0, 20), (0, 30)]
+    assert retention.to_prune(rows, keep=1, finals={(0, 10)}) == [(0, 20), (0, 30)]
+    assert retention.to_prune(rows, keep=1, finals=set()) == [(0, 10), (0, 20), (0, 30)]
+    assert retention.to_prune([retention.Stored(0, 5, False)], keep=1, finals=set()) == []
+
+
+@pytest.mark.parametrize("folder", ["/proc/nope", "/dev/null/checkpoints"])
+def test_a_folder_no_upload_can_reach_is_refused_at_launch(folder):
+    with pytest.raises(ValueError, match="cannot be written"):
+        storage.validate_bucket(folder)
