@@ -1,9 +1,7 @@
-import json
-
-import yaml
 from django import forms
 
 from fleet.models import OfferProfile
+from training.recipe import RecipeError, parse_recipe_text
 
 
 class LaunchForm(forms.Form):
@@ -19,9 +17,9 @@ class LaunchForm(forms.Form):
     def clean_recipe(self):
         text = self.cleaned_data["recipe"]
         try:
-            recipe = yaml.safe_load(text) if not text.lstrip().startswith("{") else json.loads(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise forms.ValidationError(f"Not valid YAML or JSON: {exc}") from None
+            recipe = parse_recipe_text(text, as_json=text.lstrip().startswith("{"))
+        except RecipeError as exc:
+            raise forms.ValidationError(f"The recipe cannot be read: {exc}.") from None
         if not isinstance(recipe, dict):
             raise forms.ValidationError("The recipe must be a mapping of settings.")
         return recipe

@@ -65,6 +65,74 @@ class RecipeError(ValueError):
     """The recipe is not usable; the message lists every problem found."""
 
 
+# A recipe is a page of settings. These bounds are far above any real one and far below what hurts: YAML anchors
+# and aliases let a few lines stand for a billion values (the "billion laughs"), which whatever walks or stores the
+# recipe would build out in full.
+MAX_RECIPE_CHARS = 256 * 1024
+MAX_RECIPE_DEPTH = 32  # mappings and lists inside one another
+MAX_RECIPE_VALUES = 100_000  # scalars, mappings and lists, every alias counted as what it stands for
+_EVENT_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present: the same events
+
+
+def parse_recipe_text(text: str, *, as_json: bool = False):
+    """YAML (or JSON) text to plain values, within the bounds above. The YAML is measured on its event stream first,
+    each alias counted as the size of its anchor, so an alias bomb is refused in the time it takes to read it,
+    without building anything."""
+    kind = "JSON" if as_json else "YAML"
+    if len(text) > MAX_RECIPE_CHARS:
+        raise RecipeError(f"the recipe is {len(text):,} characters; at most {MAX_RECIPE_CHARS:,} are read")
+    try:
+        if as_json:
+            return _within_depth(json.loads(text))
+        _measure_yaml(text)
+        return yaml.safe_load(text)
+    except RecipeError:
+        raise
+    except RecursionError:  # json's decoder, before the depth could be measured
+        raise RecipeError(f"the recipe nests more than {MAX_RECIPE_DEPTH} levels deep") from None
+    except (ValueError, yaml.YAMLError) as exc:
+        raise RecipeError(f"not valid {kind}: {exc}") from None
+
+
+def _measure_yaml(text: str) -> None:
+    anchored = {}  # anchor -> the values it stands for
+    open_collections = []  # [anchor, values so far] for each mapping or list still open
+    for event in yaml.parse(text, Loader=_EVENT_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_collections.append([event.anchor, 1])
+            if len(open_collections) > MAX_RECIPE_DEPTH:
+                raise RecipeError(f"the recipe nests more than {MAX_RECIPE_DEPTH} levels deep")
+            continue
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor not in anchored:
+                raise RecipeError(f"the alias *{event.anchor} names no finished anchor (an anchor cannot hold itself)")
+            anchor, values = None, anchored[event.anchor]
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, values = event.anchor, 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, values = open_collections.pop()
+        else:
+            continue
+        if anchor:
+            anchored[anchor] = values
+        if open_collections:
+            open_collections[-1][1] += values
+            values = open_collections[-1][1]
+        if values > MAX_RECIPE_VALUES:
+            raise RecipeError(f"the recipe's aliases expand to more than {MAX_RECIPE_VALUES:,} values")
+
+
+def _within_depth(value):
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_RECIPE_DEPTH:
+                raise RecipeError(f"the recipe nests more than {MAX_RECIPE_DEPTH} levels deep")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
+
+
 def load_recipe(path):
     path = Path(path)
     try:
@@ -72,9 +140,9 @@ def load_recipe(path):
     except OSError as exc:
         raise RecipeError(f"cannot read the recipe {path}: {exc}") from exc
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise RecipeError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+        raw = parse_recipe_text(text, as_json=path.suffix == ".json")
+    except RecipeError as exc:
+        raise RecipeError(f"{path}: {exc}") from None
     return validate(raw, base_dir=path.parent)
 
 
