@@ -17,7 +17,7 @@ from decimal import Decimal
 
 SHOWN_CHARS = 40  # how much of a bad value a reason quotes, so one huge value cannot make a huge reason
 MAX_ID = 2**63 - 1  # the largest id a marketplace hands out that a 64-bit column holds
-MAX_INT_DIGITS = 100
+MAX_INT_DIGITS = 100  # longer integers in an answer are no id, count or price (see json_int)
 REQUIRED = object()  # `default` for a field the listing must have
 
 # Characters no text column can hold (PostgreSQL refuses NUL; a lone surrogate cannot be encoded) and control
@@ -44,10 +44,22 @@ def shown(value) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
-def json_int(digits: str) -> int | float:
-    """json.loads' parse_int: an integer of more digits than any id or count becomes a float (an infinity past
-    1e308) for the field's reader to refuse, instead of failing the whole answer's decoding."""
-    return int(digits) if len(digits) <= MAX_INT_DIGITS else float(digits)
+class LongNumber:
+    """An integer in a JSON answer with more digits than any id or count has: no reader takes it."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"a {self.digits}-digit number"
+
+
+def json_int(digits: str) -> int | LongNumber:
+    """json.loads' parse_int: a LongNumber for the field's reader to refuse, instead of an int so long that
+    Python refuses to convert it and fails the whole answer's decoding."""
+    return int(digits) if len(digits) <= MAX_INT_DIGITS else LongNumber(len(digits.lstrip("-")))
 
 
 def label(value) -> str:
@@ -63,7 +75,8 @@ def _is(value, expected: str) -> str:
 
 
 def _get(raw: dict, key: str, default):
-    """The field's value, or `default` when the listing leaves it out or null; BadField if it must be there."""
+    """(value, left out): the field's value, or `default` when the listing leaves it out or null; BadField if it
+    must be there."""
     value = raw.get(key)
     if value is None:
         if default is REQUIRED:
@@ -91,9 +104,12 @@ def _bounded(key: str, value, result, low, high, expected: str):
 
 
 def _range_words(low, high) -> str:
+    def n(bound) -> str:
+        return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
     if low is None:
-        return "" if high is None else f"<= {high:g}"
-    return f">= {low:g}" if high is None else f"between {low:g} and {high:g}"
+        return "" if high is None else f"<= {n(high)}"
+    return f">= {n(low)}" if high is None else f"between {n(low)} and {n(high)}"
 
 
 def number(raw: dict, key: str, *, low: float | None = 0.0, high: float | None = None, default=REQUIRED):

@@ -101,6 +101,34 @@ def test_it_skips_a_malformed_gpu_type_and_keeps_the_rest(runpod, fake):
     assert offers.skipped == ["GPU type NVIDIA B200 x1: memoryInGb is 'lots' (a string), not a number"]
 
 
+def test_it_skips_each_gpu_type_with_junk_in_a_field_and_names_the_field(runpod, fake):
+    junk = {
+        "NVIDIA H100 80GB HBM3": ("securePrice", float("inf")),  # JSON 1e400
+        "NVIDIA B200": ("secureCloud", "true"),  # a flag as a string
+        "NVIDIA A100 80GB PCIe": ("maxGpuCount", 1.5),
+        "NVIDIA GeForce RTX 3070": ("memoryInGb", float("nan")),
+    }
+
+    def mangle(data):
+        for gpu_type in data.get("gpuTypes") or []:
+            if gpu_type["id"] in junk:
+                field, value = junk[gpu_type["id"]]
+                gpu_type[field] = value
+        return data
+
+    fake.corrupt_answers(mangle)
+    offers = runpod.search_offers()
+    assert {o.offer_id.split(":")[0] for o in offers} == {"NVIDIA H200",
+                                                          "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+    assert all(o.total_usd_per_hour.is_finite() for o in offers)
+    assert offers.skipped == [
+        "GPU type NVIDIA H100 80GB HBM3 x1: securePrice is inf, not a finite number",
+        "GPU type NVIDIA B200 x1: secureCloud is 'true' (a string), not true or false",
+        "GPU type NVIDIA A100 80GB PCIe x1: maxGpuCount is 1.5, not a whole number",
+        "GPU type NVIDIA GeForce RTX 3070 x1: memoryInGb is nan, not a finite number",
+    ]
+
+
 # -- rent, follow, destroy ------------------------------------------------------------------------------------
 
 

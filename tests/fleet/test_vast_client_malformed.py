@@ -119,3 +119,58 @@ def test_it_rejects_a_charge_line_without_times(scripted):
 def test_it_keeps_the_key_out_of_its_repr():
     client = VastClient("http://127.0.0.1:9/api/v0", "secret-key-value")
     assert "secret-key-value" not in repr(client)
+
+
+# One listing per kind of junk, each naming the field it is in. "1e400" and "-1e400" are written into the body as
+# bare JSON numbers (Python reads them as infinities), "NaN" as JSON's NaN extension.
+_INF, _NEG_INF, _NAN = "<1e400>", "<-1e400>", "<NaN>"
+BAD_LISTINGS = [
+    ("id", _INF), ("id", 1.5), ("id", "104"), ("id", -3), ("id", True), ("id", None),
+    ("num_gpus", _INF), ("num_gpus", 1.5), ("num_gpus", 0), ("num_gpus", "2"), ("num_gpus", None),
+    ("compute_cap", _INF), ("compute_cap", _NAN), ("compute_cap", -900), ("compute_cap", "900"),
+    ("gpu_ram", _NAN), ("gpu_ram", -1), ("gpu_ram", [143771]),
+    ("cuda_max_good", _NAN), ("cuda_max_good", _INF), ("cuda_max_good", "12.8"),
+    ("disk_space", _NAN), ("disk_space", -500), ("disk_space", None),
+    ("inet_up", _NAN), ("inet_down", _NEG_INF), ("inet_down", "1500"),
+    ("dph_total", _INF), ("dph_total", -1), ("dph_total", "1.2"), ("dph_base", _NAN), ("dph_base", False),
+    ("storage_cost", _INF), ("inet_up_cost", -0.01), ("inet_down_cost", "0.01"), ("min_bid", _INF),
+    ("reliability2", 1.5), ("reliability2", _NAN), ("reliability2", "0.99"),
+    ("verified", "false"), ("verified", 0), ("is_bid", "false"), ("rentable", "no"),
+    ("gpu_name", ""), ("gpu_name", 42), ("gpu_name", "H200\x00"), ("gpu_name", None),
+    ("driver_version", 570), ("geolocation", ["SE"]), ("machine_id", "m-9"), ("host_id", 1.5),
+    ("dlperf", _NAN), ("total_flops", _INF), ("total_flops", -700),
+]
+
+
+def _catalogue(listings: list[dict]) -> bytes:
+    text = json.dumps({"offers": listings})
+    for marker, literal in ((_INF, "1e400"), (_NEG_INF, "-1e400"), (_NAN, "NaN")):
+        text = text.replace(json.dumps(marker), literal)
+    return text.encode()
+
+
+def test_it_skips_each_bad_listing_with_the_field_named_and_keeps_every_good_one(scripted):
+    server, client = scripted
+    listings = [GOOD_OFFER, {**GOOD_OFFER, "id": 102.0, "num_gpus": 2.0}]  # whole numbers written as floats
+    for i, (field, value) in enumerate(BAD_LISTINGS):
+        listing = {**GOOD_OFFER, "id": 1000 + i, field: value}
+        if value is None:
+            del listing[field]  # a key the listing leaves out
+        listings.append(listing)
+    server.replies.append((200, _catalogue(listings)))
+    offers = client.search_offers()
+    assert [(o.offer_id, o.num_gpus) for o in offers] == [("101", 1), ("102", 2)]
+    assert len(offers.skipped) == len(BAD_LISTINGS)
+    for note, (field, _) in zip(offers.skipped, BAD_LISTINGS):
+        assert f"{field} " in note.split(": ", 1)[1], note
+        assert len(note) < 160, note
+
+
+def test_it_reads_a_verified_false_and_an_integer_too_long_for_python_as_what_they_are(scripted):
+    server, client = scripted
+    huge = "9" * 5000  # more digits than Python turns into an int by default
+    body = _catalogue([{**GOOD_OFFER, "verified": False, "is_bid": False}, {**GOOD_OFFER, "id": 102}])
+    server.replies.append((200, body.replace(b'"id": 102', b'"id": ' + huge.encode())))
+    offers = client.search_offers()
+    assert [(o.offer_id, o.verified, o.is_bid) for o in offers] == [("101", False, False)]
+    assert offers.skipped == ["offer a 5000-digit number: id is a 5000-digit number, not a whole number"]
