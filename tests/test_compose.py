@@ -1,6 +1,7 @@
 """The compose file cannot be run here (no Docker engine), so it is checked for what would break it."""
 
 import importlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -139,3 +140,51 @@ def test_it_takes_secrets_from_the_environment():
     for name in ("SECRET_KEY", "S3_SECRET_KEY"):
         assert re.fullmatch(rf"\$\{{{name}:\?[^}}]+\}}", environment[name]), f"{name} must be required"
     assert ":?" in environment["DATABASE_URL"]
+
+
+def test_it_serves_the_web_port_on_loopback_only():
+    # The TLS proxy on the host is the way in; plain HTTP on a public interface would skip it.
+    for name, spec in SERVICES.items():
+        for port in spec.get("ports", []):
+            if name == "web" or port.rsplit(":", 1)[-1] == "8000":
+                assert port.startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+    assert SERVICES["web"]["ports"], "the proxy needs the port on loopback"
+
+
+def _policy(bucket: str) -> dict:
+    text = (ROOT / "docker" / "minio-policy.json").read_text().replace("BUCKET", bucket)
+    return json.loads(text)
+
+
+def test_its_services_reach_minio_with_a_user_scoped_to_one_bucket():
+    minio, setup = SERVICES["minio"]["environment"], SERVICES["minio-setup"]["environment"]
+    control_plane = OUR_SERVICES["web"]["environment"]
+    # The root key is MinIO's own, named by variables the product never gets.
+    assert re.search(r"\$\{MINIO_ROOT_PASSWORD:\?", minio["MINIO_ROOT_PASSWORD"])
+    assert "S3_" not in minio["MINIO_ROOT_USER"] + minio["MINIO_ROOT_PASSWORD"]
+    for name, spec in OUR_SERVICES.items():
+        assert not any("MINIO_ROOT" in str(value) for value in spec["environment"].values()), name
+    # minio-setup makes the product's user from the same variables the control plane uses, before it starts.
+    for key in ("S3_ACCESS_KEY", "S3_SECRET_KEY"):
+        assert setup[key] == control_plane[key]
+    for name in OUR_SERVICES:
+        if name != "migrate":
+            assert SERVICES[name]["depends_on"]["minio-setup"]["condition"] == "service_completed_successfully"
+    script = (ROOT / "docker" / "minio-setup.sh").read_text()
+    assert 'mc admin user add local "$S3_ACCESS_KEY" "$S3_SECRET_KEY"' in script
+    assert 'mc admin policy attach local fleet-bucket --user "$S3_ACCESS_KEY"' in script
+    mounted = {volume.split(":")[0]: volume.split(":")[1] for volume in SERVICES["minio-setup"]["volumes"]}
+    assert mounted["./docker/minio-setup.sh"] in SERVICES["minio-setup"]["entrypoint"]
+    assert mounted["./docker/minio-policy.json"] in script
+
+
+def test_its_bucket_policy_reaches_that_bucket_and_nothing_else():
+    policy = _policy("fleet-checkpoints")
+    actions = {action for statement in policy["Statement"] for action in statement["Action"]}
+    resources = {resource for statement in policy["Statement"] for resource in statement["Resource"]}
+    assert all(statement["Effect"] == "Allow" for statement in policy["Statement"])
+    assert resources == {"arn:aws:s3:::fleet-checkpoints", "arn:aws:s3:::fleet-checkpoints/*"}
+    assert all(action.startswith("s3:") and "*" not in action for action in actions)
+    # What the product and its boxes do: presigned puts and gets, listing a prefix, deleting a checkpoint.
+    assert {"s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:DeleteObject"} <= actions
+    assert not actions & {"s3:CreateBucket", "s3:DeleteBucket", "s3:PutBucketPolicy", "s3:ListAllMyBuckets"}
