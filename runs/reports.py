@@ -9,6 +9,7 @@ from django.utils import timezone
 from fleet import actions
 from fleet.models import Instance
 from runs import checkpoints, events, lifecycle, pulse, storage
+from runs.costs import run_cost
 from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields
 
@@ -63,8 +64,6 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
         Instance.objects.filter(pk=attempt.instance_id).update(**seen)
     if lifecycle.moves(run.state, "agent_started"):
         events.record(run, "agent_started", "The box's agent reported in.", now=now)
-    from runs.supervisor import run_cost  # the supervisor imports this module
-
     command, why = standing_order(run_active=run.is_active, spent=run_cost(run, now), budget=run.budget_usd,
                                   supervisor_age_s=pulse.age_s("supervisor", now),
                                   stale_after_s=settings.SUPERVISOR_STALE_S)

@@ -10,7 +10,7 @@ from runs.run_data import latest_step_annotations, list_projection
 from runs import launch as launching
 from runs.forms import LaunchForm
 from runs.models import Run
-from runs.supervisor import run_cost, run_costs
+from runs.costs import run_cost, run_costs
 
 
 def require_launch_permission(user) -> None:

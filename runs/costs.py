@@ -1,0 +1,21 @@
+"""What a run has cost so far: the sum of the boxes it trained on, each from the instance ledger."""
+
+from datetime import datetime
+from decimal import Decimal
+
+from fleet.instances import ledger
+from runs.models import Run, RunAttempt
+
+
+def run_costs(runs, now: datetime) -> dict[int, Decimal]:
+    """run pk -> cost so far (the sum of the boxes it trained on), for many runs with two queries."""
+    boxes_of, boxes = {}, {}
+    for attempt in RunAttempt.objects.filter(run__in=runs).select_related("instance"):
+        boxes_of.setdefault(attempt.run_id, set()).add(attempt.instance_id)
+        boxes[attempt.instance_id] = attempt.instance
+    costs = ledger.instance_costs(boxes.values(), now)
+    return {run.pk: sum((costs[pk] for pk in boxes_of.get(run.pk, ())), Decimal(0)) for run in runs}
+
+
+def run_cost(run: Run, now: datetime) -> Decimal:
+    return run_costs([run], now)[run.pk]
