@@ -1,13 +1,18 @@
 """Training-step benchmark on one GPU: our MoE-LoRA backend vs transformers grouped_mm + peft, in the same run.
 
-Qwen3-30B-A3B-shaped model (48 layers, 128 experts top-8, hidden 2048, moe_intermediate 768), random bf16 weights,
-LoRA r=32 alpha=64 on attention and routed experts, micro-batch 2 x 2048 packed tokens, 8 accumulation steps, AdamW.
+--model qwen3-30b-a3b (default): 48 layers, 128 experts top-8, hidden 2048, moe_intermediate 768.
+--model qwen3.6-35b-a3b: the 40-layer text model, 3 Gated DeltaNet layers to 1 attention layer, 256 experts top-8,
+moe_intermediate 512, a shared expert of 512, hidden 2048, vocabulary 248,320; prints which DeltaNet path ran
+(flash-linear-attention or transformers' reference code), the same for both backends.
+Random bf16 weights, LoRA r=32 alpha=64 on the family's targets (training/families.py) and the routed experts,
+micro-batch 2 x 2048 tokens, 8 accumulation steps, AdamW.
 Both backends run through the trainer's own `optimizer_step` (same loss, clipping and metrics); "ours" with the
 trainer's CUDA-graph micro-steps (training/graphs.py), "ours:eager" without them. Reports tokens/s,
 seconds per optimizer step and peak memory; if a configuration runs out of memory it says so and tries the next (for
 the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JSON object.
 
-    python bench/train_step.py [--layers 48] [--steps 2] [--accum 8]
+    python bench/train_step.py [--model qwen3.6-35b-a3b] [--layers 48] [--steps 2] [--accum 8]
+    python bench/train_step.py --model qwen3.6-35b-a3b --layers 2 --experts 16 --tokens small   (a CPU smoke run)
 """
 
 import argparse
@@ -20,22 +25,36 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from training.lora import attach_lora, lora_config  # noqa: E402
+from training.families import family_of  # noqa: E402
+from training.linear_attention import deltanet_path  # noqa: E402
+from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
 from training.graphs import MicroStepGraphs  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
 from training.train import build_model, lr_lambda, optimizer_step, parameter_groups  # noqa: E402
 
-CONFIG = {
-    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-    "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "max_position_embeddings": 4096,
-    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+MODELS = {
+    "qwen3-30b-a3b": ({
+        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+    }, 48),
+    "qwen3.6-35b-a3b": ({
+        "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "num_experts": 256, "num_experts_per_tok": 8,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "linear_num_value_heads": 32,
+        "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+    }, 40),
 }
+CONFIG = MODELS["qwen3-30b-a3b"][0]
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build(backend, layers, checkpointing):
-    base = build_model({"config": {**CONFIG, "num_hidden_layers": layers}, "dtype": "bfloat16", "seed": 0},
-                       torch.device("cuda"))
+def build(backend, config, layers, checkpointing):
+    dtype = "bfloat16" if DEVICE.type == "cuda" else "float32"  # the CPU smoke run: float32 matmuls
+    base = build_model({"config": {**config, "num_hidden_layers": layers}, "dtype": dtype, "seed": 0}, DEVICE)
     if checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if backend.startswith("ours"):
@@ -44,28 +63,30 @@ def build(backend, layers, checkpointing):
         from peft import get_peft_model
 
         base.set_experts_implementation("grouped_mm")
-        model = get_peft_model(base, lora_config(32, 64))
+        model = get_peft_model(base, lora_config(32, 64, model_targets(base)))  # the same targets as ours
     model.train()
     return model
 
 
-def measure(backend, layers, checkpointing, steps, accum, batch, seq_len, graphs=False):
-    model = build(backend, layers, checkpointing)
+def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False):
+    model = build(backend, config, layers, checkpointing)
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
-    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=DEVICE.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    ids = [torch.randint(0, CONFIG["vocab_size"], (batch, seq_len), device="cuda", generator=gen) for _ in range(accum)]
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    ids = [torch.randint(0, config["vocab_size"], (batch, seq_len), device=DEVICE, generator=gen)
+           for _ in range(accum)]
     micro = [{"input_ids": x, "labels": x} for x in ids]
-    ctx = {"device": torch.device("cuda"), "tokenizer": None, "reward_fn": None}
+    ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
     phase = {"kind": "cpt"}
     # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture, replays),
     # guard on (it must pass on ours).
     optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
                    check_guard=backend.startswith("ours"), graphs=runner)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     records = []
     for _ in range(steps):
         records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
@@ -76,25 +97,34 @@ def measure(backend, layers, checkpointing, steps, accum, batch, seq_len, graphs
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
         "gradient_checkpointing": checkpointing,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
-        "tokens_per_second": round(tokens / seconds), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
-        # a captured graph's pool is allocated at capture and reused by every replay without the allocator seeing
-        # it, so with graphs only the reserved figure counts the activations
-        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
+        "tokens_per_second": round(tokens / seconds), **_peaks(),
+        "deltanet_path": deltanet_path() if family_of(model.config).linear_attention else None,
         "loss": round(records[-1]["loss"], 4), "kernel_path": records[-1]["kernel_path"],
         "losses": [r["loss"] for r in records],
         "grad_norms_routed": [r["grad_norm_routed"] for r in records],
         "grad_norms_attention": [r["grad_norm_attention"] for r in records],
+        "grad_norms_linear_attention": [r["grad_norm_linear_attention"] for r in records],
+        "grad_norms_shared_expert": [r["grad_norm_shared_expert"] for r in records],
         "routed_b_zero": records[-1]["routed_b_zero"],
     }
     del model, optimizer, scheduler, groups, micro, ids, runner
     return result
 
 
+def _peaks():
+    if DEVICE.type != "cuda":
+        return {"peak_gib": None, "peak_reserved_gib": None}
+    # a captured graph's pool is allocated at capture and reused by every replay without the allocator seeing it,
+    # so with graphs only the reserved figure counts the activations
+    return {"peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1)}
+
+
 def profile(backend, layers, batch, seq_len):
     """Where a micro-step's time goes: host time to enqueue it against device time, and the top ops of each."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    model = build(backend, layers, False)
+    model = build(backend, CONFIG, layers, False)
     gen = torch.Generator(device="cuda").manual_seed(0)
     ids = torch.randint(0, CONFIG["vocab_size"], (batch, seq_len), device="cuda", generator=gen)
     batch_ = {"input_ids": ids, "labels": ids}
@@ -135,14 +165,16 @@ def profile(backend, layers, batch, seq_len):
 
 def attempt(backend, layers, checkpointing, args):
     result, error = None, None
-    graphs = backend == "ours"  # "ours:eager": the same backend with plain eager micro-steps
+    graphs = backend == "ours" and DEVICE.type == "cuda"  # "ours:eager": the same, plain eager micro-steps
     try:
-        result = measure(backend, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len, graphs)
+        result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
+                         graphs)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
     gc.collect()
-    torch.cuda.empty_cache()
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
     if result is None:
         print(f"{backend} layers={layers} checkpointing={checkpointing}: out of memory ({error})", flush=True)
         return {"backend": backend, "layers": layers, "gradient_checkpointing": checkpointing, "oom": True}
@@ -151,7 +183,11 @@ def attempt(backend, layers, checkpointing, args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b")
+    parser.add_argument("--layers", type=int, help="default: the model's own (48 or 40)")
+    parser.add_argument("--experts", type=int, help="fewer routed experts than the model's (a CPU smoke run)")
+    parser.add_argument("--tokens", choices=("full", "small"), default="full",
+                        help="small: one step of one micro-batch of 1 x 64 tokens (a smoke run)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--accum", type=int, default=8)
     parser.add_argument("--batch", type=int, default=2)
@@ -160,7 +196,13 @@ def main():
                         help="ours (micro-steps in CUDA graphs, as the trainer runs them), ours:eager, grouped_mm+peft")
     parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile one micro-step of ours on LAYERS layers")
     args = parser.parse_args()
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    config, layers = MODELS[args.model]
+    args.config = {**config, **({"num_experts": args.experts} if args.experts else {})}
+    args.layers = args.layers or layers
+    if args.tokens == "small":
+        args.steps, args.accum, args.batch, args.seq_len = 1, 1, 1, 64
+    name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
+    print(f"device {name}, torch {torch.__version__}, model {args.model}", flush=True)
     if args.profile:
         profile("ours", args.profile, args.batch, args.seq_len)
         return 0
@@ -168,6 +210,8 @@ def main():
     for backend in args.backends.split(","):
         # Without gradient checkpointing first; then with it; then fewer layers, until one fits.
         plans = [(args.layers, False), (args.layers, True)] + [(n, True) for n in (36, 24, 12) if n < args.layers]
+        if DEVICE.type != "cuda":
+            plans = plans[:1]  # no out-of-memory fallbacks to try on the CPU
         for layers, checkpointing in plans:
             start = time.perf_counter()
             result = attempt(backend, layers, checkpointing, args)
@@ -186,7 +230,8 @@ def main():
             print(f"| {r['backend']}{' (graphs)' if r['cuda_graphs_replayed'] else ''} | {r['layers']} | "
                   f"{r['gradient_checkpointing']} | {r['tokens_per_second']:,} | "
                   f"{r['seconds_per_optimizer_step']} | {r['peak_gib']} | {r['peak_reserved_gib']} |")
-    summary = {"results": results, "goal_tokens_per_second": 12000}
+    summary = {"model": args.model, "results": results, "goal_tokens_per_second": 12000,
+               "deltanet_path": next((r.get("deltanet_path") for r in results if r.get("deltanet_path")), None)}
     if "ours" in ok and "grouped_mm+peft" in ok:
         summary["speedup"] = round(ok["ours"]["tokens_per_second"] / ok["grouped_mm+peft"]["tokens_per_second"], 2)
     if "ours" in ok and "ours:eager" in ok and ok["ours"]["layers"] == ok["ours:eager"]["layers"]:

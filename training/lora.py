@@ -95,16 +95,20 @@ def lora_config(r=32, alpha=64, targets=None):
 
 
 def model_targets(model, overrides=None, attention=True):
-    """group -> module paths for this model: its family's defaults, the recipe's `lora.targets` over them. Every path
-    must name a module of the model, so a typo or a path from another family fails here, not silently."""
+    """group -> module paths for this model: its family's defaults (those the model has: a model cut to a few
+    layers may have no attention layer), the recipe's `lora.targets` over them. Every path a recipe gives must name
+    a module of the model, so a typo or a path from another family fails here, not silently."""
     targets = families.module_targets(families.family_of(model.config), overrides, attention)
     names = [name for name, _ in model.named_modules()]
+    found = {}
     for group, paths in targets.items():
         for path in paths:
-            if not any(families.group_of(name, {group: (path,)}) for name in names):
+            if any(families.group_of(name, {group: (path,)}) for name in names):
+                found.setdefault(group, []).append(path)
+            elif path in (overrides or {}).get(group, ()):
                 raise ValueError(f"LoRA target {group}: {path!r} names no module of this {model.config.model_type} "
                                  "model (paths are within a decoder layer, such as 'self_attn.q_proj')")
-    return targets
+    return {group: tuple(paths) for group, paths in found.items()}
 
 
 def attach_lora(model, r=32, alpha=64, attention=True, targets=None):

@@ -99,6 +99,14 @@ def _norm(params):
     return torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))
 
 
+def _kernel_path(model):
+    """The experts' last kernel path, or None for a model whose experts are not ours (the benchmark's baseline)."""
+    try:
+        return moe_lora.kernels_of(model).last_path
+    except ValueError:
+        return None
+
+
 def _to_device(batch, device):
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
@@ -156,7 +164,7 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
         "tokens": tokens,
         "signal": signal,
         "guard_checked": guard_checked,
-        "kernel_path": moe_lora.kernels_of(model).last_path,
+        "kernel_path": _kernel_path(model),
         **{key: float(value) for key, value in extras.items()},
     }
     if device.type == "cuda":
