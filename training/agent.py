@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from training.checkpoint_names import MARKER, inside, parse_name
+from training.checkpoint_names import MARKER, UnsafePath, inside, parse_name
 from training.metric_fields import wire_point
 from training.probe import SENTINEL as PROBE_SENTINEL
 
@@ -122,11 +122,13 @@ def restore(api: Api, candidates: list[dict], store: Path) -> dict | None:
     the marker is written; a candidate that fails is removed, reported and skipped for the next older one. Nothing
     unverified is ever left where the trainer would load it."""
     for candidate in candidates or []:
-        target = inside(store, Path(candidate["uri"]).name)
+        target = None
         try:
+            target = inside(store, Path(candidate["uri"]).name)
             fetch_verified(candidate, target)
-        except (CheckpointMismatch, OSError, httpx.HTTPError) as exc:
-            shutil.rmtree(target, ignore_errors=True)
+        except (CheckpointMismatch, UnsafePath, OSError, httpx.HTTPError) as exc:
+            if target is not None:
+                shutil.rmtree(target, ignore_errors=True)
             reason = f"{type(exc).__name__}: {exc}"[:1500]
             log.warning("checkpoint %s refused: %s", candidate["uri"], reason)
             api.call("POST", "checkpoints/rejected", {"phase": candidate["phase"], "step": candidate["step"],

@@ -77,11 +77,23 @@ def test_it_downloads_no_key_that_leaves_the_checkpoint(tmp_path, s3_server):
     assert not any(p.name == "escaped" for p in tmp_path.rglob("*"))
 
 
+class _Recorder:
+    def __init__(self):
+        self.posts = []
+
+    def call(self, method, path, body=None):
+        self.posts.append((path, body))
+        return {}
+
+
 def test_the_agent_restores_no_file_outside_the_store(tmp_path):
-    resume = {"uri": f"s3://runs/team/run-9/{NAME}", "download": {"kind": "s3", "files": {
-        "../../escaped": "http://127.0.0.1:9/never-fetched"}}}
-    with pytest.raises(UnsafePath):
-        agent.restore(resume, tmp_path / "store")
-    with pytest.raises(UnsafePath):
-        agent.restore({"uri": "s3://runs/team/..", "download": {"kind": "s3", "files": {}}}, tmp_path / "store")
-    assert not (tmp_path / "escaped").exists()
+    entry = {"size": 1, "sha256": "0" * 64}
+    escaping_file = {"phase": 0, "step": 2, "uri": NAME, "manifest": {"../../escaped": entry},
+                     "download": {"kind": "s3-get", "files": {"../../escaped": "http://127.0.0.1:9/never-fetched"}}}
+    escaping_folder = {"phase": 0, "step": 1, "uri": "s3://runs/team/..", "manifest": {"a": entry},
+                       "download": {"kind": "s3-get", "files": {}}}
+    api = _Recorder()
+    assert agent.restore(api, [escaping_file, escaping_folder], tmp_path / "store") is None
+    assert not (tmp_path / "escaped").exists() and not any((tmp_path / "store").glob("*"))
+    assert [(path, body["step"]) for path, body in api.posts] == [("checkpoints/rejected", 2),
+                                                                   ("checkpoints/rejected", 1)]
