@@ -1,10 +1,11 @@
 """The only code that rents or destroys machines.
 
 Renting is two steps: `request_rent` writes the row (idempotent per request key) and `rent` calls the provider,
-labelling the machine with the row's own id. A worker that dies between the two, or a call that fails after the
-provider acted, leaves a row that `sync` reconciles by that label, so nothing bills without a row. Destroying moves
-the row to "stopping"; only a sync that no longer sees the machine marks it destroyed, and one that still sees it
-after DESTROY_VERIFY_S destroys it again and raises an alert. Every failure path ends in `fail`, which tears the
+labelling the machine with the row's own id. A worker that dies between the two leaves a requested row that
+`rent_waiting` rents or gives up on; a call that fails after the provider acted leaves a row that `sync` reconciles by
+that label, so nothing bills without a row. Destroying moves the row to "stopping"; only a sync that no longer sees
+the machine marks it destroyed, and one that still sees it after DESTROY_VERIFY_S destroys it again (and raises an
+alert if a destroy had been sent). Every failure path ends in `fail`, which tears the
 machine down unless a person asked to keep it, until a time (`keep_until`), never by the mere presence of a flag.
 """
 
@@ -20,7 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from fleet.instances import ledger
+from fleet.instances import ledger, waiting
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
 from fleet.offers.ranked import rank_stored_offers, rent_settings
@@ -106,7 +107,8 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
 
 def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) -> None:
     """Links a row to the machine the provider made for it and starts billing it; destroys it at once if the row was
-    cancelled or failed meanwhile (teardown wins over a late rent)."""
+    cancelled or failed meanwhile (teardown wins over a late rent). The FLEET_ATTACH_HANDLERS run in the same
+    transaction, so the work the box is for (a run) learns of it whichever path attached it, or not at all."""
     with transaction.atomic():
         Instance.objects.filter(pk=instance.pk).update(provider_instance_id=provider_id)
         Instance.objects.filter(pk=instance.pk, state=State.REQUESTED).update(state=State.PROVISIONING)
@@ -115,6 +117,9 @@ def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) ->
         record_event(instance, "rented", how, now)
         raise_alert(Alert.Kind.INSTANCE_RENTED, f"{instance.label}: {how} ({instance.num_gpus}x {instance.gpu_name}, "
                     f"${instance.usd_per_hour:.3f}/h)", instance=instance, now=now)
+        if instance.state == State.PROVISIONING:
+            for path in settings.FLEET_ATTACH_HANDLERS:
+                import_string(path)(instance, now)
     if instance.state in (State.STOPPING, State.FAILED):
         # Cancelled or given up on while the rent was in flight: it must not bill.
         Instance.objects.filter(pk=instance.pk).update(
@@ -180,7 +185,11 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=
                                       ).update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now)
     instance.refresh_from_db()
     if not claimed:
-        return instance  # already stopping: the sync verifies and retries
+        # Already stopping. A reaper pass moves its rows there itself and hands the call over: this may be that call.
+        if instance.state == State.STOPPING and instance.provider_instance_id is not None:
+            _call_destroy(instance, now, first=True)
+            instance.refresh_from_db()
+        return instance  # otherwise the sync verifies and retries
     who = f" by {by.get_username()}" if by else ""
     record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
     if instance.provider_instance_id is not None:
@@ -188,9 +197,13 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=
     return Instance.objects.get(pk=instance.pk)
 
 
-def _call_destroy(instance: Instance, now: datetime) -> None:
-    Instance.objects.filter(pk=instance.pk).update(destroy_attempts=F("destroy_attempts") + 1,
-                                                   destroy_requested_at=now)
+def _call_destroy(instance: Instance, now: datetime, *, first: bool = False) -> None:
+    """Asks the provider to destroy the machine; with `first`, only if no destroy was sent yet (claimed, so once)."""
+    attempt = Instance.objects.filter(pk=instance.pk)
+    if first:
+        attempt = attempt.filter(state=State.STOPPING, destroy_attempts=0)
+    if not attempt.update(destroy_attempts=F("destroy_attempts") + 1, destroy_requested_at=now):
+        return
     try:
         with get_provider(instance.provider) as provider:
             existed = provider.destroy(instance.provider_instance_id)
@@ -300,10 +313,15 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
     if instance.state == State.STOPPING:
         if instance.destroy_requested_at and now - instance.destroy_requested_at >= timedelta(
                 seconds=settings.DESTROY_VERIFY_S):
-            message = (f"{instance.label} is still listed {int((now - instance.destroy_requested_at).total_seconds())}"
-                       f" s after destroy attempt {instance.destroy_attempts}: destroying again.")
-            record_event(instance, "destroy-unconfirmed", message, now)
-            raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
+            waited_s = int((now - instance.destroy_requested_at).total_seconds())
+            if instance.destroy_attempts == 0:  # e.g. a reaper's hand-over lost to a broker outage
+                record_event(instance, "destroy-unsent", f"No destroy was sent {waited_s} s after it was asked for "
+                                                         "(its task was lost): destroying now.", now)
+            else:
+                message = (f"{instance.label} is still listed {waited_s} s after destroy attempt "
+                           f"{instance.destroy_attempts}: destroying again.")
+                record_event(instance, "destroy-unconfirmed", message, now)
+                raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
             # Still there, so it billed all along: count it from the failed attempt on.
             ledger.bill(instance, instance.usd_per_hour, instance.destroy_requested_at)
             _call_destroy(instance, now)
@@ -340,14 +358,14 @@ class Rented:
     created: bool  # False: the key's row was there already (a retried task); it was rented at most once all the same
 
 
-def rent_best(recipe: Recipe, filters: OfferFilters, *, idempotency_key: str, purpose: str, image: str | None = None,
-              disk_gb: int | None = None, avoid_machines=frozenset(), avoid_offers=frozenset(),
-              env: dict[str, str] | None = None, onstart: str = "", on_requested=None,
-              now: datetime | None = None) -> Rented | None:
-    """Rents the best-ranked stored offer for the recipe and filters, off the machines and offers to avoid, or
-    returns None when none passes. The one way the product rents for its own work: a replacement, a run's box, an
-    inference replica. `on_requested(instance)` runs in the transaction that records the rent, before the provider is
-    called, so what the caller ties to the row (a run's attempt, a replica's model) is never missing from it."""
+def request_best(recipe: Recipe, filters: OfferFilters, *, idempotency_key: str, purpose: str,
+                 image: str | None = None, disk_gb: int | None = None, avoid_machines=frozenset(),
+                 avoid_offers=frozenset(), on_requested=None, now: datetime | None = None) -> Rented | None:
+    """Records a rent of the best-ranked stored offer for the recipe and filters, off the machines and offers to
+    avoid, or returns None when none passes; `rent` then calls the provider. `on_requested(instance)` runs in the
+    transaction that records the rent, before the provider is called, so what the caller ties to the row (a run's
+    attempt, a replica's model) is never missing from it, and a caller that dies before `rent` finds its row again
+    through what it tied."""
     now = now or timezone.now()
     ranked = [entry.offer for entry in rank_stored_offers(recipe, filters).entries]
     best = best_offer(ranked, avoid_machines, avoid_offers)
@@ -359,7 +377,51 @@ def rent_best(recipe: Recipe, filters: OfferFilters, *, idempotency_key: str, pu
                                          purpose=purpose, now=now)
         if created and on_requested is not None:
             on_requested(instance)
-    return Rented(rent(instance.pk, now=now, env=env, onstart=onstart), created)
+    return Rented(instance, created)
+
+
+def rent_best(recipe: Recipe, filters: OfferFilters, *, env=None, onstart: str = "", now: datetime | None = None,
+              **request) -> Rented | None:
+    """`request_best`, then the rent: the one way the product rents for its own work (a replacement, a run's box, an
+    inference replica); None when no offer passes. `env` is what the box gets in its environment, or a function of
+    the row that makes it (a token bound to the attempt)."""
+    now = now or timezone.now()
+    requested = request_best(recipe, filters, now=now, **request)
+    if requested is None:
+        return None
+    instance = requested.instance
+    box_env = env(instance) if callable(env) else env
+    return Rented(rent(instance.pk, now=now, env=box_env, onstart=onstart), requested.created)
+
+
+def rent_waiting(*, now: datetime | None = None) -> list[str]:
+    """Requested rows whose rent no worker ever attempted (its task lost to a broker outage, its worker dead before
+    the call): each is rented or given up on with the reason, once, since `rent` and the give-up both claim the
+    untouched row. Returns what it did, a line per row."""
+    now = now or timezone.now()
+    grace = timedelta(seconds=settings.RENT_QUEUE_GRACE_S)
+    max_wait = timedelta(seconds=settings.RENT_QUEUE_MAX_WAIT_S)
+    done = []
+    for instance in Instance.objects.filter(state=State.REQUESTED, rent_attempted_at=None,
+                                            requested_at__lte=now - grace).order_by("requested_at"):
+        verdict, reason = waiting.verdict(purpose=instance.purpose, waited=now - instance.requested_at, grace=grace,
+                                          max_wait=max_wait)
+        if verdict == waiting.RENT:
+            record_event(instance, "rent-resumed", reason, now)
+            done.append(f"{instance.label}: {rent(instance.pk, now=now).state}")
+        elif verdict == waiting.GIVE_UP and _give_up_unrented(instance, reason, now):
+            done.append(f"{instance.label}: given up")
+    return done
+
+
+def _give_up_unrented(instance: Instance, reason: str, now: datetime) -> bool:
+    if not Instance.objects.filter(pk=instance.pk, state=State.REQUESTED, rent_attempted_at=None).update(
+            state=State.FAILED, ended_at=now, failure_reason=reason, destroy_reason=reason):
+        return False  # a rent claimed it first
+    instance.refresh_from_db()
+    record_event(instance, "failed", reason, now)
+    raise_alert(Alert.Kind.INSTANCE_FAILED, f"{instance.label}: {reason}", instance=instance, now=now)
+    return True
 
 
 def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance | None:

@@ -3,9 +3,18 @@
 They name the task and its arguments; Celery's app sends it by that name. So nothing outside the task layer
 imports `fleet.tasks` (which imports the services), and no import runs in a circle. The task layer registers each
 task under the name given here, so a name is written once.
+
+A broker that cannot be reached raises `QueueUnavailable` after a short, bounded wait (CELERY_TASK_PUBLISH_RETRY_POLICY),
+never a transport's own error: a caller that has recorded its work in the database says so and lets a sweep pick it
+up (requested rents, webhook deliveries, reaped instances all have one).
 """
 
+import logging
+
 from celery import current_app
+from kombu.exceptions import OperationalError
+
+log = logging.getLogger(__name__)
 
 REFRESH_OFFERS = "fleet.tasks.refresh_offers"
 RANK_PROFILES = "fleet.tasks.rank_profiles"
@@ -14,6 +23,10 @@ DESTROY_INSTANCE = "fleet.tasks.destroy_instance"
 MOVE_INSTANCE = "fleet.tasks.move_instance"
 DELIVER_WEBHOOK = "fleet.tasks.deliver_webhook"
 MAINTAIN_INFERENCE_FLEET = "fleet.tasks.maintain_inference_fleet"
+
+
+class QueueUnavailable(Exception):
+    """The task was not queued: the broker could not be reached."""
 
 
 def refresh_offers(provider: str = "vast") -> None:
@@ -45,4 +58,8 @@ def maintain_inference_fleet() -> None:
 
 
 def _send(name: str, *args, countdown_s: float | None = None) -> None:
-    current_app.send_task(name, args=args, countdown=countdown_s)
+    try:
+        current_app.send_task(name, args=args, countdown=countdown_s)
+    except OperationalError as exc:
+        log.warning("could not queue %s%r: the broker is unreachable (%s)", name, args, exc)
+        raise QueueUnavailable(f"{name} was not queued: the task queue is unreachable ({type(exc).__name__}).") from exc

@@ -1,5 +1,13 @@
 """The task layer: what Celery workers and beat run. Each task is registered under its name in `fleet.enqueue`,
-through which everything else asks for it; tasks call the services, and only Celery calls the tasks."""
+through which everything else asks for it; tasks call the services, and only Celery calls the tasks.
+
+Every task has a soft time limit (it raises inside the task, which can end cleanly) and a hard one (its process is
+killed) within settings.TASK_TIME_LIMIT_MAX_S. A one-off task that is safe to run twice (each claims what it acts
+on) is acknowledged late and requeued if its worker process dies (reject_on_worker_lost); a periodic task is not:
+beat sends the next one anyway.
+"""
+
+import logging
 
 from celery import shared_task
 from django.conf import settings
@@ -13,7 +21,9 @@ from fleet.offers import ranked, refresh
 from fleet.providers.errors import ProviderUnavailable, RateLimited
 from fleet.reaper import sweep
 
+log = logging.getLogger(__name__)
 TRANSIENT = (ProviderUnavailable, RateLimited)
+ONE_OFF = {"acks_late": True, "reject_on_worker_lost": True}
 
 
 def configured_providers() -> list[str]:
@@ -28,6 +38,8 @@ def configured_providers() -> list[str]:
     max_retries=3,
     # A refresh that waits longer than its own interval is stale; the next beat tick does it again.
     expires=60,
+    soft_time_limit=120,
+    time_limit=150,
 )
 def refresh_offers(provider: str = "vast") -> dict:
     done = refresh.refresh_offers(provider)
@@ -35,50 +47,64 @@ def refresh_offers(provider: str = "vast") -> dict:
     return {"provider": provider, "offers": done.offers_seen, "skipped": done.offers_skipped}
 
 
-@shared_task(name=enqueue.RANK_PROFILES)
+@shared_task(name=enqueue.RANK_PROFILES, soft_time_limit=120, time_limit=150)
 def rank_profiles() -> int:
     """Ranks the fresh offers for every saved profile so the dashboard shows each one's best offer."""
     return ranked.refresh_profile_rankings()
 
 
-@shared_task(name=enqueue.RENT_INSTANCE, acks_late=True)
+@shared_task(name=enqueue.RENT_INSTANCE, soft_time_limit=240, time_limit=300, **ONE_OFF)
 def rent_instance(instance_id: int) -> str:
     # Safe to run twice: actions.rent claims the row and calls the provider at most once.
     return actions.rent(instance_id).state
 
 
-@shared_task(name=enqueue.DESTROY_INSTANCE, acks_late=True)
+@shared_task(name=enqueue.DESTROY_INSTANCE, soft_time_limit=180, time_limit=210, **ONE_OFF)
 def destroy_instance(instance_id: int, reason: str, force: bool = False) -> str:
     return actions.destroy(Instance.objects.get(pk=instance_id), reason=reason, force=force).state
 
 
-@shared_task(autoretry_for=TRANSIENT, retry_backoff=5, max_retries=2, expires=30)
+@shared_task(expires=30, soft_time_limit=240, time_limit=270)
 def sync_instances() -> dict:
+    """Each provider on its own: one that is down must not keep the others' rows from their sync. The next beat tick
+    (INSTANCE_SYNC_SECONDS) tries a failed one again."""
     reports = {}
     for provider in configured_providers():
-        report = actions.sync(provider)
+        try:
+            report = actions.sync(provider)
+        except Exception as exc:  # said in the result and the log; the other providers go on
+            log.exception("syncing %s instances failed; the next sync tries again", provider)
+            reports[provider] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
         reports[provider] = {"seen": report.seen, "adopted": report.adopted, "gone": report.gone,
                              "destroyed": report.destroyed, "failed": report.failed}
     return reports
 
 
-@shared_task(autoretry_for=TRANSIENT, retry_backoff=30, max_retries=2)
+@shared_task(expires=60, soft_time_limit=480, time_limit=540)
+def rent_waiting_instances() -> list[str]:
+    """Rents, or gives up on, requested rows whose rent task was lost (a broker outage, a worker that died)."""
+    return actions.rent_waiting()
+
+
+@shared_task(autoretry_for=TRANSIENT, retry_backoff=30, max_retries=2, soft_time_limit=120, time_limit=150)
 def reconcile_charges() -> int:
     return charges.reconcile("vast") if settings.VAST_API_KEY else 0
 
 
-@shared_task(expires=60)
+@shared_task(expires=60, soft_time_limit=60, time_limit=90)
 def reap_instances() -> list[str]:
     return sweep.reap().lines()
 
 
-@shared_task(name=enqueue.MOVE_INSTANCE, acks_late=True)
+@shared_task(name=enqueue.MOVE_INSTANCE, soft_time_limit=420, time_limit=480, **ONE_OFF)
 def move_instance(instance_id: int, reason: str) -> int | None:
     new = actions.replace(Instance.objects.get(pk=instance_id), reason=reason)
     return new.pk if new else None
 
 
-@shared_task(name=enqueue.DELIVER_WEBHOOK, acks_late=True)
+@shared_task(name=enqueue.DELIVER_WEBHOOK, soft_time_limit=settings.WEBHOOK_TIMEOUT_S + 30,
+             time_limit=settings.WEBHOOK_TIMEOUT_S + 60, **ONE_OFF)
 def deliver_webhook(delivery_id: int) -> str | None:
     # Safe to run twice: notify.deliver claims the attempt, and only the claimer sends.
     delivered = notify.deliver(delivery_id)
@@ -87,7 +113,7 @@ def deliver_webhook(delivery_id: int) -> str | None:
     return delivered.state
 
 
-@shared_task(expires=60)
+@shared_task(expires=60, soft_time_limit=60, time_limit=90)
 def retry_webhooks() -> int:
     """Picks up deliveries whose task was lost (broker outage, worker killed mid-send)."""
     due = notify.due_deliveries()
@@ -96,14 +122,14 @@ def retry_webhooks() -> int:
     return len(due)
 
 
-@shared_task(expires=settings.PROBE_SECONDS)
+@shared_task(expires=settings.PROBE_SECONDS, soft_time_limit=120, time_limit=150)
 def probe_serving_instances() -> dict:
     # A round that waits past the next tick is stale; one round at a time (an advisory lock), so a late one skips.
     return probes.probe_serving_instances().to_dict()
 
 
 @shared_task(name=enqueue.MAINTAIN_INFERENCE_FLEET, autoretry_for=TRANSIENT, retry_backoff=10, max_retries=2,
-             expires=settings.INFERENCE_FLEET_SECONDS)
+             expires=settings.INFERENCE_FLEET_SECONDS, soft_time_limit=480, time_limit=540)
 def maintain_inference_fleet() -> dict:
     # Safe to retry or run twice: each replacement's key names its model, slot, day and count, so it rents once.
     return replicas.maintain().to_dict()

@@ -1,19 +1,24 @@
 """The run supervisor, one pass on the beat schedule: carries every active run through its states, rents its box,
 notices a lost or hung host within a heartbeat timeout, and resumes on a new box from the last complete checkpoint
-until the run finishes, or its restarts or budget run out. Teardown is the default on every way out."""
+until the run finishes, or its restarts or budget run out. Teardown is the default on every way out.
+
+Each run is claimed for the pass (fleet.locks) and read again under the claim, so two passes at once never both
+rent for it. A run's box is asked for (the row and its attempt in one transaction) before the provider is called, and
+the run moves to "provisioning" in the transaction that attaches the machine (on_box_attached), so a pass that dies
+anywhere in between leaves a current box the next pass finds: a rent never attempted is attempted, one in flight or
+of unknown outcome is waited for (the sync adopts it by its label or gives up on it), one that never became a
+machine is dropped for another, and no box is ever rented twice or left behind."""
 
 import logging
 import statistics
 from datetime import datetime, timedelta
-from decimal import Decimal
 from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet import actions
-from fleet.instances import ledger
+from fleet import actions, locks
 from fleet.alerts.notify import raise_alert
 from fleet.offers.calibration import record_finished_run
 from fleet.models import Alert, Instance
@@ -21,7 +26,8 @@ from fleet.offers.ranked import run_settings
 from fleet.reaper.policy import hung
 from fleet.reaper.sweep import policy_from_settings
 from fleet.ranking import Recipe
-from runs import events, lifecycle, reports, tokens
+from runs import events, lifecycle, pulse, reports, tokens
+from runs.costs import run_cost
 from runs.models import Run, RunAttempt
 
 log = logging.getLogger(__name__)
@@ -33,16 +39,25 @@ def supervise(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     runs = Run.objects.filter(Q(state__in=Run.ACTIVE_STATES) | Q(wound_up_at=None))
     count = 0
-    for run in runs.select_related("current_instance", "profile"):
+    for pk in runs.values_list("pk", flat=True):
         try:
-            supervise_run(run, now)
+            with locks.claim(claim_name(pk)) as held:
+                if not held:
+                    continue  # another pass is on it right now
+                supervise_run(Run.objects.select_related("current_instance", "profile").get(pk=pk), now)
         except Exception:  # one bad run must not stop the others from being supervised
-            log.exception("supervising run %s failed; trying again next pass", run.pk)
+            log.exception("supervising run %s failed; trying again next pass", pk)
         count += 1
+    pulse.record("supervisor", timezone.now())  # boxes stop themselves when this goes stale (runs.reports)
     return count
 
 
+def claim_name(run_pk: int) -> str:
+    return f"runs.supervise.{run_pk}"
+
+
 def supervise_run(run: Run, now: datetime) -> None:
+    """One run's pass; its caller holds the run's claim and read the run under it."""
     if not run.is_active:
         _wind_up(run, now)
         return
@@ -54,7 +69,7 @@ def supervise_run(run: Run, now: datetime) -> None:
         reason, kind = box_trouble(run, run.current_instance, now)
         if reason:
             _leave_box(run, kind, reason, now)
-    if run.state == lifecycle.RECOVERING and run.current_instance_id:  # e.g. its install probe failed
+    if run.state == lifecycle.RECOVERING and _was_on(run.current_instance):  # e.g. its install probe failed
         _abandon_box(run, run.state_reason, now)
     if run.state in (lifecycle.PENDING, lifecycle.RECOVERING):
         if run.restarts > run.max_restarts:
@@ -87,6 +102,12 @@ def box_trouble(run: Run, box: Instance | None, now: datetime) -> tuple[str, str
     return "", ""
 
 
+def _was_on(box: Instance | None) -> bool:
+    """Whether the run's current box is one it went onto (a machine was attached to it), not the next one it asked
+    for while recovering."""
+    return box is not None and box.provider_instance_id is not None
+
+
 def _leave_box(run: Run, kind: str, reason: str, now: datetime) -> None:
     _, after = events.record(run, kind, reason, now=now)
     if after == lifecycle.RECOVERING:
@@ -105,31 +126,49 @@ def _abandon_box(run: Run, reason: str, now: datetime) -> None:
 
 
 def _rent_box(run: Run, now: datetime) -> None:
-    image, onstart, bootstrap_env = box_bootstrap()
-    bad = set(run.bad_machines)
+    """Gets the run a box: asks for one, or carries on with the one asked for in an earlier pass."""
+    box = run.current_instance or _request_box(run, now)
+    if box is None:
+        return
+    if box.state == Instance.State.REQUESTED and box.rent_attempted_at is None:  # its renter never called
+        box = _call_rent(run, box, now)
+    if box.state not in (Instance.State.REQUESTED, Instance.State.PROVISIONING, Instance.State.RUNNING):
+        # It never became a box the run went onto (refused outright, never listed, cancelled): this host is out,
+        # and the next pass asks for another. Not a restart: the run never left a box.
+        RunAttempt.objects.filter(run=run, instance=box).update(ended_at=now, end_reason=box.failure_reason or
+                                                                f"box {box.label} is {box.state}")
+        Run.objects.filter(pk=run.pk).update(bad_machines=[*run.bad_machines, box.machine_id] if box.machine_id
+                                             else run.bad_machines, current_instance=None)
+        actions.destroy(box, reason=f"run {run.name} moved on from it", now=now)
+    elif box.state != Instance.State.REQUESTED:
+        on_box_attached(box, now)  # its attach already moved the run on, unless that attach predates the handler
+    # A rent in flight or of unknown outcome: the sync adopts it by its label (which moves the run on), or gives up
+    # on it after RENT_OUTCOME_GRACE_S and a later pass asks for another.
 
-    def attempt(instance: Instance) -> None:  # in the rent's own transaction: no rented box without its attempt
-        RunAttempt.objects.create(run=run, instance=instance, started_at=now)
+
+def _request_box(run: Run, now: datetime) -> Instance | None:
+    image, _, _ = box_bootstrap()
+
+    def attempt(instance: Instance) -> None:  # in the request's own transaction: no box without its attempt
+        RunAttempt.objects.create(run=run, instance=instance, started_at=now, token_nonce=tokens.new_nonce())
         Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
 
-    rented = actions.rent_best(*run_settings(run.profile), idempotency_key=f"run-{run.pk}-attempt-"
-                               f"{run.attempts.count()}", purpose="training", image=image, avoid_machines=bad,
-                               env={**agent_env(run), **bootstrap_env}, onstart=onstart, on_requested=attempt,
-                               now=now)
-    if rented is None:
+    requested = actions.request_best(*run_settings(run.profile), idempotency_key=f"run-{run.pk}-attempt-"
+                                     f"{run.attempts.count()}", purpose="training", image=image,
+                                     avoid_machines=set(run.bad_machines), on_requested=attempt, now=now)
+    if requested is None:
         message = "No offer passes the run's filters (bad hosts excluded); trying again next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
             run.events.create(at=now, kind="waiting", message=message)
-        return
-    instance = rented.instance
-    if instance.state == Instance.State.FAILED:  # refused outright: this host is out, the next pass tries another
-        Run.objects.filter(pk=run.pk).update(bad_machines=[*bad, instance.machine_id], current_instance=None)
-        RunAttempt.objects.filter(run=run, instance=instance).update(ended_at=now, end_reason=instance.failure_reason)
-        return
-    events.record(run, "rented", f"Rented {instance.label}: offer {instance.offer_id}, {instance.num_gpus}x "
-                                 f"{instance.gpu_name} at ${instance.usd_per_hour:.3f}/h.", now=now)
-    if not run.started_at:
-        Run.objects.filter(pk=run.pk).update(started_at=now)
+        return None
+    return requested.instance
+
+
+def _call_rent(run: Run, box: Instance, now: datetime) -> Instance:
+    _, onstart, bootstrap_env = box_bootstrap()
+    attempt = RunAttempt.objects.select_related("run").get(run=run, instance=box)
+    # The box's token opens this attempt only.
+    return actions.rent(box.pk, now=now, env={**agent_env(attempt), **bootstrap_env}, onstart=onstart)
 
 
 def box_bootstrap() -> tuple[str, str, dict[str, str]]:
@@ -139,10 +178,10 @@ def box_bootstrap() -> tuple[str, str, dict[str, str]]:
     return settings.WORKER_IMAGE, AGENT_COMMAND, {}
 
 
-def agent_env(run: Run) -> dict[str, str]:
+def agent_env(attempt: RunAttempt) -> dict[str, str]:
     """What the box's agent needs before it can ask for anything: where to report, as whom, and how often (it
     heartbeats through the install too, so these cannot wait for the spec)."""
-    return {"FLEET_RUN_ID": str(run.pk), "FLEET_AGENT_TOKEN": tokens.issue(run),
+    return {"FLEET_RUN_ID": str(attempt.run_id), "FLEET_AGENT_TOKEN": tokens.issue(attempt),
             "FLEET_API_URL": settings.DASHBOARD_URL.rstrip("/") + "/api/agent/v1/",
             "FLEET_HEARTBEAT_S": str(reports.heartbeat_interval_s()),
             "FLEET_DEAD_MAN_S": str(settings.AGENT_DEAD_MAN_WINDOW_S)}
@@ -187,24 +226,28 @@ def run_ranking_recipe(run: Run) -> Recipe:
     return Recipe.from_dict({**base.to_dict(), **shape})
 
 
-def run_costs(runs, now: datetime) -> dict[int, Decimal]:
-    """run pk -> cost so far (the sum of the boxes it trained on), for many runs with two queries."""
-    boxes_of, boxes = {}, {}
-    for attempt in RunAttempt.objects.filter(run__in=runs).select_related("instance"):
-        boxes_of.setdefault(attempt.run_id, set()).add(attempt.instance_id)
-        boxes[attempt.instance_id] = attempt.instance
-    costs = ledger.instance_costs(boxes.values(), now)
-    return {run.pk: sum((costs[pk] for pk in boxes_of.get(run.pk, ())), Decimal(0)) for run in runs}
-
-
-def run_cost(run: Run, now: datetime) -> Decimal:
-    return run_costs([run], now)[run.pk]
+def on_box_attached(instance: Instance, now: datetime) -> None:
+    """A machine was attached to a run's current box (a FLEET_ATTACH_HANDLERS entry, in that transaction): the run
+    moves to "provisioning" on it, whether the supervisor's own rent or a sync that found it by label attached it."""
+    run = Run.objects.filter(current_instance=instance, state__in=(lifecycle.PENDING, lifecycle.RECOVERING)).first()
+    if run is None:
+        return
+    events.record(run, "rented", f"Rented {instance.label}: offer {instance.offer_id}, {instance.num_gpus}x "
+                                 f"{instance.gpu_name} at ${instance.usd_per_hour:.3f}/h.", now=now)
+    Run.objects.filter(pk=run.pk, started_at=None).update(started_at=now)
 
 
 def on_move(instance: Instance, reason: str, now: datetime) -> bool:
-    """The reaper found the run's box hung: the run leaves it and resumes elsewhere (a FLEET_MOVE_HANDLERS entry)."""
+    """The reaper found a run's box hung (a FLEET_MOVE_HANDLERS entry): the run leaves it and resumes on a box it
+    rents itself, never on a like box rented for it. A run's box the run has left already is only destroyed."""
     run = Run.objects.filter(current_instance=instance, state__in=lifecycle.ON_A_BOX).first()
-    if run is None:
+    if run is None and not RunAttempt.objects.filter(instance=instance).exists():
         return False
-    _leave_box(run, "hung", f"The reaper found its box hung: {reason}", now)
+    if run is not None:
+        with locks.claim(claim_name(run.pk)) as held:
+            if held:  # else a pass has the run now: it finds its box stopping and moves on by itself
+                run.refresh_from_db()
+                if run.current_instance_id == instance.pk and run.state in lifecycle.ON_A_BOX:
+                    _leave_box(run, "hung", f"The reaper found its box hung: {reason}", now)
+    actions.destroy(instance, reason=reason, now=now)
     return True

@@ -5,7 +5,6 @@ import uuid
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
@@ -66,12 +65,21 @@ def rent_confirm(request):
     if request.method == "POST":
         form = RentForm(request.POST)
         if form.is_valid():
-            with transaction.atomic():
-                instance, created = actions.request_rent(
-                    offer=offer, idempotency_key=form.cleaned_data["idempotency_key"], requested_by=request.user,
-                    image=form.cleaned_data["image"], disk_gb=form.cleaned_data["disk_gb"])
-                if created:
-                    transaction.on_commit(lambda: enqueue.rent_instance(instance.pk))
+            instance, created = actions.request_rent(
+                offer=offer, idempotency_key=form.cleaned_data["idempotency_key"], requested_by=request.user,
+                image=form.cleaned_data["image"], disk_gb=form.cleaned_data["disk_gb"])
+            # The row is committed first: whatever the queue does, the request is kept. A resubmitted form (same key)
+            # queues an untouched row's rent again; the rent itself runs once per row.
+            if instance.state == Instance.State.REQUESTED and instance.rent_attempted_at is None:
+                try:
+                    enqueue.rent_instance(instance.pk)
+                except enqueue.QueueUnavailable:
+                    messages.warning(request, f"{instance.label} is requested, but the task queue cannot be reached "
+                                              f"right now: it is rented when the workers are back (checked every "
+                                              f"{settings.RENT_QUEUE_GRACE_S} s), or failed with the reason after "
+                                              f"{settings.RENT_QUEUE_MAX_WAIT_S // 60} min. Nothing is lost; there is "
+                                              "no need to ask again.")
+                    return redirect("instance_detail", pk=instance.pk)
             if created:
                 messages.success(request, f"Renting offer {offer.offer_id}: {instance.label} is requested.")
             return redirect("instance_detail", pk=instance.pk)

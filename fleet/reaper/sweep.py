@@ -1,6 +1,11 @@
 """Running the reaper: snapshot the live instances in one query, decide (fleet.reaper), claim each condemned row
 with a conditional update so two passes at once act once, then hand the destroys and moves to the actions module
-through tasks. A dry run reports the same decisions and touches nothing."""
+through tasks. A dry run reports the same decisions and touches nothing.
+
+A claimed row moves to "stopping" in the reaper's own transaction, before any task is queued: a hand-over lost to a
+broker outage then leaves a row the sync destroys (it retries the destroy of every stopping row still listed), never a
+box marked reaped that bills outside every rule. A reaped row found still billing as if alive (a pass that ran
+before this rule) is moved to stopping and handed over again."""
 
 import logging
 from dataclasses import dataclass, field
@@ -13,7 +18,7 @@ from django.utils import timezone
 from fleet import enqueue
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent
-from fleet.reaper.policy import MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
+from fleet.reaper.policy import DESTROY, MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -45,6 +50,7 @@ class ReapReport:
     dry_run: bool
     decisions: list[Decision] = field(default_factory=list)
     acted: list[int] = field(default_factory=list)  # the pks this pass claimed
+    handed_over_again: list[int] = field(default_factory=list)  # reaped earlier, found still billing
 
     def lines(self) -> list[str]:
         return [f"{d.action:<7} {d.label}: {d.reason}" for d in self.decisions]
@@ -59,17 +65,24 @@ def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: Re
     report = ReapReport(dry_run=dry_run, decisions=decisions)
     for line in report.lines():
         log.info("reaper%s: %s", " (dry run)" if dry_run else "", line)
-    if dry_run or not decisions:
+    if dry_run:
+        return report
+    report.handed_over_again = hand_over_again(now=now)
+    if not decisions:
         return report
 
     acting = {d.pk: d for d in decisions if d.action != SKIP}
     with transaction.atomic():
-        # Rows another pass holds are skipped, rows it already reaped are filtered out: each is claimed once.
-        claimed = list(Instance.objects.select_for_update(skip_locked=True)
-                       .filter(pk__in=list(acting), reaped_at__isnull=True))
+        # Rows another pass holds are skipped, rows it already reaped or that stopped meanwhile are filtered out, and
+        # one kept for debugging since the snapshot is spared: each is claimed once, as the row is now.
+        claimed = [i for i in Instance.objects.select_for_update(skip_locked=True).filter(
+            pk__in=list(acting), reaped_at__isnull=True, state__in=[State.PROVISIONING, State.RUNNING])
+            if not (i.keep_until and i.keep_until > now)]
         for instance in claimed:
-            instance.reaped_at, instance.reap_reason = now, acting[instance.pk].reason
-        Instance.objects.bulk_update(claimed, ["reaped_at", "reap_reason"])
+            reason = acting[instance.pk].reason
+            instance.reaped_at, instance.reap_reason = now, reason
+            _stop(instance, f"reaped: {reason}", now)
+        Instance.objects.bulk_update(claimed, ["reaped_at", "reap_reason", *_STOPPING_FIELDS])
         InstanceEvent.objects.bulk_create([
             InstanceEvent(instance=i, at=now, kind="reaped", message=f"Reaper: {acting[i.pk].action} "
                                                                       f"({acting[i.pk].reason})") for i in claimed])
@@ -77,7 +90,7 @@ def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: Re
             decision = acting[instance.pk]
             raise_alert(Alert.Kind.INSTANCE_REAPED, f"{instance.label} reaped: {decision.reason}",
                         instance=instance, now=now)
-            transaction.on_commit(lambda d=decision: _hand_over(d))
+            transaction.on_commit(lambda d=decision: _hand_over(d.pk, d.action, d.reason), robust=True)
         if any(d.rule == "spend_cap" for d in acting.values()):
             cause = next(d.reason for d in acting.values() if d.rule == "spend_cap").split(":")[0]
             raise_alert(Alert.Kind.SPEND_CAP_HIT, f"{cause}: destroying the newest boxes until under the cap.",
@@ -87,11 +100,37 @@ def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: Re
     return report
 
 
-def _hand_over(decision: Decision) -> None:
-    if decision.action == MOVE:
-        enqueue.move_instance(decision.pk, f"reaped: {decision.reason}")
+_STOPPING_FIELDS = ["state", "destroy_reason", "destroy_requested_at"]
+
+
+def _stop(instance: Instance, reason: str, now: datetime) -> None:
+    """What actions.destroy writes before its provider call; the call itself comes with the hand-over."""
+    instance.state, instance.destroy_reason, instance.destroy_requested_at = State.STOPPING, reason, now
+
+
+def hand_over_again(*, now: datetime | None = None) -> list[int]:
+    """Reaped rows still provisioning or running (reaped before rows moved to stopping in the reaper's transaction,
+    their hand-over lost): moved to stopping and handed over as a destroy, once per row."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        stale = list(Instance.objects.select_for_update(skip_locked=True).filter(
+            reaped_at__isnull=False, state__in=[State.PROVISIONING, State.RUNNING]).exclude(keep_until__gt=now))
+        for instance in stale:
+            _stop(instance, f"reaped: {instance.reap_reason}", now)
+        Instance.objects.bulk_update(stale, _STOPPING_FIELDS)
+        InstanceEvent.objects.bulk_create([
+            InstanceEvent(instance=i, at=now, kind="reaped", message=f"Reaper: reaped at {i.reaped_at:%Y-%m-%d %H:%M} "
+                          "UTC but still billing (its hand-over was lost): destroying it now.") for i in stale])
+        for instance in stale:
+            transaction.on_commit(lambda i=instance: _hand_over(i.pk, DESTROY, i.reap_reason), robust=True)
+    return [i.pk for i in stale]
+
+
+def _hand_over(pk: int, action: str, reason: str) -> None:
+    if action == MOVE:
+        enqueue.move_instance(pk, f"reaped: {reason}")
     else:
-        enqueue.destroy_instance(decision.pk, f"reaped: {decision.reason}")
+        enqueue.destroy_instance(pk, f"reaped: {reason}")
 
 
 def _say_skipped(skipped: list[Decision], now: datetime) -> None:

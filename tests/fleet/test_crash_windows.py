@@ -1,0 +1,178 @@
+"""What a broker outage or a provider outage leaves behind, on PostgreSQL and the simulated marketplace: no reaped box
+bills outside the rules, no rent asked for is lost or rented twice, and one provider down does not stop the others."""
+
+import re
+import time
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from django.conf import settings as django_settings
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet import actions, enqueue, tasks
+from fleet.instances import waiting
+from fleet.models import Alert, Instance, Offer
+from fleet.offers.refresh import refresh_offers
+from fleet.providers.records import RentRequest
+from fleet.providers.registry import get_provider
+from fleet.reaper import sweep
+
+from .runpod_server import RUNPOD_KEY, FakeRunPod
+
+State = Instance.State
+
+
+def _unreachable_broker() -> Celery:
+    """A Celery app whose broker refuses connections, sending as the product's app does."""
+    app = Celery("unreachable", broker="redis://127.0.0.1:1/0")
+    app.conf.task_publish_retry_policy = django_settings.CELERY_TASK_PUBLISH_RETRY_POLICY
+    return app
+
+
+def _offer() -> Offer:
+    return Offer.objects.filter(available=True, is_bid=False, cuda_max__gte=12.8, disk_gb__gte=100).order_by(
+        "total_usd_per_hour").first()
+
+
+def _running(offer, key, **fields) -> Instance:
+    instance, _ = actions.request_rent(offer=offer, idempotency_key=key, disk_gb=100)
+    actions.rent(instance.pk)
+    Instance.objects.filter(pk=instance.pk).update(state=State.RUNNING, **fields)
+    instance.refresh_from_db()
+    return instance
+
+
+def _listed(label: str) -> list:
+    with get_provider() as provider:
+        return [i for i in provider.list_instances() if i.label == label]
+
+
+def _wait(predicate, timeout_s=15):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+# -- the reaper's hand-over ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_destroys_a_reaped_box_whose_hand_over_the_broker_lost(frozen_market, monkeypatch, settings):
+    refresh_offers()
+    now = timezone.now()
+    idle = _running(_offer(), "idle", running_at=now - timedelta(minutes=45))
+    monkeypatch.setattr(enqueue, "current_app", _unreachable_broker())
+    assert sweep.reap(now=now).acted == [idle.pk]
+    idle.refresh_from_db()
+    assert idle.state == State.STOPPING and idle.destroy_attempts == 0  # reaped, and no destroy got out
+    actions.sync(now=now + timedelta(seconds=settings.DESTROY_VERIFY_S))  # the sync destroys what should be gone
+    actions.sync(now=now + timedelta(seconds=settings.DESTROY_VERIFY_S + 15))
+    idle.refresh_from_db()
+    assert idle.state == State.DESTROYED and _listed(idle.label) == []
+    assert not idle.cost_segments.filter(ended_at=None).exists()
+    assert idle.events.filter(kind="destroy-unsent").exists()
+    assert not Alert.objects.filter(kind=Alert.Kind.DESTROY_UNCONFIRMED).exists()  # nothing failed at the provider
+
+
+def test_it_hands_over_again_a_reaped_box_that_still_bills(frozen_market, celery_worker):
+    refresh_offers()
+    now = timezone.now()
+    # Reaped by a pass whose hand-over was lost before reaped rows moved to stopping at once.
+    stale = _running(_offer(), "stale", running_at=now - timedelta(hours=2), reaped_at=now - timedelta(hours=1),
+                     reap_reason="no training or serving process 45 min after start")
+    sweep.reap(now=now)
+    _wait(lambda: Instance.objects.get(pk=stale.pk).destroy_attempts == 1)
+    stale.refresh_from_db()
+    assert stale.state == State.STOPPING and stale.destroy_reason.startswith("reaped: no training")
+    assert sweep.reap(now=now).handed_over_again == []  # once
+    actions.sync(now=now)
+    stale.refresh_from_db()
+    assert stale.state == State.DESTROYED and _listed(stale.label) == []
+
+
+# -- a rent asked for while the broker is down -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_a_rent_asked_for_while_the_broker_is_down_and_rents_it_once(staff, frozen_market, monkeypatch,
+                                                                             settings):
+    refresh_offers()
+    offer = _offer()
+    client = Client()
+    client.force_login(staff)
+    page = client.get(reverse("rent_confirm"), {"provider": "vast", "offer": offer.offer_id, "bid": "0"})
+    key = re.search(r'name="idempotency_key" value="([0-9a-f]+)"', page.content.decode()).group(1)
+    form = {"provider": "vast", "offer": offer.offer_id, "bid": "0", "idempotency_key": key,
+            "image": "ghcr.io/example/worker:cuda12.8", "disk_gb": "100"}
+    monkeypatch.setattr(enqueue, "current_app", _unreachable_broker())
+    first = client.post(reverse("rent_confirm"), form)
+    second = client.post(reverse("rent_confirm"), form)  # asked again, with the same key
+    assert first.status_code == second.status_code == 302 and first["Location"] == second["Location"]
+    shown = client.get(first["Location"]).content.decode()
+    assert "the task queue cannot be reached" in shown and "Nothing is lost" in shown
+    instance = Instance.objects.get()
+    assert instance.state == State.REQUESTED and instance.rent_attempted_at is None
+    later = instance.requested_at + timedelta(seconds=settings.RENT_QUEUE_GRACE_S)
+    assert actions.rent_waiting(now=later) == [f"{instance.label}: provisioning"]
+    assert actions.rent_waiting(now=later) == []
+    actions.rent(instance.pk)  # the lost task, delivered after all
+    instance.refresh_from_db()
+    assert instance.state == State.PROVISIONING and instance.events.filter(kind="rent-resumed").exists()
+    assert [i["label"] for i in frozen_market.state()["instances"]] == [instance.label]
+
+
+@pytest.mark.django_db
+def test_it_gives_up_with_the_reason_on_a_rent_that_waited_too_long(frozen_market, settings):
+    refresh_offers()
+    manual, _ = actions.request_rent(offer=_offer(), idempotency_key="stale-ask", disk_gb=100)
+    training, _ = actions.request_rent(offer=_offer(), idempotency_key="run-box", disk_gb=100, purpose="training")
+    now = manual.requested_at + timedelta(seconds=settings.RENT_QUEUE_MAX_WAIT_S + 1)
+    Instance.objects.filter(pk=training.pk).update(requested_at=now - timedelta(minutes=10))
+    assert actions.rent_waiting(now=now) == [f"{manual.label}: given up"]
+    manual.refresh_from_db()
+    training.refresh_from_db()
+    assert manual.state == State.FAILED and "waited 30 min for a worker" in manual.failure_reason
+    assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=manual).count() == 1
+    assert training.state == State.REQUESTED  # its run resumes it with the box's environment; the sweep waits
+    assert frozen_market.state()["instances"] == []
+    assert actions.rent_waiting(now=now) == []
+
+
+def test_it_decides_which_unattempted_rents_to_take_up():
+    grace, max_wait = timedelta(seconds=60), timedelta(minutes=30)
+    verdict = lambda purpose, waited_s: waiting.verdict(  # noqa: E731
+        purpose=purpose, waited=timedelta(seconds=waited_s), grace=grace, max_wait=max_wait)[0]
+    assert verdict("manual", 30) == waiting.WAIT  # its task may still be on its way
+    assert verdict("manual", 60) == waiting.RENT
+    assert verdict("training", 600) == verdict("serving", 600) == waiting.WAIT  # their owners resume them
+    assert verdict("manual", 1801) == verdict("training", 1801) == waiting.GIVE_UP
+
+
+# -- one provider down ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runpod(settings):
+    server = FakeRunPod(boot_polls=None).start()
+    settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY = server.base_url, RUNPOD_KEY
+    yield server
+    server.stop()
+
+
+@pytest.mark.django_db
+def test_it_syncs_every_provider_while_one_is_down(runpod, settings):
+    settings.VAST_API_URL, settings.VAST_API_KEY = "http://127.0.0.1:1/api/v0", "some-key"  # refuses connections
+    settings.PROVIDER_MAX_RETRIES = 0
+    with get_provider("runpod") as provider:
+        pod = provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
+                                        disk_gb=250, label="moe-fleet-4242", env={}))
+    reports = tasks.sync_instances()
+    assert "ProviderUnavailable" in reports["vast"]["error"]
+    assert reports["runpod"]["adopted"] == ["moe-fleet-4242"]
+    assert Instance.objects.get(provider="runpod").provider_instance_id == pod
