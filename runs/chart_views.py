@@ -20,6 +20,7 @@ from fleet.ranking.throughput import gpu_model_key
 from plotly.io.json import to_json_plotly
 
 from runs import figures, run_data
+from runs.projection import STEPS_PER_PRICE
 from runs.models import MetricPoint, Run
 
 LIVE_REFRESH_S = 10
@@ -31,7 +32,8 @@ def run_chart_data(request, pk):
     run = get_object_or_404(Run.objects.select_related("current_instance"), pk=pk)
     inputs = run_data.chart_inputs(run, timezone.now())
     data = inputs.data
-    summary = render_to_string("runs/_run_summary.html", {"run": run, "data": data}, request=request)
+    summary = render_to_string("runs/_run_summary.html", {"run": run, "data": data, "now": data.now},
+                               request=request)
     return HttpResponse(to_json_plotly({
         "run": run.pk, "state": run.state, "active": run.is_active, "refresh_s": LIVE_REFRESH_S,
         "points": inputs.points, "bucket_steps": inputs.bucket_steps, "warnings": data.warnings,
@@ -73,7 +75,7 @@ def run_metrics_csv(request, pk):
 
 
 def comparison_rows() -> list[dict]:
-    """Steady-state step time, tokens/s and $/step of every box every run trained on, from one GROUP BY."""
+    """Steady-state step time, tokens/s and $ per 1k steps of every box every run trained on, from one GROUP BY."""
     steady = (MetricPoint.objects.filter(step__gte=WARMUP_STEPS, instance__isnull=False)
               .exclude(step_s=None).values("run_id", "instance_id", "kernel_path").order_by()
               .annotate(step_s=Avg("step_s"), tokens_per_s=Avg("tokens_per_s"), steps=Count("id")))
@@ -85,7 +87,8 @@ def comparison_rows() -> list[dict]:
         box = boxes[r["instance_id"]]
         r.update(run_name=runs.get(r["run_id"], "?"), box=box["label"], gpu_model=gpu_model_key(box["gpu_name"]),
                  num_gpus=box["num_gpus"], usd_per_hour=box["usd_per_hour"],
-                 usd_per_step=box["usd_per_hour"] * Decimal(str(r["step_s"])) / ledger.SECONDS_PER_HOUR)
+                 usd_per_1k_steps=box["usd_per_hour"] * Decimal(str(r["step_s"])) * STEPS_PER_PRICE
+                 / ledger.SECONDS_PER_HOUR)
     rows.sort(key=lambda r: (r["gpu_model"], r["kernel_path"], r["step_s"]))
     return rows
 
@@ -104,7 +107,7 @@ def by_gpu_model(rows: list[dict]) -> list[dict]:
             "steps": steps, "step_s": sum(m["step_s"] * m["steps"] for m in members) / steps,
             "tokens_per_s": (sum(m["tokens_per_s"] * m["steps"] for m in tokens) / sum(m["steps"] for m in tokens)
                              if tokens else None),
-            "usd_per_step": sum(m["usd_per_step"] * m["steps"] for m in members) / steps,
+            "usd_per_1k_steps": sum(m["usd_per_1k_steps"] * m["steps"] for m in members) / steps,
         })
     return summary
 
@@ -120,7 +123,7 @@ def _bar_figure(chart_id: str, title: str, y_title: str, groups: list[dict], fie
                        "y": [round(float(g[field]), 6) for g in mine],
                        "marker": {"color": figures.BOX_COLOURS[i % len(figures.BOX_COLOURS)]}})
     layout = figures.layout(title, y_title, barmode="group", hovermode="closest", xaxis={"title": {"text": ""}},
-                            yaxis={"tickprefix": "$"} if money else {})
+                            yaxis=figures.MONEY_AXIS if money else {})
     return {"id": chart_id, "title": title, "data": traces, "layout": layout}
 
 
@@ -130,8 +133,8 @@ def compare(request):
     figures = [
         _bar_figure("compare-step-time", "Step time by GPU model", "seconds per step", groups, "step_s"),
         _bar_figure("compare-tokens", "Tokens per second by GPU model", "tokens/s", groups, "tokens_per_s"),
-        _bar_figure("compare-usd-per-step", "Cost per step by GPU model", "USD per step", groups, "usd_per_step",
-                    money=True),
+        _bar_figure("compare-usd-per-step", "Cost per 1k steps by GPU model", "USD per 1,000 steps", groups,
+                    "usd_per_1k_steps", money=True),
     ]
     calibration = sorted(load_calibration().entries.values(), key=lambda e: (e.gpu_model, e.kernel_path))
     return render(request, "runs/compare.html", {"rows": rows, "groups": groups, "figures": figures,

@@ -4,8 +4,15 @@ against plotly's own figure schema."""
 
 from runs.downsample import Bucket, envelope, higher, lower, rounded
 from runs.phase_stats import PhaseStats, zero_gradient_phases
-from runs.projection import cost_curve
+from runs.projection import STEPS_PER_PRICE, cost_curve
 from runs.run_data import ChartInputs, RunData
+
+NO_STEPS = "No steps yet: this chart fills in from the run's first step."
+NO_COST = "No cost yet: no box has billed for this run."
+# Money axes in plain decimals: plotly's default writes a small amount with an SI suffix ("$30µ").
+MONEY_AXIS = {"tickprefix": "$", "tickformat": ",.3~r", "rangemode": "tozero"}
+# A log axis labels every tick as a whole number (0.05, 0.1, 0.2) rather than a bare digit beside a power of ten.
+LOG_AXIS = {"type": "log", "tickformat": "~g"}
 
 PHASE_COLOURS = ("#2457c5", "#0f8a6c", "#b4690e", "#8e44ad", "#c0392b", "#16a2b8", "#5b6475")
 
@@ -139,7 +146,7 @@ def _grad_norms(data: RunData, rows, edges) -> dict:
                                      "font": {"color": "#b42318", "size": 12}}})
     title = "Gradient norms: routed experts (solid) vs attention (dotted)"
     return {"id": "grad-norms", "title": title, "data": traces,
-            "layout": layout(title, "LoRA gradient norm", shapes=shapes, yaxis={"type": "log"})}
+            "layout": layout(title, "LoRA gradient norm", shapes=shapes, yaxis=LOG_AXIS)}
 
 
 def _b_matrices(data: RunData, rows, edges) -> dict:
@@ -182,24 +189,24 @@ def _cost(data: RunData) -> dict:
                    "visible": True if highest >= 0.4 * float(data.run.budget_usd) else "legendonly"})
     title = "Cumulative cost"
     return {"id": "cost", "title": title, "data": traces,
-            "layout": layout(title, "USD", xaxis={"type": "date"}, legend={"y": -0.2},
-                              yaxis={"tickprefix": "$", "rangemode": "tozero"})}
+            "layout": layout(title, "USD", xaxis={"type": "date"}, legend={"y": -0.2}, yaxis=MONEY_AXIS)}
 
 
 def _cost_per_step(data: RunData, rows: list[dict]) -> dict:
-    """Dollars per step on each box: its hourly price times its mean step time in the bucket."""
+    """Dollars per thousand steps on each box: its hourly price times its mean step time in the bucket (one step
+    alone costs fractions of a cent)."""
     traces = []
     for i, (instance_id, box) in enumerate(data.boxes.items()):
-        rate = float(box.usd_per_hour) / 3600
+        rate = float(box.usd_per_hour) / 3600 * STEPS_PER_PRICE
         points = [(r["x_last"], r["step_s_avg"] * rate) for r in rows
                   if r["instance_id"] == instance_id and r["step_s_avg"] is not None]
         if points:
             xs, ys = zip(*points)
-            traces.append(_trace(f"$/step · {box.name}", list(xs), list(ys), BOX_COLOURS[i % len(BOX_COLOURS)]))
-    title = "Cost per step"
+            traces.append(_trace(f"$/1k steps · {box.name}", list(xs), list(ys), BOX_COLOURS[i % len(BOX_COLOURS)]))
+    title = "Cost per 1k steps"
     return {"id": "cost-per-step", "title": title, "data": traces,
-            "layout": layout(title, "USD per step", shapes=_phase_marks(data) + _host_changes(data, rows),
-                              yaxis={"tickprefix": "$", "rangemode": "tozero"})}
+            "layout": layout(title, "USD per 1,000 steps", shapes=_phase_marks(data) + _host_changes(data, rows),
+                              yaxis=MONEY_AXIS)}
 
 
 def _timeline(data: RunData, restarts: list[tuple]) -> dict:
@@ -236,16 +243,27 @@ def _timeline(data: RunData, restarts: list[tuple]) -> dict:
                                      "categoryarray": ["boxes", "phases"]})}
 
 
+def _said_empty(figure: dict, empty: bool, why: str) -> dict:
+    """A chart with nothing to draw says so in words (the page shows them instead of an empty plot, whose axes
+    would otherwise span a meaningless default range)."""
+    return {**figure, "empty": why} if empty else figure
+
+
 def run_figures(inputs: ChartInputs) -> list[dict]:
     """Every chart of the run page, in the order the page shows them."""
     data, rows, edges = inputs.data, inputs.rows, inputs.edges
-    return [
-        _timeline(data, inputs.restarts),
+    no_steps = inputs.points == 0
+    timeline = _timeline(data, inputs.restarts)
+    step_charts = [
         _per_box(data, rows, edges, "step_s", "step-time", "Step time by box", "seconds per step"),
         _per_phase(data, rows, edges, "loss", "loss", "Loss per phase", "loss"),
         _grad_norms(data, rows, edges),
         _b_matrices(data, rows, edges),
         _per_box(data, rows, edges, "tokens_per_s", "tokens", "Tokens per second by box", "tokens/s"),
-        _cost(data),
-        _cost_per_step(data, rows),
+    ]
+    return [
+        _said_empty(timeline, not timeline["data"], NO_STEPS),
+        *(_said_empty(f, no_steps, NO_STEPS) for f in step_charts),
+        _said_empty(_cost(data), not data.segments, NO_COST),
+        _said_empty(_cost_per_step(data, rows), no_steps, NO_STEPS),
     ]

@@ -9,10 +9,10 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import Avg, Count, ExpressionWrapper, F, IntegerField, Max, Min, OuterRef, Q, Subquery, Value
 
-from fleet.instances import ledger
 from fleet.models import CostSegment
+from runs.costs import run_costs
 from runs.downsample import bucket_width
-from runs.models import MetricPoint, Run, RunEvent
+from runs.models import MetricPoint, Run, RunAttempt, RunEvent
 from runs.phase_stats import PhaseStats, phase_stats, zero_gradient_phases
 from runs.projection import Projection, project
 from training import metric_fields
@@ -28,6 +28,7 @@ CSV_COLUMNS = (metric_fields.PHASE, metric_fields.STEP, metric_fields.AT, *metri
 
 
 RESTART_EVENTS = ("host_lost", "hung", "probe_failed")
+RECENT_STEPS = 50  # the step time a projection rests on is the mean over this many newest steps
 
 
 @dataclass
@@ -74,42 +75,55 @@ def _boxes(run: Run) -> tuple[dict[int, Box], list[tuple], Decimal]:
     return boxes, segments, sum(traffic.values(), Decimal(0))
 
 
-def recent_step_s(run: Run, stats: list[PhaseStats]) -> float | None:
-    """Mean step time over the newest steps (a checkpoint's slow step does not set the projection alone)."""
-    trained = [p for p in stats if p.points]
-    if not trained:
-        return None
-    last = trained[-1]
-    since = max(last.first_step, last.last_step - 50)
-    return MetricPoint.objects.filter(run=run, phase=last.index, step__gte=since).aggregate(s=Avg("step_s"))["s"]
+def recent_step_times(runs: list[Run]) -> dict[int, float | None]:
+    """Each run's step time as every page shows it: the mean over the newest RECENT_STEPS steps of the newest phase
+    it trained (a checkpoint's slow step does not set the projection alone), for many runs with two queries."""
+    newest = MetricPoint.objects.filter(run=OuterRef("pk")).order_by("-phase", "-step")
+    ends = (Run.objects.filter(pk__in=[run.pk for run in runs])
+            .annotate(last_phase=Subquery(newest.values("phase")[:1]), last_step=Subquery(newest.values("step")[:1]))
+            .values_list("pk", "last_phase", "last_step"))
+    recent = Q(pk__in=[])
+    for pk, phase, step in ends:
+        if phase is not None:
+            recent |= Q(run_id=pk, phase=phase, step__gte=step - RECENT_STEPS)
+    means = (MetricPoint.objects.filter(recent).values("run_id").order_by().annotate(step_s=Avg("step_s"))
+             .values_list("run_id", "step_s"))
+    return dict(means)
+
+
+def hourly_rates(runs: list[Run]) -> dict[int, Decimal]:
+    """What each run pays per hour now: its current box's price, else (between boxes) the last box's."""
+    rates = {}
+    for run_id, rate in (RunAttempt.objects.filter(run__in=[run.pk for run in runs]).order_by("started_at", "id")
+                         .values_list("run_id", "instance__usd_per_hour")):
+        rates[run_id] = rate
+    for run in runs:
+        if run.current_instance is not None:
+            rates[run.pk] = run.current_instance.usd_per_hour
+    return rates
+
+
+def projections(runs: list[Run], now: datetime) -> dict[int, Projection]:
+    """The one projection every page shows (the runs list, the run page and its chart data): the cost so far, the
+    planned steps of the run's phases, its recent step time and its hourly price."""
+    costs, step_times, rates = run_costs(runs, now), recent_step_times(runs), hourly_rates(runs)
+    return {run.pk: project(planned=[p.steps for p in run.phases.all()], current_phase=run.current_phase,
+                            current_step=run.current_step, step_s=step_times.get(run.pk),
+                            usd_per_hour=rates.get(run.pk), cost_usd=costs[run.pk], now=now, active=run.is_active,
+                            finished_at=run.finished_at)
+            for run in runs}
 
 
 def run_data(run: Run, now: datetime, stats: list[PhaseStats]) -> RunData:
     """The run's boxes, cost, projection and zero-gradient warnings: what the page's figures rest on."""
     boxes, segments, traffic = _boxes(run)
-    cost = ledger.cost_in_window(segments, None, now) + traffic
-    step_s = recent_step_s(run, stats)
-    box = boxes.get(run.current_instance_id)
-    rate = box.usd_per_hour if box else (list(boxes.values())[-1].usd_per_hour if boxes else None)
-    planned = [p.planned_steps for p in stats]
-    projection = project(planned=planned, current_phase=run.current_phase, current_step=run.current_step,
-                         step_s=step_s, usd_per_hour=rate, cost_usd=cost, now=now, active=run.is_active,
-                         finished_at=run.finished_at)
+    projection = projections([run], now)[run.pk]
     offsets, total = {}, 0
     for p in stats:
         offsets[p.index] = total
         total += max(p.planned_steps, p.last_step or 0)
-    return RunData(run, now, stats, boxes, cost, projection, zero_gradient_phases(stats), segments, traffic, offsets)
-
-
-def list_projection(run: Run, cost_usd: Decimal, now: datetime) -> Projection:
-    """The runs list's projection, from what the list already loaded: the run's phases (prefetched), its latest step
-    time (latest_step_annotations) and its current box's price."""
-    box = run.current_instance
-    return project(planned=[p.steps for p in run.phases.all()], current_phase=run.current_phase,
-                   current_step=run.current_step, step_s=getattr(run, "last_step_s", None),
-                   usd_per_hour=box.usd_per_hour if box else None, cost_usd=cost_usd, now=now, active=run.is_active,
-                   finished_at=run.finished_at)
+    return RunData(run, now, stats, boxes, projection.cost_usd, projection, zero_gradient_phases(stats), segments,
+                   traffic, offsets)
 
 
 def latest_step_annotations() -> dict:

@@ -3,14 +3,13 @@ from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods
 
 from fleet.access import require_permission
-from runs.run_data import latest_step_annotations, list_projection
-from runs import launch as launching
+from runs.run_data import projections
+from runs import launch as launching, wording
 from runs.forms import LaunchForm
 from runs.models import Run
-from runs.costs import run_cost, run_costs
 
 
 def require_launch_permission(user) -> None:
@@ -19,15 +18,13 @@ def require_launch_permission(user) -> None:
 
 def run_list(request):
     now = timezone.now()
-    runs = list(Run.objects.select_related("current_instance").prefetch_related("phases")
-                .annotate(**latest_step_annotations())[:200])
-    costs = run_costs(runs, now)
+    runs = list(Run.objects.select_related("current_instance").prefetch_related("phases")[:200])
+    projected = projections(runs, now)
     for run in runs:
-        run.cost_usd = costs[run.pk]
-        run.projection = list_projection(run, run.cost_usd, now)
+        run.projection = projected[run.pk]
         run.phase_name = next((p.name for p in run.phases.all() if p.index == run.current_phase), "")
     template = "runs/_run_table.html" if request.headers.get("HX-Request") else "runs/run_list.html"
-    return render(request, template, {"runs": runs})
+    return render(request, template, {"runs": runs, "now": now})
 
 
 def run_launch(request):
@@ -51,8 +48,10 @@ def run_launch(request):
 
 def run_detail(request, pk):
     run = get_object_or_404(Run.objects.select_related("current_instance", "profile"), pk=pk)
-    context = {"run": run, "cost_usd": run_cost(run, timezone.now()), "phases": run.phases.all(),
-               "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],
+    phases = list(run.phases.all())
+    context = {"run": run, "status": wording.describe(run, phases),
+               "projection": projections([run], timezone.now())[run.pk],
+               "phases": phases, "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],
                "checkpoints": run.checkpoints.all()[:50]}
     if request.headers.get("HX-Request"):  # one of the page's two live regions
         template = "runs/_run_history.html" if request.GET.get("part") == "history" else "runs/_run_state.html"
@@ -61,10 +60,16 @@ def run_detail(request, pk):
     return render(request, template, context)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 def run_cancel(request, pk):
+    """GET asks to confirm (cancelling destroys the run's box); POST cancels."""
     require_launch_permission(request.user)
-    run = get_object_or_404(Run, pk=pk)
+    run = get_object_or_404(Run.objects.select_related("current_instance"), pk=pk)
+    if request.method == "GET" or not run.is_active:
+        if not run.is_active:
+            messages.info(request, f"Run {run.name} #{run.pk} is {run.state} already.")
+            return redirect("run_detail", pk=pk)
+        return render(request, "runs/cancel_confirm.html", {"run": run})
     launching.cancel(run, user=request.user)
-    messages.success(request, f"Run {run.name} cancelled; its box is destroyed by the supervisor's next pass.")
+    messages.success(request, f"Run {run.name} #{run.pk} cancelled; the supervisor's next pass destroys its box.")
     return redirect("run_detail", pk=pk)

@@ -4,17 +4,38 @@
 (function () {
   var CONFIG = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
 
+  // A chart with nothing to draw yet says so in words: an empty plot would show a meaningless default axis.
+  function sayEmpty(el, figure) {
+    if (el.dataset.empty === figure.empty) return;
+    if (el.dataset.rendered) Plotly.purge(el);
+    el.textContent = "";
+    var title = document.createElement("h3"), why = document.createElement("p");
+    title.textContent = figure.title;
+    why.textContent = figure.empty;
+    el.append(title, why);
+    el.classList.remove("js-plotly-plot");
+    el.classList.add("chart-empty");
+    el.dataset.empty = figure.empty;
+    delete el.dataset.rendered;
+  }
+
   function draw(figures) {
     figures.forEach(function (figure) {
       var el = document.querySelector('[data-chart="' + figure.id + '"]');
       if (!el) return;
+      if (figure.empty) return sayEmpty(el, figure);
+      if (el.dataset.empty) {
+        el.textContent = "";
+        el.classList.remove("chart-empty");
+        delete el.dataset.empty;
+      }
       Plotly.react(el, figure.data, figure.layout, CONFIG);
       el.dataset.rendered = "true";
     });
   }
 
   function describe(payload) {
-    var points = payload.points.toLocaleString("en-US");
+    var points = payload.points ? payload.points.toLocaleString("en-US") : "no";
     var thinned = payload.bucket_steps > 1 ? " (min/max of every " + payload.bucket_steps + " steps drawn)" : "";
     if (payload.active) return "Live, refreshed every " + payload.refresh_s + " s · " + points + " steps" + thinned;
     return "Run " + payload.state + " · " + points + " steps" + thinned;

@@ -17,7 +17,7 @@ CHARTS = {
                    "attention · dpo"},
     "b-matrices": {"B norm · cpt", "B at zero · cpt", "B norm · sft", "B at zero · sft", "B norm · dpo",
                    "B at zero · dpo"},
-    "cost-per-step": {"$/step · 1× H200 · healthy-box0", "$/step · 1× RTX PRO 6000 · healthy-box1"},
+    "cost-per-step": {"$/1k steps · 1× H200 · healthy-box0", "$/1k steps · 1× RTX PRO 6000 · healthy-box1"},
     "cost": {"cost so far", "budget"},
 }
 

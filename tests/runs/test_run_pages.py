@@ -89,7 +89,7 @@ def test_it_compares_runs_and_gpu_models(logged_in):
     assert 'id="compare-gpus"' in body and 'id="compare-runs"' in body and 'id="calibration"' in body
     assert "1× H200" in body and "1× RTX PRO 6000" in body
     assert "30.00 s" in body and "55.00 s" in body  # steady state: the slow first steps are left out
-    assert "$0.0100" in body  # 30 s on the H200 at $1.20/h
+    assert "$10.00" in body  # 1,000 steps of 30 s on the H200 at $1.20/h
     assert 'id="figures-data"' in body and "triton kernels" in body
     drawn = json.loads(re.search(r'<script id="figures-data" type="application/json">(.*?)</script>', body,
                                  re.S).group(1))
@@ -108,10 +108,11 @@ def test_it_lists_runs_with_step_time_cost_and_projection(logged_in):
     run = seed_run(state="training")
     Run.objects.filter(pk=run.pk).update(current_phase=1, current_step=10)
     body = logged_in.get(reverse("runs")).content.decode()
-    for column in ("Step time", "$/step", "Cost so far", "Projected total", "ETA"):
+    for column in ("Step time", "$/1k steps", "Cost so far", "Projected total", "ETA"):
         assert f"<th>{column}</th>" in body
-    assert "55.00 s" in body and "$0.0160" in body  # 55 s at $1.05/h
-    assert "1 sft · 10" in body
+    # The mean of the newest steps (the phase's slow first step among them), 1,000 of them at $1.05/h
+    assert "56.10 s" in body and "$16.36" in body
+    assert "sft · 10" in body
 
 
 @pytest.mark.django_db
