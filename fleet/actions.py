@@ -228,7 +228,7 @@ def _end(instance: Instance, state: str, now: datetime, message: str = "") -> No
     instance.refresh_from_db()
 
 
-# -- sync ---------------------------------------------------------------------------------------------------------------
+# -- sync --------------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -268,7 +268,8 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
                 report.gone.append(instance.label)
         elif instance.rent_attempted_at is not None and _rent_settled(instance, now):
             _end(instance, State.FAILED, now,
-                 f"Never rented: no instance labelled {instance.label} appeared within {settings.RENT_OUTCOME_GRACE_S} s.")
+                 f"Never rented: no instance labelled {instance.label} appeared within "
+                 f"{settings.RENT_OUTCOME_GRACE_S} s.")
             report.failed.append(instance.label)
     return report
 
@@ -296,7 +297,8 @@ def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: Sy
 
 def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: SyncReport) -> None:
     status = record.status
-    changes = dict(provider_status=status, status_msg=record.status_msg[:2000], gpu_util_percent=record.gpu_util_percent,
+    changes = dict(provider_status=status, status_msg=record.status_msg[:2000],
+                   gpu_util_percent=record.gpu_util_percent,
                    public_ip=record.public_ip, ports=record.ports, ssh_host=record.ssh_host, ssh_port=record.ssh_port,
                    started_at=record.started_at, last_synced_at=now)
     if record.usd_per_hour > 0:

@@ -4,9 +4,9 @@ They name the task and its arguments; Celery's app sends it by that name. So not
 imports `fleet.tasks` (which imports the services), and no import runs in a circle. The task layer registers each
 task under the name given here, so a name is written once.
 
-A broker that cannot be reached raises `QueueUnavailable` after a short, bounded wait (CELERY_TASK_PUBLISH_RETRY_POLICY),
-never a transport's own error: a caller that has recorded its work in the database says so and lets a sweep pick it
-up (requested rents, webhook deliveries, reaped instances all have one).
+A broker that cannot be reached raises `QueueUnavailable` after a short, bounded wait (the publish retry policy in
+settings), never a transport's own error: a caller that has recorded its work in the database says so and lets a sweep
+pick it up (requested rents, webhook deliveries and reaped instances all have one).
 """
 
 import logging

@@ -125,25 +125,41 @@ def _abandon_box(run: Run, reason: str, now: datetime) -> None:
     run.refresh_from_db()
 
 
+ASK, RENT, WAIT, ON_IT, DROP = "ask", "rent", "wait", "on it", "drop"
+
+
+def box_step(box: Instance | None) -> str:
+    """What a run that needs a box does with its current one. Pure over the row: ASK for one (it has none), RENT the
+    one asked for (its renter died before calling the provider), WAIT (the rent is in flight or its outcome unknown:
+    the sync adopts it by its label or gives up on it after RENT_OUTCOME_GRACE_S), ON_IT (a machine is attached), or
+    DROP it (refused outright, never listed, cancelled: it never became a box the run could go onto)."""
+    if box is None:
+        return ASK
+    if box.state == Instance.State.REQUESTED:
+        return RENT if box.rent_attempted_at is None else WAIT
+    if box.state in (Instance.State.PROVISIONING, Instance.State.RUNNING):
+        return ON_IT
+    return DROP
+
+
 def _rent_box(run: Run, now: datetime) -> None:
     """Gets the run a box: asks for one, or carries on with the one asked for in an earlier pass."""
-    box = run.current_instance or _request_box(run, now)
-    if box is None:
-        return
-    if box.state == Instance.State.REQUESTED and box.rent_attempted_at is None:  # its renter never called
+    box = run.current_instance
+    if box_step(box) == ASK:
+        box = _request_box(run, now)
+        if box is None:
+            return
+    if box_step(box) == RENT:
         box = _call_rent(run, box, now)
-    if box.state not in (Instance.State.REQUESTED, Instance.State.PROVISIONING, Instance.State.RUNNING):
-        # It never became a box the run went onto (refused outright, never listed, cancelled): this host is out,
-        # and the next pass asks for another. Not a restart: the run never left a box.
+    step = box_step(box)
+    if step == DROP:  # this host is out and the next pass asks for another; not a restart: the run never left a box
         RunAttempt.objects.filter(run=run, instance=box).update(ended_at=now, end_reason=box.failure_reason or
                                                                 f"box {box.label} is {box.state}")
         Run.objects.filter(pk=run.pk).update(bad_machines=[*run.bad_machines, box.machine_id] if box.machine_id
                                              else run.bad_machines, current_instance=None)
         actions.destroy(box, reason=f"run {run.name} moved on from it", now=now)
-    elif box.state != Instance.State.REQUESTED:
-        on_box_attached(box, now)  # its attach already moved the run on, unless that attach predates the handler
-    # A rent in flight or of unknown outcome: the sync adopts it by its label (which moves the run on), or gives up
-    # on it after RENT_OUTCOME_GRACE_S and a later pass asks for another.
+    elif step == ON_IT:
+        on_box_attached(box, now)  # its attach moved the run on already, unless that attach predates the handler
 
 
 def _request_box(run: Run, now: datetime) -> Instance | None:

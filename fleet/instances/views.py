@@ -95,7 +95,12 @@ def destroy_confirm(request, pk):
     if request.method == "POST":
         reason = f"destroyed by {request.user.get_username()} from the dashboard"
         # The provider call runs on a worker; the page shows "stopping" as soon as it has claimed the row.
-        enqueue.destroy_instance(instance.pk, reason, True)
+        try:
+            enqueue.destroy_instance(instance.pk, reason, True)
+        except enqueue.QueueUnavailable:
+            messages.error(request, f"{instance.label} was not destroyed: the task queue cannot be reached right now. "
+                                    "Try again in a moment.")
+            return redirect("instance_detail", pk=pk)
         messages.success(request, f"Destroying {instance.label}.")
         return redirect("instance_detail", pk=pk)
     return render(request, "fleet/destroy_confirm.html", {"instance": instance})

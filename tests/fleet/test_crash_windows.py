@@ -127,6 +127,20 @@ def test_it_keeps_a_rent_asked_for_while_the_broker_is_down_and_rents_it_once(st
     assert [i["label"] for i in frozen_market.state()["instances"]] == [instance.label]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_it_says_a_destroy_was_not_queued_while_the_broker_is_down(staff, frozen_market, monkeypatch):
+    refresh_offers()
+    box = _running(_offer(), "to-destroy")
+    client = Client()
+    client.force_login(staff)
+    monkeypatch.setattr(enqueue, "current_app", _unreachable_broker())
+    response = client.post(reverse("destroy_confirm", args=[box.pk]))
+    assert response.status_code == 302
+    assert "was not destroyed: the task queue cannot be reached" in client.get(response["Location"]).content.decode()
+    box.refresh_from_db()
+    assert box.state == State.RUNNING  # nothing was recorded as done that was not
+
+
 @pytest.mark.django_db
 def test_it_gives_up_with_the_reason_on_a_rent_that_waited_too_long(frozen_market, settings):
     refresh_offers()

@@ -128,3 +128,17 @@ def test_it_spends_no_restart_on_a_rent_whose_outcome_is_unknown(launched, froze
     assert run.state == "provisioning" and run.restarts == 0
     assert _rented_at_the_market(frozen_market) == [run.current_instance.label]
     assert run.attempts.get(instance=first).ended_at is not None
+
+
+@pytest.mark.parametrize("state, attempted, step", [
+    (State.REQUESTED, False, supervisor.RENT),  # its renter died before calling the provider
+    (State.REQUESTED, True, supervisor.WAIT),  # in flight, or its outcome unknown
+    (State.PROVISIONING, True, supervisor.ON_IT),
+    (State.RUNNING, True, supervisor.ON_IT),
+    (State.FAILED, True, supervisor.DROP),  # refused, or never listed
+    (State.STOPPING, True, supervisor.DROP),  # cancelled while its rent was in flight
+])
+def test_it_decides_what_to_do_with_the_box_a_run_asked_for(state, attempted, step):
+    box = Instance(state=state, rent_attempted_at=timezone.now() if attempted else None)
+    assert supervisor.box_step(box) == step
+    assert supervisor.box_step(None) == supervisor.ASK
