@@ -26,7 +26,7 @@ class Projection:
 
     @property
     def percent(self) -> float:
-        return 100.0 * self.steps_done / self.steps_total if self.steps_total else 0.0
+        return 100 * self.steps_done / self.steps_total if self.steps_total else 0.0  # exact for any int
 
     @property
     def usd_per_1k_steps(self) -> Decimal | None:
