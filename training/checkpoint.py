@@ -2,6 +2,8 @@
 
 A checkpoint is a folder named ckpt-p<phase>-s<step> holding
     adapter/            the LoRA adapter in peft's format (attention and routed experts; `PeftModel.from_pretrained`)
+    vllm/               a phase's final checkpoint only: the same adapter in the layout vLLM loads
+                        (training/export_adapter.py)
     trainer.pt          optimizer, scheduler, RNG states, data position, phase index and step, DPO/KTO reference
     COMPLETE            written last: a folder without it (a host died mid-upload) is never resumed from
 The training loop snapshots to a local staging folder (quick, on the box's disk) and a background thread uploads it,
@@ -144,15 +146,22 @@ class Uploader:
         self._thread, self._error = None, None
         shutil.rmtree(self.staging_root, ignore_errors=True)  # left over from a killed run
 
-    def save(self, model, trainer_state, name):
-        """Write the snapshot now (the caller's tensors may change right after) and upload it in the background."""
+    def save(self, model, trainer_state, name, exports=()):
+        """Write the snapshot now (the caller's tensors may change right after) and upload it in the background.
+        exports: functions of the snapshot folder that write more into it first (a final one's `vllm/` adapter);
+        the snapshot is uploaded even when one raises, and the error still reaches the caller."""
         self.wait()
         local = self.staging_root / name
         shutil.rmtree(local, ignore_errors=True)
         model.save_pretrained(local / "adapter")
         torch.save(trainer_state, local / "trainer.pt")
-        self._thread = threading.Thread(target=self._upload, args=(local, name), name=f"upload-{name}", daemon=True)
-        self._thread.start()
+        try:
+            for export in exports:
+                export(local)
+        finally:
+            self._thread = threading.Thread(target=self._upload, args=(local, name), name=f"upload-{name}",
+                                            daemon=True)
+            self._thread.start()
 
     def _upload(self, local, name):
         for attempt in range(1, self.attempts + 1):

@@ -8,6 +8,7 @@ kill, it continues from the last complete checkpoint.
 """
 
 import argparse
+import functools
 import importlib
 import logging
 import math
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint, families, guards, moe_lora
+from training import checkpoint, export_adapter, families, guards, moe_lora
 from training.data import batch_indices, collate, load_phase_data, load_tokenizer
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
@@ -266,11 +267,15 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
             raise FloatingPointError(f"{phase['name']} step {step}: loss is {record['loss']}; stopping")
         stopping = STOP.is_set()
         if step % phase["checkpoint_every"] == 0 or step == phase["steps"] or stopping:
+            exports = ()
+            if step == phase["steps"]:  # the phase's final adapter also in vLLM's layout, from the files just saved
+                exports = (functools.partial(export_adapter.write_vllm_export,
+                                             architecture=type(model.get_base_model()).__name__),)
             uploader.save(model, {
                 "phase_index": phase_index, "phase_name": phase["name"], "step": step, "data_position": position,
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": checkpoint.rng_state(), "reference": reference,
-            }, checkpoint.checkpoint_name(phase_index, step))
+            }, checkpoint.checkpoint_name(phase_index, step), exports=exports)
         if stopping:
             raise StopRequested(f"stopped on request at {phase['name']} step {step}, after saving a checkpoint")
 
