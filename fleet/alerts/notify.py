@@ -151,14 +151,19 @@ def set_enabled(endpoint: WebhookEndpoint, enabled: bool, *, by=None) -> None:
     endpoint.refresh_from_db()
 
 
+def endpoint_for(url: str) -> WebhookEndpoint | None:
+    """The endpoint, enabled or not, that posts to the same receiver as `url` (webhooks.destination)."""
+    wanted = webhooks.destination(url)
+    return next((e for e in WebhookEndpoint.objects.order_by("id") if webhooks.destination(e.url) == wanted), None)
+
+
 def send_test(endpoint: WebhookEndpoint, *, by=None, now: datetime | None = None) -> WebhookDelivery:
-    """A test alert to this endpoint only, through the same delivery rows and retries as any other. The alert's kind
-    is one the endpoint wants, so its receiver sees a body it knows; the message says it is a test."""
+    """A test alert to this endpoint only, whatever kinds it takes, through the same delivery rows and retries as
+    any other. Its kind is "test", so neither the receiver nor the alert log takes it for something that happened."""
     now = now or timezone.now()
-    kind = endpoint.events[0] if endpoint.events else Alert.Kind.INSTANCE_RENTED
     who = by.get_username() if by else "someone"
     with transaction.atomic():
-        alert = Alert.objects.create(kind=kind, created_at=now,
+        alert = Alert.objects.create(kind=Alert.Kind.TEST, created_at=now,
                                      message=f"Test alert to {endpoint.name}, sent by {who}; nothing happened.")
         [delivery] = _queue_deliveries(alert, [endpoint], now)
     return delivery

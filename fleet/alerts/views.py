@@ -1,10 +1,10 @@
 """The Alerts page: recent alerts, webhook endpoints with their deliveries, and (for staff with the permission)
 adding an endpoint, a test alert, disabling and enabling."""
 
+from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import messages
-from django.core.validators import URLValidator
 from django.db.models import Count, Max, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -21,12 +21,22 @@ State = WebhookDelivery.State
 
 class EndpointForm(forms.Form):
     name = forms.CharField(max_length=100)
-    url = forms.URLField(max_length=500, label="URL", assume_scheme="https",
-                         validators=[URLValidator(schemes=["http", "https"])])
-    events = forms.MultipleChoiceField(choices=Alert.Kind.choices, required=False,
-                                       widget=forms.CheckboxSelectMultiple,
+    url = forms.URLField(max_length=500, label="URL", assume_scheme="https")
+    # A test goes to the endpoint it tests whatever kinds it takes: it is nothing to subscribe to.
+    events = forms.MultipleChoiceField(choices=[(k, label) for k, label in Alert.Kind.choices if k != Alert.Kind.TEST],
+                                       required=False, widget=forms.CheckboxSelectMultiple,
                                        help_text="None picked: every kind.")
     slack = forms.BooleanField(required=False, label="Slack-compatible body")
+
+    def clean_url(self):
+        url = self.cleaned_data["url"]
+        if urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise forms.ValidationError("Use an http:// or https:// URL.")
+        same = notify.endpoint_for(url)
+        if same is not None:  # the URL itself is not repeated: a Slack URL's path is a secret
+            state = "" if same.enabled else " (disabled: enable it instead)"
+            raise forms.ValidationError(f"The endpoint {same.name!r} posts to this URL already{state}.")
+        return url
 
 
 def endpoint_rows():

@@ -111,6 +111,18 @@ def shown_host(url: str) -> str:
     return f"{host}:{port}" if port else host
 
 
+def destination(url: str) -> tuple:
+    """What makes two URLs one receiver: the scheme and host in any case, the default port written or not, the same
+    path and query."""
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").rstrip("."), port, parts.path or "/", parts.query
+
+
 class Refused(ValueError):
     """The address guard, or the URL itself, does not let a webhook go there; the message says why."""
 

@@ -15,6 +15,8 @@ class Alert(models.Model):
         SPEND_CAP_HIT = "spend_cap.hit"
         RUN_FAILED = "run.failed"
         RUN_FINISHED = "run.finished"
+        RUN_CANCELLED = "run.cancelled"  # an operator stopped it: not a failure
+        TEST = "test"  # sent from the Alerts page to one endpoint, whatever kinds it takes
 
     kind = models.CharField(max_length=40, choices=Kind.choices)
     message = models.TextField()
@@ -69,6 +71,7 @@ class WebhookDelivery(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-created_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["endpoint", "alert"], name="one_delivery_per_endpoint")]
         indexes = [models.Index(fields=["state", "next_attempt_at"])]

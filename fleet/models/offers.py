@@ -67,6 +67,7 @@ class OfferRefresh(models.Model):
     error = models.TextField(blank=True)
 
     class Meta:
+        verbose_name_plural = "offer refreshes"
         get_latest_by = "started_at"
         indexes = [models.Index(fields=["provider", "-started_at"])]
 

@@ -121,7 +121,7 @@ def test_it_sends_a_test_to_one_endpoint(client, staff, django_capture_on_commit
     assert len(queued) == 1
     delivery = WebhookDelivery.objects.select_related("alert").get()
     assert delivery.endpoint == ops and delivery.state == State.PENDING
-    assert delivery.alert.kind == "run.failed" and "Test alert" in delivery.alert.message
+    assert delivery.alert.kind == "test" and "Test alert" in delivery.alert.message
     assert not other.deliveries.exists()
     page = client.get(response["Location"]).content.decode()
     assert delivery.message_id in page
