@@ -1,17 +1,18 @@
-"""The Inference fleet page: each model's desired and live replicas, each serving box's last probes, and the desired
-replica count for staff who may change inference models."""
+"""The Inference fleet page: each model's desired and live replicas, each serving box's last probes; adding a model
+to serve for staff who may add inference models, and changing one (its desired replicas too) for staff who may
+change them."""
 
 import logging
 
-from django import forms
 from django.contrib import messages
 from django.db import transaction
 from django.db.models import Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from fleet import enqueue
+from fleet.inference.forms import MAX_DESIRED_REPLICAS, DesiredReplicasForm, InferenceModelForm
 from fleet.inference.replicas import failing_threshold, model_states
 from fleet.access import can, require_permission
 from fleet.models import InferenceModel, Instance, ProbeResult
@@ -19,12 +20,8 @@ from fleet.models import InferenceModel, Instance, ProbeResult
 log = logging.getLogger(__name__)
 
 PROBES_SHOWN = 5
+ADD_MODELS = "fleet.add_inferencemodel"
 CHANGE_MODELS = "fleet.change_inferencemodel"
-MAX_DESIRED_REPLICAS = 100
-
-
-class DesiredReplicasForm(forms.Form):
-    desired_replicas = forms.IntegerField(min_value=0, max_value=MAX_DESIRED_REPLICAS)
 
 
 def _serving_boxes():
@@ -46,6 +43,7 @@ def inference(request):
         "probes_shown": PROBES_SHOWN,
         "now": now,
         "can_change": can(request.user, CHANGE_MODELS),
+        "can_add": can(request.user, ADD_MODELS),
     }
     template = "fleet/_inference_fleet.html" if request.headers.get("HX-Request") else "fleet/inference.html"
     return render(request, template, context)
@@ -68,3 +66,32 @@ def set_desired_replicas(request, pk):
     transaction.on_commit(enqueue.maintain_inference_fleet, robust=True)
     messages.success(request, f"{model.name}: {model.desired_replicas} desired replica(s) (was {before}).")
     return redirect("inference")
+
+
+@require_http_methods(["GET", "POST"])
+def add_model(request):
+    require_permission(request.user, ADD_MODELS)
+    return _model_form(request, InferenceModel())
+
+
+@require_http_methods(["GET", "POST"])
+def change_model(request, pk):
+    require_permission(request.user, CHANGE_MODELS)
+    return _model_form(request, get_object_or_404(InferenceModel, pk=pk))
+
+
+def _model_form(request, model: InferenceModel):
+    adding = model.pk is None
+    form = InferenceModelForm(request.POST or None, instance=model)
+    if request.method == "POST" and form.is_valid():
+        changed = ", ".join(form.changed_data) or "nothing"
+        model = form.save()
+        log.info("%s %s inference model %s (%s)", request.user.get_username(), "added" if adding else "changed",
+                 model.name, changed)
+        # The fleet follows at once rather than at the next beat tick; a broker that is down only delays it.
+        transaction.on_commit(enqueue.maintain_inference_fleet, robust=True)
+        messages.success(request, f"{model.name}: {'added' if adding else 'saved'}, {model.desired_replicas} desired "
+                                  f"replica(s).")
+        return redirect("inference")
+    return render(request, "fleet/inference_model.html", {"form": form, "model": model, "adding": adding},
+                  status=400 if form.errors else 200)
