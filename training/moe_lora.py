@@ -21,6 +21,7 @@ from training.grouped_ops import BACKENDS, Groups, accumulation_dtype, experts_a
 
 IMPLEMENTATION_NAME = "moe_lora"
 KERNELS_ATTRIBUTE = "_moe_lora_kernels"
+EXPERT_SHARD_ATTRIBUTE = "_expert_shard"  # set by training/expert_parallel.py on experts holding a slice
 KERNEL_PATHS = ("triton", "grouped_mm", "loop")
 _log = logging.getLogger(__name__)
 
@@ -240,9 +241,15 @@ def moe_lora_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     path = kernels.choose(hidden_states.device)
     kernels.note(path, hidden_states.device)
     x = hidden_states.to(dtype)
-    out = MoeLoraExperts.apply(x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path,
-                               kernels.accumulate_in_place)
-    return out.to(hidden_states.dtype)
+
+    def local_experts(rows, index, weights):
+        return MoeLoraExperts.apply(rows, index, weights, w1, w2, a1, b1, a2, b2, s1, s2, path,
+                                    kernels.accumulate_in_place)
+
+    shard = self.__dict__.get(EXPERT_SHARD_ATTRIBUTE)
+    if shard is not None:  # expert parallel: the router's global ids; the pairs for other ranks' experts go there
+        return shard.exchange(local_experts, x, top_k_index, top_k_weights).to(hidden_states.dtype)
+    return local_experts(x, top_k_index, top_k_weights).to(hidden_states.dtype)
 
 
 def register():

@@ -11,6 +11,8 @@
     lr: 2.0e-4        schedule: cosine | linear | constant     warmup_steps: 0     min_lr_ratio: 0.1
     weight_decay: 0.0 max_grad_norm: 1.0    gradient_checkpointing: false    seed: 0
     cuda_graphs: true (on a GPU, CPT/SFT micro-steps of one shape are captured once and replayed)
+    gpus: 1           the GPUs of one box to train on, one rank each (torchrun: training/distributed.py); batch_size
+                      is per rank; not for GRPO yet
     checkpoint:       {store: ./checkpoints | s3://bucket/prefix, endpoint_url:, region:, keep: 3, every: 50,
                        staging: ./checkpoint-staging (local snapshots waiting for upload)}
     metrics:          {jsonl: ./metrics.jsonl}   (the on-box agent tails it and posts each step to the dashboard)
@@ -32,6 +34,7 @@ from training.families import target_problems
 PHASE_KINDS = ("cpt", "sft", "dpo", "kto", "grpo")
 SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("bfloat16", "float32", "float16")
+MAX_GPUS = 16
 
 DEFAULTS = {
     "lora": {"r": 32, "alpha": 64, "attention": True, "targets": None},
@@ -47,6 +50,7 @@ DEFAULTS = {
     "gradient_checkpointing": False,
     "cuda_graphs": True,
     "seed": 0,
+    "gpus": 1,
     "checkpoint": {"store": "checkpoints", "endpoint_url": None, "region": None, "keep": 3, "every": 50,
                    "staging": "checkpoint-staging"},
     "metrics": {"jsonl": "metrics.jsonl"},
@@ -237,6 +241,9 @@ def _training(recipe: dict, problems: _Problems) -> None:
     for key in ("min_lr_ratio", "weight_decay", "max_grad_norm"):
         problems.positive_number(key, recipe[key], zero_ok=True)
     problems.positive_int("seed", recipe["seed"], zero_ok=True)
+    problems.positive_int("gpus", recipe["gpus"])
+    if isinstance(recipe["gpus"], int) and recipe["gpus"] > MAX_GPUS:
+        problems.append(f"gpus: at most {MAX_GPUS} (the GPUs of one box), got {recipe['gpus']}")
     if recipe["schedule"] not in SCHEDULES:
         problems.append(f"schedule: one of {SCHEDULES}, got {recipe['schedule']!r}")
     for key in ("gradient_checkpointing", "cuda_graphs"):
@@ -298,6 +305,9 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
     if kind in ("dpo", "kto"):
         problems.positive_number(f"{where}.beta", phase["beta"])
     if kind == "grpo":
+        if recipe["gpus"] != 1:
+            problems.append(f"{where}: a grpo phase runs on one GPU (gpus: 1): its ranks would generate "
+                            "completions of different lengths, out of step with each other")
         if not isinstance(phase["reward"], str) or ":" not in phase["reward"]:
             problems.append(f"{where}.reward: a reward function as 'module:function', got {phase['reward']!r}")
         problems.positive_int(f"{where}.num_generations", phase["num_generations"])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint, export_adapter, families, guards, moe_lora
+from training import checkpoint, distributed, export_adapter, families, guards, moe_lora, sharded_checkpoint
 from training.data import batch_indices, collate, load_phase_data, load_tokenizer
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
@@ -93,11 +93,13 @@ def parameter_groups(model):
     return groups
 
 
-def _norm(params):
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))
+def _norm(params, ranks=None):
+    """The gradient norm of `params`; on several ranks, of every rank's part of them (FSDP shards, expert slices)."""
+    grads = [distributed.local(p.grad) for p in params if p.grad is not None]
+    squares = torch.stack([g.float().norm() ** 2 for g in grads]).sum() if grads else torch.zeros(())
+    if ranks is not None:
+        squares = ranks.sum(squares.to(ranks.device))
+    return squares.sqrt()
 
 
 def _kernel_path(model):
@@ -113,12 +115,13 @@ def _to_device(batch, device):
 
 
 def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, scheduler, groups, max_grad_norm,
-                   check_guard=False, graphs=None):
+                   check_guard=False, graphs=None, ranks=None):
     """One optimizer step over the micro-batches (gradient accumulation); returns the step's metrics.
 
     check_guard: run the step-1 routed-gradient guard after the backward (skipped while the batch carries no
     gradient signal by construction; the caller keeps asking until a step has signal).
-    graphs: a MicroStepGraphs to run the micro-steps through (CUDA graphs), or None for plain eager steps."""
+    graphs: a MicroStepGraphs to run the micro-steps through (CUDA graphs), or None for plain eager steps.
+    ranks: training.distributed.Ranks on several ranks (the guard on every rank, norms and the record over all)."""
     start = time.perf_counter()
     device = ctx["device"]
     if device.type == "cuda":
@@ -135,15 +138,22 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
             if key not in ("tokens", "signal"):
                 extras[key] = extras.get(key, 0.0) + value / len(micro_batches)
     signal = any(bool(s) for s in signals)
+    if ranks is not None:
+        ranks.average_expert_grads()  # sums over every rank's tokens, where FSDP averaged the rest
+        signal = ranks.any(signal)
     guard_checked = False
     if check_guard and signal:
-        guards.check_lora_grads(model)
+        if ranks is not None:
+            ranks.everywhere(lambda: guards.check_lora_grads(model))
+        else:
+            guards.check_lora_grads(model)
         guard_checked = True
-    norms = {group: _norm(groups.get(group, ())).to(device) for group in NORM_GROUPS}
+    norms = {group: _norm(groups.get(group, ()), ranks).to(device) for group in NORM_GROUPS}
+    routed_local = float(_norm(groups.get(families.ROUTED, ()))) if ranks is not None else None
     total_norm = torch.linalg.vector_norm(torch.stack(list(norms.values())))
     if max_grad_norm:
         coef = (max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
-        grads = [p.grad for p in groups["trainable"] if p.grad is not None]
+        grads = [distributed.local(p.grad) for p in groups["trainable"] if p.grad is not None]
         torch._foreach_mul_(grads, coef.to(grads[0].device))
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
@@ -152,7 +162,7 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
         graphs.zero_grads()  # in place: captured graphs accumulate into these tensors
     else:
         optimizer.zero_grad(set_to_none=True)
-    b_norms = [p.detach().float().norm() for p in groups["routed_b"]]
+    b_norms = [distributed.local(p.detach()).float().norm() for p in groups["routed_b"]]
     b_zero = sum(1 for p in groups["routed_b"] if not bool(p.detach().ne(0).any()))
     record = {
         "loss": float(loss_sum) / len(micro_batches),
@@ -179,6 +189,8 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
         record["gpu_mem_gib"] = record["gpu_peak_gib"] = record["gpu_allocated_gib"] = None
     record["step_s"] = time.perf_counter() - start
     record["tokens_per_s"] = tokens / record["step_s"]
+    if ranks is not None:
+        record = ranks.totals({**record, "grad_norm_routed_local": routed_local})
     return record
 
 
@@ -211,6 +223,10 @@ def format_line(record):
     )
 
 
+def _quiet(line):
+    pass
+
+
 STOP = threading.Event()
 STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; started again, it resumes
 
@@ -220,12 +236,13 @@ class StopRequested(Exception):
 
 
 def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device, resumed=None, out=print,
-              graphs=None):
+              graphs=None, ranks=None):
     phase = recipe["phases"][phase_index]
     kind = phase["kind"]
     items = load_phase_data(kind, phase["data"], tokenizer, recipe["seq_len"])
     optimizer = torch.optim.AdamW(groups["trainable"], lr=phase["lr"], weight_decay=recipe["weight_decay"],
                                   fused=device.type == "cuda")
+    batch_size = recipe["batch_size"] * (ranks.size if ranks is not None else 1)  # each rank reads its slice
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
         recipe["schedule"], recipe["warmup_steps"], phase["steps"], recipe["min_lr_ratio"]))
     ctx = {"tokenizer": tokenizer, "device": device,
@@ -246,7 +263,9 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
     while step < phase["steps"]:
         micro_batches = []
         for _ in range(recipe["grad_accum"]):
-            index = batch_indices(len(items), recipe["batch_size"], position, data_seed)
+            index = batch_indices(len(items), batch_size, position, data_seed)
+            if ranks is not None:
+                index = ranks.rank_slice(index)
             position += 1
             batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id)
             if kind == "dpo":
@@ -255,7 +274,7 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
                 batch["ref_logps"] = reference[index]
             micro_batches.append(_to_device(batch, device))
         record = optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, scheduler, groups,
-                                recipe["max_grad_norm"], check_guard=guard_pending, graphs=graphs)
+                                recipe["max_grad_norm"], check_guard=guard_pending, graphs=graphs, ranks=ranks)
         guard_pending = guard_pending and not record["guard_checked"]
         step += 1
         record = {"phase": phase_index, "phase_name": phase["name"], "kind": kind, "step": step,
@@ -284,8 +303,11 @@ def run(recipe, out=print):
     """Run (or continue) every phase of a validated recipe."""
     from peft import set_peft_model_state_dict
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    base = build_model(recipe["model"], device)
+    ranks = distributed.join(recipe["gpus"])  # None for one process
+    if ranks is not None and not ranks.main:
+        out = _quiet  # rank 0 prints and writes the metrics for all
+    device = ranks.device if ranks else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = build_model(recipe["model"], "cpu" if ranks else device)  # moved to the devices layer by layer
     vocab_size = base.config.get_text_config().vocab_size
     tokenizer = load_tokenizer(recipe["model"], vocab_size)
     if recipe["gradient_checkpointing"]:
@@ -293,24 +315,39 @@ def run(recipe, out=print):
     lora = recipe["lora"]
     model = attach_lora(base, r=lora["r"], alpha=lora["alpha"], attention=lora["attention"], targets=lora["targets"])
     model.train()
+    if ranks is not None:  # after LoRA, so that its factors are sharded and averaged (training/distributed.py)
+        ranks.shard(model)  # runs the experts-forward guard on each layer, on every rank
+    else:
+        guards.check_experts_forward_is_ours(model)
     groups = parameter_groups(model)
 
-    guards.check_experts_forward_is_ours(model)
     probe = torch.randint(3, vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)).to(device)
-    guards.check_lora_delta_in_forward(model, lambda: model(input_ids=probe, labels=probe).loss)
+    delta_check = functools.partial(guards.check_lora_delta_in_forward, model,
+                                    lambda: model(input_ids=probe, labels=probe).loss)
+    if ranks is not None:
+        ranks.everywhere(delta_check)
+    else:
+        delta_check()
 
     store = checkpoint.open_store(recipe["checkpoint"])
-    uploader = checkpoint.Uploader(store, recipe["checkpoint"]["staging"], recipe["checkpoint"]["keep"])
+    staging = recipe["checkpoint"]["staging"]
+    if ranks is not None:
+        uploader = sharded_checkpoint.ShardedUploader(ranks, model, store, staging, recipe["checkpoint"]["keep"])
+        name, state = sharded_checkpoint.resume(ranks, model, store, staging)  # the adapter loaded in place
+    else:
+        uploader = checkpoint.Uploader(store, staging, recipe["checkpoint"]["keep"])
+        name = checkpoint.latest_complete(store)
     phases = recipe["phases"]
     start_phase, resumed = 0, None
-    name = checkpoint.latest_complete(store)
     if name:
-        adapter, state = checkpoint.load(store, name, Path(recipe["checkpoint"]["staging"]) / "resume")
+        if ranks is None:
+            adapter, state = checkpoint.load(store, name, Path(staging) / "resume")
         if state["phase_index"] >= len(phases) or phases[state["phase_index"]]["name"] != state["phase_name"]:
             raise RecipeError(f"checkpoint {name} is from phase {state['phase_name']!r}, which this recipe does not "
                               f"have at position {state['phase_index']}; use the recipe the run started with or "
                               "another checkpoint.store")
-        set_peft_model_state_dict(model, {k: v.to(device) for k, v in adapter.items()})
+        if ranks is None:
+            set_peft_model_state_dict(model, {k: v.to(device) for k, v in adapter.items()})
         start_phase = state["phase_index"]
         if state["step"] >= phases[start_phase]["steps"]:
             start_phase += 1  # that phase finished; the next starts from its adapter
@@ -318,9 +355,10 @@ def run(recipe, out=print):
             resumed = state
         out(f"resuming from checkpoint {name}")
 
-    sinks = open_sinks(recipe["metrics"])
+    sinks = open_sinks(recipe["metrics"]) if ranks is None or ranks.main else []
     # DeltaNet layers read the packed samples' boundaries on the host (training/packing.py): nothing to capture.
     capturable = not families.family_of(base.config).linear_attention
+    capturable = capturable and ranks is None  # the experts' exchange reads its split sizes on the host
     graphs = (MicroStepGraphs(groups["trainable"]) if device.type == "cuda" and recipe["cuda_graphs"] and capturable
               else None)
     try:
@@ -330,11 +368,12 @@ def run(recipe, out=print):
             for phase_index in range(start_phase, len(phases)):
                 run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, device,
                           resumed=resumed if resumed and resumed["phase_index"] == phase_index else None, out=out,
-                          graphs=graphs)
+                          graphs=graphs, ranks=ranks)
     finally:
         uploader.wait()  # also when stopped on request: the last checkpoint must reach the store
         for sink in sinks:
             sink.close()
+        distributed.leave(ranks)
     out("run complete" if start_phase < len(phases) else "run already complete; nothing to do")
     return model
 

@@ -1,0 +1,191 @@
+"""The trainer on the GPUs of one box: `torchrun --nproc-per-node N -m training.train --recipe r.yaml`, for a recipe
+that says `gpus: N` (`command` builds that line).
+
+Each rank is one process and one GPU (gloo on the CPU where there is none). The dense parts (attention, norms,
+embeddings, routers and their LoRA) are sharded with PyTorch FSDP2 (`fully_shard`, one unit per decoder layer and
+one for the rest), and their gradients averaged over the ranks by FSDP's reduce-scatter. The routed experts are
+expert parallel instead (training/expert_parallel.py): each rank holds a contiguous slice of every layer's experts
+and their LoRA factors, kept out of FSDP. LoRA is attached before either, so that its factors are sharded (and
+averaged) with the modules they belong to; LoRA attached after `fully_shard` would stay a plain replicated tensor
+on every rank, never averaged, each rank training its own adapter.
+
+Each rank reads its own slice of every global batch (`rank_slice`); the loss is each rank's mean, averaged over the
+ranks. The guards run on every rank and stop every rank when one fails (`everywhere`). Checkpoints:
+training/sharded_checkpoint.py.
+"""
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from training import expert_parallel, guards
+from training.lora import routed_experts_modules
+
+
+def command(recipe_path, gpus, python=None):
+    """The command line that starts a recipe's trainer on `gpus` ranks of this box, as a list of arguments."""
+    python = python or sys.executable
+    if gpus == 1:
+        return [python, "-m", "training.train", "--recipe", str(recipe_path)]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+            "-m", "training.train", "--recipe", str(recipe_path)]
+
+
+def command_line(recipe_path, gpus):
+    return shlex.join(command(recipe_path, gpus))
+
+
+def launched_ranks():
+    """How many ranks the launcher started (torchrun's WORLD_SIZE; 1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@dataclass
+class Ranks:
+    """This process's place among the ranks, and what the trainer needs of them."""
+
+    rank: int
+    size: int
+    device: torch.device
+    mesh: object
+    slices: expert_parallel.ExpertSlices | None = None
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def sum(self, tensor):
+        """The sum over every rank of a tensor (a new tensor; every rank calls it)."""
+        tensor = tensor.detach().clone()
+        dist.all_reduce(tensor)
+        return tensor
+
+    def any(self, flag):
+        return bool(self.sum(torch.tensor(int(bool(flag)), device=self.device)))
+
+    def gather(self, value):
+        """Every rank's `value` (any picklable thing), in rank order."""
+        values = [None] * self.size
+        dist.all_gather_object(values, value)
+        return values
+
+    def barrier(self):
+        dist.barrier()
+
+    def everywhere(self, check):
+        """Run a guard on every rank; if it fails on any, raise on every rank with each failing rank's reason."""
+        try:
+            result, failure = check(), None
+        except guards.GuardError as exc:
+            result, failure = None, (type(exc), str(exc))
+        failures = [(rank, f) for rank, f in enumerate(self.gather(failure)) if f is not None]
+        if failures:
+            kind = failures[0][1][0]
+            raise kind("\n".join(f"rank {rank} of {self.size}: {message}" for rank, (_, message) in failures))
+        return result
+
+    def rank_slice(self, indices):
+        """This rank's part of a global batch of `batch_size * size` indices."""
+        per_rank = len(indices) // self.size
+        return indices[self.rank * per_rank:(self.rank + 1) * per_rank]
+
+    def shard(self, model):
+        """Split the routed experts over the ranks, then shard the rest with FSDP2, one decoder layer at a time:
+        each layer is moved to this rank's device, its MoE blocks probed by the start-up guard (our experts forward
+        must run, on every rank), then sharded, so no more than one whole layer is ever on the device."""
+        from torch.distributed.fsdp import fully_shard
+
+        self.slices = expert_parallel.split_experts(model, dist.group.WORLD, self.rank, self.size)
+        ignored = set(self.slices.parameters)
+        for layer in decoder_layers(model):
+            layer.to(self.device)
+            if routed_experts_modules(layer):
+                self.everywhere(lambda: guards.check_experts_forward_is_ours(layer))
+            fully_shard(layer, mesh=self.mesh, ignored_params={p for p in layer.parameters() if p in ignored})
+        model.to(self.device)
+        fully_shard(model, mesh=self.mesh, ignored_params=ignored)
+        return model
+
+    def average_expert_grads(self):
+        expert_parallel.average_expert_grads(self.slices)
+
+    def full_value(self, name, param, tensor=None):
+        """A parameter's (or its gradient's, or optimizer state's) whole-model value; every rank calls it."""
+        tensor = param.detach() if tensor is None else tensor
+        if id(param) in self.slices.local_ids():
+            return expert_parallel.gather_full(self.slices, param, tensor)
+        if hasattr(tensor, "full_tensor"):
+            return tensor.full_tensor()
+        return tensor
+
+    def totals(self, record):
+        """A step's record over every rank: the loss averaged, tokens and still-zero B slices summed, norms of the
+        whole model, memory per GPU at its highest; each rank's own figures under "ranks"."""
+        mine = {key: record[key] for key in PER_RANK}
+        everyone = self.gather({"rank": self.rank, **mine})
+        total = dict(record)
+        total["loss"] = sum(r["loss"] for r in everyone) / self.size
+        total["tokens"] = sum(r["tokens"] for r in everyone)
+        total["step_s"] = max(r["step_s"] for r in everyone)
+        total["tokens_per_s"] = total["tokens"] / total["step_s"]
+        total["routed_b_zero"] = sum(r["routed_b_zero"] for r in everyone)
+        total["routed_b_count"] = sum(r["routed_b_count"] for r in everyone)
+        total["routed_b_norm"] = sum(r["routed_b_norm"] ** 2 for r in everyone) ** 0.5
+        for key in ("gpu_mem_gib", "gpu_peak_gib", "gpu_allocated_gib"):
+            held = [r[key] for r in everyone if r[key] is not None]
+            total[key] = max(held) if held else None
+        total["ranks"] = everyone
+        return total
+
+
+# A rank's own figures, kept in the record under "ranks" (the gradient norms are of its local slice of the routed
+# experts, so a rank whose experts got nothing shows there).
+PER_RANK = ("loss", "tokens", "step_s", "routed_b_zero", "routed_b_count", "routed_b_norm", "grad_norm_routed_local",
+            "gpu_mem_gib", "gpu_peak_gib", "gpu_allocated_gib")
+
+
+def decoder_layers(model):
+    """The decoder layers: the first ModuleList whose items hold routed experts."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and any(routed_experts_modules(m) for m in module):
+            return list(module)
+    raise ValueError("no list of decoder layers with routed experts found in the model")
+
+
+def join(gpus, device=None):
+    """Join the ranks torchrun started for a recipe of `gpus` GPUs; None for a one-process run."""
+    launched = launched_ranks()
+    if gpus == 1 and launched == 1:
+        return None
+    if launched != gpus:
+        raise RuntimeError(f"the recipe asks for {gpus} GPU(s) but {launched} rank(s) were started; start it with "
+                           f"{command_line('RECIPE', gpus)}")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.device_count() < gpus:
+            raise RuntimeError(f"the recipe asks for {gpus} GPUs; this box has {torch.cuda.device_count()}")
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if
+                                device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return Ranks(rank=dist.get_rank(), size=dist.get_world_size(), device=device, mesh=mesh)
+
+
+def leave(ranks):
+    if ranks is not None and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def local(tensor):
+    """The part of a tensor this rank holds (an FSDP-sharded DTensor's shard; a plain tensor itself)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
