@@ -8,17 +8,20 @@
 #     docker build -f docker/worker.Dockerfile --build-arg CUDA_VERSION=13.0 --build-arg CUDA_PATCH=0 \
 #       -t ghcr.io/moe-fleet/worker:0.1.0-cuda13.0 .
 # The tag names the CUDA version: WORKER_IMAGE=...-cuda13.0 makes runs rank only offers whose driver runs it.
+#
+# The base is pinned by digest once one is recorded in CUDA_DIGEST, one per CUDA variant; none is yet.
+# `docker buildx imagetools inspect nvidia/cuda:12.8.1-runtime-ubuntu24.04` prints it: pass
+# --build-arg CUDA_DIGEST=sha256:... with that variant's CUDA_VERSION. Left empty, the build takes whatever the tag
+# names on the day.
 ARG CUDA_VERSION=12.8
 ARG CUDA_PATCH=1
-FROM nvidia/cuda:${CUDA_VERSION}.${CUDA_PATCH}-runtime-ubuntu24.04
+ARG CUDA_DIGEST=
+FROM nvidia/cuda:${CUDA_VERSION}.${CUDA_PATCH}-runtime-ubuntu24.04${CUDA_DIGEST:+@${CUDA_DIGEST}}
 
 ARG CUDA_VERSION
-# The versions the tests and the H200 benchmarks ran with (bench/NOTES_*.md); one place, mirrored by
-# config/worker_image.PINS.
+# The torch the tests and the H200 benchmarks ran with (bench/NOTES_*.md), mirrored by config/worker_image.PINS;
+# requirements/worker.txt holds triton, transformers and peft to the same table (scripts/lock makes it from there).
 ARG TORCH_VERSION=2.11.0
-ARG TRITON_VERSION=3.6.0
-ARG TRANSFORMERS_VERSION=5.17.0
-ARG PEFT_VERSION=0.21.0
 
 # Every RUN fails on the first failing command, including one inside a pipe.
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
@@ -31,13 +34,14 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 
-# torch from PyTorch's index for this CUDA (cu128, cu130); the rest from PyPI, held to the same pins throughout.
-RUN printf '%s\n' "torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}" \
-        "transformers==${TRANSFORMERS_VERSION}" "peft==${PEFT_VERSION}" > /opt/pins.txt \
-    && pip install --upgrade pip \
+# Everything but torch at its locked version and hash (requirements/worker.txt: the whole set, triton included).
+# Then torch from PyTorch's index for this CUDA (cu128, cu130), pinned but without hashes: no lock covers that index
+# yet, so torch and what only it needs (the CUDA libraries) are the one unhashed part of the image.
+COPY requirements/pip.txt requirements/worker.txt /opt/requirements/
+RUN pip install --require-hashes --no-deps -r /opt/requirements/pip.txt \
+    && pip install --require-hashes --no-deps -r /opt/requirements/worker.txt \
     && pip install --index-url "https://download.pytorch.org/whl/cu${CUDA_VERSION//./}" "torch==${TORCH_VERSION}" \
-    && pip install -c /opt/pins.txt "triton==${TRITON_VERSION}" "transformers==${TRANSFORMERS_VERSION}" \
-        "peft==${PEFT_VERSION}" safetensors pyyaml httpx boto3
+    && pip check
 
 # Only `training` (it imports no Django), as a source tree on the path so its example recipes and data come along.
 COPY training /opt/fleet/training

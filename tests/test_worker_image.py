@@ -21,6 +21,7 @@ from training.probe import SENTINEL
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "docker" / "worker.Dockerfile").read_text()
 ONSTART = (ROOT / "docker" / "onstart.sh").read_text()
+WORKER_LOCK = (ROOT / "requirements" / "worker.txt").read_text()
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -63,10 +64,35 @@ def test_it_builds_from_a_cuda_base_named_by_the_build_argument():
 
 
 def test_it_pins_what_the_tests_and_benchmarks_ran_with():
-    pinned = {name: ARGS[f"{name.upper()}_VERSION"] for name in worker_image.PINS}
+    # torch by its build argument; the rest by the lock the image installs with hashes.
+    locked = dict(re.findall(r"^([a-z0-9-]+)==(\S+) ", WORKER_LOCK, re.M))
+    pinned = {name: ARGS["TORCH_VERSION"] if name == "torch" else locked[name] for name in worker_image.PINS}
     assert pinned == worker_image.PINS and set(pinned) == {"torch", "triton", "transformers", "peft"}
     onstart_pins = re.search(r'TRAINING_PINS-([^}]*)}', ONSTART).group(1).split()
     assert onstart_pins == worker_image.pip_pins()
+
+
+def test_it_installs_everything_but_torch_from_its_lock_with_hashes():
+    installs = [re.sub(r"\s+", " ", command).strip()
+                for run in RUNS for command in re.findall(r"pip install ([^&]*)", run)]
+    copied = next(body.split() for kind, body in INSTRUCTIONS if kind == "COPY" and "requirements/worker.txt" in body)
+    assert copied == ["requirements/pip.txt", "requirements/worker.txt", "/opt/requirements/"]
+    assert installs[:2] == ["--require-hashes --no-deps -r /opt/requirements/pip.txt",
+                            "--require-hashes --no-deps -r /opt/requirements/worker.txt"]
+    unhashed = [command for command in installs if "--require-hashes" not in command]
+    assert len(unhashed) == 1 and unhashed[0].endswith(' "torch==${TORCH_VERSION}"')
+    assert "torch" not in dict(re.findall(r"^([a-z0-9-]+)==(\S+) ", WORKER_LOCK, re.M))
+
+
+@pytest.mark.parametrize("digest, image", [
+    ("", "nvidia/cuda:12.8.1-runtime-ubuntu24.04"),
+    ("sha256:" + "ab" * 32, "nvidia/cuda:12.8.1-runtime-ubuntu24.04@sha256:" + "ab" * 32),
+])
+def test_its_base_is_pinned_by_the_digest_it_is_given(digest, image):
+    base = next(body for kind, body in INSTRUCTIONS if kind == "FROM")
+    env = {"CUDA_VERSION": ARGS["CUDA_VERSION"], "CUDA_PATCH": ARGS["CUDA_PATCH"], "CUDA_DIGEST": digest}
+    out = subprocess.run(["bash", "-c", f'echo "{base}"'], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == image
 
 
 def test_it_runs_the_agent():
