@@ -30,8 +30,9 @@ lock = _load_lock_script()
 PROJECT = lock.pyproject()
 
 
-def _entries(path: Path) -> dict[str, tuple[str, list[str]]]:
-    """{name: (pinned version, hashes)} of a lock file; a requirement that is not `name==version` fails here."""
+def _entries(path: Path) -> dict[str, list[tuple[str, str, list[str]]]]:
+    """{name: [(pinned version, marker, hashes)]} of a lock file (a universal lock may pin a package once per Python
+    version); a requirement that is not `name==version` fails here."""
     text = re.sub(r"\\\n", " ", path.read_text())
     entries = {}
     for line in text.splitlines():
@@ -41,7 +42,8 @@ def _entries(path: Path) -> dict[str, tuple[str, list[str]]]:
         requirement, *options = line.split(" --hash=")
         found = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+?)(\s*;.*)?", requirement.strip())
         assert found, f"{path.name}: {requirement!r} is not pinned with =="
-        entries[canonicalize_name(found.group(1))] = (found.group(2), [option.strip() for option in options])
+        pin = (found.group(2), (found.group(3) or "").strip(" ;"), [option.strip() for option in options])
+        entries.setdefault(canonicalize_name(found.group(1)), []).append(pin)
     return entries
 
 
@@ -63,17 +65,18 @@ def test_every_direct_dependency_is_pinned_with_hashes_in_its_lock(project_lock)
         if name == "torch":
             continue  # installed apart: scripts/setup
         assert name in entries, f"{project_lock.name} has no {requirement}: run scripts/lock"
-        version, hashes = entries[name]
-        assert requirement.specifier.contains(version, prereleases=True), f"{name}=={version} is not {requirement}"
-        assert hashes, f"{project_lock.name}: {name} has no hash"
+        for version, _marker, hashes in entries[name]:
+            assert requirement.specifier.contains(version, prereleases=True), f"{name}=={version}: {requirement}"
+            assert hashes, f"{project_lock.name}: {name} has no hash"
 
 
 @pytest.mark.parametrize("any_lock", ALL_LOCKS, ids=lambda x: x.name)
 def test_every_package_in_every_lock_has_sha256_hashes_and_none_is_torch(any_lock):
     entries = _entries(any_lock.path)
     assert entries
-    for name, (version, hashes) in entries.items():
-        assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{name}=={version}"
+    for name, pins in entries.items():
+        for version, _marker, hashes in pins:
+            assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{name}=={version}"
     assert "torch" not in entries
 
 
@@ -99,10 +102,10 @@ def test_the_smaller_locks_pin_what_the_largest_pins():
     # scripts/setup takes an install of the larger set as one of the smaller; that holds only if no pin differs.
     largest, *others = lock.PROJECT
     assert set(largest.extras) == set(PROJECT["project"]["optional-dependencies"])
-    pins = {name: version for name, (version, _) in _entries(largest.path).items()}
+    pins = {name: [pin[:2] for pin in found] for name, found in _entries(largest.path).items()}
     for smaller in others:
-        entries = _entries(smaller.path)
-        assert {name: pins.get(name) for name in entries} == {name: v for name, (v, _) in entries.items()}
+        for name, found in _entries(smaller.path).items():
+            assert [pin[:2] for pin in found] == pins.get(name), f"{smaller.name}: {name}"
 
 
 def _setup_extras_asked_for() -> set[str]:
@@ -126,7 +129,8 @@ def test_the_worker_lock_carries_the_train_extra_and_what_the_box_imports():
     for requirement in map(Requirement, (*train, *lock.WORKER_ALSO)):
         if requirement.name != "torch":
             assert canonicalize_name(requirement.name) in entries, requirement
-            assert requirement.specifier.contains(entries[canonicalize_name(requirement.name)][0])
+            for version, _marker, _hashes in entries[canonicalize_name(requirement.name)]:
+                assert requirement.specifier.contains(version), f"{requirement.name}=={version}: {requirement}"
 
 
 def test_scripts_setup_installs_the_cpu_torch_the_locks_were_made_with():
