@@ -216,7 +216,8 @@ def _wind_up(run: Run, now: datetime) -> None:
     RunAttempt.objects.filter(run=run, ended_at=None).update(ended_at=now, end_reason=f"run {run.state}")
     if box is not None:
         actions.destroy(box, reason=f"run {run.name} {run.state}: {run.state_reason}", now=now)
-    kind = Alert.Kind.RUN_FINISHED if run.state == lifecycle.FINISHED else Alert.Kind.RUN_FAILED
+    kind = {lifecycle.FINISHED: Alert.Kind.RUN_FINISHED, lifecycle.CANCELLED: Alert.Kind.RUN_CANCELLED}.get(
+        run.state, Alert.Kind.RUN_FAILED)
     raise_alert(kind, f"Run {run.name} {run.state}: {run.state_reason} (cost ${run_cost(run, now):.2f})",
                 instance=box, now=now)
     if run.state == lifecycle.FINISHED and box is not None:

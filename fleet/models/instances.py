@@ -23,7 +23,7 @@ class Instance(models.Model):
     state = models.CharField(max_length=20, choices=State.choices, default=State.REQUESTED)
     purpose = models.CharField(max_length=20, default="manual", help_text="manual, training or serving")
     # What was asked for
-    offer_id = models.CharField(max_length=40)
+    offer_id = models.CharField(max_length=120)  # as long as the offer ids it was rented from
     gpu_name = models.CharField(max_length=80)
     num_gpus = models.PositiveSmallIntegerField(default=1)
     machine_id = models.CharField(max_length=40, blank=True, help_text="the host, so a bad one is not rented again")

@@ -266,3 +266,13 @@ def test_it_never_replaces_a_box_onto_a_host_that_cannot_run_its_image(frozen_ma
     assert not Instance.objects.filter(replaces=old).exists()
     assert old.events.filter(kind="replace-failed", message__contains="no offer passes the filters").exists()
     assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=old).exists()
+
+
+def test_it_records_a_rent_of_an_offer_with_a_long_id(offer, frozen_market):
+    # RunPod's offer ids name the GPU type and cloud: "NVIDIA RTX PRO 6000 Blackwell Server Edition:SECURE:1".
+    long_id = "NVIDIA RTX PRO 6000 Blackwell Server Edition:SECURE:1"
+    Offer.objects.filter(pk=offer.pk).update(offer_id=long_id)
+    offer.refresh_from_db()
+    instance, created = actions.request_rent(offer=offer, idempotency_key="long", disk_gb=100,
+                                             now=sim_now(frozen_market))
+    assert created and Instance.objects.get(pk=instance.pk).offer_id == long_id

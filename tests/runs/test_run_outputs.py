@@ -1,7 +1,6 @@
 """A run is green only with its outputs: each phase's final adapter verified in the run's store. Its store keeps the
 recipe's `keep` newest checkpoints and every phase's final one, and a folder no upload can reach is refused at launch."""
 
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -9,7 +8,7 @@ from django.test import Client
 
 from runs import retention, storage
 from runs.models import Checkpoint
-from tests.runs.conftest import put_on_a_box, tiny_recipe
+from tests.runs.conftest import put_on_a_box, stored_checkpoint, tiny_recipe
 
 pytestmark = pytest.mark.django_db
 API = "/api/agent/v1"
@@ -22,15 +21,8 @@ def _post(client, path, body):
 
 
 def _store(run, phase, step):
-    """Uploads a checkpoint into the run's local bucket and declares it complete, as a box does."""
-    uri = f"ckpt-p{phase:02d}-s{step:08d}"
-    root = Path(run.bucket) / "runs" / str(run.pk) / uri
-    data = f"adapter {phase} {step}".encode()
-    (root / "adapter").mkdir(parents=True, exist_ok=True)
-    (root / "adapter" / "adapter_model.safetensors").write_bytes(data)
-    (root / "COMPLETE").write_text("done\n")
-    manifest = {"adapter/adapter_model.safetensors": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
-    return uri, {"phase": phase, "step": step, "uri": uri, "complete": True, "manifest": manifest}
+    notice = stored_checkpoint(run, phase, step)
+    return notice["uri"], notice
 
 
 def _training(run):

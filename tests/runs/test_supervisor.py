@@ -13,6 +13,7 @@ from fleet import actions
 from fleet.models import Alert, Instance, ThroughputCalibration
 from fleet.offers.refresh import refresh_offers
 from runs import supervisor, tokens
+from tests.runs.conftest import stored_checkpoint
 
 pytestmark = pytest.mark.django_db
 API = "/api/agent/v1"
@@ -37,6 +38,10 @@ class Agent:
         self.post("/heartbeat", {"state": "installing"})
         self.post("/events", {"kind": "probe_ok", "message": "MOE-FLEET-PROBE-OK"})
         self.post("/heartbeat", {"state": "training", "process_alive": True, "gpu_ok": True, "gpu_util_percent": 90})
+
+    def stores_final_adapters(self, run):
+        for phase in run.phases.all():
+            self.post("/checkpoints", stored_checkpoint(run, phase.index, phase.steps))
 
     def steps(self, *steps, step_s=2.0, kernel_path="triton"):
         self.post("/metrics", {"points": [{"phase": 0, "step": s, "loss": 2.0, "step_s": step_s,
@@ -105,6 +110,7 @@ def test_it_destroys_the_box_alerts_and_calibrates_when_the_run_finishes(launche
     agent = Agent(frozen_market, run)
     agent.starts_training()
     agent.steps(*range(1, 8), step_s=1.5)
+    agent.stores_final_adapters(run)
     agent.post("/events", {"kind": "finished", "message": "all 5 phases done"})
     run = _supervise(run)
     box.refresh_from_db()

@@ -1,0 +1,439 @@
+"""Chaos on the simulated marketplace: rents and runs with a fault injected at every step that can crash, then the
+product's own periodic passes, and an audit of what the marketplace bills for against what the dashboard knows.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/chaos.py [--rounds 17] [--seed 7]
+
+Real parts: PostgreSQL (a throwaway database of this process), the simulated marketplace over HTTP with its clock
+moved by the bench, a real Celery worker process taking the hand-overs (destroys, rents, moves) from the broker, and
+the beat's periodic work (instance sync, rent sweep, supervisor, reaper) run by the bench at a fast tempo on the
+marketplace's clock. A fault is a worker killed at one point (an exception nothing in the product catches, raised
+where the kill would land), a broker that refuses hand-overs, passes that overlap in threads, a box killed or hung
+mid-upload, a stale or forged token, a tampered checkpoint, or malformed offers in a search answer.
+
+After each scenario the audit counts, at the marketplace and in the database:
+    orphaned_boxes                a machine the marketplace bills for that no live row of the dashboard tracks
+    double_rents                  more than one machine for one row, or more than one live box for one run
+    boxes_outside_reaper          a live billing row that the reaper's snapshot does not cover
+    lost_offers                   a well-formed offer missing from the store after a refresh with bad neighbours
+    unverified_checkpoints_loaded a resume that put files into the trainer's store that do not match their manifest
+    hostile_posts_accepted        a post with a stale, foreign or forged token that the agent API answered with 2xx
+The last line is JSON; the goal is scenarios >= 200 and every count 0.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from unittest import mock
+
+import support
+
+support.setup_django("chaos", RENT_QUEUE_GRACE_S="60", RENT_OUTCOME_GRACE_S="60", AGENT_HEARTBEAT_TIMEOUT_S="60",
+                     REAPER_MAX_AGE_HOURS="6", PROVIDER_MAX_RETRIES="1")
+
+from django.conf import settings  # noqa: E402
+from django.db import connections  # noqa: E402
+from django.test import Client  # noqa: E402
+from kombu.exceptions import OperationalError  # noqa: E402
+
+from fleet import actions, enqueue  # noqa: E402
+from fleet.models import Instance, Offer  # noqa: E402
+from fleet.offers.refresh import refresh_offers  # noqa: E402
+from fleet.reaper import sweep  # noqa: E402
+from fleet.simulator import SimulatedMarketplace  # noqa: E402
+from runs import events, supervisor, tokens  # noqa: E402
+from runs.launch import example_recipe, launch  # noqa: E402
+from runs.models import Run, RunAttempt  # noqa: E402
+from training import agent  # noqa: E402
+
+KEY = "chaos-key"
+API = "/api/agent/v1"
+State = Instance.State
+
+
+class Killed(BaseException):
+    """A worker killed at this point: nothing in the product catches it, as nothing catches a SIGKILL."""
+
+
+def killed(*args, **kwargs):
+    raise Killed()
+
+
+class Chaos:
+    def __init__(self, seed: int, data_dir: Path):
+        self.rng = random.Random(seed)
+        self.data_dir = data_dir
+        self.market = SimulatedMarketplace(api_key=KEY, seed=seed, speed=0, boot_delay_s=30, port=0,
+                                           charges_min_interval_s=0).start()
+        settings.VAST_API_URL, settings.VAST_API_KEY = self.market.base_url, KEY
+        self.counts = Counter()
+        self.scenarios = Counter()
+        self.failures: list[str] = []
+
+    # -- time and the beat ---------------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.market.state()["clock"], tz=UTC)
+
+    def passes(self, rounds: int = 4, step_s: float = 45) -> None:
+        """The beat's periodic work, `rounds` times, the marketplace's clock moving `step_s` between them; the worker
+        process gets a moment for what was handed over."""
+        for _ in range(rounds):
+            self.market.advance(step_s)
+            now = self.now()
+            for work in (lambda: actions.sync(now=now), lambda: actions.rent_waiting(now=now),
+                         lambda: supervisor.supervise(now=now), lambda: sweep.reap(now=now, dry_run=False)):
+                try:
+                    work()
+                except Exception as exc:  # noqa: BLE001 - a pass that fails is retried by the next, as on beat
+                    self.failures.append(f"periodic pass: {type(exc).__name__}: {exc}"[:200])
+            wait_for_worker()
+
+    # -- the audit ----------------------------------------------------------------------------------------------
+
+    def audit(self, name: str) -> None:
+        machines = [i for i in self.market.state()["instances"] if i["destroyed_at"] is None and i["state"] != "dead"]
+        rows = {row.label: row for row in Instance.objects.all()}
+        # After the passes, a machine that bills must be a row's own, and that row must bill too: a row still
+        # "requested" beside a machine (a rent the dashboard never learnt of) counts as an orphan.
+        tracked = {row.provider_instance_id for row in rows.values() if row.state in Instance.BILLING_STATES}
+        per_label = Counter(m["label"] for m in machines)
+        orphans = [m["label"] for m in machines if str(m["id"]) not in tracked]
+        doubles = [label for label, n in per_label.items() if n > 1]
+        for run in Run.objects.all():
+            boxes = Instance.objects.filter(run_attempts__run=run, state__in=Instance.BILLING_STATES).distinct()
+            if boxes.count() > 1:
+                doubles.append(f"run {run.pk}")
+        covered = {s.pk for s in sweep.snapshots()}
+        outside = [row.label for row in rows.values() if row.state in (State.PROVISIONING, State.RUNNING)
+                   and row.pk not in covered]
+        for key, found in (("orphaned_boxes", orphans), ("double_rents", doubles),
+                           ("boxes_outside_reaper", outside)):
+            if found:
+                self.counts[key] += len(found)
+                self.failures.append(f"{name}: {key}: {found[:3]}")
+
+    def tear_down(self) -> None:
+        """Everything rented is destroyed the way a person would (forced), then the passes make it so."""
+        for row in Instance.objects.filter(state__in=Instance.LIVE_STATES):
+            actions.destroy(row, reason="chaos: end of scenario", force=True, now=self.now())
+        Run.objects.filter(state__in=Run.ACTIVE_STATES).update(state="cancelled", state_reason="end of scenario")
+        self.passes(rounds=2)
+        for m in self.market.state()["instances"]:
+            if m["destroyed_at"] is None and m["state"] != "dead":
+                self.market.kill_host(m["id"], vanish_after_s=0)
+        refresh_offers()  # the next scenario ranks what the marketplace lists now
+
+    def scenario(self, name: str, body) -> None:
+        self.scenarios[name] += 1
+        try:
+            body()
+        except Exception as exc:  # noqa: BLE001 - a scenario that errors is reported, and the audit still runs
+            self.failures.append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+        self.passes(rounds=4)
+        self.audit(name)
+        self.tear_down()
+
+    # -- what the scenarios share -------------------------------------------------------------------------------
+
+    def offer(self) -> Offer:
+        offers = list(Offer.objects.filter(is_bid=False, provider="vast", disk_gb__gte=settings.RENT_DISK_GB)
+                      .order_by("gpu_usd_per_hour")[:20])
+        return self.rng.choice(offers)
+
+    def run(self, name: str) -> Run:
+        recipe = example_recipe()
+        recipe["phases"] = [dict(phase, steps=50) for phase in recipe["phases"][:1]]
+        bucket = self.data_dir / "buckets" / f"{name}-{self.rng.randrange(10**9)}"
+        return launch(name=name, recipe=recipe, bucket=str(bucket), budget_usd=Decimal(20), max_restarts=3)
+
+    def token_of(self, run: Run) -> str:
+        """The token the marketplace's box received in its environment."""
+        run.refresh_from_db()
+        label = run.current_instance.label
+        return next(i["env"]["FLEET_AGENT_TOKEN"] for i in self.market.state()["instances"] if i["label"] == label)
+
+    def started(self, name: str) -> tuple[Run, Client]:
+        run = self.run(name)
+        for _ in range(5):  # asked for, rented, attached: as many passes as that takes
+            supervisor.supervise(now=self.now())
+            run.refresh_from_db()
+            if run.current_instance and run.current_instance.provider_instance_id:
+                break
+            self.market.advance(5)
+        else:
+            raise RuntimeError(f"run {run.pk} got no box: {run.state_reason}")
+        client = Client(HTTP_AUTHORIZATION=f"Bearer {self.token_of(run)}")
+        post(client, "/heartbeat", {"state": "installing"})
+        post(client, "/events", {"kind": "probe_ok", "message": "probe ok"})
+        return run, client
+
+
+def in_thread(target, **kwargs) -> threading.Thread:
+    """A pass in a thread of its own, as another worker would run it, with its own database connection."""
+    def work():
+        try:
+            target(**kwargs)
+        finally:
+            connections.close_all()
+    return threading.Thread(target=work)
+
+
+def post(client: Client, path: str, body: dict):
+    return client.post(API + path, json.dumps(body), content_type="application/json")
+
+
+def wait_for_worker(limit_s: float = 3.0) -> None:
+    """Until the broker's queues are empty (the worker took every hand-over) or the limit passes."""
+    deadline = time.monotonic() + limit_s
+    folder = Path(os.environ["DATA_DIR"]) / "celery-broker"
+    while time.monotonic() < deadline:
+        pending = [p for p in folder.rglob("*") if p.is_file() and p.suffix == ".msg"] if folder.exists() else []
+        if not pending:
+            return
+        time.sleep(0.05)
+
+
+@contextmanager
+def broker_down():
+    """Every hand-over refused as an unreachable broker refuses it (kombu's OperationalError)."""
+    def refuse(*args, **kwargs):
+        raise OperationalError("chaos: the broker is down")
+    with mock.patch.object(enqueue, "current_app", mock.Mock(send_task=refuse)):
+        yield
+
+
+def store_checkpoint(run: Run, step: int, data: bytes) -> dict:
+    uri = f"ckpt-p00-s{step:08d}"
+    root = Path(run.bucket) / "runs" / str(run.pk) / uri
+    (root / "adapter").mkdir(parents=True, exist_ok=True)
+    (root / "adapter" / "adapter_model.safetensors").write_bytes(data)
+    (root / "trainer.pt").write_bytes(data[::-1])
+    manifest = {name: {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+                for name, body in (("adapter/adapter_model.safetensors", data), ("trainer.pt", data[::-1]))}
+    return {"phase": 0, "step": step, "uri": uri, "complete": True, "manifest": manifest}
+
+
+# -- the scenarios ---------------------------------------------------------------------------------------------------
+
+
+def killed_before_the_rent_call(chaos: Chaos) -> None:
+    """A person's rent: the row is written, its worker dies before the call; the task arrives later all the same."""
+    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"manual-{chaos.rng.random()}",
+                                       now=chaos.now())
+    chaos.passes(rounds=3)  # the rent sweep rents it after its grace
+    actions.rent(instance.pk, now=chaos.now())  # the lost task, delivered late
+
+
+def killed_after_the_claim(chaos: Chaos) -> None:
+    """The worker claimed the row and died before the provider heard of it."""
+    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"claimed-{chaos.rng.random()}",
+                                       now=chaos.now())
+    with mock.patch("fleet.providers.vast.VastClient.rent", killed):
+        try:
+            actions.rent(instance.pk, now=chaos.now())
+        except Killed:
+            pass
+
+
+def killed_after_the_provider_rented(chaos: Chaos) -> None:
+    """The machine exists at the marketplace; the worker died before the row learnt of it."""
+    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"rented-{chaos.rng.random()}",
+                                       now=chaos.now())
+    with mock.patch.object(actions, "_attach", killed):
+        try:
+            actions.rent(instance.pk, now=chaos.now())
+        except Killed:
+            pass
+
+
+def broker_down_at_the_reapers_hand_over(chaos: Chaos) -> None:
+    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"old-{chaos.rng.random()}",
+                                       now=chaos.now())
+    actions.rent(instance.pk, now=chaos.now())
+    chaos.passes(rounds=1)
+    chaos.market.advance(7 * 3600)  # past the age limit
+    with broker_down():
+        sweep.reap(now=chaos.now(), dry_run=False)
+
+
+def broker_down_at_a_manual_rent(chaos: Chaos) -> None:
+    """The rent page's path: the row is saved, the hand-over refused; the person clicks again."""
+    offer, key = chaos.offer(), f"click-{chaos.rng.random()}"
+    for _ in range(2):
+        instance, created = actions.request_rent(offer=offer, idempotency_key=key, now=chaos.now())
+        with broker_down():
+            try:
+                enqueue.rent_instance(instance.pk)
+            except enqueue.QueueUnavailable:
+                pass
+
+
+def overlapping_supervisor_passes(chaos: Chaos) -> None:
+    chaos.run("overlap")
+    now = chaos.now()
+    threads = [in_thread(supervisor.supervise, now=now) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def supervisor_and_reaper_on_a_hung_box(chaos: Chaos) -> None:
+    run, client = chaos.started("hung")
+    post(client, "/metrics", {"points": [{"phase": 0, "step": 1, "loss": 2.0, "step_s": 1.0}]})
+    chaos.market.hang_host(int(run.current_instance.provider_instance_id))
+    chaos.market.advance(3600)
+    now = chaos.now()
+    threads = [in_thread(supervisor.supervise, now=now), in_thread(sweep.reap, now=now, dry_run=False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def box_killed_mid_upload(chaos: Chaos) -> None:
+    """Half a checkpoint reaches the store and the host dies: the next box must not be offered it."""
+    run, client = chaos.started("upload")
+    notice = store_checkpoint(run, 10, os.urandom(256))
+    post(client, "/checkpoints", {**notice, "complete": False})
+    Path(run.bucket, "runs", str(run.pk), notice["uri"], "trainer.pt").unlink()
+    post(client, "/checkpoints", notice)  # a box that lies: declared complete with a file missing
+    chaos.market.kill_host(int(run.current_instance.provider_instance_id))
+    chaos.passes(rounds=4)
+    run.refresh_from_db()
+    if run.current_instance_id:
+        spec = Client(HTTP_AUTHORIZATION=f"Bearer {chaos.token_of(run)}").get(API + "/spec").json()
+        chaos.counts["unverified_checkpoints_loaded"] += sum(1 for c in spec.get("resume", [])
+                                                             if c["uri"] == notice["uri"])
+
+
+def tampered_checkpoint(chaos: Chaos) -> None:
+    """A complete checkpoint is changed afterwards (a stale box with a grant): the next box must refuse it."""
+    run, client = chaos.started("tamper")
+    older, newer = store_checkpoint(run, 5, os.urandom(300)), store_checkpoint(run, 10, os.urandom(300))
+    for notice in (older, newer):
+        post(client, "/checkpoints", notice)
+    Path(run.bucket, "runs", str(run.pk), newer["uri"], "trainer.pt").write_bytes(b"import os; os.system('x')")
+    spec = client.get(API + "/spec").json()
+    store = Path(tempfile.mkdtemp(prefix="chaos-store-"))
+    api = agent.Api("http://unused/", "unused")
+    api.call = lambda method, path, body=None: post(client, "/" + path, body).json()
+    chosen = agent.restore(api, spec["resume"], store)
+    for folder in store.iterdir():
+        manifest = next(c["manifest"] for c in spec["resume"] if c["uri"] == folder.name)
+        if agent.manifest_of(folder) != manifest or (chosen and chosen["uri"] == newer["uri"]):
+            chaos.counts["unverified_checkpoints_loaded"] += 1
+
+
+def hostile_posts(chaos: Chaos) -> None:
+    """A replaced box, a box of another run and a forger post as if they were the current box."""
+    run, client = chaos.started("victim")
+    stale = client
+    chaos.market.kill_host(int(run.current_instance.provider_instance_id))
+    chaos.passes(rounds=4)  # the run moves to a new box
+    other, _ = chaos.started("other")
+    forged = Client(HTTP_AUTHORIZATION="Bearer run_" + "x" * 40)
+    attempt = RunAttempt.objects.filter(run=run).order_by("-id").first()
+    guessed = Client(HTTP_AUTHORIZATION=f"Bearer {tokens._SIGNER.sign(f'{run.pk}.x.{attempt.pk}.y')}")
+    for hostile in (stale, forged, guessed):
+        for path, body in (("/heartbeat", {"state": "training", "process_alive": True, "gpu_util_percent": 90}),
+                           ("/metrics", {"points": [{"phase": 0, "step": 99, "loss": 0.1}]}),
+                           ("/events", {"kind": "finished", "message": "done, honest"}),
+                           ("/checkpoints", {"phase": 0, "step": 1, "uri": "evil", "complete": False})):
+            if post(hostile, path, body).status_code < 400:
+                chaos.counts["hostile_posts_accepted"] += 1
+    if run.metrics.filter(step=99).exists() or other.metrics.filter(step=99).exists():
+        chaos.counts["hostile_posts_accepted"] += 1
+
+
+BAD_VALUES = (float("nan"), float("inf"), -1, "12", "false", 1.5, None, 10**30, "x" * 5000, [], {})
+FIELDS = ("id", "num_gpus", "gpu_ram", "dph_total", "reliability2", "inet_down", "disk_space", "cuda_max_good",
+          "compute_cap", "gpu_name", "verified", "machine_id", "storage_cost", "driver_version")
+
+
+def malformed_offers(chaos: Chaos) -> None:
+    """Some offers of a search answer carry a bad value in one field; every well-formed one must be stored."""
+    from fleet.providers import vast
+
+    original = vast.VastClient._json
+    answered: set[str] = set()
+    spoiled: set[str] = set()
+
+    def answer(self, method, path, **kwargs):
+        data = original(self, method, path, **kwargs)
+        if path == "/bundles/":
+            for raw in data["offers"]:
+                answered.add(str(raw["id"]))
+                if chaos.rng.random() < 0.2:
+                    spoiled.add(str(raw["id"]))
+                    raw[chaos.rng.choice(FIELDS)] = chaos.rng.choice(BAD_VALUES)
+        return data
+
+    Offer.objects.all().delete()
+    with mock.patch.object(vast.VastClient, "_json", answer):
+        refresh_offers()
+    stored = set(Offer.objects.values_list("offer_id", flat=True))
+    chaos.counts["lost_offers"] += len(answered - spoiled - stored)
+    refresh_offers()  # a clean refresh for the scenarios after this one
+
+
+SCENARIOS = [killed_before_the_rent_call, killed_after_the_claim, killed_after_the_provider_rented,
+             broker_down_at_the_reapers_hand_over, broker_down_at_a_manual_rent, overlapping_supervisor_passes,
+             supervisor_and_reaper_on_a_hung_box, box_killed_mid_upload, tampered_checkpoint, hostile_posts,
+             malformed_offers]
+
+
+def start_worker(database_url: str) -> subprocess.Popen:
+    env = {**os.environ, "DATABASE_URL": database_url}
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "config", "--quiet", "worker", "-Q", "fast,slow",
+                             "--pool", "solo", "--loglevel", "WARNING", "--without-heartbeat", "--without-gossip",
+                             "--without-mingle"], cwd=support.ROOT, env=env)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=19, help="times each scenario runs")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--only", action="append", choices=[s.__name__ for s in SCENARIOS],
+                        help="run only this scenario (repeatable)")
+    args = parser.parse_args()
+    chosen = [s for s in SCENARIOS if not args.only or s.__name__ in args.only]
+    with support.throwaway_database(f"chaos_{os.getpid()}") as database_url:
+        worker = start_worker(database_url)
+        chaos = Chaos(args.seed, Path(os.environ["DATA_DIR"]))
+        started = time.monotonic()
+        try:
+            refresh_offers()
+            for _ in range(args.rounds):
+                for scenario in chosen:
+                    chaos.scenario(scenario.__name__, lambda s=scenario: s(chaos))
+        finally:
+            chaos.market.stop()
+            worker.terminate()
+            worker.wait(timeout=30)
+        wall_s = time.monotonic() - started
+    for line in chaos.failures[:20]:
+        print("  " + line)
+    summary = {"scenarios": sum(chaos.scenarios.values()), "kinds": len(chaos.scenarios),
+               **{key: chaos.counts[key] for key in ("orphaned_boxes", "double_rents", "boxes_outside_reaper",
+                                                     "lost_offers", "unverified_checkpoints_loaded",
+                                                     "hostile_posts_accepted")},
+               "errors": len(chaos.failures), "wall_s": round(wall_s, 1)}
+    print(json.dumps(summary))
+    return 0 if all(summary[k] == 0 for k in summary if k not in ("scenarios", "kinds", "wall_s")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
