@@ -13,11 +13,17 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
 
     python bench/train_step.py [--model qwen3.6-35b-a3b] [--layers 48] [--steps 2] [--accum 8]
     python bench/train_step.py --model qwen3.6-35b-a3b --layers 2 --experts 16 --tokens small   (a CPU smoke run)
+    python bench/train_step.py --gpus 4 [--model ...]   ours on 4 ranks of this box (torchrun, FSDP2 + expert
+        parallel, training/distributed.py): tokens/s in all and per GPU, peak memory per GPU; each rank its own
+        micro-batches (the global batch is N times one GPU's); compare with --gpus 1 for the scaling
+    python bench/train_step.py --gpus 2 --device cpu --layers 2 --experts 16 --tokens small   (its CPU smoke run)
 """
 
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training import distributed  # noqa: E402
 from training.families import family_of  # noqa: E402
 from training.linear_attention import deltanet_path  # noqa: E402
 from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
@@ -181,6 +188,46 @@ def attempt(backend, layers, checkpointing, args):
     return result
 
 
+def measure_ranks(args):
+    """One rank of `--gpus N`: ours (eager: the expert exchange does not capture) through the trainer's own
+    sharding and optimizer step; rank 0 prints the figures of every rank."""
+    global DEVICE
+    ranks = distributed.join(args.gpus, args.device if args.device != "auto" else None)
+    DEVICE = ranks.device
+    dtype = "bfloat16" if DEVICE.type == "cuda" else "float32"
+    base = build_model({"config": {**args.config, "num_hidden_layers": args.layers}, "dtype": dtype, "seed": 0}, "cpu")
+    model = ranks.shard(attach_lora(base, r=32, alpha=64))
+    model.train()
+    groups = parameter_groups(model)
+    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=DEVICE.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
+    gen = torch.Generator(device=DEVICE).manual_seed(ranks.rank)
+    micro = [{"input_ids": x, "labels": x} for x in (
+        torch.randint(0, args.config["vocab_size"], (args.batch, args.seq_len), device=DEVICE, generator=gen)
+        for _ in range(args.accum))]
+    ctx, phase = {"device": DEVICE, "tokenizer": None, "reward_fn": None}, {"kind": "cpt"}
+    optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0, check_guard=True,
+                   ranks=ranks)  # warm-up, the guard on every rank
+    records = [optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+                              ranks=ranks) for _ in range(args.steps)]
+    peaks = ranks.gather(_peaks())
+    if ranks.main:
+        seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
+        tokens = records[-1]["tokens"]
+        print(json.dumps({
+            "model": args.model, "backend": "ours:eager", "gpus": ranks.size, "device": DEVICE.type,
+            "layers": args.layers, "seconds_per_optimizer_step": round(seconds, 3),
+            "tokens_per_second": round(tokens / seconds),
+            "tokens_per_second_per_gpu": round(tokens / seconds / ranks.size),
+            "peak_gib_per_gpu": [p["peak_gib"] for p in peaks],
+            "peak_reserved_gib_per_gpu": [p["peak_reserved_gib"] for p in peaks],
+            "loss": round(records[-1]["loss"], 4), "kernel_path": records[-1]["kernel_path"],
+            "grad_norms_routed_per_rank": [r["grad_norm_routed_local"] for r in records[-1]["ranks"]],
+        }), flush=True)
+    distributed.leave(ranks)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b")
@@ -195,12 +242,19 @@ def main():
     parser.add_argument("--backends", default="ours,ours:eager,grouped_mm+peft",
                         help="ours (micro-steps in CUDA graphs, as the trainer runs them), ours:eager, grouped_mm+peft")
     parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile one micro-step of ours on LAYERS layers")
+    parser.add_argument("--gpus", type=int, default=1, help="ours on this many ranks of the box (started by torchrun)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="with --gpus: cpu runs the ranks on the CPU (gloo)")
     args = parser.parse_args()
+    if args.gpus > 1 and "WORLD_SIZE" not in os.environ:
+        return subprocess.call([*distributed.launcher(args.gpus), __file__, *sys.argv[1:]])
     config, layers = MODELS[args.model]
     args.config = {**config, **({"num_experts": args.experts} if args.experts else {})}
     args.layers = args.layers or layers
     if args.tokens == "small":
         args.steps, args.accum, args.batch, args.seq_len = 1, 1, 1, 64
+    if args.gpus > 1:
+        return measure_ranks(args)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, model {args.model}", flush=True)
     if args.profile:

@@ -28,11 +28,15 @@ from training.lora import routed_experts_modules
 
 def command(recipe_path, gpus, python=None):
     """The command line that starts a recipe's trainer on `gpus` ranks of this box, as a list of arguments."""
+    return [*launcher(gpus, python), "-m", "training.train", "--recipe", str(recipe_path)]
+
+
+def launcher(gpus, python=None):
+    """The start of a command line that runs a module or script on `gpus` ranks of this box (torchrun)."""
     python = python or sys.executable
     if gpus == 1:
-        return [python, "-m", "training.train", "--recipe", str(recipe_path)]
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-            "-m", "training.train", "--recipe", str(recipe_path)]
+        return [python]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
 
 
 def command_line(recipe_path, gpus):
