@@ -1,6 +1,10 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
+from django.templatetags.static import static
 from django.urls import path
+from django.utils.functional import lazy
+from django.views.generic import RedirectView
 
 from config.dashboard import dashboard
 from config.health import healthz
@@ -51,5 +55,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on pages that name no icon (the admin's, a JSON answer).
+    path("favicon.ico", login_not_required(RedirectView.as_view(url=lazy(static, str)("favicon.svg"), permanent=True)),
+         name="favicon"),
     path("api/agent/v1/", (_without_login(agent_api.urls[0]), *agent_api.urls[1:])),
 ]
