@@ -1,5 +1,7 @@
 """The dashboard's home page: the one page that reads both apps (runs builds on fleet, never the other way round)."""
 
+from collections import Counter
+
 from django.conf import settings
 from django.db.models import Count
 from django.shortcuts import render
@@ -7,6 +9,7 @@ from django.utils import timezone
 
 from fleet.instances import ledger
 from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh
+from runs.lifecycle import shown_state
 from runs.models import Run
 
 
@@ -21,7 +24,9 @@ def dashboard(request):
     now = timezone.now()
     states = dict(Instance.objects.values_list("state").annotate(n=Count("id")).order_by())
     account = ledger.account_cost(now)
-    run_states = dict(Run.objects.values_list("state").annotate(n=Count("id")).order_by())
+    run_states = Counter()
+    for state, restarts, n in Run.objects.values_list("state", "restarts").annotate(n=Count("id")).order_by():
+        run_states[shown_state(state, restarts)] += n
     return render(request, "dashboard.html", {
         "account": account,
         "spend": _spend_against_cap(account),

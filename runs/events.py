@@ -4,6 +4,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from fleet.alerts.notify import raise_alert
+from fleet.models import Alert
 from runs import lifecycle
 from runs.models import Run, RunEvent
 
@@ -25,4 +27,8 @@ def record(run: Run, kind: str, message: str, *, now=None) -> tuple[str, str]:
             if not Run.objects.filter(pk=run.pk, state=before).update(**changes):
                 after = before  # someone else moved it first
     run.refresh_from_db()
+    if lifecycle.is_restart(before, after):
+        raise_alert(Alert.Kind.RUN_RECOVERING,
+                    f"Run {run.name} (#{run.pk}) left its box: {message} It resumes on a new box from its newest "
+                    f"verified checkpoint (restart {run.restarts} of at most {run.max_restarts}).", now=now)
     return before, after

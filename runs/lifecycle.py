@@ -54,6 +54,14 @@ def replay(events) -> str:
     return state
 
 
+def shown_state(state: str, restarts: int) -> str:
+    """The state a person is shown: a run that lost a box is "recovering" from then until it trains again on the new
+    one, though the product already rented that box (provisioning) and it is installing."""
+    if restarts > 0 and state in (PROVISIONING, INSTALLING):
+        return RECOVERING
+    return state
+
+
 def is_restart(before: str, after: str) -> bool:
     """Leaving a box for a new one counts against the run's maximum restarts."""
     return before in ON_A_BOX and after == RECOVERING

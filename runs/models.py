@@ -55,6 +55,10 @@ class Run(models.Model):
     def is_active(self) -> bool:
         return self.state in self.ACTIVE_STATES
 
+    @property
+    def shown_state(self) -> str:
+        return lifecycle.shown_state(self.state, self.restarts)
+
 
 class Phase(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="phases")

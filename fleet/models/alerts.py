@@ -13,6 +13,7 @@ class Alert(models.Model):
         DESTROY_UNCONFIRMED = "instance.destroy_unconfirmed"
         PROBE_FAILING = "probe.failing"
         SPEND_CAP_HIT = "spend_cap.hit"
+        RUN_RECOVERING = "run.recovering"  # its box was lost or hung: it resumes on a new one
         RUN_FAILED = "run.failed"
         RUN_FINISHED = "run.finished"
         RUN_CANCELLED = "run.cancelled"  # an operator stopped it: not a failure
