@@ -461,7 +461,9 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     with open(workdir / "trainer.log", "ab") as trainer_log:
         # The trainer stays in the agent's process group: whatever takes the agent down (a dead host, a kill of
         # the group) takes the trainer with it, and a frozen host freezes both.
-        trainer = subprocess.Popen([python, "-m", "training.train", "--recipe", str(recipe_path)],
+        from training.distributed import command  # torch: only once the install is proven
+
+        trainer = subprocess.Popen(command(recipe_path, int(recipe.get("gpus") or 1), python),
                                    stdout=trainer_log, stderr=subprocess.STDOUT)
         return watch(api, trainer, uploader, metrics, heartbeat, store, workdir)
 
