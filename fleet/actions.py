@@ -29,6 +29,7 @@ from fleet.providers.registry import get_provider
 from fleet.providers.errors import OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
 from fleet.ranking import OfferFilters, Recipe, best_offer
+from fleet.ranking.price import per_hour, rental_price
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -61,7 +62,7 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
     if offer.is_bid:
         bid = max(offer.min_bid_usd_per_hour or Decimal(0), offer.gpu_usd_per_hour)
     disk_gb = disk_gb or settings.RENT_DISK_GB
-    price = ledger.rented_usd_per_hour(bid or offer.gpu_usd_per_hour, offer.storage_usd_per_gb_month, disk_gb)
+    price = rental_price(offer, disk_gb).usd_per_hour
     with transaction.atomic():
         instance, created = Instance.objects.get_or_create(idempotency_key=idempotency_key, defaults=dict(
             provider=offer.provider, offer_id=offer.offer_id, gpu_name=offer.gpu_name, num_gpus=offer.num_gpus,
@@ -75,7 +76,7 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
             who = requested_by.get_username() if requested_by else "the product"
             record_event(instance, "requested",
                          f"{who} asked for offer {offer.offer_id}: {offer.num_gpus}x {offer.gpu_name} at "
-                         f"${offer.total_usd_per_hour:.3f}/h, {'bid (interruptible)' if offer.is_bid else 'on-demand'}"
+                         f"{per_hour(price)}, {'bid (interruptible)' if offer.is_bid else 'on-demand'}"
                          f", {instance.disk_gb} GB disk, image {instance.image}", now)
     return instance, created
 

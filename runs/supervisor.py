@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from fleet import actions, locks
 from fleet.alerts.notify import raise_alert
-from fleet.offers.calibration import record_finished_run
+from fleet.offers.calibration import box_measurement_problem, record_finished_run
 from fleet.models import Alert, Instance
 from fleet.offers.ranked import run_settings
 from fleet.reaper.policy import hung
@@ -225,13 +225,20 @@ def _wind_up(run: Run, now: datetime) -> None:
 
 
 def _calibrate(run: Run, box: Instance) -> None:
+    """Feeds the calibration table the run's steady step time on its last box when that measures the ranking's
+    recipe on a GPU; otherwise the run's events say why it does not."""
     steady = list(run.metrics.filter(instance=box, step__gte=3).exclude(step_s=None)
                   .values_list("step_s", "kernel_path"))
     if not steady:
         return
-    step_s = statistics.median(s for s, _ in steady)
-    kernel_path = steady[-1][1] if steady[-1][1] in ("grouped_mm", "triton") else "triton"
+    kernel_path = steady[-1][1]
     recipe = run_ranking_recipe(run)
+    problem = box_measurement_problem(box, kernel_path=kernel_path, recipe=recipe, run_model=run.recipe.get("model"))
+    if problem:
+        run.events.create(at=timezone.now(), kind="calibration",
+                          message=f"Not recorded in the calibration table: {problem}.")
+        return
+    step_s = statistics.median(s for s, path in steady if path == kernel_path)
     record_finished_run(gpu_name=box.gpu_name, kernel_path=kernel_path, recipe=recipe, step_seconds=step_s,
                         num_gpus=box.num_gpus)
 

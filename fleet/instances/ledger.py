@@ -36,13 +36,18 @@ class AccountCost:
     at: datetime
 
 
-HOURS_PER_MONTH = Decimal(720)  # marketplaces price storage per GB per 30-day month
+def committed_usd_per_hour() -> Decimal:
+    """What the boxes the reaper's spend cap counts bill per hour, with those asked for and not yet billing (they
+    will be counted the moment they are)."""
+    live = (Instance.State.REQUESTED, Instance.State.PROVISIONING, Instance.State.RUNNING)
+    prices = Instance.objects.filter(state__in=live, reaped_at__isnull=True).values_list("usd_per_hour", flat=True)
+    return sum(prices, Decimal(0))
 
 
-def rented_usd_per_hour(gpu_usd_per_hour: Decimal, storage_usd_per_gb_month: Decimal, disk_gb: int) -> Decimal:
-    """The hourly price of a rental: the machine (or the bid) plus the disk actually rented (a listing's all-in price
-    counts only a token disk)."""
-    return gpu_usd_per_hour + storage_usd_per_gb_month * Decimal(disk_gb) / HOURS_PER_MONTH
+def over_spend_cap(committed_usd_per_hour: Decimal, usd_per_hour: Decimal, cap_usd_per_hour: Decimal) -> bool:
+    """Whether one more box at this price puts the account over the cap (0: no cap), so the reaper destroys the
+    newest boxes, this one first, at its next pass."""
+    return cap_usd_per_hour > 0 and committed_usd_per_hour + usd_per_hour > cap_usd_per_hour
 
 
 def reprice_from_start(instance: Instance, usd_per_hour: Decimal) -> None:

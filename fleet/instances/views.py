@@ -1,6 +1,8 @@
 """Instances pages: the list with live cost, one instance, and the rent / destroy / keep confirmations."""
 
 import uuid
+from dataclasses import dataclass
+from decimal import Decimal
 
 from django import forms
 from django.conf import settings
@@ -12,6 +14,7 @@ from fleet import actions, enqueue
 from fleet.access import require_permission
 from fleet.instances import ledger
 from fleet.models import Instance, Offer
+from fleet.ranking.price import RentalPrice, per_hour, rental_price
 
 RECENT_ENDED = 20
 
@@ -49,8 +52,33 @@ def instance_detail(request, pk):
 
 class RentForm(forms.Form):
     idempotency_key = forms.CharField(max_length=64, widget=forms.HiddenInput)
-    image = forms.CharField(max_length=300)
-    disk_gb = forms.IntegerField(min_value=10, max_value=20000)
+    image = forms.CharField(max_length=300, label="Image")
+    disk_gb = forms.IntegerField(min_value=10, max_value=20000, label="Disk (GB)",
+                                 error_messages={"min_value": "At least 10 GB.", "max_value": "At most 20,000 GB.",
+                                                 "invalid": "Enter a whole number of GB."})
+    # The disk the price on the page was worked out for: a rent at another disk size is shown its price first.
+    quoted_disk_gb = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    over_cap = forms.BooleanField(required=False, label="Rent it anyway, over the spend cap")
+
+
+@dataclass(frozen=True)
+class RentQuote:
+    """What renting the offer with this disk costs, and what it does to the account's spend cap."""
+
+    price: RentalPrice
+    committed_usd_per_hour: Decimal  # what the boxes the cap counts bill now
+    cap_usd_per_hour: Decimal  # 0: no cap
+    over_cap: bool
+
+    @property
+    def after_usd_per_hour(self) -> Decimal:
+        return self.committed_usd_per_hour + self.price.usd_per_hour
+
+
+def _quote(offer: Offer, disk_gb: int) -> RentQuote:
+    price = rental_price(offer, disk_gb)
+    committed, cap = ledger.committed_usd_per_hour(), settings.SPEND_CAP_USD_PER_HOUR
+    return RentQuote(price, committed, cap, ledger.over_spend_cap(committed, price.usd_per_hour, cap))
 
 
 def _offer_from(request) -> Offer:
@@ -59,12 +87,27 @@ def _offer_from(request) -> Offer:
                              is_bid=source.get("bid") == "1", available=True)
 
 
+def _confirmed(form: RentForm, quote: RentQuote) -> bool:
+    """Whether the person saw the price of what they rent, and confirmed a second time when it goes over the cap;
+    the form says what is still to confirm where it is not."""
+    if form.cleaned_data["quoted_disk_gb"] != form.cleaned_data["disk_gb"]:
+        form.add_error("disk_gb", f"With {form.cleaned_data['disk_gb']} GB the price is "
+                                  f"{per_hour(quote.price.usd_per_hour)}: rent again to confirm it.")
+        return False
+    if quote.over_cap and not form.cleaned_data["over_cap"]:
+        form.add_error("over_cap", "This box puts the account over its spend cap: tick this to rent it anyway.")
+        return False
+    return True
+
+
 def rent_confirm(request):
     require_permission(request.user, "fleet.rent_instance")
     offer = _offer_from(request)
     if request.method == "POST":
         form = RentForm(request.POST)
-        if form.is_valid():
+        # The page shows again, if it must, with the price of the disk asked for (the quote it is confirmed with).
+        quote = _quote(offer, form.cleaned_data["disk_gb"] if form.is_valid() else settings.RENT_DISK_GB)
+        if form.is_valid() and _confirmed(form, quote):
             instance, created = actions.request_rent(
                 offer=offer, idempotency_key=form.cleaned_data["idempotency_key"], requested_by=request.user,
                 image=form.cleaned_data["image"], disk_gb=form.cleaned_data["disk_gb"])
@@ -84,9 +127,11 @@ def rent_confirm(request):
                 messages.success(request, f"Renting offer {offer.offer_id}: {instance.label} is requested.")
             return redirect("instance_detail", pk=instance.pk)
     else:
+        quote = _quote(offer, settings.RENT_DISK_GB)
         form = RentForm(initial={"idempotency_key": uuid.uuid4().hex, "image": settings.WORKER_IMAGE,
                                  "disk_gb": settings.RENT_DISK_GB})
-    return render(request, "fleet/rent_confirm.html", {"offer": offer, "form": form})
+    return render(request, "fleet/rent_confirm.html", {"offer": offer, "form": form, "quote": quote,
+                                                       "reaper_seconds": settings.REAPER_SECONDS})
 
 
 def destroy_confirm(request, pk):

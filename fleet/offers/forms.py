@@ -1,8 +1,10 @@
 """The Offers page's recipe and filter form: plain fields in, a Recipe and OfferFilters out."""
 
+import re
 from decimal import Decimal
 
 from django import forms
+from django.conf import settings
 
 from fleet.ranking import GPU_TIERS, PRESETS, OfferFilters, Phase, Recipe
 from fleet.ranking.recipe import KERNEL_PATHS
@@ -19,55 +21,75 @@ def format_phases(phases) -> str:
     return " ".join(f"{p.name}:{p.steps}" for p in phases)
 
 
+MAX_PHASES = 20
+MAX_PHASE_STEPS = 10_000_000  # what a run's metric records allow a phase
+MAX_TOKENS_PER_STEP = 1 << 26  # 67M tokens a step: far past any fine-tune, and the run cost stays a number
+
+
 def parse_phases(text: str) -> tuple[Phase, ...]:
     phases = []
     for item in text.replace(",", " ").split():
         name, _, steps = item.partition(":")
         if not name or not steps.isdigit() or int(steps) < 1:
             raise forms.ValidationError(f"{item!r} is not phase:steps (for example sft:1500).")
+        if int(steps) > MAX_PHASE_STEPS:
+            raise forms.ValidationError(f"{item!r}: a phase has at most {MAX_PHASE_STEPS:,} steps.")
         phases.append(Phase(name.lower(), int(steps)))
     if not phases:
         raise forms.ValidationError("A run needs at least one phase.")
+    if len(phases) > MAX_PHASES:
+        raise forms.ValidationError(f"A run has at most {MAX_PHASES} phases, not {len(phases)}.")
     return tuple(phases)
+
+
+def _ranged(field_class, low, high, **kwargs):
+    """A number field that says its range in the browser (min, max) and in its message, in the user's words."""
+    messages = {"min_value": f"At least {low:,}.", "max_value": f"At most {high:,}.",
+                "invalid": "Enter a number." if field_class is not forms.IntegerField else "Enter a whole number."}
+    return field_class(min_value=low, max_value=high, error_messages=messages, **kwargs)
 
 
 class RankingForm(forms.Form):
     # The recipe
     preset = forms.ChoiceField(choices=[(k, k) for k in PRESETS], required=False)
-    total_params_b = forms.FloatField(min_value=0.1, label="Total params (B)")
-    active_params_b = forms.FloatField(min_value=0.1, label="Active params (B)")
-    lora_rank = forms.IntegerField(min_value=1, label="LoRA rank")
-    batch_size = forms.IntegerField(min_value=1)
-    grad_accum = forms.IntegerField(min_value=1, label="Grad accumulation")
-    seq_len = forms.IntegerField(min_value=128, label="Sequence length")
-    phases = forms.CharField(help_text="phase:steps, e.g. cpt:1500 sft:1500 dpo:800")
-    checkpoint_interval_min = forms.FloatField(min_value=1, label="Checkpoint every (min)")
-    kernel_path = forms.ChoiceField(choices=[(k, k) for k in KERNEL_PATHS])
+    total_params_b = _ranged(forms.FloatField, 0.1, 10_000, label="Total params (B)")
+    active_params_b = _ranged(forms.FloatField, 0.1, 10_000, label="Active params (B)")
+    lora_rank = _ranged(forms.IntegerField, 1, 4096, label="LoRA rank")
+    batch_size = _ranged(forms.IntegerField, 1, 65_536, label="Batch size")
+    grad_accum = _ranged(forms.IntegerField, 1, 65_536, label="Grad accumulation")
+    seq_len = _ranged(forms.IntegerField, 128, 1_048_576, label="Sequence length")
+    phases = forms.CharField(max_length=2000, help_text="phase:steps, e.g. cpt:1500 sft:1500 dpo:800")
+    checkpoint_interval_min = _ranged(forms.FloatField, 1, 10_080, label="Checkpoint every (min)")
+    kernel_path = forms.ChoiceField(choices=[(k, k) for k in KERNEL_PATHS], label="Kernel path")
     # The filters
     gpu_tiers = forms.MultipleChoiceField(choices=[(k, v[0]) for k, v in GPU_TIERS.items()], required=False,
-                                         widget=forms.CheckboxSelectMultiple, help_text="none checked: any GPU")
-    max_usd_per_hour = forms.DecimalField(min_value=Decimal("0.01"), required=False, label="Price cap $/h",
-                                          help_text="blank: no cap")
-    min_driver_version = forms.CharField(required=False, label="Min driver")
-    min_cuda = forms.FloatField(min_value=0, label="Min CUDA")
-    min_disk_gb = forms.FloatField(min_value=0, label="Min disk GB")
-    min_inet_down_mbps = forms.FloatField(min_value=0, label="Min down Mb/s")
-    min_inet_up_mbps = forms.FloatField(min_value=0, label="Min up Mb/s")
-    locations = forms.CharField(required=False, help_text="EU, NA, APAC or country codes; blank: anywhere")
-    min_reliability = forms.FloatField(min_value=0, max_value=1)
+                                         widget=forms.CheckboxSelectMultiple, help_text="none checked: any GPU",
+                                         label="GPU tiers")
+    max_usd_per_hour = _ranged(forms.DecimalField, Decimal("0.01"), Decimal(1000), required=False,
+                               max_digits=10, decimal_places=4, label="Price cap $/h", help_text="blank: no cap")
+    min_driver_version = forms.CharField(required=False, max_length=40, label="Min driver")
+    min_cuda = _ranged(forms.FloatField, 0, 99, label="Min CUDA")
+    min_disk_gb = _ranged(forms.FloatField, 0, 1_000_000, label="Min disk GB")
+    min_inet_down_mbps = _ranged(forms.FloatField, 0, 1_000_000, label="Min down Mb/s")
+    min_inet_up_mbps = _ranged(forms.FloatField, 0, 1_000_000, label="Min up Mb/s")
+    locations = forms.CharField(required=False, max_length=500, label="Locations",
+                                help_text="EU, NA, APAC or country codes; blank: anywhere")
+    min_reliability = _ranged(forms.FloatField, 0, 1, label="Min reliability")
     require_verified = forms.BooleanField(required=False, label="Verified hosts only")
     allow_bids = forms.BooleanField(required=False, label="Allow bid (interruptible)")
-    min_gpus = forms.IntegerField(min_value=1, label="Min GPUs")
-    max_gpus = forms.IntegerField(min_value=1, required=False, label="Max GPUs")
+    min_gpus = _ranged(forms.IntegerField, 1, 1024, label="Min GPUs")
+    max_gpus = _ranged(forms.IntegerField, 1, 1024, required=False, label="Max GPUs")
     # The view
-    sort = forms.ChoiceField(choices=list(SORTS.items()), required=False)
-    find = forms.CharField(required=False, label="Find offer")
+    sort = forms.ChoiceField(choices=list(SORTS.items()), required=False, label="Sort by")
+    find = forms.CharField(required=False, max_length=200, label="Find offer")
 
     RECIPE_FIELDS = ["total_params_b", "active_params_b", "lora_rank", "batch_size", "grad_accum", "seq_len",
                      "kernel_path"]
     FILTER_FIELDS = ["gpu_tiers", "max_usd_per_hour", "min_driver_version", "min_cuda", "min_disk_gb",
                      "min_inet_down_mbps", "min_inet_up_mbps", "min_reliability", "require_verified", "allow_bids",
                      "min_gpus", "max_gpus"]
+    # The recipe's and the filters' own names for what a field sets, where they differ from the field's name.
+    _SETS = {"checkpoint_interval_s": "checkpoint_interval_min"}
 
     @classmethod
     def data_for(cls, recipe: Recipe, filters: OfferFilters, preset: str = "") -> dict:
@@ -89,17 +111,48 @@ class RankingForm(forms.Form):
         cleaned = super().clean()
         if self.errors:
             return cleaned
+        self._check_together(cleaned)
+        if self.errors:
+            return cleaned
         base = PRESETS.get(cleaned.get("preset") or "", Recipe())
         try:
             self.recipe = Recipe.from_dict({
                 **base.to_dict(), **{name: cleaned[name] for name in self.RECIPE_FIELDS},
                 "phases": [[p.name, p.steps] for p in cleaned["phases"]],
                 "checkpoint_interval_s": cleaned["checkpoint_interval_min"] * 60,
+                "rent_disk_gb": float(settings.RENT_DISK_GB),  # the run is priced with the disk a rent takes
             })
             self.filters = OfferFilters.from_dict({
                 **{name: cleaned[name] for name in self.FILTER_FIELDS},
                 "locations": [part.strip().upper() for part in cleaned["locations"].split(",") if part.strip()],
             })
         except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
+            self._add_problem(str(exc))
         return cleaned
+
+    def _check_together(self, cleaned) -> None:
+        """What the fields' own ranges cannot say: the values that only make sense together."""
+        if cleaned["active_params_b"] > cleaned["total_params_b"]:
+            self.add_error("active_params_b", f"At most the total params ({cleaned['total_params_b']:g} B).")
+        tokens = cleaned["batch_size"] * cleaned["grad_accum"] * cleaned["seq_len"]
+        if tokens > MAX_TOKENS_PER_STEP:
+            self.add_error("batch_size", f"Batch size x grad accumulation x sequence length is {tokens:,} tokens a "
+                                         f"step; at most {MAX_TOKENS_PER_STEP:,}.")
+        if cleaned.get("max_gpus") is not None and cleaned["max_gpus"] < cleaned["min_gpus"]:
+            self.add_error("max_gpus", f"At least the min GPUs ({cleaned['min_gpus']}).")
+
+    def _add_problem(self, message: str) -> None:
+        """A recipe's or filter's refusal, next to the field it is about and in that field's words."""
+        for problem in message.split("; "):
+            name = re.match(r"[a-z_]+", problem)
+            field = name and self._SETS.get(name.group(), name.group())
+            if field in self.fields:
+                text = problem[len(name.group()):].strip(" :")
+                self.add_error(field, text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."))
+            else:
+                self.add_error(None, problem)
+
+    def error_list(self) -> list[tuple[str, str, str]]:
+        """Every error as (field name, the field's label, message); the form's own errors name no field."""
+        return [(name, self.fields[name].label or name if name in self.fields else "", message)
+                for name, messages in self.errors.items() for message in messages]

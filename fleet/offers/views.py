@@ -9,19 +9,22 @@ from django.views.decorators.http import require_POST
 
 from fleet.access import can, require_permission
 from fleet.models import Offer, OfferProfile, OfferRefresh
-from fleet.offers import profiles
+from fleet.offers import calibration, exclusions, profiles
 from fleet.offers.forms import RankingForm
 from fleet.offers.ranked import profile_settings, rank_stored_offers
+from fleet.ranking.price import rental_price
 
 RANKED_SHOWN = 100
-EXCLUDED_SHOWN = 200
+EXCLUDED_SHOWN_PER_REASON = 50
 
-_SORT_KEYS = {
-    "score": lambda e: e.rank,
-    "total": lambda e: e.total_usd,
-    "wall": lambda e: e.wall_hours,
-    "price": lambda e: e.usd_per_hour,
-}
+
+def _sort_key(sort: str, disk_gb: int):
+    return {
+        "score": lambda e: e.rank,
+        "total": lambda e: e.total_usd,
+        "wall": lambda e: e.wall_hours,
+        "price": lambda e: rental_price(e.offer, disk_gb).usd_per_hour,
+    }[sort or "score"]
 
 
 def _form_for(request) -> tuple[RankingForm, OfferProfile | None]:
@@ -42,21 +45,25 @@ def _matches(offer, needle: str) -> bool:
 
 def offers(request):
     form, profile = _form_for(request)
+    is_htmx = bool(request.headers.get("HX-Request"))
     context = {"form": form, "profile": profile, "profiles": OfferProfile.objects.order_by("name"),
-               "offer_count": Offer.objects.filter(available=True).count(),
+               "offer_count": Offer.objects.filter(available=True).count(), "oob_errors": is_htmx,
+               "simulated": calibration.simulated_provider("vast"),
                "last_refresh": OfferRefresh.objects.filter(finished_at__isnull=False).order_by("-started_at").first()}
     if form.is_valid():
+        disk_gb = int(form.recipe.rent_disk_gb)
         ranking = rank_stored_offers(form.recipe, form.filters)
-        entries = sorted(ranking.entries, key=_SORT_KEYS[form.cleaned_data["sort"] or "score"])
+        entries = sorted(ranking.entries, key=_sort_key(form.cleaned_data["sort"], disk_gb))
         excluded = ranking.excluded
         needle = form.cleaned_data["find"].strip()
         if needle:
             entries = [e for e in entries if _matches(e.offer, needle)]
             excluded = [x for x in excluded if _matches(x.offer, needle)]
-        context.update(ranking=ranking, entries=entries[:RANKED_SHOWN], ranked_count=len(entries),
-                       excluded=excluded[:EXCLUDED_SHOWN], excluded_count=len(excluded),
-                       ranked_shown=RANKED_SHOWN, excluded_shown=EXCLUDED_SHOWN)
-    template = "fleet/_ranking.html" if request.headers.get("HX-Request") else "fleet/offers.html"
+        context.update(ranking=ranking, ranked_count=len(entries), ranked_shown=RANKED_SHOWN, disk_gb=disk_gb,
+                       rows=[(e, rental_price(e.offer, disk_gb)) for e in entries[:RANKED_SHOWN]],
+                       excluded_groups=exclusions.grouped(excluded, EXCLUDED_SHOWN_PER_REASON, disk_gb),
+                       excluded_count=len(excluded))
+    template = "fleet/_ranking.html" if is_htmx else "fleet/offers.html"
     return render(request, template, context)
 
 
@@ -69,8 +76,8 @@ def save_profile(request):
     form = RankingForm(request.POST)
     name = slugify(request.POST.get("profile_name", ""))
     if not name or not form.is_valid():
-        messages.error(request, "Profile not saved: " + ("give it a name." if not name else
-                                                         form.errors.as_text().replace("\n", " ")))
+        problems = "; ".join(f"{label}: {message}" if label else message for _, label, message in form.error_list())
+        messages.error(request, "Profile not saved: " + ("give it a name." if not name else problems))
         return _redirect(request, reverse("offers"))
     try:
         replaced = profiles.save(name, form.recipe, form.filters, by=request.user, may_add=may_add,

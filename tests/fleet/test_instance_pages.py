@@ -10,6 +10,7 @@ from django.urls import reverse
 from fleet import actions
 from fleet.models import Instance, Offer
 from fleet.offers.refresh import refresh_offers
+from fleet.ranking.price import per_hour, rental_price
 
 pytestmark = pytest.mark.django_db
 
@@ -29,14 +30,15 @@ def _confirm(client, offer):
     page = client.get(_rent_url(offer)).content.decode()
     key = re.search(r'name="idempotency_key" value="([0-9a-f]+)"', page).group(1)
     return page, {"provider": "vast", "offer": offer.offer_id, "bid": "0", "idempotency_key": key,
-                  "image": "ghcr.io/example/worker:cuda12.4", "disk_gb": "100"}
+                  "image": "ghcr.io/example/worker:cuda12.4", "disk_gb": "100",
+                  "quoted_disk_gb": "100"}  # as if the page had been shown again with 100 GB's price
 
 
 def test_it_shows_what_will_be_rented_before_renting(client, staff, offer):
     client.force_login(staff)
     page, _ = _confirm(client, offer)
     assert f"Rent offer {offer.offer_id}?" in page
-    assert f"${offer.total_usd_per_hour:.3f}/h" in page and "on-demand" in page
+    assert per_hour(rental_price(offer, 250).usd_per_hour) in page and "on-demand" in page
     assert 'name="image"' in page and 'value="250"' in page  # the default disk
     assert not Instance.objects.exists()  # looking rents nothing
 

@@ -1,0 +1,14 @@
+// The Offers page: a ranking request that fails (the server answers an error, or cannot be reached) leaves the
+// table as it was, so say so in its place instead of showing a stale table as if it were current.
+document.addEventListener("htmx:afterRequest", (event) => {
+  const ranking = document.getElementById("ranking");
+  if (!ranking || event.detail.target !== ranking || event.detail.successful) return;
+  const status = event.detail.xhr && event.detail.xhr.status;
+  const why = status ? `the server answered ${status}` : "the dashboard could not be reached";
+  const note = document.createElement("div");
+  note.className = "error";
+  note.setAttribute("role", "alert");
+  note.id = "ranking-not-updated";
+  note.textContent = `The ranking is not updated: ${why}. Change a field to try again, or reload the page.`;
+  ranking.replaceChildren(note);
+});
