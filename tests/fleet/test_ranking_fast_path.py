@@ -1,0 +1,168 @@
+"""rank_offers' column-at-a-time path (filters a stage at a time, tests a clean catalogue cannot fail left out, totals
+in one call) against the same ranking worked out offer by offer, on catalogues with junk in every field."""
+
+import gc
+import math
+import random
+from decimal import Decimal
+
+import pytest
+
+from fleet.providers.records import OfferRecord
+from fleet.ranking import SEED_CALIBRATION, CostModel, OfferFilters, Recipe, ThroughputModel, compile_filters, rank_offers
+from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
+from fleet.ranking.throughput import anchor_ratio, model_tflops_of
+
+GPUS = [  # name, GB per GPU, compute capability, listed TFLOPS per GPU
+    ("RTX 4090", 24, 89, 165), ("H100 NVL", 94, 90, 835), ("RTX PRO 6000 WS", 96, 120, 500), ("H200", 141, 90, 990),
+    ("H200 NVL", 141, 90, 835), ("B200", 180, 100, 2250), ("Mystery", 96, 120, 400),
+]
+# What a listing, or a row stored before such values were refused, may hold where a number belongs.
+JUNK = {
+    "gpu_ram_gb": (None, 0.0, math.nan, math.inf, "96"),
+    "num_gpus": (0, None),
+    "cuda_max": (None, math.nan, 0.0),
+    "disk_gb": (None, math.nan, -math.inf),
+    "inet_down_mbps": (None, math.nan, 0.0),
+    "inet_up_mbps": (None, math.inf, 0.0),
+    "reliability": (None, math.nan, 0.0, 1.0),
+    "driver_version": ("", "bogus", None),
+    "geolocation": ("", None),
+    "gpu_usd_per_hour": (None, Decimal("NaN"), Decimal(0)),
+    "total_usd_per_hour": (Decimal("Infinity"), 1.5),
+    "storage_usd_per_gb_month": (Decimal("NaN"), None),
+    "inet_down_usd_per_gb": (Decimal("-Infinity"),),
+    "inet_up_usd_per_gb": ("0.01",),
+}
+
+
+def catalogue(count: int, seed: int, junk_share: float) -> list[OfferRecord]:
+    rng = random.Random(seed)
+    offers = []
+    for i in range(count):
+        name, ram, cc, tflops = rng.choice(GPUS)
+        n = rng.choice((1, 1, 1, 2, 4, 8))
+        gpu_usd = Decimal(f"{rng.uniform(0.3, 3.0) * n:.4f}")
+        storage = Decimal(rng.choice(("0.05", "0.10", "0.2500")))
+        values = dict(
+            provider=rng.choice(("vast", "runpod")), offer_id=str(1000 + i), machine_id=f"m{i}", host_id=f"h{i}",
+            gpu_name=name, num_gpus=n, gpu_ram_gb=float(ram), compute_capability=cc,
+            cuda_max=rng.choice((12.2, 12.8, 13.0)), driver_version=rng.choice(("570.124.06", "535.129.03")),
+            disk_gb=float(rng.choice((100, 250, 500))), inet_up_mbps=round(rng.lognormvariate(6.0, 0.9), 1),
+            inet_down_mbps=round(rng.lognormvariate(6.6, 0.8), 1),
+            inet_up_usd_per_gb=Decimal(rng.choice(("0", "0.005", "0.02"))),
+            inet_down_usd_per_gb=Decimal(rng.choice(("0", "0.0050", "0.01"))),
+            storage_usd_per_gb_month=storage, gpu_usd_per_hour=gpu_usd,
+            total_usd_per_hour=gpu_usd + storage * 250 / 720, min_bid_usd_per_hour=None,
+            reliability=round(min(1.0, rng.betavariate(40, 1.2)), 4), verified=rng.random() < 0.7,
+            rentable=rng.random() < 0.95, is_bid=rng.random() < 0.3,
+            geolocation=rng.choice(("Sweden, SE", "Texas, US", "Japan, JP")),
+            dlperf=round(tflops * n * 0.2, 1) if rng.random() < 0.8 else None,
+            total_flops=round(tflops * n * rng.uniform(0.9, 1.05), 1) if rng.random() < 0.7 else None,
+        )
+        if rng.random() < junk_share:
+            field = rng.choice(sorted(JUNK))
+            values[field] = rng.choice(JUNK[field])
+        offers.append(OfferRecord(**values))
+        if rng.random() < 0.03:  # an exact twin under another id: equal score and total, ordered by id
+            offers.append(OfferRecord(**{**values, "offer_id": str(90000 + i)}))
+    return offers
+
+
+def straightforward_ranking(offers, recipe, filters):
+    """The ranking offer by offer, out of the per-offer calls, with one sort on the full key."""
+    compiled = compile_filters(filters, recipe)
+    speeds, costs = ThroughputModel(SEED_CALIBRATION, recipe), CostModel(recipe)
+    excluded, passed = [], []
+    for i, o in enumerate(offers):
+        if compiled.check(o):
+            excluded.append((o, compiled.check(o)))
+        else:
+            passed.append((i, o, speeds.calibrated(o)))
+    listed, dlperf = {}, {}
+    for _, o, t in passed:
+        if t is not None:
+            per_gpu = model_tflops_of(t.tokens_per_s / o.num_gpus, recipe)
+            if o.total_flops:
+                listed.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
+            if o.dlperf:
+                dlperf.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
+    any_listed = anchor_ratio([pair for pairs in listed.values() for pair in pairs])
+    any_dlperf = anchor_ratio([pair for pairs in dlperf.values() for pair in pairs])
+    scored = [(i, o, t) for i, o, t in passed if t is not None]
+    for i, o, t in passed:
+        if t is None:
+            cc = o.compute_capability
+            t = speeds.estimate(o, anchor_ratio(listed[cc]) if cc in listed else any_listed,
+                                anchor_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
+            if t is None or not t.tokens_per_s > 0:
+                excluded.append((o, compiled.reasons(o, NO_THROUGHPUT)))
+            else:
+                scored.append((i, o, t))
+    rows = []
+    for i, o, t in scored:
+        p = costs.estimate(o, recipe.tokens_per_step / t.tokens_per_s, o.is_bid)
+        if not p.total_usd < math.inf:
+            excluded.append((o, compiled.reasons(o, UNBOUNDED_COST)))
+            continue
+        score = recipe.total_steps / p.total_usd if p.total_usd > 0 else 0.0
+        rows.append(((-score, p.total_usd, o.provider, o.offer_id, o.is_bid, i), o, score, t, p))
+    rows.sort(key=lambda row: row[0])
+    return [(o, score, t, p, costs.breakdown(o, p)) for _, o, score, t, p in rows], excluded
+
+
+ALL_OFF = dict(gpu_tiers="any", max_usd_per_hour=None, min_driver_version="", min_cuda=0, min_disk_gb=0,
+               min_inet_down_mbps=0, min_inet_up_mbps=0, min_reliability=0, allow_bids=True, max_gpus=None)
+SETTINGS = [
+    pytest.param(Recipe(), OfferFilters(), id="defaults"),
+    pytest.param(Recipe(vram_needed_gb=1), OfferFilters(**ALL_OFF), id="every-filter-off"),
+    pytest.param(Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0,
+                                        locations=["EU", "US"], require_verified=True), id="locations-verified"),
+    pytest.param(Recipe(kernel_path="triton"), OfferFilters(gpu_tiers="any", vram_min_gb=90, max_gpus=4, min_gpus=2,
+                                                            allow_bids=True, max_usd_per_hour=None),
+                 id="vram-range-gpu-count"),
+]
+
+
+@pytest.mark.parametrize("junk_share", [0.0, 0.3], ids=["clean", "junk"])
+@pytest.mark.parametrize("recipe, filters", SETTINGS)
+def test_it_finds_the_first_failed_filter_of_each_offer_as_the_per_offer_check_does(recipe, filters, junk_share):
+    offers = catalogue(600, seed=11, junk_share=junk_share)
+    compiled = compile_filters(filters, recipe)
+    assert compiled.first_failed_in(offers) == [compiled.first_failed(o) for o in offers]
+
+
+@pytest.mark.parametrize("junk_share", [0.0, 0.3], ids=["clean", "junk"])
+@pytest.mark.parametrize("recipe, filters", SETTINGS)
+def test_it_ranks_a_varied_catalogue_exactly_as_the_ranking_worked_out_offer_by_offer(recipe, filters, junk_share):
+    offers = catalogue(1500, seed=5, junk_share=junk_share)
+    ranking = rank_offers(offers, recipe, filters)
+    expected, expected_excluded = straightforward_ranking(offers, recipe, filters)
+    assert len(expected) >= 5 and len(expected_excluded) >= 30  # both sides of the comparison hold something
+    assert [(e.offer, e.rank) for e in ranking.entries] == [(row[0], rank) for rank, row in enumerate(expected, 1)]
+    for entry, (o, score, t, p, cost) in zip(ranking.entries, expected):
+        assert entry.steps_per_usd == score  # the very same floats, not close ones
+        assert (entry.throughput, entry.projection, entry.cost) == (t, p, cost)
+    assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded
+
+
+def test_the_junk_catalogue_reaches_the_paths_it_is_there_to_check():
+    offers = catalogue(600, seed=5, junk_share=0.3)
+    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_OFF))
+    reasons = {reason for x in ranking.excluded for reason in x.reasons}
+    assert {"VRAM unknown", "disk unknown", "GPU count unknown", "reliability unknown"} <= reasons
+    assert any(r.endswith("price unknown") for r in reasons) and any(r.startswith("no throughput") for r in reasons)
+    assert any(r.startswith("downlink 0 Mb/s") for r in reasons)
+    scores = [e.steps_per_usd for e in ranking.entries]
+    assert len(set(scores)) < len(scores)  # twins tie, so the tie order is exercised
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_it_leaves_cyclic_garbage_collection_as_it_found_it(enabled):
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        rank_offers(catalogue(50, seed=3, junk_share=0.3), Recipe(), OfferFilters())
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
