@@ -1,13 +1,14 @@
-"""One probe round over 500 serving boxes: how long it takes against the goal of one probe timeout + 1 s.
+"""One probe round over 500 serving boxes: how long it takes against the goal of one probe timeout + 0.5 s.
 
 Starts 500 HTTP endpoints on loopback in a separate process (one asyncio server per port: most healthy, some slower
 than the probe timeout, some answering 500, some dead: a closed port), writes 500 serving Instance rows pointing at
-them into a throwaway PostgreSQL database (created and dropped here), runs one round of
+them into a throwaway PostgreSQL database of this process's own (bench/support.py), runs one round of
 fleet.inference.probes.probe_serving_instances, and prints a human line, then a last line of JSON.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet SECRET_KEY=x DATA_DIR=/tmp/fleetdata python bench/probes.py
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/probes.py [--all-slow --concurrency 500]
 
-Options: --endpoints N, --timeout S (default: settings.PROBE_TIMEOUT_S), --concurrency N (settings.PROBE_CONCURRENCY).
+Options: --endpoints N, --timeout S (default: settings.PROBE_TIMEOUT_S), --concurrency N (settings.PROBE_CONCURRENCY),
+--all-slow (every endpoint answers only after the timeout: the goal then needs a concurrency of at least N).
 """
 
 import argparse
@@ -27,8 +28,10 @@ BODY = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "
 SHARES = {"healthy": 0.70, "slow": 0.10, "error": 0.10, "dead": 0.10}
 
 
-def kinds_for(n: int) -> list[str]:
+def kinds_for(n: int, all_slow: bool = False) -> list[str]:
     """Interleaved, so the slow ones are spread through the round rather than bunched at its end."""
+    if all_slow:
+        return ["slow"] * n
     counts = {kind: int(n * share) for kind, share in SHARES.items()}
     counts["healthy"] += n - sum(counts.values())
     kinds, pool = [], dict(counts)
@@ -85,13 +88,37 @@ def serve(kinds: list[str], slow_s: float, ready) -> None:
     asyncio.run(main())
 
 
-def django_setup():
-    sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ["PROBE_ALLOW_PRIVATE_ADDRESSES"] = "1"  # the endpoints are on loopback
-    import django
+def _measure(kinds: list[str], receive):
+    """One round against the endpoints, in the throwaway database: (report, seconds, queries, misjudged boxes)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
 
-    django.setup()
+    if not receive.poll(60):
+        sys.exit("the endpoints did not start")
+    ports = receive.recv()
+    from fleet.inference import probes
+    from fleet.models import InferenceModel, Instance, ProbeResult
+
+    model = InferenceModel.objects.create(name=MODEL, image="vllm/vllm-openai:bench", port=8000)
+    now = timezone.now()
+    Instance.objects.bulk_create([
+        Instance(provider="vast", provider_instance_id=str(9_000_000 + i), idempotency_key=f"bench-probe-{i}",
+                 label=f"bench-{kind}-{i}", state=Instance.State.RUNNING, purpose="serving", offer_id=str(i),
+                 gpu_name="H100 SXM", image=model.image, disk_gb=250, requested_at=now, running_at=now,
+                 serving_model=model, public_ip="127.0.0.1", ports={"8000/tcp": port}, last_process_at=now)
+        for i, (kind, port) in enumerate(zip(kinds, ports))])
+
+    with CaptureQueriesContext(connection) as queries:
+        started = time.perf_counter()
+        report = probes.probe_serving_instances()
+        round_s = time.perf_counter() - started
+    ok_by_kind = {kind: 0 for kind in SHARES}
+    for label in ProbeResult.objects.filter(ok=True).values_list("instance__label", flat=True):
+        ok_by_kind[label.split("-")[1]] += 1
+    wrong = ok_by_kind["slow"] + ok_by_kind["error"] + ok_by_kind["dead"] + (
+        kinds.count("healthy") - ok_by_kind["healthy"])
+    return report, round_s, queries, wrong
 
 
 def main() -> None:
@@ -99,64 +126,34 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--all-slow", action="store_true")
     args = parser.parse_args()
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        sys.exit("bench/probes.py needs DATABASE_URL pointing at PostgreSQL")
     _raise_fd_limit(args.endpoints * 4 + 100)
-    django_setup()
+    sys.path.insert(0, str(ROOT))
+    from bench import support
+
+    support.setup_django("probes", PROBE_ALLOW_PRIVATE_ADDRESSES="1")  # the endpoints are on loopback
 
     from django.conf import settings
-    from django.db import connection
-    from django.test.utils import (
-        CaptureQueriesContext,
-        setup_databases,
-        teardown_databases,
-    )
-    from django.utils import timezone
 
     if args.timeout:
         settings.PROBE_TIMEOUT_S = args.timeout
     if args.concurrency:
         settings.PROBE_CONCURRENCY = args.concurrency
     timeout_s = settings.PROBE_TIMEOUT_S
-    kinds = kinds_for(args.endpoints)
+    kinds = kinds_for(args.endpoints, args.all_slow)
 
     receive, send = multiprocessing.Pipe(duplex=False)
     server = multiprocessing.get_context("fork").Process(target=serve, args=(kinds, timeout_s + 2, send), daemon=True)
     server.start()
-    connection.settings_dict["TEST"]["NAME"] = f"bench_probes_{os.getpid()}"  # never a test run's database
-    old_config = setup_databases(verbosity=0, interactive=False)
     try:
-        if not receive.poll(60):
-            sys.exit("the endpoints did not start")
-        ports = receive.recv()
-        from fleet.inference import probes
-        from fleet.models import InferenceModel, Instance, ProbeResult
-
-        model = InferenceModel.objects.create(name=MODEL, image="vllm/vllm-openai:bench", port=8000)
-        now = timezone.now()
-        Instance.objects.bulk_create([
-            Instance(provider="vast", provider_instance_id=str(9_000_000 + i), idempotency_key=f"bench-probe-{i}",
-                     label=f"bench-{kind}-{i}", state=Instance.State.RUNNING, purpose="serving", offer_id=str(i),
-                     gpu_name="H100 SXM", image=model.image, disk_gb=250, requested_at=now, running_at=now,
-                     serving_model=model, public_ip="127.0.0.1", ports={"8000/tcp": port}, last_process_at=now)
-            for i, (kind, port) in enumerate(zip(kinds, ports))])
-
-        with CaptureQueriesContext(connection) as queries:
-            started = time.perf_counter()
-            report = probes.probe_serving_instances()
-            round_s = time.perf_counter() - started
-        ok_by_kind = {kind: 0 for kind in SHARES}
-        for label in ProbeResult.objects.filter(ok=True).values_list("instance__label", flat=True):
-            ok_by_kind[label.split("-")[1]] += 1
-        wrong = ok_by_kind["slow"] + ok_by_kind["error"] + ok_by_kind["dead"] + (
-            kinds.count("healthy") - ok_by_kind["healthy"])
+        with support.throwaway_database("bench_probes"):
+            report, round_s, queries, wrong = _measure(kinds, receive)
     finally:
-        teardown_databases(old_config, verbosity=0)
         server.terminate()
         server.join(5)
 
-    goal_s = timeout_s + 1
+    goal_s = timeout_s + 0.5
     result = {
         "endpoints": len(kinds), "round_s": round(round_s, 3), "timeout_s": timeout_s, "goal_s": goal_s,
         "met": round_s <= goal_s, "ok": report.ok, "failed": report.failed,

@@ -2,6 +2,8 @@
 that never touches the test suite's or anyone's real one."""
 
 import os
+import secrets
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -29,15 +31,32 @@ def setup_django(name: str, **env: str) -> None:
 
 @contextmanager
 def throwaway_database(name: str):
-    """A migrated database named `name` for the length of the block; yields its URL for child processes."""
+    """A migrated database of this process's own for the length of the block: `name`, the process id and a random
+    suffix, so that two runs at once (of one benchmark or two) never share or drop each other's. It is dropped when
+    the block ends, however it ends: an exception, Ctrl-C, or a SIGTERM (turned into SystemExit meanwhile, so the
+    cleanup runs). Yields its URL for child processes."""
     from django.db import connection
     from django.test.utils import setup_test_environment
 
+    unique = database_name(name)
     setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = name
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    connection.settings_dict["TEST"]["NAME"] = unique
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        yield os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
+        old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+        try:
+            yield os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/" + unique
+        finally:
+            connection.close()
+            connection.creation.destroy_test_db(old_name, verbosity=0)
     finally:
-        connection.close()
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def database_name(name: str) -> str:
+    """"bench_reaper" -> "bench_reaper_12345_3f9a1c": this process's own, within PostgreSQL's 63 characters."""
+    return f"{name[:40]}_{os.getpid()}_{secrets.token_hex(3)}"
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)

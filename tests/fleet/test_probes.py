@@ -1,6 +1,7 @@
 """Probes of serving boxes' /v1/models against real HTTP servers on loopback: healthy, slow, 500, dead, redirecting
 to a private address, answering the wrong shape; the address guard; failures counted, reset and alerted once."""
 
+import asyncio
 import json
 import socket
 import threading
@@ -297,3 +298,43 @@ def test_it_runs_as_a_celery_task(endpoints, model):
     _box(model, endpoints["healthy"].port)
     result = tasks.probe_serving_instances.apply().get()
     assert result["probed"] == 1 and result["ok"] == 1 and result["skipped"] is False
+
+
+def test_it_writes_each_box_its_own_figures_in_the_bulk_writes(endpoints, model, dead_port):
+    healthy = [_box(model, endpoints["healthy"].port, consecutive_probe_failures=2) for _ in range(3)]
+    dead = [_box(model, dead_port, consecutive_probe_failures=n) for n in (0, 1, 5)]
+    probes.probe_serving_instances()
+    for box in healthy + dead:
+        box.refresh_from_db()
+        result = _last(box)
+        assert box.last_probe_latency_ms == result.latency_ms and box.last_probe_at == result.at
+        assert result.instance_id == box.pk
+    assert [box.consecutive_probe_failures for box in healthy + dead] == [0, 0, 0, 1, 2, 6]
+    assert all(box.models_served == [MODEL] and box.last_process_at == box.last_probe_at for box in healthy)
+    assert all(box.models_served == [] and box.last_process_at is None for box in dead)
+    assert [_last(box).models_served for box in healthy] == [[MODEL]] * 3
+
+
+def test_it_ends_every_probe_within_the_timeout_of_the_rounds_start_however_late_the_loop_opens_them(endpoints):
+    url = f"http://127.0.0.1:{endpoints['slow'].port}/v1/models"
+    targets = [probes.Target(i, url) for i in range(20)]
+
+    async def on_a_busy_worker():
+        # the event loop is held up before it opens any connection, as opening hundreds of them holds it up
+        asyncio.get_running_loop().call_soon(time.sleep, TIMEOUT_S)
+        return await probes.probe_targets(targets, timeout_s=TIMEOUT_S, concurrency=len(targets))
+
+    started = time.monotonic()
+    outcomes = asyncio.run(on_a_busy_worker())
+    assert time.monotonic() - started < TIMEOUT_S * 1.6
+    assert [o.error for o in outcomes] == [f"timed out after {TIMEOUT_S:g} s"] * len(targets)
+
+
+def test_it_gives_a_probe_that_waited_for_a_slot_its_whole_timeout(endpoints):
+    url = f"http://127.0.0.1:{endpoints['slow'].port}/v1/models"
+    started = time.monotonic()
+    outcomes = asyncio.run(probes.probe_targets([probes.Target(1, url), probes.Target(2, url)], timeout_s=TIMEOUT_S,
+                                                concurrency=1))
+    assert time.monotonic() - started >= 2 * TIMEOUT_S
+    assert [o.error for o in outcomes] == [f"timed out after {TIMEOUT_S:g} s"] * 2
+    assert all(o.latency_ms >= TIMEOUT_S * 1000 * 0.9 for o in outcomes)
