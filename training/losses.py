@@ -16,24 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from training.data import IGNORE
+from training.head_loss import next_token_losses
 from training.packing import model_inputs
-
-
-def _cross_entropy(logits, targets, reduction):
-    """Next-token cross-entropy with the vocabulary as the last, contiguous dim: the (B, V, L) layout that
-    F.cross_entropy otherwise wants runs a spatial softmax kernel that took ~270 ms per 4096 tokens at a 152k
-    vocabulary on an H200 (bench/NOTES_train_step.md)."""
-    flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-    return F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, reduction=reduction)
 
 
 def token_logps(model, input_ids, attention_mask, labels):
     """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    targets = labels[:, 1:]
-    mask = targets != IGNORE
-    logps = -_cross_entropy(logits, targets, "none").view_as(targets)
-    return logps * mask, mask
+    losses, mask = next_token_losses(model, {"input_ids": input_ids, "attention_mask": attention_mask}, labels)
+    return -losses * mask, mask
 
 
 def sequence_logps(model, batch):
@@ -44,11 +34,9 @@ def sequence_logps(model, batch):
 def causal_lm_loss(model, batch, phase, ctx):
     """CPT and SFT: mean next-token cross-entropy over label tokens (SFT labels cover assistant turns only); the
     samples packed in a row are kept apart (training/packing.py)."""
-    logits = model(**model_inputs(model, batch)).logits
-    targets = batch["labels"][:, 1:]
-    count = (targets != IGNORE).sum()  # a tensor: no host sync per micro-batch
-    loss = _cross_entropy(logits, targets, "sum")
-    return loss / count.clamp(min=1), {"tokens": batch["input_ids"].numel(), "signal": count > 0}
+    losses, mask = next_token_losses(model, model_inputs(model, batch), batch["labels"])
+    count = mask.sum()  # a tensor: no host sync per micro-batch
+    return losses.sum() / count.clamp(min=1), {"tokens": batch["input_ids"].numel(), "signal": count > 0}
 
 
 def dpo_loss(model, batch, phase, ctx):

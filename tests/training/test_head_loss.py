@@ -1,0 +1,62 @@
+"""The fused head loss is the plain path's loss and gradient, without the whole logits."""
+
+import pytest
+import torch
+
+from training.data import IGNORE
+from training.head_loss import linear_cross_entropy, next_token_losses
+
+
+def _plain(hidden, weight, targets):
+    logits = (hidden @ weight.t()).float()
+    return torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("chunk", [3, 1024])
+def test_it_gives_the_plain_paths_losses_and_gradients(dtype, tol, chunk):
+    torch.manual_seed(0)
+    hidden = torch.randn(10, 16, dtype=dtype, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=dtype)
+    targets = torch.randint(0, 50, (10,))
+    targets[[2, 7]] = IGNORE
+    upstream = torch.rand(10)
+    fused = linear_cross_entropy(hidden, weight, targets, chunk=chunk)
+    (fused * upstream).sum().backward()
+    fused_grad, hidden.grad = hidden.grad, None
+    plain = _plain(hidden, weight, targets)
+    (plain * upstream).sum().backward()
+    assert torch.allclose(fused, plain, atol=tol, rtol=tol)
+    assert fused[2] == 0 and fused[7] == 0 and torch.all(fused_grad[[2, 7]] == 0)
+    assert torch.allclose(fused_grad.float(), hidden.grad.float(), atol=tol, rtol=tol)
+
+
+def test_it_refuses_a_head_that_trains():
+    with pytest.raises(ValueError, match="frozen head"):
+        linear_cross_entropy(torch.randn(2, 4), torch.randn(5, 4, requires_grad=True), torch.tensor([1, 2]))
+
+
+def test_a_models_loss_is_the_logits_paths():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            num_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+    model = Qwen3MoeForCausalLM(config)
+    model.lm_head.weight.requires_grad_(False)
+    input_ids = torch.randint(0, 64, (2, 12))
+    labels = input_ids.clone()
+    labels[0, :4] = IGNORE
+    fused, mask = next_token_losses(model, {"input_ids": input_ids}, labels)
+    fused.sum().backward()
+    fused_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    logits = model(input_ids=input_ids).logits[:, :-1]
+    plain = torch.nn.functional.cross_entropy(logits.reshape(-1, 64).float(), labels[:, 1:].reshape(-1),
+                                              ignore_index=IGNORE, reduction="none").view_as(fused)
+    plain.sum().backward()
+    plain_grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.allclose(fused, plain, atol=1e-5) and mask.sum() == 22 - 3
+    assert len(fused_grads) == len(plain_grads) > 0
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fused_grads, plain_grads))

@@ -1,0 +1,85 @@
+"""The head and next-token loss in one pass over the vocabulary, a chunk of tokens at a time, never holding the
+whole (tokens x vocabulary) logits.
+
+The LM head is frozen in LoRA training, so its only gradient is the one with respect to the hidden states. For a
+token t with hidden state h_t, target y_t and logits z_t = W h_t, the loss is l_t = logsumexp(z_t) - z_t[y_t] and
+dl_t/dh_t = (softmax(z_t) - onehot(y_t)) W, which does not depend on anything downstream. The forward works that
+row of the gradient out while the chunk's logits are at hand and keeps it (tokens x hidden, in the hidden states'
+dtype); the backward only scales it by the incoming gradient of each token's loss. So one matmul over the vocabulary
+forward and one for the gradient, as the plain path needs, but a chunk's logits at a time in float32: at a 248k
+vocabulary and 4,096 tokens the plain path holds about 10 GB of logits, their float copy and its softmax; this holds
+one chunk (CHUNK_TOKENS x vocabulary x 4 bytes) and the gradient rows.
+
+Numerically it is the plain path: logits come out of the matmul in the hidden states' dtype and are then taken to
+float32, the gradient of the logits goes back to that dtype before it meets the head's weight, as autograd does
+through `lm_head(h).float()`. Ignored targets (IGNORE) give loss 0 and gradient 0.
+"""
+
+import torch
+
+from training.data import IGNORE
+
+CHUNK_TOKENS = 1024
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk):
+        losses = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        grads = torch.empty_like(hidden)
+        for start in range(0, hidden.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            logits = (hidden[rows] @ weight.t()).float()
+            target = targets[rows]
+            valid = target != IGNORE
+            safe = torch.where(valid, target, 0)
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
+            losses[rows] = torch.where(valid, lse - picked, 0.0)
+            probs = torch.exp(logits - lse.unsqueeze(1))  # softmax, in place of the logits' memory
+            probs.scatter_add_(1, safe.unsqueeze(1), torch.where(valid, -1.0, 0.0).unsqueeze(1))
+            probs.mul_(valid.unsqueeze(1))
+            grads[rows] = probs.to(hidden.dtype) @ weight
+        ctx.save_for_backward(grads)
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        (grads,) = ctx.saved_tensors
+        return grads * grad_losses.unsqueeze(1).to(grads.dtype), None, None, None
+
+
+def linear_cross_entropy(hidden, weight, targets, chunk: int = CHUNK_TOKENS):
+    """Per-token next-token loss (float32, 0 where the target is IGNORE) of `hidden` (N, H) through the frozen head
+    `weight` (V, H) against `targets` (N,), with the gradient for `hidden` only."""
+    if weight.requires_grad:
+        raise ValueError("the fused head loss is for a frozen head; train the head through the plain path")
+    return _LinearCrossEntropy.apply(hidden, weight, targets, chunk)
+
+
+def head_and_body(model):
+    """(the decoder body, the frozen LM head) of a causal LM, peft-wrapped or not, or None where the model is not
+    built that way (then the caller takes the logits path)."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, head = getattr(causal, "model", None), getattr(causal, "lm_head", None)
+    if body is None or not isinstance(head, torch.nn.Linear) or head.bias is not None or head.weight.requires_grad:
+        return None
+    if getattr(causal.config, "final_logit_softcapping", None) or getattr(causal, "logit_scale", None) is not None:
+        return None  # a head that does more than one matmul
+    return body, head
+
+
+def next_token_losses(model, inputs: dict, labels):
+    """(per-token loss (B, L-1) in float32, the mask of tokens in the loss), through the fused head where the model
+    allows it, else through its logits."""
+    targets = labels[:, 1:]
+    parts = head_and_body(model)
+    if parts is None:
+        logits = model(**inputs).logits[:, :-1]
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        losses = torch.nn.functional.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, reduction="none")
+        return losses.view_as(targets), targets != IGNORE
+    body, head = parts
+    hidden = body(**inputs).last_hidden_state[:, :-1]
+    losses = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1))
+    return losses.view_as(targets), targets != IGNORE
