@@ -130,10 +130,11 @@ class Chaos:
             actions.destroy(row, reason="chaos: end of scenario", force=True, now=self.now())
         Run.objects.filter(state__in=Run.ACTIVE_STATES).update(state="cancelled", state_reason="end of scenario")
         self.passes(rounds=2)
-        for m in self.market.state()["instances"]:
-            if m["destroyed_at"] is None and m["state"] != "dead":
-                self.market.kill_host(m["id"], vanish_after_s=0)
-        refresh_offers()  # the next scenario ranks what the marketplace lists now
+        # Each scenario starts from nothing: the marketplace back to its catalogue, the database's rows gone.
+        Run.objects.all().delete()
+        Instance.objects.all().delete()
+        self.market.reset()
+        refresh_offers()
 
     def scenario(self, name: str, body) -> None:
         self.scenarios[name] += 1
