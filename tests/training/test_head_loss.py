@@ -60,3 +60,19 @@ def test_a_models_loss_is_the_logits_paths():
     assert torch.allclose(fused, plain, atol=1e-5) and mask.sum() == 22 - 3
     assert len(fused_grads) == len(plain_grads) > 0
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fused_grads, plain_grads))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on the GPU")
+def test_it_gives_the_plain_paths_losses_and_gradients_in_bf16_on_the_gpu():
+    torch.manual_seed(0)
+    hidden = torch.randn(3000, 2048, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    weight = torch.randn(151936, 2048, dtype=torch.bfloat16, device="cuda") * 0.02
+    targets = torch.randint(0, 151936, (3000,), device="cuda")
+    targets[::7] = IGNORE
+    fused = linear_cross_entropy(hidden, weight, targets)
+    fused.sum().backward()
+    fused_grad, hidden.grad = hidden.grad, None
+    plain = _plain(hidden, weight, targets)
+    plain.sum().backward()
+    assert torch.allclose(fused, plain, atol=1e-3, rtol=1e-3)
+    assert torch.allclose(fused_grad.float(), hidden.grad.float(), atol=1e-3, rtol=1e-2)
