@@ -154,5 +154,5 @@ class RankingForm(forms.Form):
 
     def error_list(self) -> list[tuple[str, str, str]]:
         """Every error as (field name, the field's label, message); the form's own errors name no field."""
-        return [(name, self.fields[name].label or name if name in self.fields else "", message)
+        return [(name, self[name].label if name in self.fields else "", message)
                 for name, messages in self.errors.items() for message in messages]
