@@ -12,7 +12,7 @@ from fleet.alerts import views as alert_views
 from fleet.inference import views as inference_views
 from fleet.instances import views as instance_views
 from fleet.offers import views as offer_views
-from runs import chart_views, prometheus
+from runs import chart_views, dataset_views, prometheus
 from runs import views as run_views
 from runs.api import api as agent_api
 
@@ -50,6 +50,8 @@ urlpatterns = [
     path("runs/<int:pk>/charts.json", chart_views.run_chart_data, name="run_chart_data"),
     path("runs/<int:pk>/metrics.csv", chart_views.run_metrics_csv, name="run_metrics_csv"),
     path("runs/compare/", chart_views.compare, name="run_compare"),
+    path("datasets/", dataset_views.dataset_list, name="datasets"),
+    path("datasets/<int:pk>/", dataset_views.dataset_detail, name="dataset_detail"),
     path("metrics", prometheus.prometheus_metrics, name="prometheus_metrics"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -59,6 +59,7 @@ class PhaseOut(Schema):
     name: str
     kind: str
     steps: int
+    data: dict | None = None  # {dataset_id, name, sha256, manifest, download}: what the agent fetches and checks
 
 
 class SpecOut(Schema):

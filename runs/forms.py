@@ -4,10 +4,36 @@ from fleet.models import OfferProfile
 from training.recipe import RecipeError, parse_recipe_text
 
 
+class MultipleFileInput(forms.ClearableFileInput):
+    allow_multiple_selected = True
+
+
+class DataFilesField(forms.FileField):
+    """Any number of files, cleaned to {file name: uploaded file}."""
+
+    widget = MultipleFileInput
+
+    def clean(self, data, initial=None):
+        one = super().clean
+        files = [one(d, initial) for d in data] if isinstance(data, (list, tuple)) else [one(data, initial)] if data \
+            else []
+        named = {}
+        for f in files:
+            if f.name in named:
+                raise forms.ValidationError(f"Two files are named {f.name}: a phase names its file by name.")
+            named[f.name] = f
+        return named
+
+
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=100)
     recipe = forms.CharField(widget=forms.Textarea(attrs={"rows": 18, "cols": 80}),
                              help_text="the training recipe, YAML or JSON (see training/recipe.py)")
+    data_files = DataFilesField(
+        required=False, label="Data files (JSONL)", widget=MultipleFileInput(attrs={"accept": ".jsonl,.json"}),
+        help_text="each phase's data: a file chosen here, named in the recipe by its file name (data: sft.jsonl); "
+                  "or a stored data set's name, an s3://bucket/key object, or example:sft.jsonl. It is checked "
+                  "before anything is rented and stored in the bucket")
     profile = forms.ModelChoiceField(queryset=OfferProfile.objects.order_by("name"), required=False,
                                      help_text="how offers are ranked; the defaults when empty")
     bucket = forms.CharField(max_length=300, help_text="s3://bucket/prefix, or an absolute local folder")

@@ -60,12 +60,41 @@ class Run(models.Model):
         return lifecycle.shown_state(self.state, self.restarts)
 
 
+class DataSet(models.Model):
+    """A phase's JSONL as it was checked and stored: kept, and reused by any run that names it."""
+
+    name = models.CharField(max_length=200, help_text="the uploaded file's name, or the s3:// object it came from")
+    kind = models.CharField(max_length=10, help_text="the phase kind it was checked for: cpt, sft, dpo, kto, grpo")
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    rows = models.PositiveIntegerField()
+    bucket = models.CharField(max_length=300, help_text="the bucket it was stored in, as the run gave it")
+    uri = models.CharField(max_length=500,
+                           help_text="its folder: s3://bucket/prefix/datasets/<sha256>/ or a local path")
+    report = models.JSONField(default=dict, blank=True,
+                              help_text="what the check measured: tokenizer, token counts, a rendered sample")
+    uploaded_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField()
+
+    FILE_NAME = "data.jsonl"  # the one file under uri
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["bucket", "sha256", "kind"], name="one_dataset_per_content")]
+
+    def __str__(self):
+        return f"{self.name} ({self.kind}, {self.sha256[:12]})"
+
+
 class Phase(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="phases")
     index = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=40)
     kind = models.CharField(max_length=10)
     steps = models.PositiveIntegerField()
+    dataset = models.ForeignKey(DataSet, null=True, blank=True, on_delete=models.PROTECT, related_name="phases",
+                                help_text="the data the box downloads for this phase (none: a run older than data "
+                                          "sets, whose box reads the recipe's path)")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Instance
-from runs import checkpoints, events, lifecycle, pulse, storage
+from runs import checkpoints, datasets, events, lifecycle, pulse, storage
 from runs.costs import run_cost
 from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields
@@ -126,7 +126,10 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         "run_id": run.pk,
         "name": run.name,
         "recipe": run.recipe,
-        "phases": [{"index": p.index, "name": p.name, "kind": p.kind, "steps": p.steps} for p in run.phases.all()],
+        # Each phase's data: its sha256 and an expiring read grant; the agent fetches and checks it before training.
+        "phases": [{"index": p.index, "name": p.name, "kind": p.kind, "steps": p.steps,
+                    "data": datasets.box_grant(p.dataset, settings.STORAGE_GRANT_S) if p.dataset else None}
+                   for p in run.phases.select_related("dataset")],
         "resume": [{"phase": c.phase, "step": c.step, "uri": c.uri, "manifest": c.manifest,
                     "download": storage.download_grant(where, c.uri, c.manifest, settings.STORAGE_GRANT_S)}
                    for c in candidates],

@@ -136,3 +136,20 @@ def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
             for item in page.get("Contents", [])]
     for start in range(0, len(keys), 1000):
         client.delete_objects(Bucket=where.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
+
+
+def s3_client():
+    """The account's S3 client, for the dashboard's own reads and writes (a box never gets it)."""
+    return _client()
+
+
+def read_grant(folder_uri: str, names, expires_s: int) -> dict:
+    """Reading the named files of one stored folder (a data set's), for a while: presigned GETs of exactly those
+    keys under s3://bucket/prefix/, or the local folder. Nothing else in the bucket is offered."""
+    parsed = urlparse(folder_uri)
+    if parsed.scheme != "s3":
+        return {"kind": "local", "path": folder_uri}
+    client, prefix = _client(), parsed.path.strip("/") + "/"
+    return {"kind": "s3-get", "files": {
+        name: client.generate_presigned_url("get_object", Params={"Bucket": parsed.netloc, "Key": prefix + name},
+                                            ExpiresIn=expires_s) for name in sorted(names)}}

@@ -29,7 +29,7 @@ def run_list(request):
 
 def run_launch(request):
     require_launch_permission(request.user)
-    form = LaunchForm(request.POST or None, initial={
+    form = LaunchForm(request.POST or None, request.FILES or None, initial={
         "name": "tiny-demo", "recipe": yaml.safe_dump(launching.example_recipe(), sort_keys=False, width=110),
         "bucket": str(settings.DATA_DIR / "checkpoints"), "budget_usd": "5.00", "max_restarts": 3})
     if request.method == "POST" and form.is_valid():
@@ -37,7 +37,7 @@ def run_launch(request):
         try:
             run = launching.launch(name=data["name"], recipe=data["recipe"], bucket=data["bucket"],
                                    budget_usd=data["budget_usd"], max_restarts=data["max_restarts"],
-                                   profile=data["profile"], user=request.user)
+                                   profile=data["profile"], user=request.user, uploads=data["data_files"])
         except launching.LaunchError as exc:
             form.add_error(None, str(exc))
         else:

@@ -1,9 +1,9 @@
 """The on-box agent, the worker image's entry point: `python -m training.agent`.
 
 It proves the install with the import probe, fetches the run's spec with the run's token, restores the newest
-complete checkpoint, runs the trainer as a child process, and while it trains: forwards the trainer's per-step
-metrics in batches, uploads each complete checkpoint (files first, the completion marker last) on a thread of its
-own so a slow uplink never holds up the heartbeat, and heartbeats. Each heartbeat answer renews its credentials; if
+complete checkpoint, fetches each phase's data and checks its sha256, runs the trainer as a child process, and while
+it trains: forwards the trainer's per-step metrics in batches, uploads each complete checkpoint (files first, the
+completion marker last) on a thread of its own so a slow uplink never holds up the heartbeat, and heartbeats. Each heartbeat answer renews its credentials; if
 none renews them for the dead-man window it stops the trainer (which checkpoints on SIGTERM), uploads what is
 left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
 
@@ -162,6 +162,42 @@ def fetch_verified(candidate: dict, target: Path) -> None:
         size, digest = file_digest(dest)
         if size != entry["size"] or digest != entry["sha256"]:
             raise CheckpointMismatch(f"{name} does not match its manifest ({size} bytes, sha256 {digest[:12]}...)")
+
+
+class DataRefused(Exception):
+    pass
+
+
+def fetch_data(phases: list[dict], recipe_phases: list[dict], folder: Path, tries: int = 3) -> list[dict]:
+    """The recipe's phases, each one's data the file fetched for it from the dashboard's read grant and checked
+    against the size and sha256 recorded when it was uploaded (the spec's phase `data`). A phase without one keeps
+    its path (a run launched before data sets). A file that does not match is refused at once; a failed download
+    is tried again, then refused."""
+    out, fetched = [dict(phase) for phase in recipe_phases], {}
+    for phase in phases:
+        data = phase.get("data")
+        if not data:
+            continue
+        where = f"the data of phase {phase['index']} ({phase['name']}), {data['name']},"
+        if data["sha256"] not in fetched:
+            try:
+                target = inside(folder, data["sha256"])
+            except UnsafePath as exc:
+                raise DataRefused(f"{where} has an unusable name: {exc}") from None
+            for attempt in range(tries):
+                try:
+                    fetch_verified(data, target)
+                    break
+                except CheckpointMismatch as exc:
+                    shutil.rmtree(target, ignore_errors=True)
+                    raise DataRefused(f"{where} does not match its sha256 {data['sha256'][:12]}...: {exc}") from None
+                except (OSError, httpx.HTTPError) as exc:
+                    if attempt == tries - 1:
+                        raise DataRefused(f"{where} could not be downloaded: {type(exc).__name__}: {exc}") from None
+                    time.sleep(2.0 * (attempt + 1))
+            fetched[data["sha256"]] = target / next(iter(data["manifest"]))
+        out[phase["index"]]["data"] = str(fetched[data["sha256"]])
+    return out
 
 
 def download(url: str, dest: Path, *, limit: int) -> None:
@@ -450,6 +486,11 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
                              "endpoint_url": None, "region": None}}
     store.mkdir(parents=True, exist_ok=True)
     restore(api, spec.get("resume") or [], store)
+    try:
+        recipe["phases"] = fetch_data(spec["phases"], recipe.get("phases") or [], workdir / "data")
+    except DataRefused as exc:
+        api.call("POST", "events", {"kind": "trainer_failed", "message": f"Nothing was trained: {exc}"[:4000]})
+        return 5
     recipe_path = workdir / "recipe.json"
     recipe_path.write_text(json.dumps(recipe))
 

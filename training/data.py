@@ -1,123 +1,22 @@
-"""Phase data: JSONL in, token tensors out.
+"""Phase data: JSONL in, token tensors out. What each kind's record holds and how a conversation is rendered (its
+chat template, loss on the assistant's tokens only, tool calls included) is in training/records.py.
 
-One record per line, by phase kind:
-    cpt   {"text": "..."}                                            packed into seq_len rows, loss on every token
-    sft   {"messages": [{"role", "content", "tool_calls"?}], "tools"?: [...]}
-                                                                     packed; loss only on assistant tokens
+    cpt   packed into seq_len rows, loss on every token
+    sft   packed; loss only on the assistant's tokens
 (packed: whole samples per row, each with its own positions, kept apart in the forward: training/packing.py)
-    dpo   {"prompt": str | messages, "chosen": str, "rejected": str}
-    kto   {"prompt": str | messages, "completion": str, "label": true | false}
-    grpo  {"prompt": str | messages, ...anything the reward function reads (e.g. "answer")}
+    dpo, kto, grpo   one example per record, the prompt cut from the left to fit
 
 Batches are drawn by position: micro-batch p holds samples p*B .. p*B+B-1 of an endless sequence of seeded
 permutations, so a checkpoint only has to remember p.
 """
 
 import functools
-import json
 
 import torch
 
 from training.packing import row_positions
-
-IGNORE = -100
-
-
-class ByteTokenizer:
-    """For models built from a config with random weights (tests, benchmarks): bytes shifted past 3 specials."""
-
-    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
-    chat_template = None
-
-    def __init__(self, vocab_size):
-        if vocab_size < 4:
-            raise ValueError("the byte tokenizer needs a vocabulary of at least 4")
-        self.vocab_size = vocab_size
-
-    def encode(self, text, add_special_tokens=False):
-        return [3 + b % (self.vocab_size - 3) for b in text.encode("utf-8")]
-
-    def decode(self, ids, skip_special_tokens=True):
-        data = bytes((i - 3) % 256 for i in ids if i >= 3)
-        return data.decode("utf-8", errors="replace")
-
-
-def load_tokenizer(model_recipe, vocab_size):
-    if "config" in model_recipe and not model_recipe.get("tokenizer"):
-        return ByteTokenizer(vocab_size)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_recipe.get("tokenizer") or model_recipe["path"])
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def read_jsonl(path, required):
-    records = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
-            missing = [key for key in required if key not in record]
-            if missing:
-                raise ValueError(f"{path}:{number}: missing {', '.join(missing)}")
-            records.append(record)
-    if not records:
-        raise ValueError(f"{path}: no records")
-    return records
-
-
-def _encode(tokenizer, text):
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _simple_turn(message):
-    body = message.get("content") or ""
-    if message.get("tool_calls"):
-        body += "".join(f"\n<tool_call>{json.dumps(call, sort_keys=True)}</tool_call>" for call in message["tool_calls"])
-    return f"<|{message['role']}|>\n{body}\n"
-
-
-def _template(tokenizer, messages, tools, generation_prompt=False):
-    ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=generation_prompt)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-
-
-def render_chat(tokenizer, messages, tools=None):
-    """(ids, labels) of a conversation; labels are IGNORE everywhere but the assistant turns.
-
-    With a chat template each turn's tokens are the difference between the rendering of the conversation up to and
-    including it and the one before it (so template tokens around a turn count to that turn)."""
-    ids, labels = [], []
-    for i, message in enumerate(messages):
-        if getattr(tokenizer, "chat_template", None):
-            full = _template(tokenizer, messages[: i + 1], tools)
-            common = 0
-            while common < min(len(full), len(ids)) and full[common] == ids[common]:
-                common += 1
-            ids, labels = ids[:common], labels[:common]
-            new = full[common:]
-        else:
-            new = _encode(tokenizer, _simple_turn(message))
-            if message["role"] == "assistant":
-                new = new + [tokenizer.eos_token_id]
-        ids += new
-        labels += new if message["role"] == "assistant" else [IGNORE] * len(new)
-    return ids, labels
-
-
-def render_prompt(tokenizer, prompt):
-    """Token ids of a prompt (a string, or chat messages ending where the assistant is to answer)."""
-    if isinstance(prompt, str):
-        return _encode(tokenizer, prompt)
-    if getattr(tokenizer, "chat_template", None):
-        return _template(tokenizer, prompt, None, generation_prompt=True)
-    return _encode(tokenizer, "".join(_simple_turn(m) for m in prompt) + "<|assistant|>\n")
+from training.records import (IGNORE, ByteTokenizer, encode, load_tokenizer, read_records, render_chat,  # noqa: F401
+                              render_prompt)
 
 
 def _pack(samples, seq_len, pad_id):
@@ -159,31 +58,31 @@ def load_phase_data(kind, path, tokenizer, seq_len):
     eos = tokenizer.eos_token_id
     if kind == "cpt":
         samples = []
-        for record in read_jsonl(path, ["text"]):
-            ids = _encode(tokenizer, record["text"]) + [eos]
+        for record in read_records(path, "cpt"):
+            ids = encode(tokenizer, record["text"]) + [eos]
             samples.append((ids, list(ids)))
         return _pack(samples, seq_len, tokenizer.pad_token_id)
     if kind == "sft":
         samples = [render_chat(tokenizer, record["messages"], record.get("tools"))
-                   for record in read_jsonl(path, ["messages"])]
+                   for record in read_records(path, "sft")]
         return _pack(samples, seq_len, tokenizer.pad_token_id)
     if kind == "dpo":
         items = []
-        for record in read_jsonl(path, ["prompt", "chosen", "rejected"]):
+        for record in read_records(path, "dpo"):
             prompt = render_prompt(tokenizer, record["prompt"])
-            pairs = [_truncate(prompt, _encode(tokenizer, record[k]) + [eos], seq_len) for k in ("chosen", "rejected")]
+            pairs = [_truncate(prompt, encode(tokenizer, record[k]) + [eos], seq_len) for k in ("chosen", "rejected")]
             items.append({"chosen": pairs[0], "rejected": pairs[1]})
         return items
     if kind == "kto":
         items = []
-        for record in read_jsonl(path, ["prompt", "completion", "label"]):
+        for record in read_records(path, "kto"):
             prompt = render_prompt(tokenizer, record["prompt"])
-            pair = _truncate(prompt, _encode(tokenizer, record["completion"]) + [eos], seq_len)
+            pair = _truncate(prompt, encode(tokenizer, record["completion"]) + [eos], seq_len)
             items.append({"pair": pair, "desirable": bool(record["label"])})
         return items
     if kind == "grpo":
         return [{"prompt_ids": render_prompt(tokenizer, r["prompt"])[-seq_len // 2:], "record": r}
-                for r in read_jsonl(path, ["prompt"])]
+                for r in read_records(path, "grpo")]
     raise ValueError(f"unknown phase kind {kind!r}")
 
 

@@ -173,8 +173,9 @@ class _Problems(list):
             self.append(f"{where}: true or false")
 
 
-def validate(raw, base_dir="."):
-    """Fill in defaults and check every value; raise RecipeError with all problems at once."""
+def validate(raw, base_dir=".", data_on_disk=True):
+    """Fill in defaults and check every value; raise RecipeError with all problems at once. With data_on_disk
+    false (the dashboard's launch) a phase's data is a name the launch resolves to a stored data set, not a file."""
     if not isinstance(raw, dict):
         raise RecipeError(f"the recipe must be a mapping of settings, got {type(raw).__name__}")
     problems = _Problems()
@@ -182,7 +183,7 @@ def validate(raw, base_dir="."):
     recipe["model"] = _model(raw.get("model"), base_dir, problems)
     _training(recipe, problems)
     _outputs(recipe, base_dir, problems)
-    recipe["phases"] = _phases(raw.get("phases"), recipe, base_dir, problems)
+    recipe["phases"] = _phases(raw.get("phases"), recipe, base_dir if data_on_disk else None, problems)
     if problems:
         raise RecipeError("the recipe has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
     return recipe
@@ -266,6 +267,7 @@ def _outputs(recipe: dict, base_dir, problems: _Problems) -> None:
 
 
 def _phases(phases, recipe: dict, base_dir, problems: _Problems) -> list[dict]:
+    """The phases checked; base_dir None leaves their data names as they are, unresolved and unchecked."""
     if not isinstance(phases, list) or not phases:
         problems.append("phases: a non-empty list of phases")
         return []
@@ -293,9 +295,9 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
     if phase["name"] in names:
         problems.append(f"{where}.name: {phase['name']!r} is used twice; phases need distinct names")
     names.add(phase["name"])
-    if not phase.get("data"):
+    if not phase.get("data") or not isinstance(phase["data"], str):
         problems.append(f"{where}.data: a JSONL file")
-    else:
+    elif base_dir is not None:
         phase["data"] = _resolve(base_dir, phase["data"])
         if not Path(phase["data"]).is_file():
             problems.append(f"{where}.data: no such file {phase['data']}")

@@ -113,5 +113,5 @@ def test_sft_labels_cover_only_assistant_turns():
     tok = ByteTokenizer(260)
     ids, labels = render_chat(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     learned = tok.decode([i for i, l in zip(ids, labels) if l != IGNORE])
-    assert learned == "<|assistant|>\nyo\n" and labels[-1] == tok.eos_token_id
-    assert all(l == IGNORE for l in labels[: len(tok.encode("<|user|>\nhi\n"))])
+    assert learned == "yo\n" and labels[-1] == tok.eos_token_id  # the turn's header is the template's, not trained
+    assert all(l == IGNORE for l in labels[: len(tok.encode("<|user|>\nhi\n<|assistant|>\n"))])

@@ -1,0 +1,240 @@
+"""Data sets: each phase's JSONL checked before anything is rented, stored once in the run's bucket, kept for reuse.
+
+A launch turns each phase's `data` into a DataSet:
+    sft.jsonl           a file uploaded with the launch, by its name; else the newest stored data set of that name
+                        and the phase's kind
+    s3://bucket/key     an object the dashboard reads with its own key
+    example:sft.jsonl   the product's example data (training/examples)
+A new file is checked line by line for its phase kind (every error with its line number), its first records are
+rendered with the model's tokenizer and chat template and counted in tokens, and it is stored content-addressed in
+<bucket>/datasets/<sha256>/data.jsonl. A box reads it through an expiring read grant and checks its sha256; a path
+on the dashboard's own disk is never handed on, since a box is another machine.
+"""
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import botocore.exceptions
+from django.db import IntegrityError, transaction
+
+from runs import storage
+from runs.models import DataSet
+import training
+from training import records
+
+EXAMPLE_PREFIX = "example:"
+EXAMPLES = Path(training.__file__).resolve().parent / "examples"
+MAX_ERRORS = 20  # per file: enough to see a pattern, few enough to read
+SAMPLE_RECORDS = 200  # rendered and counted in tokens; every line is checked
+
+
+class DataError(ValueError):
+    """The phases' data is not usable; the message lists every problem found."""
+
+
+@dataclass
+class Inspection:
+    sha256: str
+    size_bytes: int
+    rows: int
+    errors: list[str] = field(default_factory=list)
+    report: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The model's tokenizer as far as the dashboard could load it: `tokenizer` None when it could not."""
+
+    tokenizer: object
+    name: str
+    note: str = ""
+
+
+def model_tokenizer(model: dict) -> Tokenizer:
+    """The tokenizer the trainer will use for this recipe's model, loaded here (a hub id's files are fetched once
+    into the local cache). A model the dashboard cannot read is said, not refused: the box may still reach it."""
+    config = model.get("config") or {}
+    vocab_size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 151936
+    name = model.get("tokenizer") or model.get("path") or f"bytes (vocabulary {vocab_size})"
+    try:
+        tokenizer = records.load_tokenizer(model, vocab_size)
+    except ImportError:
+        return Tokenizer(None, name, "the dashboard has no tokenizer library (transformers): token counts and the "
+                                     "chat template were not checked")
+    except Exception as exc:  # noqa: BLE001 - a hub or a folder fails in many ways; the launch says which, and goes on
+        return Tokenizer(None, name, f"the tokenizer of {name} could not be loaded here ({exc}): token counts and "
+                                     "the chat template were not checked")
+    if not getattr(tokenizer, "chat_template", None):
+        return Tokenizer(tokenizer, name, "the model has no chat template: conversations are rendered in the plain "
+                                          "<|role|> format the trainer falls back to; the template check was skipped")
+    return Tokenizer(tokenizer, name)
+
+
+def check_file(path: Path, kind: str, tokenizer: Tokenizer) -> Inspection:
+    """Every line of a phase's JSONL checked for its kind, the first SAMPLE_RECORDS rendered and counted."""
+    sha, size, rows, errors, sample = hashlib.sha256(), 0, 0, [], []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            sha.update(raw)
+            size += len(raw)
+            if not raw.strip():
+                continue
+            problems = _line_problems(kind, raw)
+            if isinstance(problems, dict):
+                rows += 1
+                if len(sample) < SAMPLE_RECORDS:
+                    sample.append((number, problems))
+            else:
+                errors += [f"line {number}: {p}" for p in problems]
+    if not rows and not errors:
+        errors.append("no records: the file is empty")
+    report = {"tokenizer": tokenizer.name, "notes": [tokenizer.note] if tokenizer.note else []}
+    if tokenizer.tokenizer is not None and sample:
+        report.update(_measured(kind, sample, tokenizer.tokenizer, errors))
+    return Inspection(sha.hexdigest(), size, rows, _capped(errors), report)
+
+
+def _line_problems(kind: str, raw: bytes):
+    """The record, or the problems of its line."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return ["not UTF-8 text"]
+    except ValueError as exc:
+        return [f"not JSON ({exc})"]
+    problems = records.record_problems(kind, record)
+    return problems or record
+
+
+def _measured(kind: str, sample: list[tuple[int, dict]], tokenizer, errors: list[str]) -> dict:
+    tokens, trained, longest, shown = 0, 0, 0, None
+    for number, record in sample:
+        try:
+            ids, labels = records.render_record(kind, record, tokenizer)
+        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja, a missing key) names the line
+            errors.append(f"line {number}: the chat template cannot render it: {type(exc).__name__}: {exc}")
+            continue
+        tokens, longest = tokens + len(ids), max(longest, len(ids))
+        trained += sum(label != records.IGNORE for label in labels)
+        if shown is None:
+            shown = {"line": number, "segments": records.trained_segments(tokenizer, ids, labels)}
+    measured = len(sample)
+    return {"records_measured": measured, "tokens_measured": tokens, "trained_tokens_measured": trained,
+            "longest_tokens": longest, "sample": shown}
+
+
+def _capped(errors: list[str]) -> list[str]:
+    if len(errors) <= MAX_ERRORS:
+        return errors
+    return errors[:MAX_ERRORS] + [f"... and {len(errors) - MAX_ERRORS} more"]
+
+
+# -- a launch's data --------------------------------------------------------------------------------------------
+
+def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list[DataSet]:
+    """One stored DataSet per phase of a checked recipe (in order), or DataError with every problem at once.
+    `uploads` maps a file name to a Django uploaded file."""
+    tokenizer = None
+    found, problems = [], []
+    with tempfile.TemporaryDirectory(prefix="launch-data-") as scratch:
+        for i, phase in enumerate(recipe["phases"]):
+            where, source = f"phases[{i}] ({phase['name']}).data {phase['data']}", phase["data"]
+            stored = None if source in uploads else _stored(source, phase["kind"])
+            if stored is not None:
+                found.append(stored)
+                continue
+            try:
+                path = _fetched(source, uploads, Path(scratch) / f"{i}.jsonl", phase["kind"])
+            except DataError as exc:
+                problems.append(f"{where}: {exc}")
+                continue
+            tokenizer = tokenizer or model_tokenizer(recipe["model"])
+            checked = check_file(path, phase["kind"], tokenizer)
+            if checked.errors:
+                problems += [f"{where}: {e}" for e in checked.errors]
+                continue
+            found.append(_kept(checked, path, Path(source).name if "://" not in source else source,
+                               phase["kind"], bucket, user, now))
+    if problems:
+        raise DataError("The data is not usable ({} problem(s)):\n  - {}".format(len(problems),
+                                                                                 "\n  - ".join(problems)))
+    return found
+
+
+def _stored(name: str, kind: str) -> DataSet | None:
+    if name.startswith(EXAMPLE_PREFIX) or "://" in name or name.startswith("/"):
+        return None
+    return DataSet.objects.filter(name=name, kind=kind).first()
+
+
+def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
+    """The phase's file on this machine, for checking: an upload, an s3:// object or an example."""
+    if source in uploads:
+        with open(dest, "wb") as f:
+            for chunk in uploads[source].chunks():
+                f.write(chunk)
+        return dest
+    if source.startswith("s3://"):
+        parsed = urlparse(source)
+        try:
+            storage.s3_client().download_file(parsed.netloc, parsed.path.lstrip("/"), str(dest))
+        except botocore.exceptions.BotoCoreError as exc:
+            raise DataError(f"cannot be read: {exc}") from None
+        except botocore.exceptions.ClientError as exc:
+            raise DataError(f"cannot be read: {exc.response.get('Error', {}).get('Message') or exc}") from None
+        return dest
+    if source.startswith(EXAMPLE_PREFIX):
+        name = source[len(EXAMPLE_PREFIX):]
+        examples = {p.name for p in EXAMPLES.glob("*.jsonl")}
+        if name not in examples:
+            raise DataError(f"no such example (there are {', '.join(sorted(examples))})")
+        return EXAMPLES / name
+    raise DataError(f"is neither a file uploaded with this launch nor a stored {kind} data set; a path on the "
+                    "dashboard's machine is not read (a box is another machine): upload it, or name an "
+                    "s3://bucket/key object")
+
+
+def _kept(checked: Inspection, path: Path, name: str, kind: str, bucket: str, user, now) -> DataSet:
+    """The checked file stored in the bucket (once per content) and its row, new or the one already there."""
+    existing = DataSet.objects.filter(bucket=bucket, sha256=checked.sha256, kind=kind).first()
+    if existing is not None:
+        return existing
+    uri = _store(path, checked.sha256, bucket)
+    try:
+        with transaction.atomic():
+            return DataSet.objects.create(name=name, kind=kind, sha256=checked.sha256, size_bytes=checked.size_bytes,
+                                          rows=checked.rows, bucket=bucket, uri=uri, report=checked.report,
+                                          uploaded_by=user, created_at=now)
+    except IntegrityError:  # the same file stored by another launch a moment ago
+        return DataSet.objects.get(bucket=bucket, sha256=checked.sha256, kind=kind)
+
+
+def _store(path: Path, sha256: str, bucket: str) -> str:
+    """Writes the file to <bucket>/datasets/<sha256>/data.jsonl; returns that folder's URI."""
+    parsed = urlparse(bucket)
+    if parsed.scheme == "s3":
+        base = parsed.path.strip("/")
+        prefix = f"{base + '/' if base else ''}datasets/{sha256}/"
+        try:
+            storage.s3_client().upload_file(str(path), parsed.netloc, prefix + DataSet.FILE_NAME)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise DataError(f"The data could not be stored in {bucket}: {exc}") from None
+        return f"s3://{parsed.netloc}/{prefix}"
+    folder = Path(parsed.path if parsed.scheme == "file" else bucket) / "datasets" / sha256
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{DataSet.FILE_NAME}.partial"
+    shutil.copyfile(path, partial)
+    partial.replace(folder / DataSet.FILE_NAME)  # whole or not at all
+    return str(folder)
+
+
+def box_grant(dataset: DataSet, expires_s: int) -> dict:
+    """What a box needs to fetch one data set and check it: the file's size and sha256, and a read grant."""
+    return {"dataset_id": dataset.pk, "name": dataset.name, "sha256": dataset.sha256,
+            "manifest": {DataSet.FILE_NAME: {"size": dataset.size_bytes, "sha256": dataset.sha256}},
+            "download": storage.read_grant(dataset.uri, [DataSet.FILE_NAME], expires_s)}
