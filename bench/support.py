@@ -33,18 +33,22 @@ def setup_django(name: str, **env: str) -> None:
 def throwaway_database(name: str):
     """A migrated database of this process's own for the length of the block: `name`, the process id and a random
     suffix, so that two runs at once (of one benchmark or two) never share or drop each other's. It is dropped when
-    the block ends, however it ends: an exception, Ctrl-C, or a SIGTERM (turned into SystemExit meanwhile, so the
-    cleanup runs). Yields its URL for child processes."""
+    the block ends, however it ends: an exception, Ctrl-C, or a SIGTERM (turned into SystemExit, and held back while
+    the database is being made, so that what gets dropped is always the new database). Yields its URL for child
+    processes."""
     from django.db import connection
     from django.test.utils import setup_test_environment
 
     unique = database_name(name)
     setup_test_environment()
     connection.settings_dict["TEST"]["NAME"] = unique
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop = _SigtermToExit()
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+        with stop.held():
+            old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
         try:
+            stop.raise_if_asked()
             yield os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/" + unique
         finally:
             connection.close()
@@ -58,5 +62,25 @@ def database_name(name: str) -> str:
     return f"{name[:40]}_{os.getpid()}_{secrets.token_hex(3)}"
 
 
-def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)
+class _SigtermToExit:
+    """A SIGTERM handler that raises SystemExit, or only notes the signal while `held`."""
+
+    def __init__(self):
+        self.holding = self.asked = False
+
+    def __call__(self, signum, frame):
+        self.asked = True
+        if not self.holding:
+            raise SystemExit(128 + signum)
+
+    @contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+
+    def raise_if_asked(self):
+        if self.asked:
+            raise SystemExit(128 + signal.SIGTERM)
