@@ -16,7 +16,8 @@
     checkpoint:       {store: ./checkpoints | s3://bucket/prefix, endpoint_url:, region:, keep: 3, every: 50,
                        staging: ./checkpoint-staging (local snapshots waiting for upload)}
     metrics:          {jsonl: ./metrics.jsonl}   (the on-box agent tails it and posts each step to the dashboard)
-    phases:           a list; each {name, kind: cpt|sft|dpo|kto|grpo, data: file.jsonl, steps,
+    phases:           a list; each {name, kind: cpt|sft|dpo|kto|grpo, data: file.jsonl (records: training/records.py;
+                      on the dashboard a data set's name, an upload's, s3://bucket/key or example:NAME), steps,
                       checkpoint_every (default checkpoint.every), lr (default the run's), beta (dpo, kto),
                       reward: module:function, num_generations, max_new_tokens, temperature (grpo)}
 
