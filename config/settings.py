@@ -84,6 +84,9 @@ FLEET_MOVE_HANDLERS = ["runs.supervisor.on_move"]
 # Work that wants to know the moment its box is attached to a machine: each handler gets (instance, now) in the
 # transaction that links the row to the machine (a run moves to "provisioning" on it in the same commit).
 FLEET_ATTACH_HANDLERS = ["runs.supervisor.on_box_attached"]
+# How a box serving an adapter reads it: (folder URI, file names, expires_s) -> a read grant for exactly those files
+# (fleet/inference/adapters.py); the store's credentials stay with runs.
+FLEET_READ_GRANT = "runs.serving.adapter_grant"
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -314,7 +317,8 @@ PROBE_SECONDS = env_int("PROBE_SECONDS", 30, minimum=5)
 PROBE_TIMEOUT_S = env_float("PROBE_TIMEOUT_S", 5.0, minimum=0.1)  # one probe, connect to last byte
 PROBE_CONCURRENCY = env_int("PROBE_CONCURRENCY", 256, minimum=1)
 PROBE_STARTUP_GRACE_S = env_int("PROBE_STARTUP_GRACE_S", 1800, minimum=0)  # failures before vLLM ever answered
-PROBE_ALLOW_PRIVATE_ADDRESSES = env_bool("PROBE_ALLOW_PRIVATE_ADDRESSES", False)  # tests and labs only
+# Tests and labs only; on by default with the embedded simulated marketplace, whose serving boxes run on this machine.
+PROBE_ALLOW_PRIVATE_ADDRESSES = env_bool("PROBE_ALLOW_PRIVATE_ADDRESSES", EMBEDDED and SIMULATOR_ENABLED)
 INFERENCE_FLEET_SECONDS = env_int("INFERENCE_FLEET_SECONDS", 60, minimum=5)
 CELERY_BEAT_SCHEDULE.update({
     "probe-serving-instances": {"task": "fleet.tasks.probe_serving_instances", "schedule": float(PROBE_SECONDS)},

@@ -47,6 +47,7 @@ urlpatterns = [
     path("runs/launch/", run_views.run_launch, name="run_launch"),
     path("runs/<int:pk>/", run_views.run_detail, name="run_detail"),
     path("runs/<int:pk>/cancel/", run_views.run_cancel, name="run_cancel"),
+    path("runs/<int:pk>/serve/", run_views.run_serve, name="run_serve"),
     path("runs/<int:pk>/charts.json", chart_views.run_chart_data, name="run_chart_data"),
     path("runs/<int:pk>/metrics.csv", chart_views.run_metrics_csv, name="run_metrics_csv"),
     path("runs/compare/", chart_views.compare, name="run_compare"),

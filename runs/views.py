@@ -6,8 +6,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from fleet.access import require_permission
+from fleet.inference.forms import ServeAdapterForm
 from runs.run_data import projections
-from runs import launch as launching, wording
+from runs import launch as launching, serving, wording
 from runs.forms import LaunchForm
 from runs.models import Run
 
@@ -73,3 +74,22 @@ def run_cancel(request, pk):
     launching.cancel(run, user=request.user)
     messages.success(request, f"Run {run.name} #{run.pk} cancelled; the supervisor's next pass destroys its box.")
     return redirect("run_detail", pk=pk)
+
+
+@require_http_methods(["GET", "POST"])
+def run_serve(request, pk):
+    """GET: the form that serves one of a finished run's adapters; POST: the inference model serving it."""
+    require_permission(request.user, serving.PERMISSION)
+    run = get_object_or_404(Run, pk=pk)
+    adapters = {adapter.checkpoint.pk: adapter for adapter in serving.servable(run)}
+    if not adapters:
+        messages.error(request, serving.why_not(run))
+        return redirect("run_detail", pk=pk)
+    form = ServeAdapterForm(request.POST or None, adapters=[(k, a.label) for k, a in adapters.items()],
+                            initial=serving.initial(run, next(iter(adapters.values()))))
+    if request.method == "POST" and form.is_valid():
+        model = serving.serve(run, adapters[form.cleaned_data["checkpoint"]], form.cleaned_data, user=request.user)
+        messages.success(request, f"{model.name}: {model.desired_replicas} replica(s) of {model.adapter_source} on "
+                                  f"{model.base_model}; the fleet rents them now.")
+        return redirect("inference")
+    return render(request, "runs/serve_adapter.html", {"run": run, "form": form}, status=400 if form.errors else 200)

@@ -1,10 +1,11 @@
-"""What the Inference fleet page takes: a model to serve (new or changed) and a model's desired replica count, each
-number within what the fleet can act on, each refusal by its field."""
+"""What the Inference fleet page takes: a model to serve (new or changed), a model's desired replica count, and a
+finished run's adapter to serve; each number within what the fleet can act on, each refusal by its field."""
 
 import re
 
 from django import forms
 
+from fleet.inference.adapters import NAME as ADAPTER_NAME
 from fleet.models import InferenceModel, OfferProfile
 
 MAX_DESIRED_REPLICAS = 100
@@ -48,4 +49,58 @@ class InferenceModelForm(forms.ModelForm):
         if not IMAGE.fullmatch(image):
             raise forms.ValidationError("An image reference is letters, digits and . _ / : @ + - only, "
                                         "e.g. vllm/vllm-openai:v0.9.2.")
+        return image
+
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.11.2"  # the first vLLM that serves MoE LoRA adapters (Qwen3-MoE's per-expert layout)
+MAX_VRAM_GB = 2000.0
+
+
+class ServeAdapterForm(forms.Form):
+    """Serving one of a finished run's adapters: which one (the caller offers the checkpoints that hold a vLLM
+    export), under what name, on what base, with how many replicas on boxes of how much VRAM."""
+
+    checkpoint = forms.TypedChoiceField(coerce=int, label="Adapter", help_text="a phase's final adapter")
+    name = forms.CharField(max_length=100, label="Adapter name",
+                           help_text="what /v1/models lists it as and requests name as their model")
+    base_model = forms.CharField(max_length=300, label="Base model",
+                                 help_text="the model vLLM loads under it: a hub id (Qwen/Qwen3-30B-A3B) or a path")
+    image = forms.CharField(max_length=300, initial=VLLM_IMAGE, label="Serving image",
+                            help_text="a vLLM image; it runs with --enable-lora")
+    port = forms.IntegerField(min_value=1, max_value=65535, initial=8000,
+                              help_text="the container port that serves /v1/models")
+    desired_replicas = forms.IntegerField(min_value=1, max_value=MAX_DESIRED_REPLICAS, initial=1, label="Replicas")
+    max_replacements_per_day = forms.IntegerField(
+        min_value=0, max_value=MAX_REPLACEMENTS_PER_DAY, initial=3, label="Replacements a day",
+        help_text="boxes rented for this model a day at most, replacements included")
+    vram_needed_gb = forms.FloatField(min_value=0.1, max_value=MAX_VRAM_GB, label="VRAM needed (GB per GPU)",
+                                      help_text="offers with less are not rented: the base's weights and its KV cache")
+    profile = forms.ModelChoiceField(OfferProfile.objects.order_by("name"), required=False, label="Ranked with",
+                                     empty_label="the defaults", to_field_name="name",
+                                     help_text="the offer profile its boxes are ranked with")
+
+    def __init__(self, *args, adapters: list[tuple[int, str]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["checkpoint"].choices = adapters
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        if not ADAPTER_NAME.fullmatch(name):
+            raise forms.ValidationError("An adapter name is up to 100 letters, digits and . _ - (no spaces), "
+                                        "starting with a letter or digit.")
+        if InferenceModel.objects.filter(name=name).exists():
+            raise forms.ValidationError(f"An inference model named {name} exists already.")
+        return name
+
+    def clean_base_model(self):
+        base = self.cleaned_data["base_model"].strip()
+        if not base or any(c.isspace() or not c.isprintable() for c in base):
+            raise forms.ValidationError("A model id has no spaces: write it as vLLM takes it.")
+        return base
+
+    def clean_image(self):
+        image = self.cleaned_data["image"].strip()
+        if not IMAGE.fullmatch(image):
+            raise forms.ValidationError("An image reference is letters, digits and . _ / : @ + - only, "
+                                        f"e.g. {VLLM_IMAGE}.")
         return image

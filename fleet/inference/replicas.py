@@ -11,6 +11,7 @@ day instead.
 `plan` is the decision, pure over plain records; `maintain` reads the database, plans, and calls actions.
 """
 
+import dataclasses
 import logging
 import shlex
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.alerts.notify import raise_alert
+from fleet.inference import adapters
 from fleet.models import Alert, InferenceModel, Instance, Offer
 from fleet.offers.ranked import rent_settings
 
@@ -159,14 +161,28 @@ def machines_to_avoid(model: InferenceModel, now: datetime) -> set[str]:
 
 
 def serving_env(model: InferenceModel) -> dict[str, str]:
+    """What a box of this model gets in its environment, made when it is rented (an adapter's read grant expires)."""
     # vast.ai maps the ports named as docker "-p" options in env keys; without it /v1/models has no public port.
-    return {f"-p {model.port}:{model.port}": "1"}
+    env = {f"-p {model.port}:{model.port}": "1"}
+    if model.serves_adapter:
+        env.update(adapters.box_env(model))
+    return env
 
 
 def serving_onstart(model: InferenceModel) -> str:
+    if model.serves_adapter:
+        return adapters.start_script(model)
     # An ssh-type box does not run the image's entrypoint, so the serving command is the box's start script.
     return (f"nohup vllm serve {shlex.quote(model.name)} --host 0.0.0.0 --port {model.port} "
             ">> /var/log/vllm.log 2>&1 &")
+
+
+def rank_settings(model: InferenceModel):
+    """What this model's boxes are ranked with: its profile (or the defaults), needing the model's VRAM when known."""
+    recipe, filters = rent_settings(model.profile, model.image)
+    if model.vram_needed_gb:
+        recipe = dataclasses.replace(recipe, model=model.base_model or model.name, vram_needed_gb=model.vram_needed_gb)
+    return recipe, filters
 
 
 def _replaced(model: InferenceModel) -> Instance | None:
@@ -216,7 +232,7 @@ def _rent_replacements(model: InferenceModel, rentals, now: datetime, entry: Mod
                                  f"{model.max_replacements_per_day} today)"
                                  + (f", replacing {replaced.label}" if replaced else ""), now)
 
-        done = actions.rent_best(*rent_settings(model.profile, model.image), idempotency_key=rental.idempotency_key,
+        done = actions.rent_best(*rank_settings(model), idempotency_key=rental.idempotency_key,
                                  purpose="serving", image=model.image, avoid_machines=avoid,
                                  avoid_offers=frozenset(taken), env=serving_env(model),
                                  onstart=serving_onstart(model), on_requested=replica, now=now)

@@ -11,10 +11,26 @@ class InferenceModel(models.Model):
     profile = models.ForeignKey("fleet.OfferProfile", null=True, blank=True, on_delete=models.SET_NULL,
                                 help_text="how replacement boxes are ranked; the defaults when empty")
     max_replacements_per_day = models.PositiveSmallIntegerField(default=3, help_text="the replacement budget")
+    # A fine-tuned adapter served on its base: vLLM runs the base with --enable-lora and lists the adapter under the
+    # model's name. The box reads the files through a read grant made when it is rented, and checks each against the
+    # manifest recorded when the checkpoint was declared complete before vLLM starts.
+    base_model = models.CharField(max_length=300, blank=True,
+                                  help_text="the model vLLM loads under the adapter; empty: the name is the model")
+    adapter_uri = models.CharField(max_length=600, blank=True,
+                                   help_text="the folder of the adapter's files: s3://bucket/prefix/... or a local path")
+    adapter_manifest = models.JSONField(default=dict, blank=True,
+                                        help_text="{file name: {size, sha256}} of the adapter's files")
+    adapter_source = models.CharField(max_length=300, blank=True, help_text="the run and checkpoint it comes from")
+    vram_needed_gb = models.FloatField(null=True, blank=True,
+                                       help_text="per GPU, what offers are ranked with; empty: the profile's recipe")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
         return self.name
+
+    @property
+    def serves_adapter(self) -> bool:
+        return bool(self.adapter_uri)
 
 
 class ProbeResult(models.Model):

@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-token", default=os.environ.get("SIMULATOR_CONTROL_TOKEN"))
     parser.add_argument("--verbose", action="store_true", help="log every request")
     parser.add_argument("--run-agents", metavar="FOLDER",
-                        help="run each booted instance's onstart command (the on-box agent) as a local process, "
-                             "each in its own subfolder of FOLDER")
+                        help="run each booted instance's onstart command (the on-box agent, a serving box's start "
+                             "script) as a local process, each in its own subfolder of FOLDER; boxes then show "
+                             "127.0.0.1 and free local ports")
     args = parser.parse_args(argv)
     if not args.api_key:
         parser.error("an API key is required: --api-key or SIMULATOR_API_KEY")
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key=args.api_key, seed=args.seed, speed=args.speed, boot_delay_s=args.boot_delay, host=args.host,
         port=args.port, offer_count=args.offers, search_limit_per_min=args.search_limit,
         charges_min_interval_s=args.charges_interval, control_token=args.control_token, hooks=agents,
+        loopback_boxes=agents is not None,  # the boxes run here: what they serve is on this machine's ports
     )
     try:
         with sim:

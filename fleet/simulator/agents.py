@@ -2,7 +2,13 @@
 on-box agent, `python -m training.agent`) starts as a local process with the instance's environment, in a folder of
 its own (its "local disk"). The marketplace's faults act on that process: a dead host kills it and loses its
 folder, a hung host freezes it (SIGSTOP: alive to a process check, making no progress), a destroy kills it.
+
+A command that is not a plain `python ...` line (a serving box's start script) runs under `sh -c`, with `python3`
+and `vllm` on its PATH standing for this Python and the simulated vLLM (fleet/simulator/vllm.py), and the ports the
+marketplace mapped in FLEET_SIM_PORTS, so a serving box fetches its adapter and answers /v1/models for real.
 """
+
+import json
 
 import logging
 import os
@@ -29,6 +35,16 @@ class AgentProcesses(InstanceHooks):
         self.processes: dict[int, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
+    def shims(self) -> Path:
+        """The folder whose `python3`, `python` and `vllm` a start script finds first on its PATH."""
+        folder = self.workdir / "bin"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, target in (("python3", ""), ("python", ""), ("vllm", " -m fleet.simulator.vllm")):
+            shim = folder / name
+            shim.write_text(f'#!/bin/sh\nexec {shlex.quote(self.python)}{target} "$@"\n')
+            shim.chmod(0o755)
+        return folder
+
     def folder(self, instance_id: int) -> Path:
         return self.workdir / f"instance-{instance_id}"
 
@@ -41,11 +57,16 @@ class AgentProcesses(InstanceHooks):
                 return
             folder = self.folder(instance["id"])
             folder.mkdir(parents=True, exist_ok=True)
-            argv = shlex.split(command)
-            if argv[0] in ("python", "python3"):
-                argv[0] = self.python
             env = {**os.environ, **self.extra_env, **{k: str(v) for k, v in (instance.get("env") or {}).items()},
-                   "FLEET_WORKDIR": str(folder / "work"), "CONTAINER_ID": str(instance["id"])}
+                   "FLEET_WORKDIR": str(folder / "work"), "CONTAINER_ID": str(instance["id"]),
+                   "FLEET_SIM_PORTS": json.dumps({port: mapped[0]["HostPort"]
+                                                  for port, mapped in (instance.get("ports") or {}).items()})}
+            argv = shlex.split(command) if "\n" not in command else []
+            if argv and argv[0] in ("python", "python3"):
+                argv[0] = self.python
+            else:
+                argv = ["/bin/sh", "-c", command]
+                env["PATH"] = f"{self.shims()}{os.pathsep}{env.get('PATH', '')}"
             with open(folder / "agent.log", "ab") as out:
                 self.processes[instance["id"]] = subprocess.Popen(
                     argv, env=env, cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -74,22 +95,25 @@ class AgentProcesses(InstanceHooks):
         self._kill(instance["id"])
 
     def _signal(self, instance_id: int, signum: int) -> None:
+        # The whole session, whether or not its first process is still alive: a start script ends once it has put
+        # vLLM in the background, and vLLM is what must freeze or die with the box.
         process = self.processes.get(instance_id)
-        if process is not None and process.poll() is None:
-            try:
-                os.killpg(process.pid, signum)
-            except ProcessLookupError:
-                pass
+        if process is not None:
+            self._signal_group(process, signum)
 
     def _kill(self, instance_id: int) -> None:
         with self._lock:
             process = self.processes.pop(instance_id, None)
-        if process is not None and process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if process is not None:
+            self._signal_group(process, signal.SIGKILL)
             process.wait(timeout=30)
+
+    @staticmethod
+    def _signal_group(process: subprocess.Popen, signum: int) -> None:
+        try:
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):  # the session is gone (its id may even be someone else's now)
+            pass
 
     def stop_all(self) -> None:
         for instance_id in list(self.processes):

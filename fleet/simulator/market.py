@@ -7,6 +7,7 @@ advancing the clock and then asking is enough. Hooks are called after the lock i
 
 import logging
 import random
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -47,6 +48,9 @@ class Settings:
     charges_min_interval_s: float = 1.0  # real seconds between two answered GET /charges/
     dead_listed_s: float = 600.0  # simulated seconds a dead host's instance stays listed as "exited"
     starting_credit_usd: float = 1000.0  # the account's one deposit
+    # The boxes run as processes on this machine (fleet/simulator/agents.py): each shows 127.0.0.1 as its public
+    # address and maps its ports other than ssh to free local ports, so a probe reaches what the box serves.
+    loopback_boxes: bool = False
 
 
 class Market:
@@ -378,6 +382,11 @@ class Market:
         self._next_instance_id += rng.randint(1, 40)  # other clients rent in between
         ports = {port: [{"HostIp": "0.0.0.0", "HostPort": str(rng.randint(20000, 65000))}]
                  for port in _container_ports(request["env"], request["runtype"])}
+        public_ipaddr = f"203.0.113.{rng.randint(1, 254)}"  # TEST-NET-3, never routed
+        if self.settings.loopback_boxes:
+            public_ipaddr = "127.0.0.1"
+            ports.update({port: [{"HostIp": "127.0.0.1", "HostPort": str(_free_local_port())}]
+                          for port in ports if port != "22/tcp"})
         needed_cuda = image_cuda_version(request["image"])
         cuda_init_error = ""
         if offer.id in self._driver_too_old_offers or (needed_cuda and needed_cuda > offer.cuda_max_good + 1e-9):
@@ -400,7 +409,7 @@ class Market:
             boot_delay_s=self.settings.boot_delay_s,
             ssh_host=f"ssh{rng.randint(1, 9)}.simulated.invalid",  # .invalid never resolves: nothing leaks out
             ssh_port=int(ports["22/tcp"][0]["HostPort"]) if "22/tcp" in ports else rng.randint(20000, 65000),
-            public_ipaddr=f"203.0.113.{rng.randint(1, 254)}",  # TEST-NET-3, never routed
+            public_ipaddr=public_ipaddr,
             ports=ports,
             busy_gpu_util=round(rng.uniform(88.0, 99.0), 1),
             boot_started_at=now,
@@ -545,6 +554,12 @@ def _rent_request(offer: Offer, body: dict) -> dict:
         "runtype": str(body.get("runtype") or "ssh"),
         "label": str(body.get("label") or ""),
     }
+
+
+def _free_local_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _container_ports(env, runtype: str) -> list[str]:

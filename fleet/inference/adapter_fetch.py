@@ -1,0 +1,71 @@
+"""Runs on a serving box before vLLM starts, on the standard library alone (the vLLM image carries nothing of this
+project; the start script sends this file's text): fetches the adapter's files through the read grant in
+FLEET_ADAPTER into the folder it is given, checks each against its manifest entry (size and sha256), and prints the
+--max-lora-rank vLLM needs for the adapter's r. A file missing or not matching exits 1 naming it, and leaves nothing
+in the folder for vLLM to load."""
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import urllib.request
+from pathlib import Path
+
+GRANT_ENV = "FLEET_ADAPTER"  # what the box was rented with, not a setting of the dashboard
+RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts (its MaxLoRARanks)
+CHUNK = 1 << 20
+
+
+def copy(grant, name, out):
+    if grant["kind"] == "local":
+        with open(os.path.join(grant["path"], name), "rb") as source:
+            shutil.copyfileobj(source, out, CHUNK)
+    elif grant["kind"] == "s3-get":
+        with urllib.request.urlopen(grant["files"][name], timeout=120) as source:  # noqa: S310 (a presigned https URL)
+            shutil.copyfileobj(source, out, CHUNK)
+    else:
+        raise ValueError(f"the grant's kind {grant['kind']!r} is not local or s3-get")
+
+
+def digest(path):
+    sha = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(CHUNK), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def fetch(folder, grant, manifest):
+    """The adapter's rank, once every file is in the folder as the manifest says; ValueError or OSError otherwise."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, entry in sorted(manifest.items()):
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"{name!r} is not a plain file name")
+        part = folder / (name + ".part")
+        with open(part, "wb") as out:
+            copy(grant, name, out)
+        size, sha = part.stat().st_size, digest(part)
+        if size != entry["size"] or sha != entry["sha256"]:
+            raise ValueError(f"{name} is {size} bytes with sha256 {sha}; its checkpoint's manifest says "
+                             f"{entry['size']} bytes with sha256 {entry['sha256']}")
+        part.rename(folder / name)
+    return int(json.loads((folder / "adapter_config.json").read_text())["r"])
+
+
+def main(argv):
+    folder = Path(argv[1])
+    try:
+        spec = json.loads(os.environ[GRANT_ENV])
+        rank = fetch(folder, spec["grant"], spec["manifest"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a URL is never in these messages, only the file name
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"adapter: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(next((r for r in RANKS if r >= rank), RANKS[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

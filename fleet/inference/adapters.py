@@ -1,0 +1,81 @@
+"""Serving a fine-tuned adapter: what its box runs before vLLM starts, and how a probe tells that vLLM serves it.
+
+A box of an adapter model gets in its environment (FLEET_ADAPTER) a read grant for exactly the adapter's files,
+presigned GETs that expire after STORAGE_GRANT_S (or the folder, on the embedded default), made when the box is
+rented by `settings.FLEET_READ_GRANT` (fleet never reads runs, where the store's credentials live), and the files'
+manifest. Its start script fetches every file (fleet/inference/adapter_fetch.py, sent as text), refuses the lot
+unless each has the manifest's size and sha256, and only then starts `vllm serve BASE --enable-lora --lora-modules
+NAME=FOLDER`. vLLM lists the base and each adapter as entries of /v1/models, an adapter's `parent` naming its base:
+a box whose list lacks the adapter, or has it on another base, is failing however well the base answers.
+"""
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+ENV = "FLEET_ADAPTER"
+VLLM_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM loads an adapter from
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # an adapter name: a word /v1/models lists as it is
+FETCH_SOURCE = (Path(__file__).with_name("adapter_fetch.py")).read_text()
+FETCH_END = "FLEET_ADAPTER_FETCH_END"
+
+
+# -- what /v1/models must say (pure) --------------------------------------------------------------------------------
+
+
+def listing_problem(body: bytes, adapter: str, base: str) -> str:
+    """Why an OpenAI models list does not show `adapter` served on `base`, or "" when it does. The body has passed
+    probes.models_in already: it is a list of entries with ids."""
+    entries = {entry["id"]: entry for entry in json.loads(body)["data"]}
+    if adapter not in entries:
+        return f"serves {', '.join(entries)} but not the adapter {adapter}"
+    parent = entries[adapter].get("parent")
+    if parent is not None and parent != base:
+        return f"lists the adapter {adapter} on {parent}, not on {base}"
+    if base not in entries:
+        return f"lists the adapter {adapter} but not its base {base}"
+    return ""
+
+
+# -- what the box gets ----------------------------------------------------------------------------------------------
+
+
+def box_env(model) -> dict[str, str]:
+    """The adapter's read grant and manifest, made now: a box rented later (a replacement) gets a fresh one."""
+    grant = import_string(settings.FLEET_READ_GRANT)(model.adapter_uri, sorted(model.adapter_manifest),
+                                                     settings.STORAGE_GRANT_S)
+    return {ENV: json.dumps({"grant": grant, "manifest": model.adapter_manifest}, sort_keys=True)}
+
+
+def start_script(model) -> str:
+    """The box's start script: the adapter fetched and checked into its work folder, then vLLM in the background with
+    it (an ssh-type box does not run the image's entrypoint). A failed fetch ends the script before vLLM starts, so
+    the probes fail and the fleet replaces the box."""
+    if FETCH_END in FETCH_SOURCE:
+        raise ValueError("the fetch program holds its own heredoc end marker")
+    name, base = shlex.quote(model.name), shlex.quote(model.base_model)
+    return "\n".join([
+        "set -eu",
+        'root="${FLEET_WORKDIR:-/workspace}"',
+        'mkdir -p "$root"',
+        f'adapter="$root/adapters/"{name}',
+        f"rank=$(python3 - \"$adapter\" <<'{FETCH_END}'",
+        FETCH_SOURCE.rstrip("\n"),
+        FETCH_END,
+        ")",
+        f"nohup vllm serve {base} --host 0.0.0.0 --port {model.port} --enable-lora --max-lora-rank \"$rank\" "
+        f"--lora-modules {name}=\"$adapter\" >> \"$root/vllm.log\" 2>&1 &",
+        "",
+    ])
+
+
+def vllm_files(manifest: dict) -> dict[str, dict]:
+    """The entries of a checkpoint's manifest that make its vLLM export, named as in the export's folder; {} unless
+    every file vLLM needs is there."""
+    found = {name.removeprefix("vllm/"): entry for name, entry in manifest.items()
+             if name.startswith("vllm/") and name.removeprefix("vllm/") in VLLM_FILES}
+    return found if len(found) == len(VLLM_FILES) else {}

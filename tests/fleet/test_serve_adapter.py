@@ -1,0 +1,249 @@
+"""Serving a finished run's adapter: the run page's button and form make the inference model; its box reads the
+adapter's vllm/ files through an expiring grant for those files only, checks them against the checkpoint's manifest
+before vLLM starts, and counts as healthy only while /v1/models lists the adapter on its base (the simulated vLLM
+answering as vLLM does)."""
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import boto3
+import httpx
+import pytest
+from moto.server import ThreadedMotoServer
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet.inference import adapters, probes, replicas
+from fleet.models import InferenceModel, Instance, ProbeResult
+from fleet.simulator.agents import AgentProcesses
+from runs import serving
+from runs.models import Checkpoint, Phase, Run
+
+pytestmark = pytest.mark.django_db
+BASE = "Qwen/Qwen3-30B-A3B"
+ADAPTER = "tool-calls-7-sft"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _vllm_export(folder: Path, rank=4) -> dict:
+    """A checkpoint's vllm/ folder as training.export_adapter writes it; its manifest entries as a box declares."""
+    vllm = folder / "vllm"
+    vllm.mkdir(parents=True)
+    (vllm / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": 2 * rank, "peft_type": "LORA"}))
+    (vllm / "adapter_model.safetensors").write_bytes(b"tensors" * 1000)
+    return {f"vllm/{p.name}": {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+            for p in vllm.iterdir()}
+
+
+def _finished_run(tmp_path, *, export=True, state=Run.State.FINISHED) -> Run:
+    now = timezone.now()
+    run = Run.objects.create(name="tool calls", recipe={"model": {"path": BASE}, "lora": {"r": 4}},
+                             bucket=str(tmp_path / "bucket"), budget_usd=Decimal("5"), state=state, token_nonce="n",
+                             created_at=now)
+    Phase.objects.create(run=run, index=0, name="sft", kind="sft", steps=4)
+    uri = "ckpt-p00-s00000004"
+    folder = Path(serving.storage.location(run.bucket, run.pk).bucket) / f"runs/{run.pk}" / uri
+    manifest = {"adapter/adapter_model.safetensors": {"size": 1, "sha256": "0" * 64}}
+    if export:
+        manifest |= _vllm_export(folder)
+    Checkpoint.objects.create(run=run, phase=0, step=2, uri="ckpt-p00-s00000002", complete=True, manifest=manifest,
+                              created_at=now)
+    Checkpoint.objects.create(run=run, phase=0, step=4, uri=uri, complete=True, manifest=manifest, created_at=now)
+    return run
+
+
+def _model(tmp_path, **fields) -> InferenceModel:
+    manifest = {name.removeprefix("vllm/"): entry for name, entry in _vllm_export(tmp_path / "store").items()}
+    return InferenceModel.objects.create(**{
+        "name": ADAPTER, "base_model": BASE, "image": "vllm/vllm-openai:v0.11.2", "port": 8000,
+        "adapter_uri": str(tmp_path / "store" / "vllm"), "adapter_manifest": manifest, "vram_needed_gb": 73.2,
+        **fields})
+
+
+def _box_answers(port: int, timeout_s=30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).json()
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing answered on port {port}")
+
+
+def _start_box(model, tmp_path, port) -> AgentProcesses:
+    """The box as the simulated marketplace runs it: the start script and environment the fleet rents it with."""
+    boxes = AgentProcesses(tmp_path / "boxes")
+    boxes.on_running({"id": 1, "onstart": replicas.serving_onstart(model), "env": replicas.serving_env(model),
+                      "ports": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}})
+    return boxes
+
+
+def test_it_fetches_the_adapter_checks_it_and_serves_it_as_vllm_lists_it(tmp_path):
+    model, port = _model(tmp_path), _free_port()
+    boxes = _start_box(model, tmp_path, port)
+    try:
+        listing = _box_answers(port)
+    finally:
+        boxes.stop_all()
+    base, adapter = listing["data"]
+    assert listing["object"] == "list"
+    assert (base["id"], base["parent"], base["object"], base["owned_by"]) == (BASE, None, "model", "vllm")
+    assert (adapter["id"], adapter["parent"]) == (ADAPTER, BASE)
+    fetched = Path(adapter["root"])  # the box's own copy, not the store's folder
+    assert fetched.is_relative_to(tmp_path / "boxes") and sorted(p.name for p in fetched.iterdir()) == \
+        ["adapter_config.json", "adapter_model.safetensors"]
+    assert (fetched / "adapter_model.safetensors").read_bytes() == \
+        (tmp_path / "store" / "vllm" / "adapter_model.safetensors").read_bytes()
+    assert adapters.listing_problem(json.dumps(listing).encode(), ADAPTER, BASE) == ""
+
+
+def test_it_never_starts_vllm_on_an_adapter_file_that_does_not_match_its_manifest(tmp_path):
+    model, port = _model(tmp_path), _free_port()
+    (tmp_path / "store" / "vllm" / "adapter_model.safetensors").write_bytes(b"planted" * 1000)  # after it was recorded
+    boxes = _start_box(model, tmp_path, port)
+    process = boxes.processes[1]
+    try:
+        process.wait(timeout=30)
+        time.sleep(0.5)
+        log = boxes.logs(1)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+    finally:
+        boxes.stop_all()
+    assert process.returncode != 0
+    assert "adapter: FAILED: ValueError: adapter_model.safetensors is 7000 bytes with sha256" in log
+    assert "INFO: serving" not in log
+    assert not (tmp_path / "boxes" / "instance-1" / "work" / "adapters" / ADAPTER).exists()
+
+
+def _serve(*args, port) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fleet.simulator.vllm", "serve", BASE, "--port", str(port), *args])
+
+
+def test_it_counts_a_box_that_serves_the_base_without_the_adapter_as_failing(tmp_path, settings):
+    settings.PROBE_ALLOW_PRIVATE_ADDRESSES, settings.PROBE_TIMEOUT_S = True, 2
+    model = _model(tmp_path)
+    folder = tmp_path / "store" / "vllm"
+    servers = {"with": (_free_port(), ["--enable-lora", "--lora-modules", f"{ADAPTER}={folder}"]),
+               "without": (_free_port(), []),
+               "other base": (_free_port(), ["--enable-lora", "--lora-modules",
+                                             json.dumps({"name": ADAPTER, "path": str(folder),
+                                                         "base_model_name": "other/base"})])}
+    processes = [_serve(*args, port=port) for port, args in servers.values()]
+    now = timezone.now()
+    try:
+        for port, _ in servers.values():
+            _box_answers(port)
+        boxes = {key: Instance.objects.create(
+            provider="vast", idempotency_key=key, label=key, state=Instance.State.RUNNING, purpose="serving",
+            offer_id="1", gpu_name="H100 SXM", image=model.image, disk_gb=100, requested_at=now, running_at=now,
+            public_ip="127.0.0.1", ports={"8000/tcp": port}, serving_model=model) for key, (port, _) in servers.items()}
+        report = probes.probe_serving_instances()
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    results = {key: ProbeResult.objects.get(instance=box) for key, box in boxes.items()}
+    assert report.ok == 1 and results["with"].ok and results["with"].models_served == [BASE, ADAPTER]
+    assert not results["without"].ok
+    assert results["without"].error.endswith(f"serves {BASE} but not the adapter {ADAPTER}")
+    assert not results["other base"].ok
+    assert results["other base"].error.endswith(f"lists the adapter {ADAPTER} on other/base, not on {BASE}")
+
+
+def test_it_ranks_a_serving_box_by_the_vram_its_model_needs(tmp_path):
+    recipe, _ = replicas.rank_settings(_model(tmp_path, vram_needed_gb=150))
+    assert recipe.vram_gb == 150 and recipe.model == BASE
+
+
+def test_it_shows_serve_on_a_finished_run_to_staff_who_may_add_inference_models(client, staff, tmp_path,
+                                                                                 django_user_model):
+    run, unfinished = _finished_run(tmp_path), _finished_run(tmp_path, state=Run.State.TRAINING)
+    client.force_login(staff)
+    assert "Serve this adapter" in client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert "Serve this adapter" not in client.get(reverse("run_detail", args=[unfinished.pk])).content.decode()
+    other = django_user_model.objects.create_user("viewer", password="viewer-pass-123", is_staff=True)
+    other.user_permissions.add(Permission.objects.get(codename="change_inferencemodel"))
+    client.force_login(other)
+    assert "Serve this adapter" not in client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert client.get(reverse("run_serve", args=[run.pk])).status_code == 403
+    assert client.post(reverse("run_serve", args=[run.pk]), {"name": "x"}).status_code == 403
+    assert not InferenceModel.objects.exists()
+
+
+def test_it_serves_the_adapter_the_form_names_with_the_replicas_asked_for(client, staff, tmp_path):
+    run = _finished_run(tmp_path)
+    client.force_login(staff)
+    page = client.get(reverse("run_serve", args=[run.pk]))
+    assert page.status_code == 200
+    form = page.context["form"]
+    assert form.initial["base_model"] == BASE and form.initial["vram_needed_gb"] == 73.2
+    assert form.fields["checkpoint"].choices == [(run.checkpoints.get(step=4).pk, "sft (phase 1), step 4")]
+    data = {**{k: v for k, v in form.initial.items() if v is not None}, "image": "vllm/vllm-openai:v0.11.2",
+            "port": 8000, "desired_replicas": 2, "max_replacements_per_day": 4}
+    bad = client.post(reverse("run_serve", args=[run.pk]), {**data, "name": "has spaces"})
+    assert bad.status_code == 400 and "no spaces" in bad.content.decode()
+    done = client.post(reverse("run_serve", args=[run.pk]), data)
+    assert done.status_code == 302 and done.url == reverse("inference")
+    model = InferenceModel.objects.get()
+    folder = Path(run.bucket) / f"runs/{run.pk}" / "ckpt-p00-s00000004" / "vllm"
+    assert (model.name, model.base_model, model.desired_replicas) == (f"tool-calls-{run.pk}-sft", BASE, 2)
+    assert model.adapter_uri == str(folder)
+    assert model.adapter_manifest == {p.name: {"size": p.stat().st_size,
+                                               "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                                      for p in folder.iterdir()}
+    page = client.get(reverse("inference")).content.decode()
+    assert f"adapter on {BASE}, from run tool calls #{run.pk}, sft (phase 1), step 4" in page
+
+
+def test_it_says_why_a_run_without_a_vllm_export_cannot_be_served(client, staff, tmp_path):
+    run = _finished_run(tmp_path, export=False)
+    client.force_login(staff)
+    answer = client.get(reverse("run_serve", args=[run.pk]), follow=True)
+    assert "no phase&#x27;s final checkpoint holds vllm/" in answer.content.decode()
+    assert not InferenceModel.objects.exists()
+
+
+def test_it_grants_a_serving_box_the_adapters_files_only_and_for_a_while(settings, tmp_path):
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        settings.S3_ENDPOINT_URL = f"http://127.0.0.1:{port}"
+        settings.S3_REGION, settings.S3_ACCESS_KEY = "us-east-1", "account-key"
+        settings.S3_SECRET_KEY = "account-secret"
+        s3 = boto3.client("s3", endpoint_url=settings.S3_ENDPOINT_URL, region_name="us-east-1",
+                          aws_access_key_id="account-key", aws_secret_access_key="account-secret")
+        s3.create_bucket(Bucket="store")
+        model = _model(tmp_path, adapter_uri="s3://store/team/runs/3/ckpt-p00-s00000004/vllm")
+        for name in ("vllm/adapter_config.json", "vllm/adapter_model.safetensors",
+                     "adapter/adapter_model.safetensors", "trainer.pt"):
+            s3.put_object(Bucket="store", Key=f"team/runs/3/ckpt-p00-s00000004/{name}", Body=name.encode())
+        settings.STORAGE_GRANT_S = 600
+        env = replicas.serving_env(model)
+        grant = json.loads(env[adapters.ENV])["grant"]
+        assert "account-secret" not in json.dumps(env)
+        assert grant["kind"] == "s3-get" and sorted(grant["files"]) == ["adapter_config.json",
+                                                                          "adapter_model.safetensors"]
+        for name, url in grant["files"].items():
+            assert "X-Amz-Expires=600" in url
+            assert httpx.get(url).content == f"vllm/{name}".encode()
+        # Made when the box is rented, not when the model was: a replacement rented tomorrow gets its own.
+        signed_at = datetime.strptime(parse_qs(urlparse(url).query)["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ")
+        assert abs(signed_at.replace(tzinfo=UTC) - datetime.now(UTC)) < timedelta(minutes=1)
+    finally:
+        server.stop()
