@@ -16,6 +16,7 @@ from django.urls import reverse
 from runs import datasets, reports
 from runs.launch import LaunchError, example_recipe, launch
 from runs.models import DataSet, Run
+from training import agent
 from training.agent import DataRefused, fetch_data
 from training.records import ByteTokenizer
 
@@ -176,3 +177,28 @@ def test_the_box_fetches_each_phases_data_and_refuses_one_that_does_not_match(la
     with pytest.raises(DataRefused, match=r"the data of phase 1 \(sft\), example:sft.jsonl, does not match its sha256"):
         fetch_data(spec["phases"], recipe_phases, tmp_path / "other-box" / "data")
     assert not (tmp_path / "other-box" / "data" / sft.sha256 / "data.jsonl").exists()
+
+
+def test_the_agent_starts_no_trainer_on_data_that_does_not_match(launched, tmp_path, monkeypatch):
+    run = launched()
+    put_on_a_box(run)
+    spec = json.loads(json.dumps(reports.spec(run.attempts.get()), default=str))
+    spec["phases"][2]["data"]["sha256"] = spec["phases"][2]["data"]["manifest"]["data.jsonl"]["sha256"] = "0" * 64
+    posts, started = [], []
+
+    class Dashboard(agent.Api):
+        def __init__(self):
+            pass
+
+        def call(self, method, path, body=None):
+            posts.append((path, body))
+            return spec if path == "spec" else {}
+
+    monkeypatch.setattr(agent, "probe", lambda python: (True, "probe ok"))
+    monkeypatch.setattr(agent.subprocess, "Popen", lambda *a, **k: started.append(a))
+    heartbeat = agent.Heartbeat(Dashboard(), 60, 3600)
+    assert agent.run(Dashboard(), heartbeat, tmp_path / "work", "python") == 5
+    assert started == [] and not (tmp_path / "work" / "recipe.json").exists()
+    failed = [body for path, body in posts if path == "events" and body["kind"] == "trainer_failed"]
+    assert len(failed) == 1 and "the data of phase 2 (dpo), example:dpo.jsonl, does not match its sha256" in \
+        failed[0]["message"]
