@@ -58,7 +58,8 @@ class RankingForm(forms.Form):
     batch_size = _ranged(forms.IntegerField, 1, 65_536, label="Batch size")
     grad_accum = _ranged(forms.IntegerField, 1, 65_536, label="Grad accumulation")
     seq_len = _ranged(forms.IntegerField, 128, 1_048_576, label="Sequence length")
-    phases = forms.CharField(max_length=2000, help_text="phase:steps, e.g. cpt:1500 sft:1500 dpo:800")
+    phases = forms.CharField(max_length=2000, help_text="phase:steps, e.g. cpt:1500 sft:1500 dpo:800", label="Phases",
+                             widget=forms.Textarea(attrs={"rows": 2}))
     checkpoint_interval_min = _ranged(forms.FloatField, 1, 10_080, label="Checkpoint every (min)")
     kernel_path = forms.ChoiceField(choices=[(k, k) for k in KERNEL_PATHS], label="Kernel path")
     # The filters
