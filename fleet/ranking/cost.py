@@ -125,29 +125,28 @@ class CostModel:
         return _new_projection(
             Projection, (step_s, startup_s, train_s, checkpoints, rate, restarts, lost_s, billed_h + restart_h, total))
 
-    def totals(self, offers, step_seconds) -> list[float]:
-        """`estimate(offer, step_s, offer.is_bid).total_usd` for each offer and its step time, bit for bit, without
-        building a Projection: the ranking scores thousands of offers in one call and keeps the Projection of none
-        (a RankedOffer calls `estimate` when someone reads it). What follows from the step time alone is worked out
-        once per distinct step time (offers of one GPU model and count share one). The float operations below are
-        `estimate`'s, in its order; test_ranking_order and test_ranking_fast_path check the two agree."""
-        steps, extra_checkpoints, checkpoint_gb = self.steps, self.extra_checkpoints, self.checkpoint_gb
+    def step_figures(self, step_s: float) -> tuple[float, int, float, float]:
+        """What `estimate` works out from the step time alone, for `total_usd_scorer`: offers with the same GPU
+        model and count share a step time, so a ranking computes these once per model, not once per offer."""
+        compute_s = self.steps * step_s
+        interval = self.interval_s
+        interval_checkpoints = math.ceil(compute_s / interval) if compute_s > 0 else 0
+        checkpoints = interval_checkpoints + self.extra_checkpoints
+        # the same products `estimate` forms first (a x b x c is (a x b) x c), so the floats come out identical
+        return (compute_s, interval_checkpoints, checkpoints * self.checkpoint_gb,
+                (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S)
+
+    def total_usd_scorer(self):
+        """`total_usd(offer, step_figures(step_s))`: `estimate(offer, step_s, offer.is_bid).total_usd`, bit for bit,
+        without building the Projection. The ranking scores thousands of offers and keeps the Projection of none:
+        a RankedOffer calls `estimate` when someone reads it. The float operations below are `estimate`'s, in its
+        order; test_ranking_order checks the two agree."""
         boot_s, fetch_megabits, checkpoint_megabits = self.boot_s, self.fetch_megabits, self.checkpoint_megabits
         interval, disk_gb_months_per_hour, download_gb = self.interval_s, self.disk_gb_months_per_hour, self.download_gb
-        inf, log, ceil = math.inf, math.log, math.ceil
-        per_step_s = {}
-        as_float = {}  # traffic prices: a catalogue has a handful, and a Decimal keeps its hash
-        totals = []
-        for offer, step_s in zip(offers, step_seconds, strict=True):
-            try:
-                compute_s, interval_checkpoints, checkpoint_gb_uploaded, lost_before_startup_s = per_step_s[step_s]
-            except KeyError:
-                compute_s = steps * step_s
-                interval_checkpoints = ceil(compute_s / interval) if compute_s > 0 else 0
-                # the same products `estimate` forms (a x b x c is (a x b) x c), so the floats come out identical
-                checkpoint_gb_uploaded = (interval_checkpoints + extra_checkpoints) * checkpoint_gb
-                lost_before_startup_s = (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S
-                per_step_s[step_s] = (compute_s, interval_checkpoints, checkpoint_gb_uploaded, lost_before_startup_s)
+        inf, log = math.inf, math.log
+
+        def total_usd(offer: OfferRecord, figures: tuple[float, int, float, float]) -> float:
+            compute_s, interval_checkpoints, checkpoint_gb_uploaded, lost_before_startup_s = figures
             down = offer.inet_down_mbps
             up = offer.inet_up_mbps
             startup_s = boot_s + (fetch_megabits / down if down > 0 else inf)
@@ -155,15 +154,9 @@ class CostModel:
             stall_s = (upload_s - interval) * interval_checkpoints if upload_s > interval else 0.0
             box_h = float(offer.gpu_usd_per_hour or offer.total_usd_per_hour) \
                 + float(offer.storage_usd_per_gb_month) * disk_gb_months_per_hour
-            down_price, up_price = offer.inet_down_usd_per_gb, offer.inet_up_usd_per_gb
-            try:
-                down_price, up_price = as_float[down_price], as_float[up_price]
-            except KeyError:
-                down_price = as_float[down_price] = float(down_price)
-                up_price = as_float[up_price] = float(up_price)
-            download_usd = download_gb * down_price
+            download_usd = download_gb * float(offer.inet_down_usd_per_gb)
             billed_h = (startup_s + (compute_s + stall_s + upload_s)) / 3600
-            total = box_h * billed_h + download_usd + checkpoint_gb_uploaded * up_price
+            total = box_h * billed_h + download_usd + checkpoint_gb_uploaded * float(offer.inet_up_usd_per_gb)
             reliability = offer.reliability
             rate = -log(reliability) if 0 < reliability < 1 else (0.0 if reliability >= 1 else inf)
             if offer.is_bid:
@@ -173,8 +166,9 @@ class CostModel:
                 exposed = 1.0 - rate * lost_s / 3600
                 restarts = rate * billed_h / (exposed if exposed > MIN_RESTART_DENOMINATOR else MIN_RESTART_DENOMINATOR)
                 total += restarts * lost_s / 3600 * box_h + restarts * download_usd
-            totals.append(total)
-        return totals
+            return total
+
+        return total_usd
 
     def breakdown(self, offer: OfferRecord, p: Projection) -> CostBreakdown:
         gpu_h = offer.gpu_usd_per_hour or offer.total_usd_per_hour

@@ -17,8 +17,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from decimal import Decimal, InvalidOperation
-from itertools import compress
-from operator import attrgetter, not_
 
 from fleet.providers.records import OfferRecord
 
@@ -151,9 +149,6 @@ class Filter:
     applies: Callable[[OfferFilters], bool]
     bind: Callable[[OfferFilters, Recipe], Callable[[OfferRecord], bool]]
     words: Callable[[OfferRecord, OfferFilters, Recipe], str]
-    # Bound like `bind`: true only when no offer of a list can fail the test (checked a column at a time, at C
-    # speed), so a ranking can leave the test out for them; None where that is not cheaper than running it.
-    never_fails: Callable[[OfferFilters, Recipe], Callable[[list[OfferRecord]], bool]] | None = None
 
 
 def _always(f: OfferFilters) -> bool:
@@ -172,50 +167,6 @@ def _blank(value) -> bool:
         return not math.isfinite(value)
     except (TypeError, ValueError):  # a signalling NaN, or no number at all
         return True
-
-
-def _all_true(name: str):
-    get = attrgetter(name)
-    return lambda f, r: lambda offers: all(map(get, offers))
-
-
-def _finite(values) -> bool:
-    # math.isfinite is what _blank asks of each value; one that it refuses (None, text) makes the column not clean
-    try:
-        return all(map(math.isfinite, values))
-    except (TypeError, ValueError):
-        return False
-
-
-def _all_finite(name: str):
-    get = attrgetter(name)
-    return lambda f, r: lambda offers: _finite(map(get, offers))
-
-
-def _all_set_and_finite(name: str, at_least: Callable[[OfferFilters, Recipe], float] | None = None):
-    """Every value set (not 0) and finite, and none below at_least(filters, recipe) where that is given."""
-    get = attrgetter(name)
-
-    def bind(f: OfferFilters, r: Recipe):
-        low = at_least(f, r) if at_least else None
-
-        def never_fails(offers) -> bool:
-            values = list(map(get, offers))
-            return all(values) and _finite(values) and (low is None or not values or min(values) >= low)
-        return never_fails
-    return bind
-
-
-def _all_prices_finite(f, r):
-    return _prices_finite
-
-
-def _prices_finite(offers) -> bool:
-    # Decimal.is_finite refuses anything but a Decimal, as _price_unknown does
-    try:
-        return all(all(map(Decimal.is_finite, map(attrgetter(name), offers))) for name, _ in _PRICES)
-    except TypeError:
-        return False
 
 
 # The prices the cost model reads, with the words a user reads when one is blank; the total comes first.
@@ -291,17 +242,16 @@ def _has_cuda_floor(f: OfferFilters) -> bool:
 # In the order a user reads the reasons; each filter's bit is its place here. A filter applies only where it can
 # exclude something (a floor of 0 cannot), so an offer that passes costs only the tests that could have failed it.
 FILTERS = (
-    Filter("rentable", _always, lambda f, r: lambda o: not o.rentable, _said("not rentable"), _all_true("rentable")),
+    Filter("rentable", _always, lambda f, r: lambda o: not o.rentable, _said("not rentable")),
     Filter("bids", lambda f: not f.allow_bids, lambda f, r: lambda o: bool(o.is_bid),
            _said("interruptible (bid) offer; bids not allowed")),
-    Filter("gpus_unknown", _always, lambda f, r: lambda o: not o.num_gpus, _said("GPU count unknown"),
-           _all_true("num_gpus")),
+    Filter("gpus_unknown", _always, lambda f, r: lambda o: not o.num_gpus, _said("GPU count unknown")),
     Filter("gpu_count", lambda f: f.min_gpus > 1 or f.max_gpus is not None,
            lambda f, r: (lambda low, high: lambda o: bool(o.num_gpus) and not low <= o.num_gpus <= high)(
                f.min_gpus, f.max_gpus if f.max_gpus is not None else 1 << 30),
            lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus)),
     Filter("vram_unknown", _always, lambda f, r: lambda o: not o.gpu_ram_gb or _blank(o.gpu_ram_gb),
-           _said("VRAM unknown"), _all_set_and_finite("gpu_ram_gb")),
+           _said("VRAM unknown")),
     Filter("vram_range", lambda f: bool(f.vram_ranges),
            lambda f, r: (lambda ranges: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
                          and not _in_ranges(o.gpu_ram_gb, ranges))(f.vram_ranges),
@@ -309,9 +259,8 @@ FILTERS = (
     Filter("vram_needed", _always,
            lambda f, r: (lambda needed: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
                          and o.gpu_ram_gb < needed)(r.vram_gb),
-           lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}",
-           _all_set_and_finite("gpu_ram_gb", lambda f, r: r.vram_gb)),
-    Filter("price_unknown", _always, lambda f, r: _price_unknown, _price_unknown_words, _all_prices_finite),
+           lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}"),
+    Filter("price_unknown", _always, lambda f, r: _price_unknown, _price_unknown_words),
     Filter("price_cap", lambda f: f.max_usd_per_hour is not None,
            lambda f, r: (lambda cap: lambda o: not _blank_price(o.total_usd_per_hour) and o.total_usd_per_hour > cap)(
                f.max_usd_per_hour),
@@ -321,24 +270,21 @@ FILTERS = (
     Filter("driver_old", _has_driver_floor, lambda f, r: (lambda check: lambda o: check(o, "old"))(_driver_bind(f, r)),
            lambda o, f, r: f"driver {o.driver_version.strip()} < needed {f.min_driver_version}"),
     Filter("cuda_unknown", _has_cuda_floor, lambda f, r: lambda o: not o.cuda_max or _blank(o.cuda_max),
-           _said("CUDA unknown"), _all_set_and_finite("cuda_max")),
+           _said("CUDA unknown")),
     Filter("cuda_old", _has_cuda_floor,
            lambda f, r: (lambda floor: lambda o: bool(o.cuda_max) and not _blank(o.cuda_max)
                          and round(o.cuda_max, 3) < floor)(round(f.min_cuda, 3)),
            lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
-    Filter("disk_unknown", _always, lambda f, r: lambda o: _blank(o.disk_gb), _said("disk unknown"),
-           _all_finite("disk_gb")),
+    Filter("disk_unknown", _always, lambda f, r: lambda o: _blank(o.disk_gb), _said("disk unknown")),
     Filter("disk", lambda f: f.min_disk_gb > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.disk_gb) and o.disk_gb < low)(f.min_disk_gb),
            lambda o, f, r: f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"),
-    Filter("downlink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_down_mbps), _said("downlink unknown"),
-           _all_finite("inet_down_mbps")),
+    Filter("downlink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_down_mbps), _said("downlink unknown")),
     Filter("downlink", lambda f: f.min_inet_down_mbps > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.inet_down_mbps) and o.inet_down_mbps < low)(
                f.min_inet_down_mbps),
            lambda o, f, r: f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"),
-    Filter("uplink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_up_mbps), _said("uplink unknown"),
-           _all_finite("inet_up_mbps")),
+    Filter("uplink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_up_mbps), _said("uplink unknown")),
     Filter("uplink", lambda f: f.min_inet_up_mbps > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.inet_up_mbps) and o.inet_up_mbps < low)(
                f.min_inet_up_mbps),
@@ -350,7 +296,7 @@ FILTERS = (
            lambda f, r: (lambda check: lambda o: check(o, "outside"))(_location_bind(f, r)),
            lambda o, f, r: f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"),
     Filter("reliability_unknown", _always, lambda f, r: lambda o: _blank(o.reliability),
-           _said("reliability unknown"), _all_finite("reliability")),
+           _said("reliability unknown")),
     Filter("reliability", lambda f: f.min_reliability > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.reliability) and o.reliability < low)(f.min_reliability),
            lambda o, f, r: f"reliability {o.reliability:.4g} < {f.min_reliability:g}"),
@@ -392,35 +338,13 @@ class CompiledFilters:
     def __init__(self, filters: OfferFilters, recipe: Recipe):
         self.filters = filters
         self.recipe = recipe
-        applying = [f for f in FILTERS if f.applies(filters)]
-        self.tests = tuple((BITS[f.name], f.bind(filters, recipe)) for f in applying)
-        self._never_fails = tuple(f.never_fails and f.never_fails(filters, recipe) for f in applying)
+        self.tests = tuple((BITS[f.name], f.bind(filters, recipe)) for f in FILTERS if f.applies(filters))
 
     def first_failed(self, offer: OfferRecord) -> int:
         for bit, fails in self.tests:
             if fails(offer):
                 return bit
         return 0
-
-    def first_failed_in(self, offers: list[OfferRecord]) -> list[int]:
-        """`first_failed` of every offer of a catalogue, worked out a filter at a time over the offers that passed
-        the filters before it (map and compress, no Python loop per offer), and skipping a filter outright where a
-        look at its columns shows no offer left can fail it: a clean catalogue with every filter off runs no test
-        per offer at all, and one with the defaults is down to a few hundred offers before the first such look."""
-        bits = [0] * len(offers)
-        pending, positions = offers, range(len(offers))
-        for (bit, fails), never_fails in zip(self.tests, self._never_fails, strict=True):
-            if not pending:
-                break
-            if never_fails is not None and never_fails(pending):
-                continue
-            failed = list(map(fails, pending))
-            if any(failed):
-                for i in compress(positions, failed):
-                    bits[i] = bit
-                kept = list(map(not_, failed))
-                pending, positions = list(compress(pending, kept)), list(compress(positions, kept))
-        return bits
 
     def mask(self, offer: OfferRecord) -> int:
         m = 0

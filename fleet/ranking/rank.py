@@ -13,19 +13,17 @@ when something reads them, so 10,000 offers that all pass rank in about 30 ms (b
 
 import gc
 import math
-import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
-from itertools import compress, islice, repeat
-from operator import attrgetter, eq, itemgetter, not_
+from operator import attrgetter
 
 from fleet.providers.records import OfferRecord
 
 from .cost import CostBreakdown, CostModel, Projection
 from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
 from .recipe import Recipe
-from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputModel, model_tflops_of
+from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputModel, anchor_ratio, model_tflops_of
 
 
 class RankedOffer:
@@ -33,13 +31,15 @@ class RankedOffer:
     the throughput's words, the float projection and the Decimal money (`cost`) are worked out on first read, so
     ranking 10,000 offers pays for them only on the ones a page shows."""
 
-    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_throughput", "_pricing", "_projection", "_cost")
+    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_arrival", "_throughput", "_pricing", "_projection",
+                 "_cost")
 
-    def __init__(self, offer, rank, steps_per_usd, total, throughput, pricing):
+    def __init__(self, offer, steps_per_usd, total, arrival, throughput, pricing):
         self.offer: OfferRecord = offer
-        self.rank: int = rank  # 1 = best
+        self.rank: int = 0  # 1 = best; set once the ranking is sorted
         self.steps_per_usd: float = steps_per_usd
-        self._total = total  # the float total the score came from
+        self._total = total  # the float total the score came from; breaks ties in the score
+        self._arrival = arrival  # position in the catalogue; breaks the last ties
         self._throughput = throughput  # None for an estimate until read: its words cost more than its number
         self._pricing: _Pricing = pricing
         self._projection = None
@@ -215,9 +215,10 @@ class _Pricing:
         return self.speeds.estimate(
             o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
 
-    def estimate_speeds(self, offers: list[OfferRecord]) -> list[float | None]:
-        return self.speeds.estimate_speeds(offers, self.listed_ratio, self.dlperf_ratio, self.any_listed,
-                                           self.any_dlperf)
+    def estimate_tokens_per_s(self, o: OfferRecord) -> float | None:
+        cc = o.compute_capability
+        return self.speeds.estimate_tokens_per_s(
+            o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
 
 
 def best_offer(ranked: list[OfferRecord], avoid_machines=frozenset(), avoid_offers=frozenset()
@@ -238,20 +239,17 @@ def rank_offers(
     """Every offer either ranked (best steps per dollar first) or excluded with all of its reasons.
 
     recipe and filters default to the product's defaults; calibration to the seeded throughput table.
-
-    Past the filters the work goes a column at a time (offers, their catalogue positions, step times, totals),
-    through map, compress and sorted where it can, so that the per-offer Python is the cost arithmetic alone.
     """
     with _no_cycle_collection():
-        return _rank(offers if isinstance(offers, list) else list(offers), recipe or Recipe(), filters or OfferFilters(),
-                     calibration)
+        return _rank(offers, recipe, filters, calibration)
 
 
 @contextmanager
 def _no_cycle_collection():
     """Ranking 10,000 offers allocates tens of thousands of objects that outlive the call (the RankedOffers) or die
-    young without a cycle among them; a cyclic collection started by those allocations walks every object of the
-    process and frees nothing, and took about a fifth of the ranking's time. It runs after the ranking instead."""
+    young without a cycle among them; a cyclic collection that those allocations start walks the objects of the
+    process and frees nothing (8-15% of a ranking in bench/ranking.py). It runs after the ranking instead. The switch
+    is process-wide: a ranking in another thread meanwhile finds it off and leaves it so, this one turns it back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -261,125 +259,114 @@ def _no_cycle_collection():
             gc.enable()
 
 
-def _rank(offers: list[OfferRecord], recipe: Recipe, filters: OfferFilters, calibration: Calibration | None
-          ) -> Ranking:
+def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibration: Calibration | None) -> Ranking:
+    recipe = recipe or Recipe()
+    filters = filters or OfferFilters()
     compiled = compile_filters(filters, recipe)
+    first_failed = compiled.first_failed
     speeds = ThroughputModel(calibration or SEED_CALIBRATION, recipe)
     costs = CostModel(recipe)
     pricing = _Pricing(speeds, costs, recipe)
+    calibrated = speeds.calibrated
+    step_figures = costs.step_figures
+    total_usd = costs.total_usd_scorer()
     tokens_per_step = recipe.tokens_per_step
+    steps = recipe.total_steps
+    inf = math.inf
 
-    first_failed = compiled.first_failed_in(offers)
-    if any(first_failed):
-        excluded = [Exclusion(o, bit, compiled) for o, bit in zip(offers, first_failed) if bit]
-        passing = list(map(not_, first_failed))
-        passed, passed_at = list(compress(offers, passing)), list(compress(range(len(offers)), passing))
-    else:
-        excluded, passed, passed_at = [], offers, range(len(offers))
+    # Many offers share a GPU model and count, so a step time and what follows from it are worked out once per
+    # (gpu_name, compute_capability, num_gpus): (throughput, step figures, achieved model TFLOP/s per GPU), or
+    # None when no calibration covers it.
+    per_model: dict[tuple[str, int, int], tuple | None] = {}
+    excluded = []
+    ranked = []  # RankedOffers in scoring order, sorted below
+    unbounded = []  # scored, but at no finite cost
+    calibrated_offers = []  # in catalogue order, to anchor the estimates on
+    uncalibrated, uncalibrated_at = [], []  # offers and their catalogue positions (two lists: no tuple apiece)
+    for i, o in enumerate(offers):
+        m = first_failed(o)
+        if m:
+            excluded.append(Exclusion(o, m, compiled))
+            continue
+        key = (o.gpu_name, o.compute_capability, o.num_gpus)
+        try:
+            known = per_model[key]
+        except KeyError:
+            t = calibrated(o)
+            known = per_model[key] = None if t is None else (
+                t, step_figures(tokens_per_step / t.tokens_per_s), model_tflops_of(t.tokens_per_s / o.num_gpus, recipe))
+        if known is None:
+            uncalibrated.append(o)
+            uncalibrated_at.append(i)
+            continue
+        calibrated_offers.append(o)
+        total = total_usd(o, known[1])
+        if total < inf:  # also false for NaN
+            ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, known[0], pricing))
+        else:
+            unbounded.append(o)
 
-    # Many offers share a GPU model and count, so a throughput and its step time are looked up once per
-    # (gpu_name, compute_capability, num_gpus): (throughput, step time, achieved model TFLOP/s per GPU), or None
-    # when no calibration covers it.
-    keys = list(map(_model_key, passed))
-    per_model = {}
-    for key, o in dict(zip(keys, passed)).items():
-        t = speeds.calibrated(o)
-        per_model[key] = None if t is None else (
-            t, tokens_per_step / t.tokens_per_s, model_tflops_of(t.tokens_per_s / o.num_gpus, recipe))
-    known = list(map(per_model.__getitem__, keys))
-    is_calibrated = list(map(bool, known))
-    scored = list(compress(passed, is_calibrated))
-    scored_at = list(compress(passed_at, is_calibrated))
-    known = list(compress(known, is_calibrated))
-    throughputs = list(map(_first, known))
-    step_seconds = list(map(_second, known))
+    if uncalibrated:
+        # Anchor spec-sheet figures on what calibrated offers in this same catalogue list, whatever unit the
+        # marketplace uses for total_flops and dlperf; per architecture where one is calibrated, because the kernel
+        # path (and so the achieved share of the listed figure) follows the architecture.
+        listed_pairs, dlperf_pairs = {}, {}
+        for o in calibrated_offers:
+            per_gpu = per_model[(o.gpu_name, o.compute_capability, o.num_gpus)][2]
+            if o.total_flops:
+                listed_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
+            if o.dlperf:
+                dlperf_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
+        pricing.listed_ratio = {cc: anchor_ratio(pairs) for cc, pairs in listed_pairs.items()}
+        pricing.dlperf_ratio = {cc: anchor_ratio(pairs) for cc, pairs in dlperf_pairs.items()}
+        pricing.any_listed = anchor_ratio([pair for pairs in listed_pairs.values() for pair in pairs])
+        pricing.any_dlperf = anchor_ratio([pair for pairs in dlperf_pairs.values() for pair in pairs])
+        estimate = pricing.estimate_tokens_per_s
+        figures_at = {}  # step figures per estimated speed: offers capped at the best card share one
+        for i, o in zip(uncalibrated_at, uncalibrated):
+            speed = estimate(o)
+            if speed is None or not speed > 0:
+                excluded.append(Exclusion(o, NO_THROUGHPUT, compiled))
+                continue
+            try:
+                figures = figures_at[speed]
+            except KeyError:
+                figures = figures_at[speed] = step_figures(tokens_per_step / speed)
+            total = total_usd(o, figures)
+            if total < inf:
+                # throughput None: worked out when read, from the same anchors (RankedOffer.throughput)
+                ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, None, pricing))
+            else:
+                unbounded.append(o)
 
-    if len(scored) < len(passed):
-        is_uncalibrated = list(map(not_, is_calibrated))
-        uncalibrated = list(compress(passed, is_uncalibrated))
-        uncalibrated_at = list(compress(passed_at, is_uncalibrated))
-        _anchor(pricing, zip(scored, map(_third, known)))
-        estimated = pricing.estimate_speeds(uncalibrated)
-        usable = [speed is not None and speed > 0 for speed in estimated]
-        if not all(usable):
-            excluded.extend([Exclusion(o, NO_THROUGHPUT, compiled)
-                             for o in compress(uncalibrated, map(not_, usable))])
-            uncalibrated, uncalibrated_at, estimated = (list(compress(column, usable))
-                                                        for column in (uncalibrated, uncalibrated_at, estimated))
-        scored += uncalibrated
-        scored_at += uncalibrated_at
-        step_seconds += map(float(tokens_per_step).__truediv__, estimated)  # as int / float does
-        throughputs += repeat(None, len(estimated))  # worked out when read, from the same anchors (RankedOffer)
-
-    totals = costs.totals(scored, step_seconds)
-    bounded = list(map(math.inf.__gt__, totals))  # NaN is not below infinity either
-    if not all(bounded):
-        excluded.extend([Exclusion(o, UNBOUNDED_COST, compiled) for o in compress(scored, map(not_, bounded))])
-        scored, scored_at, totals, throughputs = (list(compress(column, bounded))
-                                                  for column in (scored, scored_at, totals, throughputs))
-    steps = float(recipe.total_steps)  # int / float divides the int's exact float, so the scores come out the same
-    scores = list(map(steps.__truediv__, totals)) if all(map(_POSITIVE, totals)) else \
-        [steps / total if total > 0 else 0.0 for total in totals]
-    order = _order(scores, totals, scored, scored_at)
-    ranked = tuple(map(RankedOffer, map(scored.__getitem__, order), range(1, len(order) + 1),
-                       map(scores.__getitem__, order), map(totals.__getitem__, order),
-                       map(throughputs.__getitem__, order), repeat(pricing)))
-    return Ranking(ranked, tuple(excluded), recipe, filters)
-
-
-_model_key = attrgetter("gpu_name", "compute_capability", "num_gpus")
-_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
-_POSITIVE = (0.0).__lt__
-
-
-def _anchor(pricing: "_Pricing", anchors) -> None:
-    """Anchor spec-sheet figures on what calibrated offers in this same catalogue list, whatever unit the marketplace
-    uses for total_flops and dlperf; per architecture where one is calibrated, because the kernel path (and so the
-    achieved share of the listed figure) follows the architecture. anchor_ratio's medians, of ratios gathered
-    straight away rather than of pairs."""
-    listed_ratios, dlperf_ratios = {}, {}
-    for o, per_gpu in anchors:
-        if o.total_flops:
-            listed = o.total_flops / o.num_gpus
-            if listed > 0:
-                listed_ratios.setdefault(o.compute_capability, []).append(per_gpu / listed)
-        if o.dlperf:
-            listed = o.dlperf / o.num_gpus
-            if listed > 0:
-                dlperf_ratios.setdefault(o.compute_capability, []).append(per_gpu / listed)
-    pricing.listed_ratio = {cc: statistics.median(ratios) for cc, ratios in listed_ratios.items()}
-    pricing.dlperf_ratio = {cc: statistics.median(ratios) for cc, ratios in dlperf_ratios.items()}
-    pricing.any_listed = _median_of_all(listed_ratios)
-    pricing.any_dlperf = _median_of_all(dlperf_ratios)
+    excluded.extend([Exclusion(o, UNBOUNDED_COST, compiled) for o in unbounded])
+    _sort(ranked)
+    for rank, entry in enumerate(ranked, 1):
+        entry.rank = rank
+    return Ranking(tuple(ranked), tuple(excluded), recipe, filters)
 
 
-def _median_of_all(ratios: dict[int, list[float]]) -> float | None:
-    every = [ratio for per_cc in ratios.values() for ratio in per_cc]
-    return statistics.median(every) if every else None
+_score = attrgetter("steps_per_usd")
 
 
-def _order(scores: list[float], totals: list[float], offers: list[OfferRecord], arrivals: list[int]) -> list[int]:
-    """Positions into the columns, best score first, then the cheaper run, then a stable id, then catalogue order.
+def _tie_order(e: RankedOffer):
+    o = e.offer
+    return e._total, o.provider, o.offer_id, o.is_bid, e._arrival
 
-    Sorting positions on the float score alone is several times faster than sorting tuples and allocates nothing
-    per offer; equal scores are rare, so only runs of them are put in tie order afterwards.
+
+def _sort(ranked: list[RankedOffer]) -> None:
+    """Best score first, then the cheaper run, then a stable id.
+
+    Sorting on the float score alone is several times faster than sorting tuples and allocates nothing per offer;
+    equal scores are rare, so only runs of them are put in tie order afterwards.
     """
-    order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
-    ordered = list(map(scores.__getitem__, order))
-    ties = list(map(eq, ordered, islice(ordered, 1, None)))  # ties[k]: the k-th and the next score are equal
-    if not any(ties):
-        return order
-
-    def tie_order(k):
-        o = offers[k]
-        return totals[k], o.provider, o.offer_id, o.is_bid, arrivals[k]
-
-    start = end = None
-    for k in compress(range(len(ties)), ties):
-        if k != end:  # a new run of equal scores begins at k
-            if start is not None:
-                order[start:end + 1] = sorted(order[start:end + 1], key=tie_order)
-            start = k
-        end = k + 1
-    order[start:end + 1] = sorted(order[start:end + 1], key=tie_order)
-    return order
+    ranked.sort(key=_score, reverse=True)
+    scores = [e.steps_per_usd for e in ranked]
+    if len(set(scores)) == len(scores):
+        return
+    start = 0
+    for end in range(1, len(ranked) + 1):
+        if end == len(ranked) or scores[end] != scores[start]:
+            if end - start > 1:
+                ranked[start:end] = sorted(ranked[start:end], key=_tie_order)
+            start = end

@@ -238,33 +238,18 @@ class ThroughputModel:
     def estimate_tokens_per_s(self, offer: OfferRecord, listed_to_model: float | None = None,
                               dlperf_to_model: float | None = None) -> float | None:
         """`estimate(...).tokens_per_s` alone: what the ranking scores on, without the words of its source."""
-        return self.estimate_speeds([offer], {}, {}, listed_to_model, dlperf_to_model)[0]
-
-    def estimate_speeds(self, offers, listed_to_model: dict[int, float | None],
-                        dlperf_to_model: dict[int, float | None], any_listed: float | None,
-                        any_dlperf: float | None) -> list[float | None]:
-        """`estimate_tokens_per_s` for many offers in one call, each at its compute capability's anchors (or the
-        `any_` ones where its capability has none)."""
-        default_listed, tokens_per_model_tflop, best = DEFAULT_LISTED_TO_MODEL_TFLOPS, \
-            self._tokens_per_model_tflop, self.best_tokens_per_s
-        speeds = []
-        for offer in offers:
-            n = offer.num_gpus or 1
-            flops = offer.total_flops
-            if flops and flops > 0:
-                per_gpu_tflops = flops / n * (listed_to_model.get(offer.compute_capability, any_listed)
-                                              or default_listed)
-            else:
-                dlperf, ratio = offer.dlperf, dlperf_to_model.get(offer.compute_capability, any_dlperf)
-                if not (dlperf and dlperf > 0 and ratio):
-                    speeds.append(None)
-                    continue
-                per_gpu_tflops = dlperf / n * ratio
-            per_gpu = per_gpu_tflops * tokens_per_model_tflop * ESTIMATE_DISCOUNT
-            if best and per_gpu > best:
-                per_gpu = best
-            speeds.append(per_gpu if n <= 1 else per_gpu * (n * MULTI_GPU_EFFICIENCY))
-        return speeds
+        n = offer.num_gpus or 1
+        flops = offer.total_flops
+        if flops and flops > 0:
+            per_gpu_tflops = flops / n * (listed_to_model or DEFAULT_LISTED_TO_MODEL_TFLOPS)
+        elif offer.dlperf and offer.dlperf > 0 and dlperf_to_model:
+            per_gpu_tflops = offer.dlperf / n * dlperf_to_model
+        else:
+            return None
+        per_gpu = per_gpu_tflops * self._tokens_per_model_tflop * ESTIMATE_DISCOUNT
+        if self.best_tokens_per_s and per_gpu > self.best_tokens_per_s:
+            per_gpu = self.best_tokens_per_s
+        return per_gpu if n <= 1 else per_gpu * (n * MULTI_GPU_EFFICIENCY)
 
 
 def anchor_ratio(pairs: list[tuple[float, float]]) -> float | None:
