@@ -8,7 +8,8 @@ filters drop what cannot work at all, and the cost model prices what works badly
 Pure and fast: plain records in, plain records out, no database or network, so the Offers page, a Celery task and
 the rank_offers command share it. The scoring pass is floats, worked out once per GPU model where it can be; a ranked
 offer's projection, throughput words and Decimal money, the words of an exclusion and the "why" lines are worked out
-when something reads them, so 10,000 offers that all pass rank in about 30 ms (bench/ranking.py).
+when something reads them. 10,000 offers rank in about 9 ms with the default filters and 45-50 ms with every filter
+off on the 2-core control-plane machine (bench/ranking.py, bench/NOTES_control_plane.md).
 """
 
 import gc
