@@ -67,7 +67,8 @@ class RankedOffer:
         if self._projection is None:
             o = self.offer
             pricing = self._pricing
-            self._projection = pricing.costs.estimate(o, pricing.tokens_per_step / self.throughput.tokens_per_s, o.is_bid)
+            step_s = pricing.tokens_per_step / self.throughput.tokens_per_s
+            self._projection = pricing.costs.estimate(o, step_s, o.is_bid)
         return self._projection
 
     @property

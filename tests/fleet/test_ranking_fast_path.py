@@ -10,7 +10,15 @@ from decimal import Decimal
 import pytest
 
 from fleet.providers.records import OfferRecord
-from fleet.ranking import SEED_CALIBRATION, CostModel, OfferFilters, Recipe, ThroughputModel, compile_filters, rank_offers
+from fleet.ranking import (
+    SEED_CALIBRATION,
+    CostModel,
+    OfferFilters,
+    Recipe,
+    ThroughputModel,
+    compile_filters,
+    rank_offers,
+)
 from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
 from fleet.ranking.throughput import anchor_ratio, model_tflops_of
 
