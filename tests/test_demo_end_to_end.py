@@ -1,0 +1,174 @@
+"""The embedded demo the whole way, through the pages: launch the tiny run on the example data, train it on the
+simulated marketplace (the real agent and trainer as its boxes' processes), export, "Serve this adapter", a serving
+box on the simulated marketplace that fetches and checks the adapter and starts (simulated) vLLM, and its probe green
+with the adapter listed on its base."""
+
+import hashlib
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+from celery.beat import Service
+from django.urls import reverse
+from django.utils import timezone
+
+import training
+
+from fleet.models import InferenceModel, Instance, ProbeResult
+from fleet.offers.refresh import refresh_offers
+from fleet.simulator import SimulatedMarketplace
+from fleet.simulator.agents import AgentProcesses
+from runs.models import Checkpoint, Phase, Run
+from tests.marketplace import MARKET_KEY
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def market(tmp_path, settings, live_server):
+    agents = AgentProcesses(tmp_path / "boxes")
+    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
+                              charges_min_interval_s=0, hooks=agents, loopback_boxes=True) as sim:
+        settings.VAST_API_URL, settings.VAST_API_KEY = sim.base_url, MARKET_KEY
+        settings.DASHBOARD_URL = live_server.url
+        settings.AGENT_HEARTBEAT_TIMEOUT_S = 30  # a loaded 2-core machine runs trainer, agent and server
+        settings.PROBE_ALLOW_PRIVATE_ADDRESSES = True  # what the embedded default sets: its boxes are on 127.0.0.1
+        settings.PROBE_TIMEOUT_S = 3
+        refresh_offers()
+        try:
+            yield sim
+        finally:
+            agents.stop_all()
+
+
+@pytest.fixture
+def beat(celery_worker, tmp_path):
+    """Real Celery beat in a thread, sending the product's own periodic tasks to the real worker twice a second."""
+    app = celery_worker
+    schedule = {name: {"task": task, "schedule": 0.5} for name, task in (
+        ("sync", "fleet.tasks.sync_instances"), ("supervise", "runs.tasks.supervise_runs"),
+        ("fleet", "fleet.tasks.maintain_inference_fleet"), ("probe", "fleet.tasks.probe_serving_instances"))}
+    saved, app.conf.beat_schedule = app.conf.beat_schedule, schedule
+    service = Service(app, max_interval=0.5, schedule_filename=str(tmp_path / "beat-schedule"),
+                      scheduler_cls="celery.beat:PersistentScheduler")
+    thread = threading.Thread(target=service.start, daemon=True)
+    thread.start()
+    yield service
+    service.stop(wait=True)
+    thread.join(10)
+    app.conf.beat_schedule = saved
+
+
+def _until(check, what, timeout_s=300):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the agent's uploader keeps only the newest waiting checkpoint, so when the tiny phases finish within one "
+    "heartbeat interval every phase's final checkpoint but the last is never uploaded and the run fails with its "
+    "outputs lost (training/agent.py Uploader.offer)"))
+def test_it_trains_the_tiny_run_and_serves_its_adapter_with_the_probe_green(client, operator, market, beat,
+                                                                            tmp_path):
+    client.force_login(operator)
+    form = client.get(reverse("run_launch")).context["form"]
+    launch = {name: form.initial[name] for name in ("name", "recipe", "budget_usd", "max_restarts")}
+    answer = client.post(reverse("run_launch"), {**launch, "bucket": str(tmp_path / "bucket")})
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    run = Run.objects.get()
+
+    def finished():
+        run.refresh_from_db()
+        if not run.is_active:
+            return True
+        return False
+
+    _until(finished, "the run to end", timeout_s=420)
+    events = "\n".join(f"{e.kind}: {e.message[:200]}" for e in run.events.order_by("at", "id"))
+    assert run.state == Run.State.FINISHED, events
+
+    page = client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert "Serve this adapter" in page
+    serve = client.get(reverse("run_serve", args=[run.pk])).context["form"]
+    choice = serve.fields["checkpoint"].choices[0]
+    assert choice[1].startswith("grpo (phase 5)")  # the last phase's final adapter comes first
+    data = {**{k: v for k, v in serve.initial.items() if v is not None}, "image": "vllm/vllm-openai:v0.11.2",
+            "port": 8000, "desired_replicas": 1, "max_replacements_per_day": 3}
+    assert client.post(reverse("run_serve", args=[run.pk]), data).status_code == 302
+    model = InferenceModel.objects.get()
+
+    def green():
+        return ProbeResult.objects.filter(instance__serving_model=model, ok=True).first()
+
+    probe = _until(green, "a green probe of the serving box", timeout_s=60)
+    assert probe.models_served == [model.base_model, model.name]
+    box = Instance.objects.get(serving_model=model)
+    assert box.public_ip == "127.0.0.1" and box.consecutive_probe_failures == 0
+    fleet_page = client.get(reverse("inference")).content.decode()
+    assert f"{model.base_model}, {model.name}" in fleet_page and f"adapter on {model.base_model}" in fleet_page
+
+
+def _trained_run(tmp_path) -> Run:
+    """The tiny example trained by the real trainer into a local store, recorded as the dashboard records a finished
+    run: its last phase's final checkpoint complete with the manifest of every file it holds."""
+    examples = Path(training.__file__).resolve().parent / "examples"
+    recipe = yaml.safe_load((examples / "tiny.yaml").read_text())
+    store = tmp_path / "bucket" / "runs" / "1"
+    recipe["checkpoint"] = {"store": str(store), "staging": str(tmp_path / "staging"), "every": 2, "keep": 2}
+    recipe["metrics"] = {"jsonl": str(tmp_path / "metrics.jsonl")}
+    for phase in recipe["phases"]:
+        phase["data"] = str(examples / phase["data"])
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    done = subprocess.run([sys.executable, "-m", "training.train", "--recipe", str(tmp_path / "recipe.yaml")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    last = recipe["phases"][-1]
+    uri = f"ckpt-p{len(recipe['phases']) - 1:02d}-s{last['steps']:08d}"
+    folder = store / uri
+    manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size,
+                                                   "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                for p in folder.rglob("*") if p.is_file() and p.name != "COMPLETE"}
+    now = timezone.now()
+    run = Run.objects.create(pk=1, name="tiny-demo", recipe=recipe, bucket=str(tmp_path / "bucket"),
+                             budget_usd=Decimal("5"), state=Run.State.FINISHED, token_nonce="n", created_at=now)
+    for index, phase in enumerate(recipe["phases"]):
+        Phase.objects.create(run=run, index=index, name=phase["kind"], kind=phase["kind"], steps=phase["steps"])
+    Checkpoint.objects.create(run=run, phase=len(recipe["phases"]) - 1, step=last["steps"], uri=uri, complete=True,
+                              manifest=manifest, created_at=now)
+    return run
+
+
+def test_it_serves_a_trained_adapter_on_the_simulated_marketplace_with_the_probe_green(client, operator, market,
+                                                                                        beat, tmp_path):
+    run = _trained_run(tmp_path)
+    client.force_login(operator)
+    assert "Serve this adapter" in client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    serve = client.get(reverse("run_serve", args=[run.pk])).context["form"]
+    assert serve.fields["checkpoint"].choices[0][1] == "grpo (phase 5), step 3"
+    data = {**{k: v for k, v in serve.initial.items() if v is not None}, "image": "vllm/vllm-openai:v0.11.2",
+            "port": 8000, "desired_replicas": 1, "max_replacements_per_day": 3}
+    assert client.post(reverse("run_serve", args=[run.pk]), data).status_code == 302
+    model = InferenceModel.objects.get()
+    assert model.base_model == "random-qwen3_moe" and model.vram_needed_gb == 1.0
+
+    def green():
+        return ProbeResult.objects.filter(instance__serving_model=model, ok=True).first()
+
+    probe = _until(green, "a green probe of the serving box", timeout_s=60)
+    assert probe.models_served == [model.base_model, model.name]
+    box = Instance.objects.get(serving_model=model)
+    assert box.public_ip == "127.0.0.1" and box.consecutive_probe_failures == 0
+    fetched = next((tmp_path / "boxes").glob(f"instance-*/work/adapters/{model.name}"))
+    assert sorted(p.name for p in fetched.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    fleet_page = client.get(reverse("inference")).content.decode()
+    assert f"{model.base_model}, {model.name}" in fleet_page and f"adapter on {model.base_model}" in fleet_page
