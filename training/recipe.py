@@ -26,6 +26,7 @@ raises RecipeError listing every problem at once.
 """
 
 import json
+import math
 from pathlib import Path
 
 import yaml
@@ -58,6 +59,22 @@ DEFAULTS = {
 }
 MODEL_DEFAULTS = {"dtype": "bfloat16", "seed": 0, "tokenizer": None}  # and exactly one of path or config
 # What every phase takes; name defaults to the kind, checkpoint_every and lr to the run's, reward to none (grpo only).
+# The largest value each number may take: past these a run is a typing slip (steps: 10**15 would never end, and its
+# phase row could not even be stored), not a plan.
+LIMITS = {
+    "steps": 10_000_000, "checkpoint_every": 10_000_000, "warmup_steps": 10_000_000, "batch_size": 4096,
+    "grad_accum": 4096, "seq_len": 1_048_576, "r": 1024, "seed": 2**32 - 1, "num_generations": 256,
+    "max_new_tokens": 65_536, "keep": 1000, "every": 10_000_000,
+    "lr": 1.0, "alpha": 65_536, "beta": 1000, "temperature": 100, "max_grad_norm": 1e6, "weight_decay": 10,
+    "min_lr_ratio": 1.0, "desirable_weight": 1000, "undesirable_weight": 1000,
+}
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 PHASE_COMMON = {"name", "kind", "data", "steps", "checkpoint_every", "lr", "reward"}
 PHASE_DEFAULTS = {
     "dpo": {"beta": 0.1},
@@ -161,13 +178,18 @@ def _resolve(base_dir, value):
 class _Problems(list):
     """Every problem found, in the order a user reads them, with the checks that add to it."""
 
-    def positive_int(self, where, value, zero_ok=False):
+    def positive_int(self, where, value, zero_ok=False, maximum=None):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero_ok else 1):
-            self.append(f"{where}: must be an integer {'>= 0' if zero_ok else '>= 1'}, got {value!r}")
+            self.append(f"{where}: must be an integer {'>= 0' if zero_ok else '>= 1'}, got {_shown(value)}")
+        elif (maximum := LIMITS.get(where.rsplit(".", 1)[-1], maximum)) is not None and value > maximum:
+            self.append(f"{where}: at most {maximum:,}, got {_shown(value)}")
 
     def positive_number(self, where, value, zero_ok=False):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero_ok):
-            self.append(f"{where}: must be a number {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                or (value == 0 and not zero_ok):
+            self.append(f"{where}: must be a number {'>= 0' if zero_ok else '> 0'}, got {_shown(value)}")
+        elif (maximum := LIMITS.get(where.rsplit(".", 1)[-1])) is not None and value > maximum:
+            self.append(f"{where}: at most {maximum:g}, got {_shown(value)}")
 
     def flag(self, where, value):
         if not isinstance(value, bool):
