@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from training.checkpoint_names import MARKER, UnsafePath, inside, parse_name
+from training.checkpoint_names import MARKER, UnsafePath, checkpoint_name, inside, parse_name
 from training.metric_fields import wire_point
 from training.probe import SENTINEL as PROBE_SENTINEL
 
@@ -233,23 +233,28 @@ def manifest_of(folder: Path) -> dict[str, dict]:
 
 
 class Uploader(threading.Thread):
-    """Uploads the newest complete checkpoint, files first and the marker last, then tells the dashboard.
+    """Uploads complete checkpoints, files first and the marker last, then tells the dashboard.
 
     A checkpoint is snapshotted with hard links the moment it is offered, so the trainer pruning its own store
-    cannot pull files from under an upload. Only the newest matters for a resume: one offered while another is
-    uploading replaces any that is still waiting, so a slow uplink skips checkpoints instead of falling behind.
+    cannot pull files from under an upload. For a resume only the newest matters: one offered while another is
+    uploading replaces any that is still waiting, so a slow uplink skips checkpoints instead of falling behind. A
+    phase's final checkpoint (`protected`: it holds that phase's adapter, an output of the run) is never skipped, and a
+    failed upload of one is tried again.
     """
 
-    def __init__(self, api: Api, grant: dict, outbox: Path, before_complete=lambda: None):
+    ATTEMPTS = 3
+
+    def __init__(self, api: Api, grant: dict, outbox: Path, before_complete=lambda: None,
+                 protected=frozenset()):
         super().__init__(name="checkpoint-uploads", daemon=True)
-        self.api, self.grant, self.outbox = api, grant, outbox
+        self.api, self.grant, self.outbox, self.protected = api, grant, outbox, protected
         # Called before a checkpoint is declared complete: the steps it covers must reach the dashboard first, or a
         # box that resumes past them would leave them unreported.
         self.before_complete = before_complete
         self.offered: set[str] = set()
         self.uploaded: list[str] = []
         self._cv = threading.Condition()
-        self._waiting: Path | None = None
+        self._waiting: list[Path] = []
         self._busy = False
         self._closed = False
 
@@ -264,9 +269,10 @@ class Uploader(threading.Thread):
             shutil.rmtree(snapshot, ignore_errors=True)
             return
         with self._cv:
-            if self._waiting is not None:
-                shutil.rmtree(self._waiting, ignore_errors=True)
-            self._waiting = snapshot
+            for skipped in [w for w in self._waiting if w.name not in self.protected]:
+                shutil.rmtree(skipped, ignore_errors=True)
+                self._waiting.remove(skipped)
+            self._waiting.append(snapshot)
             self._cv.notify_all()
 
     def renew(self, grant: dict) -> None:
@@ -274,26 +280,26 @@ class Uploader(threading.Thread):
 
     def pending(self) -> int:
         with self._cv:
-            return int(self._waiting is not None) + int(self._busy)
+            return len(self._waiting) + int(self._busy)
 
     def close(self) -> None:
-        """Waits for the upload in flight and the one waiting, then ends the thread."""
+        """Waits for the upload in flight and those waiting, then ends the thread."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-            while self._waiting is not None or self._busy:
+            while self._waiting or self._busy:
                 self._cv.wait()
 
     def run(self):
         while True:
             with self._cv:
-                while self._waiting is None and not self._closed:
+                while not self._waiting and not self._closed:
                     self._cv.wait()
-                if self._waiting is None:
+                if not self._waiting:
                     return
-                job, self._waiting, self._busy = self._waiting, None, True
+                job, self._busy = self._waiting.pop(0), True
             try:
-                self._upload(job)
+                self._upload_once_or_more(job)
                 self.uploaded.append(job.name)
             except Exception as exc:  # noqa: BLE001 - a failed upload must not kill the agent; a newer one follows
                 log.warning("upload of %s failed: %s", job.name, exc)
@@ -302,6 +308,16 @@ class Uploader(threading.Thread):
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+
+    def _upload_once_or_more(self, folder: Path):
+        attempts = self.ATTEMPTS if folder.name in self.protected else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._upload(folder)
+            except Exception:  # noqa: BLE001 - said by the caller after the last attempt
+                if attempt == attempts:
+                    raise
+                time.sleep(min(30.0, 2.0 * attempt))
 
     def _upload(self, folder: Path):
         phase, step = parse_name(folder.name)
@@ -495,7 +511,8 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     recipe_path.write_text(json.dumps(recipe))
 
     metrics = MetricsForwarder(api, metrics_path, spec["max_metric_points"])
-    uploader = Uploader(api, spec["upload"], workdir / "outbox", before_complete=metrics.flush)
+    finals = frozenset(checkpoint_name(p["index"], p["steps"]) for p in spec["phases"])
+    uploader = Uploader(api, spec["upload"], workdir / "outbox", before_complete=metrics.flush, protected=finals)
     uploader.offered.update(p.name for p in complete_checkpoints(store))  # already in the bucket
     heartbeat.on_upload_grant = uploader.renew
     uploader.start()

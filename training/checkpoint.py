@@ -114,16 +114,23 @@ def latest_complete(store):
     return max(complete, key=parse_name) if complete else None
 
 
-def prune(store, keep):
-    """Keep the newest `keep` complete checkpoints; drop older ones and unfinished ones older than the newest."""
+def prune(store, keep, protected=frozenset()):
+    """Keep the newest `keep` complete checkpoints and the `protected` ones (each phase's final: the run's outputs);
+    drop older ones and unfinished ones older than the newest."""
     names = store.names()
     complete = sorted((n for n, done in names.items() if done), key=parse_name)
     newest = parse_name(complete[-1]) if complete else None
     for name in complete[:-keep]:
-        store.delete(name)
+        if name not in protected:
+            store.delete(name)
     for name, done in names.items():
         if not done and newest and parse_name(name) < newest:
             store.delete(name)
+
+
+def phase_finals(phases) -> frozenset:
+    """The names of each phase's final checkpoint, which hold the run's adapters."""
+    return frozenset(checkpoint_name(index, phase["steps"]) for index, phase in enumerate(phases))
 
 
 def rng_state():
@@ -141,8 +148,9 @@ def set_rng_state(state):
 class Uploader:
     """Snapshots a checkpoint to local staging, then uploads it and prunes in a background thread."""
 
-    def __init__(self, store, staging_root, keep, attempts=3):
+    def __init__(self, store, staging_root, keep, attempts=3, protected=frozenset()):
         self.store, self.staging_root, self.keep, self.attempts = store, Path(staging_root), keep, attempts
+        self.protected = protected
         self._thread, self._error = None, None
         shutil.rmtree(self.staging_root, ignore_errors=True)  # left over from a killed run
 
@@ -167,7 +175,7 @@ class Uploader:
         for attempt in range(1, self.attempts + 1):
             try:
                 self.store.upload(local, name)
-                prune(self.store, self.keep)
+                prune(self.store, self.keep, self.protected)
                 shutil.rmtree(local, ignore_errors=True)
                 return
             except Exception as exc:  # noqa: BLE001 - any store failure is retried, then reported by wait()

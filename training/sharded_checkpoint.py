@@ -62,10 +62,10 @@ def _sharded_state(ranks, model, optimizer_state):
 class ShardedUploader:
     """`checkpoint.Uploader`'s save and wait, on every rank; rank 0 uploads."""
 
-    def __init__(self, ranks, model, store, staging, keep):
+    def __init__(self, ranks, model, store, staging, keep, protected=frozenset()):
         self.ranks, self.model = ranks, model
         self.shards_root = Path(f"{staging}-shards")
-        self.uploader = checkpoint.Uploader(store, staging, keep) if ranks.main else None
+        self.uploader = checkpoint.Uploader(store, staging, keep, protected=protected) if ranks.main else None
         ranks.barrier()  # rank 0 has cleared the staging folder before any rank writes
 
     def save(self, model, trainer_state, name, exports=()):

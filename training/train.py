@@ -332,10 +332,12 @@ def run(recipe, out=print):
     store = checkpoint.open_store(recipe["checkpoint"])
     staging = recipe["checkpoint"]["staging"]
     if ranks is not None:
-        uploader = sharded_checkpoint.ShardedUploader(ranks, model, store, staging, recipe["checkpoint"]["keep"])
+        uploader = sharded_checkpoint.ShardedUploader(ranks, model, store, staging, recipe["checkpoint"]["keep"],
+                                                      protected=checkpoint.phase_finals(recipe["phases"]))
         name, state = sharded_checkpoint.resume(ranks, model, store, staging)  # the adapter loaded in place
     else:
-        uploader = checkpoint.Uploader(store, staging, recipe["checkpoint"]["keep"])
+        uploader = checkpoint.Uploader(store, staging, recipe["checkpoint"]["keep"],
+                                       protected=checkpoint.phase_finals(recipe["phases"]))
         name = checkpoint.latest_complete(store)
     phases = recipe["phases"]
     start_phase, resumed = 0, None

@@ -185,3 +185,38 @@ def test_it_uploads_with_the_grant_each_heartbeat_renews(dashboard, tmp_path):
     uploader._put(tmp_path / "file", "ckpt-p00-s00000002/file")
     assert (tmp_path / "new" / "ckpt-p00-s00000002" / "file").exists()
     assert not (tmp_path / "old").exists()
+
+
+class _HeldApi:
+    """The agent's API client, holding the first upload until released, recording what is declared complete."""
+
+    def __init__(self):
+        self.release, self.complete = threading.Event(), []
+
+    def call(self, method, path, body=None):
+        if body and not body["complete"]:
+            self.release.wait(10)
+        elif body:
+            self.complete.append(body["uri"])
+        return {}
+
+
+def test_it_skips_checkpoints_a_slow_uplink_cannot_keep_up_with_but_never_a_phases_final(tmp_path):
+    from training.checkpoint_names import checkpoint_name
+
+    names = [checkpoint_name(0, step) for step in (2, 4, 6)] + [checkpoint_name(1, step) for step in (2, 4)]
+    finals = frozenset({checkpoint_name(0, 6)})
+    api = _HeldApi()
+    uploader = agent.Uploader(api, {"kind": "local", "path": str(tmp_path / "bucket")}, tmp_path / "outbox",
+                              protected=finals)
+    uploader.start()
+    for name in names:
+        folder = tmp_path / "store" / name
+        folder.mkdir(parents=True)
+        (folder / "trainer.pt").write_bytes(name.encode())
+        (folder / "COMPLETE").write_text("done\n")
+        uploader.offer(folder)
+        time.sleep(0.05)
+    api.release.set()
+    uploader.close()
+    assert api.complete == [names[0], checkpoint_name(0, 6), names[-1]]  # the first, the final, the newest
