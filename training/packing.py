@@ -2,9 +2,9 @@
 
 Each sample's positions restart at 0 (`position_ids`), from which transformers builds a block-diagonal causal mask
 for the attention layers (with no attention mask and no cache); the DeltaNet layers of a hybrid family also get the
-sample boundaries over the batch flattened into one stream (`cu_seq_lens_q`, transformers' name for them; see
-training/linear_attention.py). Finding the boundaries reads them on the host, so only families with linear
-attention pay for it.
+sample boundaries over the batch flattened into one stream (`cu_seq_lens_q`, transformers' name for them, and
+`sample_ends`, the same on the host; see training/linear_attention.py). Finding the boundaries reads the positions
+on the host once per forward, so only families with linear attention pay for it.
 """
 
 import torch
@@ -19,12 +19,16 @@ def row_positions(lengths):
 
 def boundaries(position_ids):
     """transformers' packed-sequence arguments for (B, L) position ids: cumulative sample ends over the flattened
-    rows (every row starts a sample, so a sample never runs from one row into the next)."""
-    flat = position_ids.reshape(-1)
-    starts = torch.nonzero(flat == 0).flatten()
-    ends = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
-    longest = int((ends[1:] - ends[:-1]).max())
-    return {"cu_seq_lens_q": ends, "cu_seq_lens_k": ends, "max_length_q": longest, "max_length_k": longest}
+    rows (every row starts a sample, so a sample never runs from one row into the next), on the device as
+    `cu_seq_lens_q`/`_k` and on the host as `sample_ends`. The positions are read on the host once here, so no
+    DeltaNet layer has to read the device again."""
+    flat = position_ids.reshape(-1).cpu()
+    starts = torch.nonzero(flat == 0).flatten().tolist()
+    ends = tuple((starts if starts and starts[0] == 0 else [0, *starts]) + [flat.numel()])
+    longest = max(end - start for start, end in zip(ends[:-1], ends[1:]))
+    device_ends = torch.tensor(ends, dtype=torch.int32).to(position_ids.device, non_blocking=True)
+    return {"cu_seq_lens_q": device_ends, "cu_seq_lens_k": device_ends, "max_length_q": longest,
+            "max_length_k": longest, "sample_ends": ends}
 
 
 def needs_boundaries(model) -> bool:

@@ -1,14 +1,23 @@
 """Packed rows keep their samples apart: each sample's logits (and so its loss) in a packed batch are those of the
-sample alone, for attention (Qwen3-MoE) and for Gated DeltaNet (Qwen3.5-MoE)."""
+sample alone, for attention (Qwen3-MoE) and for Gated DeltaNet (Qwen3.5-MoE), on the reference DeltaNet (one sample
+at a time) and on the fast path (one FLA call for the whole stream, the short convolution per sample or through
+causal-conv1d's seq_idx). FLA and causal-conv1d need a GPU; here they are stand-ins that hold the real functions'
+argument contract and compute what transformers' reference code computes for each sample alone."""
+
+import importlib
+import sys
+import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from training import linear_attention
 from training.data import IGNORE, _pack, collate
 from training.examples.tiny import TINY_CONFIG, TINY_QWEN3_5_CONFIG
 from training.lora import attach_lora, randomize_routed_lora_b
 from training.losses import causal_lm_loss
-from training.packing import model_inputs
+from training.packing import boundaries, model_inputs
 
 SEQ_LEN = 24
 
@@ -24,13 +33,86 @@ def _model(config):
     return model
 
 
+def _chunk_rule_alone(q, k, v, g, beta):
+    """transformers' reference chunked rule (what a sample alone runs through) for one sample of the stream."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import torch_chunk_gated_delta_rule
+
+    groups = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
+    return torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+
+
+class FakeFla:
+    """flash-linear-attention's `chunk_gated_delta_rule` as far as the fast path uses it: the checks its real
+    counterpart makes on packed input (batch 1, q and k with the key heads, cu_seqlens and their host copy), and the
+    reference rule run sample by sample. Records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+        assert q.shape[0] == 1 and q.shape[2] == k.shape[2] and v.shape[2] % q.shape[2] == 0
+        assert cu_seqlens.dtype == torch.long and cu_seqlens.device == q.device
+        assert cu_seqlens_cpu.device.type == "cpu" and cu_seqlens_cpu.tolist() == cu_seqlens.tolist()
+        assert cu_seqlens_cpu[-1] == q.shape[1] and scale is None and use_qk_l2norm_in_kernel
+        assert initial_state is None and not output_final_state and not kwargs
+        self.calls.append(cu_seqlens_cpu.tolist())
+        ends = cu_seqlens_cpu.tolist()
+        parts = [_chunk_rule_alone(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e])
+                 for s, e in zip(ends[:-1], ends[1:])]
+        return torch.cat(parts, dim=1), None
+
+
+class FakeCausalConv1d:
+    """causal-conv1d's `causal_conv1d_fn` with seq_idx: channel-last input only, as the real kernel."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def causal_conv1d_fn(self, x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                         final_states_out=None, activation=None):
+        assert x.stride(1) == 1 and seq_idx.dtype == torch.int32 and seq_idx.shape == (x.shape[0], x.shape[2])
+        assert activation in ("silu", "swish") and initial_states is None and not return_final_states
+        self.calls += 1
+        out = torch.zeros_like(x)
+        for sample in seq_idx[0].unique():
+            where = (seq_idx[0] == sample).nonzero().flatten()
+            part = x[:, :, where]
+            conv = F.conv1d(part, weight[:, None], bias, padding=weight.shape[1] - 1, groups=weight.shape[0])
+            out[:, :, where] = F.silu(conv[:, :, :part.shape[2]])
+        return out
+
+
+@pytest.fixture(params=["reference", "fla", "fla+causal-conv1d"])
+def deltanet(request, monkeypatch):
+    """Which DeltaNet kernels the box has; yields (path, the stand-ins in use)."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe  # noqa: F401 - resolved before the stand-ins
+
+    fakes = {}
+    if request.param.startswith("fla"):
+        fakes["fla"] = FakeFla()
+        package = types.ModuleType("fla.ops.gated_delta_rule")
+        package.chunk_gated_delta_rule = fakes["fla"].chunk_gated_delta_rule
+        monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", package)
+        monkeypatch.setattr(linear_attention, "KERNEL_DEVICE_TYPES", ("cuda", "cpu"))
+    if request.param.endswith("causal-conv1d"):
+        fakes["conv"] = FakeCausalConv1d()
+        monkeypatch.setitem(sys.modules, "causal_conv1d", types.SimpleNamespace(
+            causal_conv1d_fn=fakes["conv"].causal_conv1d_fn))
+    linear_attention.fla_chunk_rule.cache_clear()
+    linear_attention.conv1d_kernel.cache_clear()
+    yield request.param, fakes
+    linear_attention.fla_chunk_rule.cache_clear()
+    linear_attention.conv1d_kernel.cache_clear()
+
+
 def _samples():
     generator = torch.Generator().manual_seed(3)
     return [torch.randint(3, 260, (n,), generator=generator).tolist() for n in (7, 5, 9, 11, 6, 30)]
 
 
-@pytest.mark.parametrize("config", [TINY_CONFIG, TINY_QWEN3_5_CONFIG], ids=["qwen3_moe", "qwen3_5_moe"])
-def test_each_sample_in_a_packed_batch_scores_as_it_does_alone(config):
+def _each_sample_scores_as_it_does_alone(config):
     model = _model(config)
     samples = _samples()
     rows = _pack([(ids, list(ids)) for ids in samples], SEQ_LEN, pad_id=0)
@@ -56,6 +138,30 @@ def test_each_sample_in_a_packed_batch_scores_as_it_does_alone(config):
                 if column:  # the same rows run as one stream let the earlier samples in: the test can tell
                     losses.append((unpacked[row, column:column + len(piece)] - alone).abs().max())
     assert losses and max(losses) > 1e-3
+    return batch
+
+
+def test_each_sample_in_a_packed_batch_scores_as_it_does_alone_with_attention_only():
+    _each_sample_scores_as_it_does_alone(TINY_CONFIG)
+
+
+def test_each_sample_in_a_packed_batch_scores_as_it_does_alone_with_deltanet(deltanet):
+    path, fakes = deltanet
+    batch = _each_sample_scores_as_it_does_alone(TINY_QWEN3_5_CONFIG)
+    deltanet_layers = sum(kind == "linear_attention" for kind in _model(TINY_QWEN3_5_CONFIG).config.layer_types)
+    if "fla" in fakes:
+        # One call per DeltaNet layer for the whole packed batch, told every sample's boundaries.
+        ends = list(boundaries(batch["position_ids"])["sample_ends"])
+        assert fakes["fla"].calls == [ends] * deltanet_layers
+    if "conv" in fakes:
+        assert fakes["conv"].calls == deltanet_layers
+
+
+def test_the_boundaries_cover_every_row_and_are_on_the_host_and_the_device():
+    found = boundaries(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]]))
+    assert found["sample_ends"] == (0, 3, 5, 7, 10)
+    assert found["cu_seq_lens_q"].tolist() == [0, 3, 5, 7, 10] and found["cu_seq_lens_q"].dtype == torch.int32
+    assert found["max_length_q"] == found["max_length_k"] == 3
 
 
 def test_the_packed_loss_is_the_token_mean_of_the_samples_losses_alone():
@@ -79,3 +185,25 @@ def test_packing_keeps_samples_whole_and_their_first_token_out_of_the_loss():
     assert rows[0]["labels"][0] == rows[0]["labels"][10] == IGNORE and rows[0]["labels"][20:] == [IGNORE] * 4
     assert rows[1]["input_ids"] == [7] * 24 and rows[2]["input_ids"][:6] == [7] * 6  # cut into seq_len pieces
     assert rows[2]["position_ids"][:6] == list(range(6))
+
+
+@pytest.mark.parametrize("model_type, module, layer_class", [
+    ("qwen3_next", "qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet"),
+    ("qwen3_5_moe_text", "qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
+])
+def test_the_fast_path_makes_what_the_layer_makes_of_each_sample_alone(model_type, module, layer_class):
+    # Qwen3-Next fuses its projections differently (in_proj_qkvz, in_proj_ba); both are read the layer's own way.
+    from transformers import AutoConfig
+
+    fields = {key: value for key, value in TINY_QWEN3_5_CONFIG.items() if key != "model_type"}
+    config = AutoConfig.for_model(model_type, **fields)
+    torch.manual_seed(0)
+    layer = getattr(importlib.import_module(f"transformers.models.{module}"), layer_class)(config, 0).float()
+    hidden = torch.randn(2, 10, config.hidden_size)
+    ends = (0, 4, 10, 13, 20)
+    fake = FakeFla()
+    with torch.no_grad():
+        fast = linear_attention.fast_packed_forward(layer, hidden, ends, fake.chunk_gated_delta_rule)
+        torch.testing.assert_close(fast, linear_attention.reference_packed_forward(layer, hidden, ends),
+                                   rtol=1e-5, atol=1e-5)
+    assert fake.calls == [list(ends)]
