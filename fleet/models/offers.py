@@ -37,6 +37,8 @@ class Offer(models.Model):
     geolocation = models.CharField(max_length=80, blank=True)
     dlperf = models.FloatField(null=True, blank=True)
     total_flops = models.FloatField(null=True, blank=True)
+    nvlink_gb_s = models.FloatField(null=True, blank=True, help_text="GB/s between its GPUs over NVLink; 0: PCIe only")
+    pcie_gb_s = models.FloatField(null=True, blank=True, help_text="GB/s of each GPU's PCIe link")
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     available = models.BooleanField(default=True, help_text="listed in the latest refresh")

@@ -11,6 +11,7 @@ HEADINGS = {
     "rentable": "not rentable",
     "bids": "interruptible (bid), and bids are not allowed",
     "gpus_unknown": "GPU count unknown",
+    "gpus_needed": "fewer GPUs than the recipe trains on",
     "gpu_count": "GPU count outside the range",
     "vram_unknown": "VRAM unknown",
     "vram_range": "VRAM outside the GPU tiers",

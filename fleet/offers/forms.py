@@ -7,7 +7,7 @@ from django import forms
 from django.conf import settings
 
 from fleet.ranking import GPU_TIERS, PRESETS, OfferFilters, Phase, Recipe
-from fleet.ranking.recipe import KERNEL_PATHS
+from fleet.ranking.recipe import KERNEL_PATHS, MAX_GPUS
 
 SORTS = {
     "score": "steps per dollar",
@@ -62,6 +62,8 @@ class RankingForm(forms.Form):
                              widget=forms.Textarea(attrs={"rows": 2}))
     checkpoint_interval_min = _ranged(forms.FloatField, 1, 10_080, label="Checkpoint every (min)")
     kernel_path = forms.ChoiceField(choices=[(k, k) for k in KERNEL_PATHS], label="Kernel path")
+    gpus = _ranged(forms.IntegerField, 1, MAX_GPUS, required=False, label="GPUs",
+                   help_text="of one box the trainer runs on, one rank each; blank: 1")
     # The filters
     gpu_tiers = forms.MultipleChoiceField(choices=[(k, v[0]) for k, v in GPU_TIERS.items()], required=False,
                                          widget=forms.CheckboxSelectMultiple, help_text="none checked: any GPU",
@@ -85,7 +87,7 @@ class RankingForm(forms.Form):
     find = forms.CharField(required=False, max_length=200, label="Find offer")
 
     RECIPE_FIELDS = ["total_params_b", "active_params_b", "lora_rank", "batch_size", "grad_accum", "seq_len",
-                     "kernel_path"]
+                     "kernel_path", "gpus"]
     FILTER_FIELDS = ["gpu_tiers", "max_usd_per_hour", "min_driver_version", "min_cuda", "min_disk_gb",
                      "min_inet_down_mbps", "min_inet_up_mbps", "min_reliability", "require_verified", "allow_bids",
                      "min_gpus", "max_gpus"]
@@ -104,6 +106,9 @@ class RankingForm(forms.Form):
         data["max_usd_per_hour"] = saved["max_usd_per_hour"] or ""
         data["max_gpus"] = saved["max_gpus"] or ""
         return data
+
+    def clean_gpus(self):
+        return self.cleaned_data["gpus"] or 1  # a link saved before the field existed trains on one
 
     def clean_phases(self):
         return parse_phases(self.cleaned_data["phases"])

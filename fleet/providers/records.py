@@ -38,6 +38,10 @@ class OfferRecord:
     geolocation: str  # "Sweden, SE", "US-CA, US"
     dlperf: float | None
     total_flops: float | None  # TFLOPS, all GPUs together
+    # Between the GPUs of one box, as the listing says (vast.ai bw_nvlink, pcie_bw); None where it says nothing.
+    # nvlink_gb_s 0: no NVLink, the GPUs talk over PCIe.
+    nvlink_gb_s: float | None = None
+    pcie_gb_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,6 +186,8 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
         geolocation=fields.text(raw, "geolocation", default=""),
         dlperf=fields.number(raw, "dlperf", default=None),
         total_flops=fields.number(raw, "total_flops", default=None),
+        nvlink_gb_s=fields.number(raw, "bw_nvlink", default=None),
+        pcie_gb_s=fields.number(raw, "pcie_bw", default=None),
     )
 
 

@@ -146,12 +146,12 @@ class Filter:
     passes the ones that compare it, so it reads "disk unknown", not "disk None GB < 250"."""
 
     name: str
-    applies: Callable[[OfferFilters], bool]
+    applies: Callable[[OfferFilters, Recipe], bool]
     bind: Callable[[OfferFilters, Recipe], Callable[[OfferRecord], bool]]
     words: Callable[[OfferRecord, OfferFilters, Recipe], str]
 
 
-def _always(f: OfferFilters) -> bool:
+def _always(f: OfferFilters, r: Recipe) -> bool:
     return True
 
 
@@ -231,37 +231,53 @@ def _driver_unknown_words(o, f, r) -> str:
     return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
 
 
-def _has_driver_floor(f: OfferFilters) -> bool:
+def _has_driver_floor(f: OfferFilters, r: Recipe) -> bool:
     return bool(f.min_driver_version)
 
 
-def _has_cuda_floor(f: OfferFilters) -> bool:
+def _has_cuda_floor(f: OfferFilters, r: Recipe) -> bool:
     return round(f.min_cuda, 3) > 0
+
+
+def _max_gpus(f: OfferFilters, r: Recipe) -> int:
+    """The most GPUs a box may have: the filters' cap, never below the recipe's own count (a cap of 1, the default,
+    reads as "no GPU to spare" for a recipe on several); no cap when the filters set none."""
+    return 1 << 30 if f.max_gpus is None else max(f.max_gpus, r.gpus)
+
+
+def _vram_needed_words(o, f, r) -> str:
+    if r.gpus == 1:
+        return f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}"
+    return (f"VRAM {r.gpus} x {_num(o.gpu_ram_gb)} GB = {_num(r.gpus * o.gpu_ram_gb)} GB < needed "
+            f"{_num(r.vram_total_gb)} GB for {r.model} on {r.gpus} GPUs ({_num(r.vram_gb)} GB each)")
 
 
 # In the order a user reads the reasons; each filter's bit is its place here. A filter applies only where it can
 # exclude something (a floor of 0 cannot), so an offer that passes costs only the tests that could have failed it.
 FILTERS = (
     Filter("rentable", _always, lambda f, r: lambda o: not o.rentable, _said("not rentable")),
-    Filter("bids", lambda f: not f.allow_bids, lambda f, r: lambda o: bool(o.is_bid),
+    Filter("bids", lambda f, r: not f.allow_bids, lambda f, r: lambda o: bool(o.is_bid),
            _said("interruptible (bid) offer; bids not allowed")),
     Filter("gpus_unknown", _always, lambda f, r: lambda o: not o.num_gpus, _said("GPU count unknown")),
-    Filter("gpu_count", lambda f: f.min_gpus > 1 or f.max_gpus is not None,
+    Filter("gpus_needed", lambda f, r: r.gpus > 1,
+           lambda f, r: (lambda needed: lambda o: bool(o.num_gpus) and o.num_gpus < needed)(r.gpus),
+           lambda o, f, r: f"{o.num_gpus} GPU{'s' if o.num_gpus != 1 else ''} < the {r.gpus} the recipe trains on"),
+    Filter("gpu_count", lambda f, r: f.min_gpus > 1 or f.max_gpus is not None,
            lambda f, r: (lambda low, high: lambda o: bool(o.num_gpus) and not low <= o.num_gpus <= high)(
-               f.min_gpus, f.max_gpus if f.max_gpus is not None else 1 << 30),
-           lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus)),
+               f.min_gpus, _max_gpus(f, r)),
+           lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus, r.gpus)),
     Filter("vram_unknown", _always, lambda f, r: lambda o: not o.gpu_ram_gb or _blank(o.gpu_ram_gb),
            _said("VRAM unknown")),
-    Filter("vram_range", lambda f: bool(f.vram_ranges),
+    Filter("vram_range", lambda f, r: bool(f.vram_ranges),
            lambda f, r: (lambda ranges: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
                          and not _in_ranges(o.gpu_ram_gb, ranges))(f.vram_ranges),
            lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"),
     Filter("vram_needed", _always,
            lambda f, r: (lambda needed: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
                          and o.gpu_ram_gb < needed)(r.vram_gb),
-           lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}"),
+           _vram_needed_words),
     Filter("price_unknown", _always, lambda f, r: _price_unknown, _price_unknown_words),
-    Filter("price_cap", lambda f: f.max_usd_per_hour is not None,
+    Filter("price_cap", lambda f, r: f.max_usd_per_hour is not None,
            lambda f, r: (lambda cap: lambda o: not _blank_price(o.total_usd_per_hour) and o.total_usd_per_hour > cap)(
                f.max_usd_per_hour),
            lambda o, f, r: f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"),
@@ -276,31 +292,31 @@ FILTERS = (
                          and round(o.cuda_max, 3) < floor)(round(f.min_cuda, 3)),
            lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
     Filter("disk_unknown", _always, lambda f, r: lambda o: _blank(o.disk_gb), _said("disk unknown")),
-    Filter("disk", lambda f: f.min_disk_gb > 0,
+    Filter("disk", lambda f, r: f.min_disk_gb > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.disk_gb) and o.disk_gb < low)(f.min_disk_gb),
            lambda o, f, r: f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"),
     Filter("downlink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_down_mbps), _said("downlink unknown")),
-    Filter("downlink", lambda f: f.min_inet_down_mbps > 0,
+    Filter("downlink", lambda f, r: f.min_inet_down_mbps > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.inet_down_mbps) and o.inet_down_mbps < low)(
                f.min_inet_down_mbps),
            lambda o, f, r: f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"),
     Filter("uplink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_up_mbps), _said("uplink unknown")),
-    Filter("uplink", lambda f: f.min_inet_up_mbps > 0,
+    Filter("uplink", lambda f, r: f.min_inet_up_mbps > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.inet_up_mbps) and o.inet_up_mbps < low)(
                f.min_inet_up_mbps),
            lambda o, f, r: f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"),
-    Filter("location_unknown", lambda f: bool(f.locations),
+    Filter("location_unknown", lambda f, r: bool(f.locations),
            lambda f, r: (lambda check: lambda o: check(o, "unknown"))(_location_bind(f, r)),
            _said("location unknown")),
-    Filter("location", lambda f: bool(f.locations),
+    Filter("location", lambda f, r: bool(f.locations),
            lambda f, r: (lambda check: lambda o: check(o, "outside"))(_location_bind(f, r)),
            lambda o, f, r: f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"),
     Filter("reliability_unknown", _always, lambda f, r: lambda o: _blank(o.reliability),
            _said("reliability unknown")),
-    Filter("reliability", lambda f: f.min_reliability > 0,
+    Filter("reliability", lambda f, r: f.min_reliability > 0,
            lambda f, r: (lambda low: lambda o: not _blank(o.reliability) and o.reliability < low)(f.min_reliability),
            lambda o, f, r: f"reliability {o.reliability:.4g} < {f.min_reliability:g}"),
-    Filter("verified", lambda f: f.require_verified, lambda f, r: lambda o: not o.verified, _said("not verified")),
+    Filter("verified", lambda f, r: f.require_verified, lambda f, r: lambda o: not o.verified, _said("not verified")),
 )
 BITS = {f.name: 1 << i for i, f in enumerate(FILTERS)}
 # Set by the ranking after the filters, for offers it cannot price.
@@ -338,7 +354,7 @@ class CompiledFilters:
     def __init__(self, filters: OfferFilters, recipe: Recipe):
         self.filters = filters
         self.recipe = recipe
-        self.tests = tuple((BITS[f.name], f.bind(filters, recipe)) for f in FILTERS if f.applies(filters))
+        self.tests = tuple((BITS[f.name], f.bind(filters, recipe)) for f in FILTERS if f.applies(filters, recipe))
 
     def first_failed(self, offer: OfferRecord) -> int:
         for bit, fails in self.tests:
@@ -393,8 +409,10 @@ def usd(amount: Decimal) -> str:
     return "$" + f"{amount:.4f}".rstrip("0")
 
 
-def _gpus_text(n, min_gpus, max_gpus) -> str:
+def _gpus_text(n, min_gpus, max_gpus, recipe_gpus=1) -> str:
     plural = "GPU" if n == 1 else "GPUs"
+    if max_gpus is not None and max_gpus < recipe_gpus:
+        return f"{n} {plural} > the recipe's {recipe_gpus} (max GPUs {max_gpus} reads as no GPU to spare)"
     if max_gpus == min_gpus:
         return f"{n} {plural}, need exactly {min_gpus}"
     if n < min_gpus:

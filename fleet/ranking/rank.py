@@ -24,7 +24,15 @@ from fleet.providers.records import OfferRecord
 from .cost import CostBreakdown, CostModel, Projection
 from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
 from .recipe import Recipe
-from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputModel, anchor_ratio, model_tflops_of
+from .throughput import (
+    SEED_CALIBRATION,
+    Calibration,
+    Throughput,
+    ThroughputModel,
+    anchor_ratio,
+    interconnect,
+    model_tflops_of,
+)
 
 
 class RankedOffer:
@@ -108,11 +116,17 @@ class RankedOffer:
         return self.offer.is_bid
 
     @property
+    def interconnect(self) -> str:
+        """How the box's GPUs talk to each other, as its listing says; "" for one GPU."""
+        return interconnect(self.offer)
+
+    @property
     def why(self) -> tuple[str, ...]:
         o, p, c, t = self.offer, self.projection, self.cost, self.throughput
+        listed = "GPU" if not self._pricing.speeds.multi_gpu else f"for the whole box ({o.num_gpus} GPUs)"
         lines = [
             f"{t.tokens_per_s:,.0f} tok/s, {p.step_s:.0f} s/step ({t.source})",
-            f"{usd(o.gpu_usd_per_hour or o.total_usd_per_hour)}/h listed GPU; {usd(c.usd_per_hour)}/h all-in "
+            f"{usd(o.gpu_usd_per_hour or o.total_usd_per_hour)}/h listed {listed}; {usd(c.usd_per_hour)}/h all-in "
             f"over {p.wall_hours:.1f} h",
             f"start-up {p.startup_s / 60:.0f} min billed ({usd(c.startup_usd)}); traffic {usd(c.download_usd)} model "
             f"download + {usd(c.upload_usd)} for {p.checkpoints} checkpoints",
@@ -176,6 +190,7 @@ class Ranking:
                     "offer_id": e.offer.offer_id,
                     "gpu_name": e.offer.gpu_name,
                     "num_gpus": e.offer.num_gpus,
+                    "interconnect": e.interconnect,
                     "steps_per_usd": round(e.steps_per_usd, 3),
                     "tokens_per_usd": round(e.tokens_per_usd),
                     "wall_hours": round(e.wall_hours, 2),
@@ -270,6 +285,8 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
     costs = CostModel(recipe)
     pricing = _Pricing(speeds, costs, recipe)
     calibrated = speeds.calibrated
+    multi_gpu = speeds.multi_gpu  # a recipe on several GPUs: the interconnect joins the key (ThroughputModel.key)
+    one_gpu_share = speeds.one_gpu_share
     step_figures = costs.step_figures
     total_usd = costs.total_usd_scorer()
     tokens_per_step = recipe.tokens_per_step
@@ -277,9 +294,9 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
     inf = math.inf
 
     # Many offers share a GPU model and count, so a step time and what follows from it are worked out once per
-    # (gpu_name, compute_capability, num_gpus): (throughput, step figures, achieved model TFLOP/s per GPU), or
-    # None when no calibration covers it.
-    per_model: dict[tuple[str, int, int], tuple | None] = {}
+    # (gpu_name, compute_capability, num_gpus), and the NVLink its listing says for a recipe on several:
+    # (throughput, step figures, achieved model TFLOP/s per GPU), or None when no calibration covers it.
+    per_model: dict[tuple, tuple | None] = {}
     excluded = []
     ranked = []  # RankedOffers in scoring order, sorted below
     unbounded = []  # scored, but at no finite cost
@@ -290,13 +307,15 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
         if m:
             excluded.append(Exclusion(o, m, compiled))
             continue
-        key = (o.gpu_name, o.compute_capability, o.num_gpus)
+        key = (o.gpu_name, o.compute_capability, o.num_gpus, o.nvlink_gb_s) if multi_gpu else (
+            o.gpu_name, o.compute_capability, o.num_gpus)
         try:
             known = per_model[key]
         except KeyError:
             t = calibrated(o)
             known = per_model[key] = None if t is None else (
-                t, step_figures(tokens_per_step / t.tokens_per_s), model_tflops_of(t.tokens_per_s / o.num_gpus, recipe))
+                t, step_figures(tokens_per_step / t.tokens_per_s), model_tflops_of(one_gpu_share(o, t.tokens_per_s),
+                                                                                   recipe))
         if known is None:
             uncalibrated.append(o)
             uncalibrated_at.append(i)
@@ -314,7 +333,7 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
         # path (and so the achieved share of the listed figure) follows the architecture.
         listed_pairs, dlperf_pairs = {}, {}
         for o in calibrated_offers:
-            per_gpu = per_model[(o.gpu_name, o.compute_capability, o.num_gpus)][2]
+            per_gpu = per_model[speeds.key(o)][2]
             if o.total_flops:
                 listed_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
             if o.dlperf:

@@ -3,7 +3,8 @@
 The ranking prices a whole run, not an hour, so the recipe carries everything that turns a step time into money:
 the work per step (tokens and active parameters), the number of steps, how often and how big the checkpoints are
 (uploads and the work a lost host throws away), and what a fresh box must fetch before its first step (billed
-start-up minutes and download traffic).
+start-up minutes and download traffic), and how many GPUs of one box it trains on (`gpus`: one rank each, the
+model's weights sharded over them).
 """
 
 from dataclasses import asdict, dataclass, fields
@@ -11,6 +12,11 @@ from dataclasses import asdict, dataclass, fields
 from .values import number, whole
 
 KERNEL_PATHS = ("auto", "grouped_mm", "triton")
+MAX_GPUS = 16  # the GPUs of one box, as the trainer's recipe allows (training/recipe.py)
+# What each rank holds beside its share of the BF16 weights: its activations at these batch sizes, the adapters with
+# their optimizer state, and the allocator's headroom. One GPU with 35B gives 85 GB, what the seed report measured for
+# a 30B vanilla-peft run that OOMed on an 80 GB card.
+RANK_OVERHEAD_GB = 15.0
 
 # Compute capabilities where torch._grouped_mm takes its CUTLASS path (sm_90 Hopper, sm_100 B200). Elsewhere it falls
 # back to a host sync and one matmul per group, so "auto" picks the project's Triton grouped GEMM there.
@@ -47,6 +53,7 @@ class Recipe:
     boot_s: float = 120.0  # rent -> container running, before the image pull and model download
     rent_disk_gb: float = 250.0  # disk rented with the box: base + merged BF16 copy + FP8 copy
     vram_needed_gb: float | None = None  # per GPU; None: BF16 weights plus headroom, see vram_gb
+    gpus: int = 1  # the GPUs of one box the trainer runs on (torchrun, one rank each)
 
     def __post_init__(self):
         problems = []
@@ -68,6 +75,8 @@ class Recipe:
             problems.append("every phase needs at least one step")
         if self.vram_needed_gb is not None and not self.vram_needed_gb > 0:
             problems.append("vram_needed_gb must be > 0")
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or not 1 <= self.gpus <= MAX_GPUS:
+            problems.append(f"gpus must be a whole number from 1 to {MAX_GPUS} (the GPUs of one box)")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -81,11 +90,16 @@ class Recipe:
 
     @property
     def vram_gb(self) -> float:
-        # BF16 base (2 bytes a parameter) plus adapters, optimizer state and activations at these batch sizes; 35B
-        # gives 85 GB, what the seed report measured for a 30B vanilla-peft run that OOMed on an 80 GB card.
+        """What each GPU must hold: its share of the BF16 base (2 bytes a parameter, sharded over the recipe's GPUs)
+        and what one rank needs beside it (RANK_OVERHEAD_GB), or the recipe's own figure per GPU."""
         if self.vram_needed_gb is not None:
             return self.vram_needed_gb
-        return 2.0 * self.total_params_b + 15.0
+        return 2.0 * self.total_params_b / self.gpus + RANK_OVERHEAD_GB
+
+    @property
+    def vram_total_gb(self) -> float:
+        """What the recipe's GPUs must hold together: the weights once, and every rank's own share."""
+        return self.vram_gb * self.gpus
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -110,7 +124,7 @@ class Recipe:
                 except (TypeError, ValueError):
                     raise ValueError(f"a phase must be [name, steps], got {item!r}") from None
             values["phases"] = tuple(phases)
-        for name in ("lora_rank", "batch_size", "grad_accum", "seq_len"):
+        for name in ("lora_rank", "batch_size", "grad_accum", "seq_len", "gpus"):
             if name in values:
                 values[name] = whole(name, values[name])
         for name in ("total_params_b", "active_params_b", "checkpoint_interval_s", "checkpoint_gb",
@@ -128,8 +142,43 @@ def resolve_kernel_path(recipe_kernel_path: str, compute_capability: int) -> str
     return "grouped_mm" if compute_capability in GROUPED_MM_FAST_CAPABILITIES else "triton"
 
 
-# Starting points the Offers page offers; a user edits and saves their own.
+@dataclass(frozen=True, slots=True)
+class MoeShape:
+    """The figures of a MoE checkpoint that set what a run moves: its routed experts (the adapter's bulk)."""
+
+    hidden: int
+    layers: int
+    experts: int
+    top_k: int
+    moe_intermediate: int
+    shared_intermediate: int  # 0: no shared expert
+    vocab: int
+
+    def routed_adapter_gb(self, rank: int, bytes_per_value: int = 4) -> float:
+        """The routed experts' LoRA factors as saved (float32): gate_up A (r x H) and B (2I x r), down A (r x I) and
+        B (H x r), per expert and layer. 35B-A3B at rank 32 gives 7.4 GB, the seed report's file."""
+        per_expert = rank * (self.hidden + 2 * self.moe_intermediate + self.moe_intermediate + self.hidden)
+        return self.layers * self.experts * per_expert * bytes_per_value / 1e9
+
+
+# Published shapes (the models' config.json; DESIGN.md "Facts for the next steps" for Qwen3.5/3.6).
+SHAPES = {
+    "Qwen3.6-35B-A3B": MoeShape(hidden=2048, layers=40, experts=256, top_k=8, moe_intermediate=512,
+                                shared_intermediate=512, vocab=248_320),
+    "Qwen3-235B-A22B": MoeShape(hidden=4096, layers=94, experts=128, top_k=8, moe_intermediate=1536,
+                                shared_intermediate=0, vocab=151_936),
+}
+SHAPES["Qwen3.5-35B-A3B"] = SHAPES["Qwen3.6-35B-A3B"]  # one family: the same text shape
+
+# Starting points the Offers page offers; a user edits and saves their own. Per model: total parameters (the VRAM
+# need and, at 2 bytes each, the BF16 download), active parameters (the FLOPs a token costs: 6 per active parameter)
+# and the routed-expert adapter each checkpoint uploads. 235B-A22B: 470 GB of BF16 weights that fit no single GPU,
+# so it ranks for 4 (H200 or B200; 8 take 80-96 GB cards too); its disk holds the base, a merged and an FP8 copy.
 PRESETS = {
     "qwen3.6-35b-a3b": Recipe(),
+    "qwen3.5-35b-a3b": Recipe(model="Qwen3.5-35B-A3B"),
     "qwen3-30b-a3b": Recipe(model="Qwen3-30B-A3B", total_params_b=30.5, active_params_b=3.3, model_download_gb=61.0),
+    "qwen3-235b-a22b": Recipe(model="Qwen3-235B-A22B", total_params_b=235.0, active_params_b=22.0,
+                              model_download_gb=470.0, rent_disk_gb=1200.0, gpus=4,
+                              checkpoint_gb=round(SHAPES["Qwen3-235B-A22B"].routed_adapter_gb(32), 1)),
 }

@@ -28,6 +28,11 @@ FLOPS_PER_ACTIVE_PARAM_PER_TOKEN = 6.0
 SEED_WEIGHT = 2.0
 MAX_WEIGHT = 20.0
 MULTI_GPU_EFFICIENCY = 0.85  # data parallel in one box loses some to gradient sync; until runs calibrate it
+# A recipe on several GPUs sends every routed token to the rank holding its expert and back (all-to-all), each layer,
+# forward and backward: for 30B-A3B about 6 MB a token, 30 GB/s a GPU at 10,000 tokens/s on 2 GPUs. NVLink (600-1,800
+# GB/s) carries that beside the compute; PCIe (25-50 GB/s, about 20 achieved) does not, so a box whose listing says
+# its GPUs have no NVLink is taken at this share of the speed, until runs on such boxes calibrate it.
+PCIE_ALL_TO_ALL_FACTOR = 0.5
 ESTIMATE_DISCOUNT = 0.8  # an unmeasured card must beat a measured one by more than its spec-sheet promise
 # Listed TFLOPS -> achieved model TFLOP/s when no calibrated offer in the catalogue anchors the ratio; taken from a
 # dense-BF16 listing (H200 ~990 listed, ~41 achieved), so it errs low if a listing uses another precision.
@@ -174,19 +179,69 @@ class Throughput(NamedTuple):
     source: str  # "calibrated H200/grouped_mm (3 runs)", "estimate from 60 listed TFLOPS", ...
 
 
+def over_pcie(offer: OfferRecord) -> bool:
+    """The listing says the box's GPUs have no NVLink between them (0 GB/s); not when it says nothing."""
+    return offer.nvlink_gb_s == 0
+
+
+def interconnect(offer: OfferRecord) -> str:
+    """How the box's GPUs talk to each other, as its listing says: "NVLink 900 GB/s", "PCIe 50.4 GB/s", "PCIe"
+    (no NVLink, no PCIe figure), "unlisted"; "" for a box of one GPU."""
+    if not isinstance(offer.num_gpus, int) or offer.num_gpus < 2:
+        return ""
+    if over_pcie(offer):
+        return f"PCIe {offer.pcie_gb_s:g} GB/s" if offer.pcie_gb_s else "PCIe"
+    return f"NVLink {offer.nvlink_gb_s:g} GB/s" if offer.nvlink_gb_s else "unlisted"
+
+
 class ThroughputModel:
-    """Calibration lookups for one recipe, cached per (GPU name, compute capability, GPU count)."""
+    """Calibration lookups for one recipe, cached per (GPU name, compute capability, GPU count), and for a recipe on
+    several GPUs per interconnect too.
+
+    A recipe on one GPU takes a box's throughput as all of its GPUs' (as the ranking always has: only filters that
+    lift Max GPUs let such a box through). A recipe on N GPUs trains on N of the box's GPUs, whatever more it has
+    (they are paid for and idle), at MULTI_GPU_EFFICIENCY each and PCIE_ALL_TO_ALL_FACTOR on a box without NVLink.
+    """
 
     def __init__(self, calibration: Calibration, recipe: Recipe):
         self.calibration = calibration
         self.recipe = recipe
-        self._cache: dict[tuple[str, int, int], Throughput | None] = {}
+        self.multi_gpu = recipe.gpus > 1
+        self._cache: dict[tuple, Throughput | None] = {}
         self.best_tokens_per_s = tokens_per_s(calibration.best_model_tflops(), recipe)
         self._tokens_per_model_tflop = tokens_per_s(1.0, recipe)
         self._paths = {cc: resolve_kernel_path(recipe.kernel_path, cc) for cc in (80, 86, 89, 90, 100, 120)}
 
+    def key(self, offer: OfferRecord) -> tuple:
+        """What the throughput on an offer depends on: offers with the same key share it."""
+        if self.multi_gpu:
+            return offer.gpu_name, offer.compute_capability, offer.num_gpus, offer.nvlink_gb_s
+        return offer.gpu_name, offer.compute_capability, offer.num_gpus
+
+    def scale(self, offer: OfferRecord) -> float:
+        """The box's throughput in GPUs' worth of one GPU's."""
+        if not self.multi_gpu:
+            return _gpu_scale(offer.num_gpus)
+        return _gpu_scale(self.recipe.gpus) * (PCIE_ALL_TO_ALL_FACTOR if over_pcie(offer) else 1.0)
+
+    def one_gpu_share(self, offer: OfferRecord, tokens_per_second: float) -> float:
+        """One GPU's share of a box's throughput, to anchor spec-sheet figures on: over the box's GPUs for a one-GPU
+        recipe (as the ranking always has), over the GPUs' worth it was scaled by for a recipe on several."""
+        return tokens_per_second / (self.scale(offer) if self.multi_gpu else offer.num_gpus)
+
+    def _scale_words(self, offer: OfferRecord) -> str:
+        if not self.multi_gpu:
+            return ""
+        n = self.recipe.gpus
+        spare = f" of {offer.num_gpus}" if offer.num_gpus > n else ""
+        if over_pcie(offer):
+            link = f"; no NVLink: x{PCIE_ALL_TO_ALL_FACTOR:g} for the expert all-to-all over PCIe"
+        else:
+            link = "" if offer.nvlink_gb_s else "; interconnect not listed"
+        return f"; {n}{spare} GPUs at {MULTI_GPU_EFFICIENCY:.0%} each{link}"
+
     def calibrated(self, offer: OfferRecord) -> Throughput | None:
-        key = (offer.gpu_name, offer.compute_capability, offer.num_gpus)
+        key = self.key(offer)
         try:
             return self._cache[key]
         except KeyError:
@@ -198,10 +253,10 @@ class ThroughputModel:
             runs = f"{entry.measured_runs} run{'s' if entry.measured_runs != 1 else ''}" if entry.measured_runs \
                 else "seed figure"
             result = Throughput(
-                tokens_per_s(entry.model_tflops, self.recipe) * _gpu_scale(offer.num_gpus),
+                tokens_per_s(entry.model_tflops, self.recipe) * self.scale(offer),
                 path,
                 False,
-                f"calibrated {entry.gpu_model}/{path} ({runs})",
+                f"calibrated {entry.gpu_model}/{path} ({runs}){self._scale_words(offer)}",
             )
         self._cache[key] = result
         return result
@@ -233,7 +288,8 @@ class ThroughputModel:
         n = offer.num_gpus or 1
         flops = offer.total_flops
         basis = "%g listed TFLOPS" % (flops / n) if flops and flops > 0 else "DLPerf %g" % (offer.dlperf / n)
-        return _new_throughput(Throughput, (speed, path, True, f"estimate from {basis} (no calibration)"))
+        return _new_throughput(Throughput, (speed, path, True,
+                                            f"estimate from {basis} (no calibration){self._scale_words(offer)}"))
 
     def estimate_tokens_per_s(self, offer: OfferRecord, listed_to_model: float | None = None,
                               dlperf_to_model: float | None = None) -> float | None:
@@ -249,6 +305,8 @@ class ThroughputModel:
         per_gpu = per_gpu_tflops * self._tokens_per_model_tflop * ESTIMATE_DISCOUNT
         if self.best_tokens_per_s and per_gpu > self.best_tokens_per_s:
             per_gpu = self.best_tokens_per_s
+        if self.multi_gpu:
+            return per_gpu * self.scale(offer)
         return per_gpu if n <= 1 else per_gpu * (n * MULTI_GPU_EFFICIENCY)
 
 
