@@ -6,6 +6,10 @@ folder, a hung host freezes it (SIGSTOP: alive to a process check, making no pro
 A command that is not a plain `python ...` line (a serving box's start script) runs under `sh -c`, with `python3`
 and `vllm` on its PATH standing for this Python and the simulated vLLM (fleet/simulator/vllm.py), and the ports the
 marketplace mapped in FLEET_SIM_PORTS, so a serving box fetches its adapter and answers /v1/models for real.
+
+A box's processes see none of this machine's GPUs (CUDA_VISIBLE_DEVICES is empty unless the caller's extra_env sets
+it), so whatever GPUs its offer lists, it trains on the CPU: a box of several GPUs runs the same agent, which starts
+one trainer rank per GPU the recipe asks for (torchrun), joined over gloo, as it would on a laptop.
 """
 
 import json
@@ -57,7 +61,8 @@ class AgentProcesses(InstanceHooks):
                 return
             folder = self.folder(instance["id"])
             folder.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, **self.extra_env, **{k: str(v) for k, v in (instance.get("env") or {}).items()},
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **self.extra_env,
+                   **{k: str(v) for k, v in (instance.get("env") or {}).items()},
                    "FLEET_WORKDIR": str(folder / "work"), "CONTAINER_ID": str(instance["id"]),
                    "FLEET_SIM_PORTS": json.dumps({port: mapped[0]["HostPort"]
                                                   for port, mapped in (instance.get("ports") or {}).items()})}
