@@ -74,6 +74,11 @@ def find_family(config) -> Family | None:
     return next((_BY_MODEL_TYPE[t] for t in _model_types(config) if t in _BY_MODEL_TYPE), None)
 
 
+def family_named(model_type: str) -> Family | None:
+    """The family of a model type as a config names it ("qwen3_5_moe", "qwen3_5_moe_text"), or None."""
+    return _BY_MODEL_TYPE.get(model_type)
+
+
 def family_of(config) -> Family:
     """find_family, or a clear error for a model type the table does not know."""
     family = find_family(config)

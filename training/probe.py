@@ -7,13 +7,28 @@ the installer looks for the sentinel line, not the status.
 
 Extra modules to import can be named in TRAINING_PROBE_EXTRA (comma-separated), e.g. boto3 when the run writes to
 S3; the tests use it to simulate a missing module.
+
+For a model family with Gated DeltaNet layers (`--recipe FILE`, or `--family MODEL_TYPE` as the worker image's build
+gives it) on a CUDA build of torch, the probe also fails where training would run but not as it should: without
+flash-linear-attention (FLA) transformers falls back to its reference DeltaNet, correct but many times slower; and
+FLA 0.6's gated backward refuses to run on Hopper with Triton >= 3.4.0 and < 3.7.1 unless tilelang is installed
+(those Tritons give wrong gradients there). With no GPU in sight (the image's build) the stack is judged for Hopper,
+the strictest case. A CPU build of torch runs the reference DeltaNet by design and passes.
 """
 
+import argparse
 import glob
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import sys
+from pathlib import Path
+
+from packaging.version import Version
+
+from training import families
 
 SENTINEL = "TRAINING_PROBE_OK"
 MODULES = (
@@ -53,7 +68,88 @@ def check_cuda():
         return f"cuda: initialisation failed: {type(exc).__name__}: {text.strip()}", False
 
 
-def main():
+# FLA's own bounds (fla/ops/common/chunk_o.py, chunk_bwd_dqkwg): the gated backward is wrong on Hopper in between.
+HOPPER_BAD_TRITON = (Version("3.4.0"), Version("3.7.1"))
+FAST_PATH_HINT = ("the worker image carries them; elsewhere install flash-linear-attention==0.6.0 with "
+                  "triton>=3.7.1 (or tilelang)")
+
+
+def _installed(distribution):
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _found(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def is_hopper(capability, device_name):
+    """As FLA tells Hopper: compute capability 9.x or an "NVIDIA H..." name."""
+    return capability[0] == 9 or "NVIDIA H" in device_name
+
+
+def deltanet_problem(fla, triton, tilelang, capability, device_name) -> str | None:
+    """Why Gated DeltaNet would not train on FLA's kernels on this device, or None. fla, triton: the installed
+    versions (None: not installed); capability, device_name: the GPU's, or None and "" to judge for Hopper."""
+    if fla is None:
+        return (f"flash-linear-attention is not installed: the Gated DeltaNet layers would run transformers' "
+                f"reference code, correct but many times slower ({FAST_PATH_HINT})")
+    low, high = HOPPER_BAD_TRITON
+    where = "Hopper GPUs" if capability is None else f"{device_name} (sm_{capability[0]}{capability[1]})"
+    hopper = capability is None or is_hopper(capability, device_name)
+    if hopper and triton is not None and low <= Version(triton) < high and not tilelang:
+        return (f"flash-linear-attention {fla} refuses the Gated DeltaNet backward on {where} with Triton {triton}: "
+                f"Triton >= {low} and < {high} computes its gated chunk_bwd_dqkwg wrongly there; install "
+                f"triton>={high} or tilelang ({FAST_PATH_HINT})")
+    return None
+
+
+def check_deltanet(family):
+    """A line about the Gated DeltaNet kernels a run of this family would get, and whether that is fine."""
+    import torch
+
+    fla, triton = _installed("fla-core"), _installed("triton")
+    conv = "causal-conv1d" if _found("causal_conv1d") else "no causal-conv1d (conv1d per sample)"
+    if torch.version.cuda is None:
+        return f"deltanet ({family}): reference code on the CPU", True
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    capability = torch.cuda.get_device_capability(0) if gpu else None
+    device_name = torch.cuda.get_device_name(0) if gpu else ""
+    problem = deltanet_problem(fla, triton, _found("tilelang"), capability, device_name)
+    if problem:
+        return f"deltanet ({family}): FAILED {problem}", False
+    if gpu:
+        try:
+            importlib.import_module("fla.ops.gated_delta_rule")
+        except Exception as exc:  # noqa: BLE001 - a broken install can raise anything at import
+            return f"deltanet ({family}): FAILED fla does not import: {type(exc).__name__}: {exc}", False
+    on = device_name or "any GPU (none here)"
+    return f"deltanet ({family}): fla {fla}, triton {triton}, {conv}, on {on}", True
+
+
+def recipe_family(path):
+    """(model type, its family or None) of a recipe's model: by its config, or the checkpoint's config read from
+    its path or hub id."""
+    from training.recipe import parse_recipe_text, validate
+
+    path = Path(path)
+    raw = parse_recipe_text(path.read_text(), as_json=path.suffix == ".json")
+    model = validate(raw, base_dir=path.parent, data_on_disk=False)["model"]
+    if "config" in model:
+        return model["config"]["model_type"], families.family_named(model["config"]["model_type"])
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model["path"])
+    return config.model_type, families.find_family(config)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m training.probe", description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", help="also check the kernels this recipe's model family needs")
+    parser.add_argument("--family", help="the same for a model type (qwen3_5_moe, qwen3_next, ...)")
+    args = parser.parse_args(argv)
     extra = [m.strip() for m in os.environ.get("TRAINING_PROBE_EXTRA", "").split(",") if m.strip()]
     failed = []
     for name in (*MODULES, *extra):
@@ -68,11 +164,31 @@ def main():
         print(line)
         if not healthy:
             failed.append("cuda")
+    if "torch" not in failed and "cuda" not in failed and (args.recipe or args.family):
+        failure, line = _family_check(args)
+        print(line)
+        if failure:
+            failed.append(failure)
     if failed:
         print(f"probe failed: {', '.join(failed)}")
         return 1
     print(SENTINEL)
     return 0
+
+
+def _family_check(args):
+    """(what failed or None, the line to print)."""
+    try:
+        model_type, family = ((args.family, families.family_named(args.family)) if args.family
+                              else recipe_family(args.recipe))
+    except Exception as exc:  # noqa: BLE001 - an unreadable recipe or model config is the probe's to report
+        return "model family", f"model family: FAILED cannot tell it from {args.recipe}: {type(exc).__name__}: {exc}"
+    if family is None:
+        return "model family", f"model family: FAILED no row for model type {model_type!r} in training/families.py"
+    if not family.linear_attention:
+        return None, f"model family: {family.name} (no linear attention)"
+    line, healthy = check_deltanet(family.name)
+    return None if healthy else "deltanet", line
 
 
 if __name__ == "__main__":
