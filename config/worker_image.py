@@ -17,9 +17,18 @@ DEFAULT_CUDA = "12.8"  # the 12.x most marketplace drivers run; "13.0" is the ot
 # versions PyTorch publishes wheels for.
 MIN_DRIVER = {"12.6": "560", "12.8": "570", "13.0": "580"}
 
-# What the tests and the H200 benchmarks ran with (bench/NOTES_*.md): torch 2.11.0+cu130, triton 3.6.0,
-# transformers 5.17.0, peft 0.21.0.
-PINS = {"torch": "2.11.0", "triton": "3.6.0", "transformers": "5.17.0", "peft": "0.21.0"}
+# What the tests and the H200 benchmarks ran with (bench/NOTES_*.md): torch 2.11.0, transformers 5.17.0, peft
+# 0.21.0, and for the Gated DeltaNet families (Qwen3.5/3.6-MoE, Qwen3-Next) flash-linear-attention 0.6.0 on Triton
+# 3.7.1: FLA's gated backward is wrong on Hopper with Triton >= 3.4.0 and < 3.7.1 and refuses to run there. Our
+# kernels ran correctly and as fast on 3.7.1 as on 3.6.0.
+PINS = {"torch": "2.11.0", "triton": "3.7.1", "transformers": "5.17.0", "peft": "0.21.0",
+        "flash-linear-attention": "0.6.0"}
+# torch 2.11.0 itself names triton==3.6.0, so pip cannot hold it and 3.7.1 in one install: the image installs torch
+# first and its lock's Triton over it (docker/worker.Dockerfile). A stock image bootstrapped by docker/onstart.sh
+# keeps its torch's Triton and gets no FLA; the probe fails a DeltaNet recipe there (training/probe.py).
+TORCH_TRITON = "3.6.0"
+STOCK_IMAGE_PINS = {"torch": PINS["torch"], "triton": TORCH_TRITON, "transformers": PINS["transformers"],
+                    "peft": PINS["peft"]}
 
 _TAG_CUDA = re.compile(r"cuda[-_]?(\d+\.\d+)", re.IGNORECASE)
 
@@ -60,4 +69,5 @@ def resolve(image: str = "", cuda: str = "") -> tuple[str, str]:
 
 
 def pip_pins() -> list[str]:
-    return [f"{name}=={version}" for name, version in PINS.items()]
+    """What docker/onstart.sh holds a stock image to, in one pip install."""
+    return [f"{name}=={version}" for name, version in STOCK_IMAGE_PINS.items()]

@@ -20,7 +20,8 @@ FROM nvidia/cuda:${CUDA_VERSION}.${CUDA_PATCH}-runtime-ubuntu24.04${CUDA_DIGEST:
 
 ARG CUDA_VERSION
 # The torch the tests and the H200 benchmarks ran with (bench/NOTES_*.md), mirrored by config/worker_image.PINS;
-# requirements/worker.txt holds triton, transformers and peft to the same table (scripts/lock makes it from there).
+# requirements/worker.txt holds triton, transformers, peft and flash-linear-attention to the same table (scripts/lock
+# makes it from there).
 ARG TORCH_VERSION=2.11.0
 
 # Every RUN fails on the first failing command, including one inside a pipe.
@@ -34,14 +35,22 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 
-# Everything but torch at its locked version and hash (requirements/worker.txt: the whole set, triton included).
-# Then torch from PyTorch's index for this CUDA (cu128, cu130), pinned but without hashes: no lock covers that index
-# yet, so torch and what only it needs (the CUDA libraries) are the one unhashed part of the image.
+# torch from PyTorch's index for this CUDA (cu128, cu130), pinned but without hashes: no lock covers that index yet,
+# so torch and what only it needs (the CUDA libraries) are the one unhashed part of the image. Then everything else
+# at its locked version and hash (requirements/worker.txt, triton and flash-linear-attention included), over what
+# torch brought: torch 2.11.0 names triton 3.6.0, on which FLA's Gated DeltaNet backward is wrong on Hopper and
+# refuses to run, so the lock's 3.7.1 replaces it (config/worker_image.py). pip check then finds exactly that pin
+# unmet and nothing else. causal-conv1d is not installed (it builds against torch with nvcc, which this runtime base
+# lacks): the DeltaNet short convolution runs in PyTorch, one sample of a packed row at a time.
 COPY requirements/pip.txt requirements/worker.txt /opt/requirements/
 RUN pip install --require-hashes --no-deps -r /opt/requirements/pip.txt \
-    && pip install --require-hashes --no-deps -r /opt/requirements/worker.txt \
     && pip install --index-url "https://download.pytorch.org/whl/cu${CUDA_VERSION//./}" "torch==${TORCH_VERSION}" \
-    && pip check
+    && pip install --require-hashes --no-deps -r /opt/requirements/worker.txt \
+    && { pip check > /tmp/pip-check.txt || true; } \
+    && if grep -v -e "^torch ${TORCH_VERSION}[+a-z0-9]* has requirement triton==" \
+            -e "^No broken requirements found" /tmp/pip-check.txt; then \
+        echo "worker image: pip check found broken requirements (above)" >&2; exit 1; fi \
+    && rm /tmp/pip-check.txt
 
 # Only `training` (it imports no Django), as a source tree on the path so its example recipes and data come along.
 COPY training /opt/fleet/training
@@ -49,8 +58,9 @@ ENV PYTHONPATH=/opt/fleet
 
 # The install probe must print its sentinel; its exit status alone is not trusted (seed report: a `| tail` once
 # ate pip's failure and three boxes died later with "No module named peft"). With no GPU at build time it imports
-# everything and checks that torch is a CUDA build.
-RUN status=0; python -m training.probe > /tmp/probe.log 2>&1 || status=$?; cat /tmp/probe.log; \
+# everything, checks that torch is a CUDA build, and that a Gated DeltaNet family would train on FLA's kernels on
+# any GPU (judged for Hopper, the strictest).
+RUN status=0; python -m training.probe --family qwen3_5_moe > /tmp/probe.log 2>&1 || status=$?; cat /tmp/probe.log; \
     if [ "$status" -ne 0 ] || ! grep -qx TRAINING_PROBE_OK /tmp/probe.log; then \
         echo "worker image: the install probe failed (exit ${status}, or no sentinel line)" >&2; exit 1; fi; \
     python -c "import torch; assert torch.version.cuda == '${CUDA_VERSION}', torch.version.cuda"; \

@@ -1,6 +1,7 @@
 from django import forms
 
 from fleet.models import OfferProfile
+from runs import launch as launching
 from training.recipe import RecipeError, parse_recipe_text
 
 
@@ -39,6 +40,9 @@ class LaunchForm(forms.Form):
     bucket = forms.CharField(max_length=300, help_text="s3://bucket/prefix, or an absolute local folder")
     budget_usd = forms.DecimalField(min_value=0.01, max_digits=10, decimal_places=2, label="Budget ($)")
     max_restarts = forms.IntegerField(min_value=0, max_value=50, initial=3)
+    disk_gb = forms.IntegerField(required=False, min_value=1, max_value=20_000, label="Disk (GB)",
+                                 help_text="what each box is rented with: blank for what the model needs (said "
+                                           "below), or more; never less")
 
     def clean_recipe(self):
         text = self.cleaned_data["recipe"]
@@ -49,3 +53,15 @@ class LaunchForm(forms.Form):
         if not isinstance(recipe, dict):
             raise forms.ValidationError("The recipe must be a mapping of settings.")
         return recipe
+
+    def disk_need(self):
+        """What the form's model needs on each box's disk (runs.launch.disk_need), for the recipe and profile as
+        they stand; None while the recipe cannot be read."""
+        if not self.is_bound:
+            recipe, profile = self.initial.get("recipe"), self.initial.get("profile")
+            recipe = parse_recipe_text(recipe) if isinstance(recipe, str) else recipe
+        elif "recipe" in getattr(self, "cleaned_data", {}):
+            recipe, profile = self.cleaned_data["recipe"], self.cleaned_data.get("profile")
+        else:
+            return None
+        return launching.disk_need(recipe, profile) if isinstance(recipe, dict) else None

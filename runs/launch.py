@@ -3,47 +3,99 @@
 from decimal import Decimal
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from fleet.instances import disk
+from fleet.offers.ranked import run_settings
 from runs import datasets, events, storage, tokens
 from runs.models import Phase, Run
 import training
-from training.recipe import RecipeError, validate
+from training import model_source
+from training.recipe import DEFAULTS, RecipeError, validate
 
 
 class LaunchError(ValueError):
-    pass
+    """What keeps a run from launching; `field` names the launch form's field it is about, if one."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_restarts: int, profile=None,
-           user=None, uploads=None, now=None) -> Run:
-    """Checks everything, the phases' data last (runs.datasets: uploads by file name, stored data sets, s3://
-    objects), stores that data in the bucket and writes the run; nothing is rented before all of it passed."""
+           user=None, uploads=None, disk_gb: int | None = None, now=None) -> Run:
+    """Checks everything, the model where it lives and the disk it needs (at least that, `disk_gb` if more), the
+    phases' data last (runs.datasets: uploads by file name, stored data sets, s3:// objects), stores that data in the
+    bucket and writes the run; nothing is rented before all of it passed."""
     now = now or timezone.now()
     try:
         checked = validate(recipe, base_dir="/", data_on_disk=False)
     except RecipeError as exc:
-        raise LaunchError(f"The recipe is not usable: {exc}") from None
+        raise LaunchError(f"The recipe is not usable: {exc}", "recipe") from None
     try:
         storage.validate_bucket(bucket)
     except ValueError as exc:
-        raise LaunchError(str(exc)) from None
+        raise LaunchError(str(exc), "bucket") from None
     if budget_usd <= 0:
-        raise LaunchError("The budget must be more than $0.")
+        raise LaunchError("The budget must be more than $0.", "budget_usd")
+    need = disk_need(checked, profile, listed_weights_gb=model_size_gb(checked["model"]))
+    try:
+        disk_gb = disk.chosen_disk_gb(need, disk_gb)
+    except ValueError as exc:
+        raise LaunchError(str(exc), "disk_gb") from None
     try:
         data = datasets.resolve(checked, bucket, uploads or {}, user=user, now=now)
     except datasets.DataError as exc:
         raise LaunchError(str(exc)) from None
     with transaction.atomic():
         run = Run.objects.create(name=name, recipe=recipe, profile=profile, bucket=bucket, budget_usd=budget_usd,
-                                 max_restarts=max_restarts, token_nonce=tokens.new_nonce(), created_by=user,
-                                 created_at=now)
+                                 max_restarts=max_restarts, disk_gb=disk_gb, token_nonce=tokens.new_nonce(),
+                                 created_by=user, created_at=now)
         Phase.objects.bulk_create([Phase(run=run, index=i, name=p["name"], kind=p["kind"], steps=p["steps"],
                                          dataset=data[i]) for i, p in enumerate(checked["phases"])])
         run.events.create(at=now, kind="launched", message=f"Launched by {user.get_username() if user else 'the product'}"
-                          f" with a ${budget_usd} budget and at most {max_restarts} restarts.")
+                          f" with a ${budget_usd} budget and at most {max_restarts} restarts. Its boxes are rented "
+                          f"with {disk_gb} GB of disk; the model needs {need}.")
     return run
+
+
+def model_size_gb(model: dict) -> float | None:
+    """The size of a checked recipe's model where the dashboard can see it (an s3:// prefix's files, listed with
+    its own key); None for a hub id or a config. LaunchError by the recipe when the model cannot be used from a box:
+    a folder on the dashboard's machine (a box is another machine), an s3:// prefix the dashboard cannot read."""
+    path = model.get("path")
+    if "config" in model:
+        return None
+    kind = model_source.kind_of(path)
+    if kind == "folder":
+        raise LaunchError(f"model.path {path}: a folder on the dashboard's machine is not read by a box (a box is "
+                          "another machine): name a hub id (owner/name) or an s3://bucket/prefix", "recipe")
+    if kind == "hub":
+        return None
+    if not settings.S3_ACCESS_KEY:
+        raise LaunchError(f"model.path {path}: an s3:// model needs S3_ACCESS_KEY and S3_SECRET_KEY in the "
+                          "dashboard's environment (its boxes get presigned GETs signed with them)", "recipe")
+    try:
+        files = storage.model_read_grant(path, expires_s=60)["files"]
+    except storage.ModelUnreadable as exc:
+        raise LaunchError(f"model.path: {exc}", "recipe") from None
+    if "config.json" not in files:
+        raise LaunchError(f"model.path {path}: no config.json under it (found {', '.join(list(files)[:5])}"
+                          f"{', ...' if len(files) > 5 else ''}): name the folder that holds the model's files",
+                          "recipe")
+    return sum(files.values()) / 1e9
+
+
+def disk_need(recipe: dict, profile=None, *, listed_weights_gb: float | None = None) -> disk.DiskNeed:
+    """The disk a box needs for a recipe's model (fleet.instances.disk), from the size figures of the model its
+    profile (or the defaults) ranks it as: the same ones the ranking prices the download and uploads with."""
+    figures = run_settings(profile)[0]
+    keep = (recipe.get("checkpoint") or {}).get("keep")
+    model = recipe.get("model") if isinstance(recipe.get("model"), dict) else {}
+    return disk.needed(figures, keep=keep if isinstance(keep, int) and keep > 0 else DEFAULTS["checkpoint"]["keep"],
+                       built_from_config="config" in model, listed_weights_gb=listed_weights_gb)
 
 
 def cancel(run: Run, *, user=None, now=None) -> Run:
@@ -65,3 +117,4 @@ def example_recipe() -> dict:
     recipe.pop("metrics", None)
     recipe["checkpoint"] = {"every": 2, "keep": 3}
     return recipe
+

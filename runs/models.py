@@ -25,6 +25,8 @@ class Run(models.Model):
     bucket = models.CharField(max_length=300, help_text="where checkpoints go: s3://bucket/prefix or a local path")
     budget_usd = models.DecimalField(max_digits=10, decimal_places=2)
     max_restarts = models.PositiveSmallIntegerField(default=3)
+    disk_gb = models.PositiveIntegerField(null=True, blank=True, help_text="the disk each of its boxes is rented "
+                                          "with: at least what its model needs (fleet.instances.disk)")
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
     state_reason = models.TextField(blank=True)
     restarts = models.PositiveSmallIntegerField(default=0)

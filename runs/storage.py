@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 
+from training import model_source
 from training.checkpoint_names import MARKER
 
 MAX_POST_BYTES = 5 * 1024**3  # the most one S3 POST upload may carry
@@ -153,3 +154,33 @@ def read_grant(folder_uri: str, names, expires_s: int) -> dict:
     return {"kind": "s3-get", "files": {
         name: client.generate_presigned_url("get_object", Params={"Bucket": parsed.netloc, "Key": prefix + name},
                                             ExpiresIn=expires_s) for name in sorted(names)}}
+
+
+class ModelUnreadable(ValueError):
+    """An s3:// model the dashboard cannot list with its own key, or one with no files."""
+
+
+def model_read_grant(model_uri: str, expires_s: int) -> dict:
+    """Reading every file of an s3://bucket/prefix model, for a while: each object under the prefix by its size
+    (what the box checks each download against) and a presigned GET of exactly that key. Nothing outside the
+    prefix is offered. ModelUnreadable when the dashboard's key cannot list it or it holds nothing."""
+    import botocore.exceptions
+
+    bucket, prefix = model_source.s3_parts(model_uri)
+    client, sizes = _client(), {}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            sizes.update({item["Key"][len(prefix):]: item["Size"] for item in page.get("Contents", [])
+                          if not item["Key"].endswith("/")})
+    except botocore.exceptions.ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise ModelUnreadable(f"{model_uri} cannot be listed with the dashboard's key: "
+                              f"{error.get('Code', '')} {error.get('Message') or exc}".strip()) from None
+    except botocore.exceptions.BotoCoreError as exc:
+        raise ModelUnreadable(f"{model_uri} cannot be listed: {exc}") from None
+    if not sizes:
+        raise ModelUnreadable(f"{model_uri} holds no files")
+    urls = {name: client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": prefix + name},
+                                                ExpiresIn=expires_s) for name in sorted(sizes)}
+    return {"kind": "s3", "uri": model_uri, "files": dict(sorted(sizes.items())),
+            "download": {"kind": "s3-get", "files": urls}}

@@ -9,6 +9,7 @@ anywhere in between leaves a current box the next pass finds: a rent never attem
 of unknown outcome is waited for (the sync adopts it by its label or gives up on it), one that never became a
 machine is dropped for another, and no box is ever rented twice or left behind."""
 
+import dataclasses
 import logging
 import statistics
 from datetime import datetime, timedelta
@@ -169,9 +170,14 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
         RunAttempt.objects.create(run=run, instance=instance, started_at=now, token_nonce=tokens.new_nonce())
         Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
 
-    requested = actions.request_best(*run_settings(run.profile), idempotency_key=f"run-{run.pk}-attempt-"
+    recipe, filters = run_settings(run.profile)
+    if run.disk_gb:  # ranked by the price of that disk, on hosts that have it (runs launched before: RENT_DISK_GB)
+        recipe = dataclasses.replace(recipe, rent_disk_gb=float(run.disk_gb))
+        filters = dataclasses.replace(filters, min_disk_gb=max(filters.min_disk_gb, float(run.disk_gb)))
+    requested = actions.request_best(recipe, filters, idempotency_key=f"run-{run.pk}-attempt-"
                                      f"{run.attempts.count()}", purpose="training", image=image,
-                                     avoid_machines=set(run.bad_machines), on_requested=attempt, now=now)
+                                     disk_gb=run.disk_gb, avoid_machines=set(run.bad_machines),
+                                     on_requested=attempt, now=now)
     if requested is None:
         message = "No offer passes the run's filters (bad hosts excluded); trying again next pass."
         if not run.events.filter(kind="waiting", message=message).exists():

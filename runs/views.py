@@ -38,9 +38,10 @@ def run_launch(request):
         try:
             run = launching.launch(name=data["name"], recipe=data["recipe"], bucket=data["bucket"],
                                    budget_usd=data["budget_usd"], max_restarts=data["max_restarts"],
-                                   profile=data["profile"], user=request.user, uploads=data["data_files"])
+                                   profile=data["profile"], user=request.user, uploads=data["data_files"],
+                                   disk_gb=data["disk_gb"])
         except launching.LaunchError as exc:
-            form.add_error(None, str(exc))
+            form.add_error(exc.field, str(exc))
         else:
             messages.success(request, f"Run {run.name} launched: the supervisor rents its box now.")
             return redirect("run_detail", pk=run.pk)

@@ -67,21 +67,68 @@ def test_it_pins_what_the_tests_and_benchmarks_ran_with():
     # torch by its build argument; the rest by the lock the image installs with hashes.
     locked = dict(re.findall(r"^([a-z0-9-]+)==(\S+) ", WORKER_LOCK, re.M))
     pinned = {name: ARGS["TORCH_VERSION"] if name == "torch" else locked[name] for name in worker_image.PINS}
-    assert pinned == worker_image.PINS and set(pinned) == {"torch", "triton", "transformers", "peft"}
+    assert pinned == worker_image.PINS
+    assert set(pinned) == {"torch", "triton", "transformers", "peft", "flash-linear-attention"}
+    assert locked["fla-core"] == worker_image.PINS["flash-linear-attention"]
+
+
+def test_its_triton_is_one_on_which_flas_deltanet_backward_runs_on_hopper():
+    from training.probe import deltanet_problem
+
+    pins = worker_image.PINS
+    assert deltanet_problem(pins["flash-linear-attention"], pins["triton"], False, None, "") is None
+    assert deltanet_problem(pins["flash-linear-attention"], worker_image.TORCH_TRITON, False, None, "")
+    assert "--family qwen3_5_moe" in _probe_step()  # the build proves it with the installed versions
+
+
+def test_a_stock_image_keeps_its_torchs_triton_because_pip_cannot_hold_both():
     onstart_pins = re.search(r'TRAINING_PINS-([^}]*)}', ONSTART).group(1).split()
     assert onstart_pins == worker_image.pip_pins()
+    assert f"triton=={worker_image.TORCH_TRITON}" in onstart_pins and f"torch=={worker_image.PINS['torch']}" in \
+        onstart_pins
 
 
-def test_it_installs_everything_but_torch_from_its_lock_with_hashes():
+def test_it_installs_everything_but_torch_from_its_lock_with_hashes_over_what_torch_brought():
     installs = [re.sub(r"\s+", " ", command).strip()
                 for run in RUNS for command in re.findall(r"pip install ([^&]*)", run)]
     copied = next(body.split() for kind, body in INSTRUCTIONS if kind == "COPY" and "requirements/worker.txt" in body)
     assert copied == ["requirements/pip.txt", "requirements/worker.txt", "/opt/requirements/"]
-    assert installs[:2] == ["--require-hashes --no-deps -r /opt/requirements/pip.txt",
-                            "--require-hashes --no-deps -r /opt/requirements/worker.txt"]
+    assert installs[0] == "--require-hashes --no-deps -r /opt/requirements/pip.txt"
+    # torch first, then the lock: its Triton replaces the one torch's own metadata names.
+    assert installs[1].endswith(' "torch==${TORCH_VERSION}"')
+    assert installs[2] == "--require-hashes --no-deps -r /opt/requirements/worker.txt"
     unhashed = [command for command in installs if "--require-hashes" not in command]
-    assert len(unhashed) == 1 and unhashed[0].endswith(' "torch==${TORCH_VERSION}"')
+    assert unhashed == [installs[1]]
     assert "torch" not in dict(re.findall(r"^([a-z0-9-]+)==(\S+) ", WORKER_LOCK, re.M))
+
+
+def _install_step() -> str:
+    return next(run for run in RUNS if "requirements/worker.txt" in run)
+
+
+@pytest.mark.parametrize("check_output, builds", [
+    ("No broken requirements found.", True),
+    ('torch 2.11.0+cu128 has requirement triton==3.6.0; platform_system == "Linux", but you have triton 3.7.1.',
+     True),
+    ('torch 2.11.0+cu128 has requirement triton==3.6.0; platform_system == "Linux", but you have triton 3.7.1.\n'
+     "peft 0.21.0 has requirement accelerate>=0.21.0, but you have accelerate 0.20.0.", False),
+    ("transformers 5.17.0 has requirement tokenizers<0.23, but you have tokenizers 0.23.1.", False),
+])
+def test_its_install_step_tolerates_only_torchs_own_triton_pin(tmp_path, check_output, builds):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "check-output").write_text(check_output + "\n")
+    fake = bin_dir / "pip"
+    fake.write_text(f'#!/bin/bash\nif [ "$1" = check ]; then cat {tmp_path / "check-output"}; exit 1; fi\nexit 0\n')
+    fake.chmod(0o755)
+    shell = json.loads(next(body for kind, body in INSTRUCTIONS if kind == "SHELL"))
+    step = _install_step().replace("/tmp/pip-check.txt", str(tmp_path / "pip-check.txt"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CUDA_VERSION": ARGS["CUDA_VERSION"],
+           "TORCH_VERSION": ARGS["TORCH_VERSION"]}
+    result = subprocess.run([*shell, step], env=env, capture_output=True, text=True, timeout=30)
+    assert (result.returncode == 0) == builds, result.stderr
+    if not builds:
+        assert "pip check found broken requirements" in result.stderr
 
 
 @pytest.mark.parametrize("digest, image", [

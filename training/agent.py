@@ -1,15 +1,16 @@
 """The on-box agent, the worker image's entry point: `python -m training.agent`.
 
 It proves the install with the import probe, fetches the run's spec with the run's token, restores the newest
-complete checkpoint, fetches each phase's data and checks its sha256, runs the trainer as a child process, and while
-it trains: forwards the trainer's per-step metrics in batches, uploads each complete checkpoint (files first, the
-completion marker last) on a thread of its own so a slow uplink never holds up the heartbeat, and heartbeats. Each heartbeat answer renews its credentials; if
-none renews them for the dead-man window it stops the trainer (which checkpoints on SIGTERM), uploads what is
-left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
+complete checkpoint, fetches each phase's data and checks its sha256, downloads a hub or s3:// base model into the
+box's disk once (resumable), runs the trainer as a child process, and while it trains: forwards the trainer's
+per-step metrics in batches, uploads each complete checkpoint (files first, the completion marker last) on a thread
+of its own so a slow uplink never holds up the heartbeat, and heartbeats. Each heartbeat answer renews its
+credentials; if none renews them for the dead-man window it stops the trainer (which checkpoints on SIGTERM),
+uploads what is left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
 
 Environment: FLEET_API_URL, FLEET_AGENT_TOKEN (the run's own token), FLEET_WORKDIR (default ./fleet-run),
 FLEET_SELF_STOP (a shell command that stops this machine), or on vast.ai CONTAINER_ID / CONTAINER_API_KEY (the
-container's own key, which can stop it).
+container's own key, which can stop it); HF_TOKEN for a gated or private hub model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from training import model_source
 from training.checkpoint_names import MARKER, UnsafePath, checkpoint_name, inside, parse_name
 from training.metric_fields import wire_point
 from training.probe import SENTINEL as PROBE_SENTINEL
@@ -198,6 +200,23 @@ def fetch_data(phases: list[dict], recipe_phases: list[dict], folder: Path, trie
             fetched[data["sha256"]] = target / next(iter(data["manifest"]))
         out[phase["index"]]["data"] = str(fetched[data["sha256"]])
     return out
+
+
+def fetch_model(api: Api, grant: dict | None, model: dict, root: Path) -> dict:
+    """The recipe's model section, its path this box's copy of the weights: a hub id or s3:// model (the spec's
+    `model` grant) downloaded into `root` once per box (training/model_source.py; a killed download continues). A
+    model built from a config or read from a folder is left as it is. HF_TOKEN, if this box's environment has one,
+    opens a gated or private hub model; it is never logged or reported."""
+    if not grant:
+        return model
+    reference = grant.get("repo_id") or grant.get("uri")
+    api.call("POST", "events", {"kind": "log", "message": f"Downloading the model {reference} into the box's disk."})
+    started = time.monotonic()
+    folder = model_source.fetch(grant, root, token=os.environ.get("HF_TOKEN") or None)
+    done = json.loads((folder / model_source.DONE).read_text())
+    api.call("POST", "events", {"kind": "log", "message": f"The model {reference} is on the box's disk: "
+                                f"{done['bytes'] / 1e9:.2f} GB, {time.monotonic() - started:.0f} s."})
+    return {**model, "path": str(folder), "revision": None}
 
 
 def download(url: str, dest: Path, *, limit: int) -> None:
@@ -507,6 +526,11 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
     except DataRefused as exc:
         api.call("POST", "events", {"kind": "trainer_failed", "message": f"Nothing was trained: {exc}"[:4000]})
         return 5
+    try:
+        recipe["model"] = fetch_model(api, spec.get("model"), recipe.get("model") or {}, workdir / "model")
+    except model_source.ModelRefused as exc:
+        api.call("POST", "events", {"kind": "trainer_failed", "message": f"Nothing was trained: {exc}"[:4000]})
+        return 6
     recipe_path = workdir / "recipe.json"
     recipe_path.write_text(json.dumps(recipe))
 

@@ -1,6 +1,8 @@
 """The recipe: one YAML (or JSON) file of plain values that says everything a run does.
 
     model:            {path: Qwen/Qwen3-30B-A3B}  or  {config: {model_type: qwen3_moe, ...}, seed: 0}
+                      path: a folder, a hub id (revision: a branch, tag or commit) or s3://bucket/prefix; the
+                      on-box agent downloads a hub or s3:// model into its disk first (training/model_source.py)
                       dtype: bfloat16 (default) | float32; tokenizer: a path (default: the model path; a byte
                       tokenizer for a config with random weights)
     lora:             {r: 32, alpha: 64, attention: true, targets: null}   (routed experts always; routers frozen;
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from training import model_source
 from training.families import target_problems
 
 PHASE_KINDS = ("cpt", "sft", "dpo", "kto", "grpo")
@@ -57,7 +60,7 @@ DEFAULTS = {
                    "staging": "checkpoint-staging"},
     "metrics": {"jsonl": "metrics.jsonl"},
 }
-MODEL_DEFAULTS = {"dtype": "bfloat16", "seed": 0, "tokenizer": None}  # and exactly one of path or config
+MODEL_DEFAULTS = {"dtype": "bfloat16", "seed": 0, "tokenizer": None, "revision": None}  # and one of path or config
 # What every phase takes; name defaults to the kind, checkpoint_every and lr to the run's, reward to none (grpo only).
 # The largest value each number may take: past these a run is a typing slip (steps: 10**15 would never end, and its
 # phase row could not even be stored), not a plan.
@@ -234,8 +237,8 @@ def _with_defaults(raw: dict, problems: _Problems) -> dict:
 
 def _model(model, base_dir, problems: _Problems) -> dict:
     if not isinstance(model, dict) or ("path" in model) == ("config" in model):
-        problems.append("model: give exactly one of model.path (a local folder or hub id) or model.config "
-                        "(a transformers config mapping, random weights)")
+        problems.append("model: give exactly one of model.path (a folder, a hub id or an s3://bucket/prefix) or "
+                        "model.config (a transformers config mapping, random weights)")
         return {}
     model = {**MODEL_DEFAULTS, **model}
     unknown = set(model) - set(MODEL_DEFAULTS) - {"path", "config"}
@@ -246,10 +249,36 @@ def _model(model, base_dir, problems: _Problems) -> dict:
     if "config" in model:
         if not isinstance(model["config"], dict) or "model_type" not in model["config"]:
             problems.append("model.config: a mapping with model_type (e.g. qwen3_moe) and the config's fields")
-    elif Path(_resolve(base_dir, model["path"])).exists():
-        model["path"] = _resolve(base_dir, model["path"])
+        if model["revision"] is not None:
+            problems.append("model.revision: a hub model's branch, tag or commit, for a hub id only")
+    else:
+        _model_path(model, base_dir, problems)
+    if isinstance(model["tokenizer"], str) and model["tokenizer"].startswith("s3://"):
+        problems.append("model.tokenizer: a folder or a hub id; an s3:// model's tokenizer is its own files (leave "
+                        "tokenizer out)")
     model["tokenizer"] = _resolve(base_dir, model["tokenizer"])
     return model
+
+
+def _model_path(model: dict, base_dir, problems: _Problems) -> None:
+    """model.path: a folder here, a hub id or an s3://bucket/prefix (training/model_source.py), said when none."""
+    path = model["path"]
+    if not isinstance(path, str) or not path.strip():
+        problems.append("model.path: a folder, a hub id (owner/name) or an s3://bucket/prefix")
+        return
+    kind = model_source.kind_of(path)
+    if kind == "s3":
+        if problem := model_source.s3_problem(path):
+            problems.append(f"model.path {path}: {problem}")
+    elif Path(_resolve(base_dir, path)).exists():
+        model["path"] = _resolve(base_dir, path)
+        kind = "folder"
+    elif kind == "folder":
+        problems.append(f"model.path: no folder {path} here, and not a hub id: "
+                        f"{model_source.hub_id_problem(path)} (or give an s3://bucket/prefix)")
+    if model["revision"] is not None and (kind != "hub" or not isinstance(model["revision"], str)
+                                          or not model["revision"].strip()):
+        problems.append("model.revision: a hub model's branch, tag or commit, for a hub id only")
 
 
 def _training(recipe: dict, problems: _Problems) -> None:

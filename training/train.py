@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint, distributed, export_adapter, families, guards, moe_lora, sharded_checkpoint
+from training import (checkpoint, distributed, export_adapter, families, guards, model_source, moe_lora,
+                      sharded_checkpoint)
 from training.data import batch_indices, collate, load_phase_data, load_tokenizer
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
@@ -54,8 +55,12 @@ def build_model(model_recipe, device):
         torch.manual_seed(model_recipe["seed"])
         with torch.device(device):
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
-    config = AutoConfig.from_pretrained(model_recipe["path"])
-    return checkpoint_class(config).from_pretrained(model_recipe["path"], dtype=dtype, device_map=device)
+    path, revision = model_recipe["path"], model_recipe.get("revision")
+    if model_source.kind_of(path) == "s3":  # the agent downloads it and hands the trainer the folder instead
+        raise RecipeError(f"model.path {path}: an s3:// model is read from its downloaded folder; run the trainer "
+                          "through the on-box agent (python -m training.agent) or give that folder")
+    config = AutoConfig.from_pretrained(path, revision=revision)
+    return checkpoint_class(config).from_pretrained(path, revision=revision, dtype=dtype, device_map=device)
 
 
 def lr_lambda(schedule, warmup_steps, total_steps, min_lr_ratio):
