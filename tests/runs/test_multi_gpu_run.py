@@ -1,0 +1,90 @@
+"""A run of the tiny model on two GPUs, end to end on the simulated marketplace over real HTTP: the supervisor rents a
+two-GPU box for it, the box's agent starts the trainer's two ranks (torchrun, gloo on the CPU), and the run finishes
+with sharded checkpoints from both ranks and one adapter, nothing left billing."""
+
+import re
+from decimal import Decimal
+
+import pytest
+
+from fleet.models import Instance, Offer, OfferProfile
+from fleet.offers.refresh import refresh_offers
+from fleet.ranking import OfferFilters, Recipe
+from fleet.simulator import SimulatedMarketplace
+from fleet.simulator.agents import AgentProcesses
+from runs.launch import launch
+from tests.marketplace import MARKET_KEY
+
+from .conftest import tiny_recipe
+from .test_end_to_end import _drive, beat  # noqa: F401  (beat: a fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def boxes(tmp_path, settings, live_server):
+    agents = AgentProcesses(tmp_path / "boxes")
+    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
+                              charges_min_interval_s=0, hooks=agents) as market:
+        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, MARKET_KEY
+        settings.DASHBOARD_URL = live_server.url
+        settings.AGENT_HEARTBEAT_TIMEOUT_S = 30  # two ranks, an agent and a server on a loaded 2-core machine
+        settings.RENT_OUTCOME_GRACE_S = 5
+        settings.DESTROY_VERIFY_S = 5
+        refresh_offers()
+        try:
+            yield market, agents
+        finally:
+            agents.stop_all()
+
+
+# The trainer on several ranks fails at its first step: the fused head loss (training/head_loss.py) calls the decoder
+# body directly, past the FSDP root's forward that gathers the embedding, so it meets a sharded weight ("aten.embedding
+# got mixed torch.Tensor and DTensor"); tests/training/test_distributed.py fails the same way. Strict: it must pass
+# once the trainer does.
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the trainer's fused head loss on several ranks")
+def test_a_run_on_two_gpus_rents_a_two_gpu_box_and_trains_on_both(boxes, beat, tmp_path):  # noqa: F811
+    market, agents = boxes
+    profile = OfferProfile.objects.create(name="two-gpus", recipe=Recipe(gpus=2).to_dict(),
+                                          filters=OfferFilters(max_usd_per_hour=Decimal("6")).to_dict())
+    phases = [dict(p, steps=3) for p in tiny_recipe()["phases"] if p["kind"] in ("cpt", "sft")]
+    run = launch(name="two-gpus", recipe=tiny_recipe(phases=phases, gpus=2), bucket=str(tmp_path / "bucket"),
+                 budget_usd=Decimal("20"), max_restarts=2, profile=profile)
+
+    run = _drive(run, until=lambda r: not r.is_active, timeout_s=170)
+    story = "\n".join(f"{e.kind}: {e.message[:200]}" for e in run.events.order_by("at", "id"))
+    assert run.state == "finished", story
+    box = run.attempts.last().instance
+    offer = Offer.objects.get(provider="vast", offer_id=box.offer_id, is_bid=False)
+    assert (box.num_gpus, offer.num_gpus) == (2, 2) and offer.nvlink_gb_s > 0, story
+    assert re.search(r"Rented \S+: offer \d+, 2x ", story)
+
+    for phase in range(2):
+        steps = list(run.metrics.filter(phase=phase).order_by("step").values_list("step", flat=True))
+        assert steps == [1, 2, 3], (phase, steps)
+    final = run.checkpoints.filter(complete=True).order_by("phase", "step").last()
+    files = set(final.manifest)
+    assert {"rng-0.pt", "rng-1.pt"} <= {name.rsplit("/", 1)[-1] for name in files}, sorted(files)  # both ranks
+    assert sum(name.endswith("adapter_model.safetensors") and name.startswith("adapter/") for name in files) == 1
+    trainer_log = (agents.folder(int(box.provider_instance_id)) / "work" / "trainer.log").read_text()
+    assert "run complete" in trainer_log
+
+    _drive(run, until=lambda r: not Instance.objects.filter(state__in=Instance.LIVE_STATES).exists(), timeout_s=30)
+
+
+# The supervisor ranks offers with the run's profile (runs/supervisor.py: run_settings(run.profile)) and takes from
+# the run's own recipe only its batch shape, so a run that says gpus: 2 without a profile that says so too is put on
+# a one-GPU box, where a real trainer stops at once ("the recipe asks for 2 GPUs; this box has 1"). Strict: it must
+# pass once the run's gpus reach the ranking.
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the run's gpus do not reach the ranking yet")
+def test_a_run_on_two_gpus_without_a_profile_is_put_on_a_two_gpu_box(market, tmp_path):
+    from runs.supervisor import supervise
+
+    refresh_offers()
+    phases = [dict(p, steps=3) for p in tiny_recipe()["phases"] if p["kind"] == "cpt"]
+    run = launch(name="two-gpus", recipe=tiny_recipe(phases=phases, gpus=2), bucket=str(tmp_path / "bucket"),
+                 budget_usd=Decimal("20"), max_restarts=0)
+    supervise()
+    run.refresh_from_db()
+    assert run.current_instance is not None, [e.message for e in run.events.all()]
+    assert run.current_instance.num_gpus == 2
