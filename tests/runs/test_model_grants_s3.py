@@ -23,6 +23,13 @@ FILES = {"config.json": b'{"model_type": "qwen3_moe"}', "model-00001.safetensors
          "tokenizer/tokenizer.json": b"{}"}
 
 
+@pytest.fixture(autouse=True)
+def emptied_afterwards(s3):  # noqa: F811 - moto keeps one store per process, across its servers
+    yield
+    for item in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+        s3.delete_object(Bucket=BUCKET, Key=item["Key"])
+
+
 def _put_model(client, files=FILES):
     for name, data in files.items():
         client.put_object(Bucket=BUCKET, Key=f"models/qwen3-tiny/{name}", Body=data)
