@@ -59,3 +59,26 @@ def test_a_simulated_box_sees_none_of_this_machines_gpus(tmp_path, monkeypatch):
         assert "visible='0'" in agents.logs(8)  # what the rent asked for wins
     finally:
         agents.stop_all()
+
+
+def test_the_offers_page_shows_each_boxs_gpu_count_and_link_for_a_recipe_on_two(client, member, market):
+    import re
+
+    from django.urls import reverse
+
+    from fleet.offers.forms import RankingForm
+
+    refresh_offers()
+    client.force_login(member)
+    data = RankingForm.data_for(Recipe(gpus=2), OfferFilters(max_usd_per_hour=Decimal("6"), max_gpus=None))
+    body = client.get(reverse("offers"), {k: v for k, v in data.items() if v not in (None, False, "")}).content
+    table = body.decode().split('id="ranked"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r'<td class="gpu">(\d+)× ([^(]+) \(.*?<td class="gpu-link" data-label="link">(.*?)</td>', table,
+                      re.S)
+    assert rows and all(int(n) >= 2 for n, _, _ in rows)
+    links = {name.strip(): link for _, name, link in rows}
+    assert ">NVLink</span>" in links["H200 NVL"] and 'title="between its GPUs: NVLink 900 GB/s"' in links["H200 NVL"]
+    assert ">PCIe</span>" in links["RTX PRO 6000 WS"]
+    one = client.get(reverse("offers")).content.decode().split('id="ranked"', 1)[1].split("</table>", 1)[0]
+    cells = re.findall(r'<td class="gpu-link" data-label="link">(.*?)</td>', one)
+    assert cells and set(cells) == {"–"}  # one GPU: nothing between GPUs to show
