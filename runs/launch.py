@@ -118,3 +118,11 @@ def example_recipe() -> dict:
     recipe["checkpoint"] = {"every": 2, "keep": 3}
     return recipe
 
+
+def demo_recipe() -> dict:
+    """What the launch page starts with: the example with a CPT phase long enough (a minute or two on a simulated box)
+    that the README's "kill the box" step lands mid-phase and the recovery can be watched."""
+    recipe = example_recipe()
+    recipe["phases"][0]["steps"] = 48
+    recipe["checkpoint"] = {"every": 6, "keep": 3}
+    return recipe

@@ -109,7 +109,7 @@ def test_it_keeps_a_rent_asked_for_while_the_broker_is_down_and_rents_it_once(st
     page = client.get(reverse("rent_confirm"), {"provider": "vast", "offer": offer.offer_id, "bid": "0"})
     key = re.search(r'name="idempotency_key" value="([0-9a-f]+)"', page.content.decode()).group(1)
     form = {"provider": "vast", "offer": offer.offer_id, "bid": "0", "idempotency_key": key,
-            "image": "ghcr.io/example/worker:cuda12.8", "disk_gb": "100"}
+            "image": "ghcr.io/example/worker:cuda12.8", "disk_gb": "100", "quoted_disk_gb": "100"}
     monkeypatch.setattr(enqueue, "current_app", _unreachable_broker())
     first = client.post(reverse("rent_confirm"), form)
     second = client.post(reverse("rent_confirm"), form)  # asked again, with the same key

@@ -34,6 +34,9 @@ def test_it_starts_with_a_recipe_that_launches(client, launcher):
     assert response.status_code == 302 and response["Location"] == reverse("run_detail", args=[run.pk])
     assert run.state == "pending" and [p.kind for p in run.phases.all()] == ["cpt", "sft", "dpo", "kto", "grpo"]
     assert run.events.get().kind == "launched"
+    # Long enough that a box killed a minute in dies mid-phase, with checkpoints before it to resume from.
+    cpt = run.phases.get(index=0)
+    assert cpt.steps >= 40 and run.recipe["checkpoint"]["every"] < cpt.steps // 4
 
 
 def test_it_explains_a_broken_recipe_and_launches_nothing(client, launcher):
