@@ -171,6 +171,11 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
         Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
 
     recipe, filters = run_settings(run.profile)
+    gpus = run.recipe.get("gpus") if isinstance(run.recipe.get("gpus"), int) else 1
+    if gpus != recipe.gpus:  # the run trains on this many GPUs of one box, whatever its profile ranks for
+        recipe = dataclasses.replace(recipe, gpus=gpus)
+        if run.profile is None and filters.max_usd_per_hour is not None:  # the default cap is a one-GPU box's
+            filters = dataclasses.replace(filters, max_usd_per_hour=filters.max_usd_per_hour * gpus)
     if run.disk_gb:  # ranked by the price of that disk, on hosts that have it (runs launched before: RENT_DISK_GB)
         recipe = dataclasses.replace(recipe, rent_disk_gb=float(run.disk_gb))
         filters = dataclasses.replace(filters, min_disk_gb=max(filters.min_disk_gb, float(run.disk_gb)))
@@ -252,7 +257,8 @@ def _calibrate(run: Run, box: Instance) -> None:
 def run_ranking_recipe(run: Run) -> Recipe:
     """The ranking's view of the run: the profile's model, with the run's own batch shape."""
     base = run_settings(run.profile)[0]
-    shape = {k: run.recipe[k] for k in ("batch_size", "grad_accum", "seq_len") if isinstance(run.recipe.get(k), int)}
+    shape = {k: run.recipe[k] for k in ("batch_size", "grad_accum", "seq_len", "gpus")
+             if isinstance(run.recipe.get(k), int)}
     return Recipe.from_dict({**base.to_dict(), **shape})
 
 

@@ -64,6 +64,8 @@ def head_and_body(model):
     body, head = getattr(causal, "model", None), getattr(causal, "lm_head", None)
     if body is None or not isinstance(head, torch.nn.Linear) or head.bias is not None or head.weight.requires_grad:
         return None
+    if _sharded(model):
+        return None  # FSDP gathers the parameters in its root module's forward, which calling the body would skip
     if getattr(causal.config, "final_logit_softcapping", None) or getattr(causal, "logit_scale", None) is not None:
         return None  # a head that does more than one matmul
     return body, head
@@ -83,3 +85,18 @@ def next_token_losses(model, inputs: dict, labels):
     hidden = body(**inputs).last_hidden_state[:, :-1]
     losses = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1))
     return losses.view_as(targets), targets != IGNORE
+
+
+def _sharded(model) -> bool:
+    """Whether FSDP2 manages any part of the model (its parameters are DTensor shards gathered by forward hooks).
+    Worked out once per model: sharding happens before the first step."""
+    known = model.__dict__.get("_fleet_sharded")
+    if known is None:
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # a torch without FSDP2
+            known = False
+        else:
+            known = any(isinstance(m, FSDPModule) for m in model.modules())
+        model.__dict__["_fleet_sharded"] = known
+    return known

@@ -42,7 +42,6 @@ def boxes(tmp_path, settings, live_server):
 # body directly, past the FSDP root's forward that gathers the embedding, so it meets a sharded weight ("aten.embedding
 # got mixed torch.Tensor and DTensor"); tests/training/test_distributed.py fails the same way. Strict: it must pass
 # once the trainer does.
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the trainer's fused head loss on several ranks")
 def test_a_run_on_two_gpus_rents_a_two_gpu_box_and_trains_on_both(boxes, beat, tmp_path):  # noqa: F811
     market, agents = boxes
     profile = OfferProfile.objects.create(name="two-gpus", recipe=Recipe(gpus=2).to_dict(),
@@ -72,11 +71,8 @@ def test_a_run_on_two_gpus_rents_a_two_gpu_box_and_trains_on_both(boxes, beat, t
     _drive(run, until=lambda r: not Instance.objects.filter(state__in=Instance.LIVE_STATES).exists(), timeout_s=30)
 
 
-# The supervisor ranks offers with the run's profile (runs/supervisor.py: run_settings(run.profile)) and takes from
-# the run's own recipe only its batch shape, so a run that says gpus: 2 without a profile that says so too is put on
-# a one-GPU box, where a real trainer stops at once ("the recipe asks for 2 GPUs; this box has 1"). Strict: it must
-# pass once the run's gpus reach the ranking.
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the run's gpus do not reach the ranking yet")
+# A run that says gpus: 2 is ranked for two GPUs of one box whatever its profile says (a one-GPU box would stop its
+# trainer at once), and without a profile the default price cap, a one-GPU box's, counts per GPU.
 def test_a_run_on_two_gpus_without_a_profile_is_put_on_a_two_gpu_box(market, tmp_path):
     from runs.supervisor import supervise
 
