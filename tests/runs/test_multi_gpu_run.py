@@ -38,10 +38,8 @@ def boxes(tmp_path, settings, live_server):
             agents.stop_all()
 
 
-# The trainer on several ranks fails at its first step: the fused head loss (training/head_loss.py) calls the decoder
-# body directly, past the FSDP root's forward that gathers the embedding, so it meets a sharded weight ("aten.embedding
-# got mixed torch.Tensor and DTensor"); tests/training/test_distributed.py fails the same way. Strict: it must pass
-# once the trainer does.
+# The whole way on the simulated marketplace: a 2-GPU box rented for the profile, the trainer's ranks started by torchrun
+# on its CPU (gloo), every rank's checkpoint shard and one adapter uploaded, the run finished and its box destroyed.
 def test_a_run_on_two_gpus_rents_a_two_gpu_box_and_trains_on_both(boxes, beat, tmp_path):  # noqa: F811
     market, agents = boxes
     profile = OfferProfile.objects.create(name="two-gpus", recipe=Recipe(gpus=2).to_dict(),
