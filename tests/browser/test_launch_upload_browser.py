@@ -3,15 +3,14 @@ launches, and finds the data set on the run page and the Data sets page with its
 
 import hashlib
 import json
-import os
 
 import pytest
 from django.contrib.auth.models import Permission
 
-CHROMIUM = "/usr/bin/chromium"
+from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium
+
 pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"Debian's Chromium is not installed at {CHROMIUM} "
-                                                            "(apt-get install -y chromium)"),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
 CHAT = {"messages": [{"role": "user", "content": "1 plus 2?"}, {"role": "assistant", "content": None, "tool_calls": [
@@ -27,21 +26,10 @@ def launcher(staff):
 
 @pytest.fixture
 def page(live_server, launcher):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download)")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync"])
-        try:
-            page = chromium.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(f"{live_server.url}/login/")
-            page.fill("input[name=username]", "staff")
-            page.fill("input[name=password]", "staff-pass-123")
-            page.click("main button[type=submit]")
-            page.wait_for_url(f"{live_server.url}/")
-            yield page
-        finally:
-            chromium.close()
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        sign_in(page, live_server, "staff")
+        yield page
 
 
 def test_a_launcher_uploads_a_phases_data_and_sees_it_stored(live_server, page, tmp_path):

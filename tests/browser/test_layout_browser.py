@@ -3,7 +3,6 @@ scrolls sideways, nothing logs a console error (a missing favicon included), a r
 readable axes or say there are no steps yet, on a seeded database with a long run, a recovered run and a run that
 has not trained yet."""
 
-import os
 import re
 from datetime import timedelta
 from decimal import Decimal
@@ -11,13 +10,13 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-CHROMIUM = "/usr/bin/chromium"
+from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium
+
 WIDTHS = (1400, 390)
 UNBROKEN = "Traceback:/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/" + "x" * 220
 
 pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"Debian's Chromium is not installed at {CHROMIUM} "
-                                                            "(apt-get install -y chromium)"),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -58,16 +57,8 @@ def seeded(operator):
 
 @pytest.fixture
 def browser(live_server, seeded):
-    # Playwright runs an event loop in this thread, where Django refuses database calls: the rows come first.
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download)")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as browser:  # the rows come first: see tests/browser/conftest.py
+        yield browser
 
 
 def pages(seeded) -> dict[str, str]:
@@ -81,11 +72,7 @@ def pages(seeded) -> dict[str, str]:
 
 
 def log_in(page, live_server):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "operator")
-    page.fill("input[name=password]", "operator-pass-123")
-    page.click("main button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+    sign_in(page, live_server, "operator")
 
 
 def overflow(page) -> dict:

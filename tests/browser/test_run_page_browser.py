@@ -1,11 +1,11 @@
 """The run page in a real browser: Debian's Chromium driven by Playwright against the app on a live port."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
+from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHARTS = {
     "timeline": {"phase 0 · cpt", "phase 1 · sft", "phase 2 · dpo", "box · 1× H200 · healthy-box0",
@@ -22,8 +22,7 @@ CHARTS = {
 }
 
 pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"Debian's Chromium is not installed at {CHROMIUM} "
-                                                            "(apt-get install -y chromium)"),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -37,24 +36,12 @@ def seeded(member):
 
 @pytest.fixture
 def browser(live_server, seeded):
-    # Playwright runs an event loop in this thread, where Django refuses database calls: the rows come first.
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download)")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as browser:  # the rows come first: see tests/browser/conftest.py
+        yield browser
 
 
 def log_in(page, live_server):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "member")
-    page.fill("input[name=password]", "member-pass-123")
-    page.click("main button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+    sign_in(page, live_server, "member")
 
 
 def rendered_traces(page) -> dict[str, list[str]]:
