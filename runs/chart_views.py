@@ -122,7 +122,9 @@ def _bar_figure(chart_id: str, title: str, y_title: str, groups: list[dict], fie
                                                                         for g in mine],
                        "y": [round(float(g[field]), 6) for g in mine],
                        "marker": {"color": figures.BOX_COLOURS[i % len(figures.BOX_COLOURS)]}})
-    layout = figures.layout(title, y_title, barmode="group", hovermode="closest", xaxis={"title": {"text": ""}},
+    # GPU names are long ("1× RTX PRO 6000 Blackwell Server Edition"): tilted, with room made for them below.
+    layout = figures.layout(title, y_title, barmode="group", hovermode="closest",
+                            xaxis={"title": {"text": ""}, "automargin": True, "tickangle": -30},
                             yaxis=figures.MONEY_AXIS if money else {})
     return {"id": chart_id, "title": title, "data": traces, "layout": layout}
 

@@ -166,3 +166,28 @@ def test_it_asks_before_cancelling_a_run(live_server, seeded, browser):
     page.wait_for_selector(".message")
     assert "cancelled" in page.locator(".message").inner_text()
     assert page.locator("#run-state .state").inner_text() == "cancelled"
+
+
+@pytest.fixture
+def long_gpu_names(seeded):
+    from fleet.models import Instance
+
+    for i, box in enumerate(Instance.objects.filter(purpose="training").order_by("pk")):
+        box.gpu_name = ("RTX PRO 6000 Blackwell Server Edition", "H100 NVL 94GB PCIe Gen5", "A100 SXM4 80GB")[i % 3]
+        box.save(update_fields=["gpu_name"])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_compare_charts_show_every_gpu_name_whole(live_server, seeded, long_gpu_names, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/runs/compare/")
+    page.wait_for_function("() => document.querySelectorAll('.xtick text').length > 0")
+    clipped = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
+        const edge = plot.getBoundingClientRect();
+        return [...plot.querySelectorAll('.xtick text')].filter(label => {
+            const box = label.getBoundingClientRect();
+            return box.left < edge.left - 1 || box.right > edge.right + 1 || box.bottom > edge.bottom + 1;
+        }).map(label => label.textContent);
+    })""")
+    assert clipped == []
