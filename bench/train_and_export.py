@@ -20,7 +20,8 @@ ex = root / "training" / "examples"
 recipe = {
     "model": {"config": {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
               "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
-              "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+              "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+              "num_experts_per_tok": 8, "norm_topk_prob": True,
               "max_position_embeddings": 4096}, "dtype": "bfloat16"},
     "lora": {"r": 32, "alpha": 64}, "batch_size": 2, "grad_accum": 2, "seq_len": 1024, "lr": 2e-4,
     "checkpoint": {"store": str(out / "store"), "staging": str(out / "staging"), "every": 4, "keep": 2},
