@@ -208,10 +208,14 @@ def box_bootstrap() -> tuple[str, str, dict[str, str]]:
 def agent_env(attempt: RunAttempt) -> dict[str, str]:
     """What the box's agent needs before it can ask for anything: where to report, as whom, and how often (it
     heartbeats through the install too, so these cannot wait for the spec)."""
-    return {"FLEET_RUN_ID": str(attempt.run_id), "FLEET_AGENT_TOKEN": tokens.issue(attempt),
-            "FLEET_API_URL": settings.DASHBOARD_URL.rstrip("/") + "/api/agent/v1/",
-            "FLEET_HEARTBEAT_S": str(reports.heartbeat_interval_s()),
-            "FLEET_DEAD_MAN_S": str(settings.AGENT_DEAD_MAN_WINDOW_S)}
+    env = {"FLEET_RUN_ID": str(attempt.run_id), "FLEET_AGENT_TOKEN": tokens.issue(attempt),
+           "FLEET_API_URL": settings.DASHBOARD_URL.rstrip("/") + "/api/agent/v1/",
+           "FLEET_HEARTBEAT_S": str(reports.heartbeat_interval_s()),
+           "FLEET_DEAD_MAN_S": str(settings.AGENT_DEAD_MAN_WINDOW_S)}
+    model_type = ((attempt.run.recipe.get("model") or {}).get("config") or {}).get("model_type")
+    if isinstance(model_type, str) and model_type.replace("_", "").isalnum():
+        env["FLEET_MODEL_TYPE"] = model_type  # the probe checks that family's kernels (FLA for Gated DeltaNet)
+    return env
 
 
 def _end(run: Run, kind: str, reason: str, now: datetime) -> None:

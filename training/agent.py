@@ -8,7 +8,8 @@ of its own so a slow uplink never holds up the heartbeat, and heartbeats. Each h
 credentials; if none renews them for the dead-man window it stops the trainer (which checkpoints on SIGTERM),
 uploads what is left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
 
-Environment: FLEET_API_URL, FLEET_AGENT_TOKEN (the run's own token), FLEET_WORKDIR (default ./fleet-run),
+Environment: FLEET_API_URL, FLEET_AGENT_TOKEN (the box's own token), FLEET_WORKDIR (default ./fleet-run),
+FLEET_MODEL_TYPE (the run's model type, for the probe),
 FLEET_SELF_STOP (a shell command that stops this machine), or on vast.ai CONTAINER_ID / CONTAINER_API_KEY (the
 container's own key, which can stop it); HF_TOKEN for a gated or private hub model.
 """
@@ -71,9 +72,12 @@ class Api:
 
 
 def probe(python: str) -> tuple[bool, str]:
-    """Runs the import probe; it passed only if it exited 0 and printed the sentinel (exit codes alone lie)."""
+    """Runs the import probe; it passed only if it exited 0 and printed the sentinel (exit codes alone lie). With the
+    run's model type (FLEET_MODEL_TYPE) it also checks the kernels that family needs (FLA for Gated DeltaNet)."""
+    family = os.environ.get("FLEET_MODEL_TYPE", "")
+    command = [python, "-m", "training.probe", *(["--family", family] if family else [])]
     try:
-        done = subprocess.run([python, "-m", "training.probe"], capture_output=True, text=True, timeout=900)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
         return False, "the import probe timed out"
     output = (done.stdout + done.stderr)[-3000:]

@@ -220,3 +220,16 @@ def test_it_skips_checkpoints_a_slow_uplink_cannot_keep_up_with_but_never_a_phas
     api.release.set()
     uploader.close()
     assert api.complete == [names[0], checkpoint_name(0, 6), names[-1]]  # the first, the final, the newest
+
+
+def test_the_probe_checks_the_runs_model_family_when_it_knows_it(tmp_path, monkeypatch):
+    seen = tmp_path / "argv"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {seen}\necho TRAINING_PROBE_OK\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("FLEET_MODEL_TYPE", "qwen3_5_moe")
+    assert agent.probe(str(fake))[0]
+    assert seen.read_text().split() == ["-m", "training.probe", "--family", "qwen3_5_moe"]
+    monkeypatch.delenv("FLEET_MODEL_TYPE")
+    agent.probe(str(fake))
+    assert seen.read_text().split() == ["-m", "training.probe"]

@@ -26,6 +26,7 @@ class Agent:
     def __init__(self, market, run):
         env = next(i["env"] for i in market.state()["instances"] if i["label"] == run.current_instance.label)
         assert env["FLEET_RUN_ID"] == str(run.pk)
+        assert env["FLEET_MODEL_TYPE"] == run.recipe["model"]["config"]["model_type"]  # what the probe checks for
         self.token = env["FLEET_AGENT_TOKEN"]
         self.client = Client(HTTP_AUTHORIZATION=f"Bearer {self.token}")
 
