@@ -48,9 +48,9 @@ def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
 
 
 def prune(run: Run) -> list[str]:
-    """Deletes what the run's store no longer needs (runs.retention) and forgets it; returns the folders deleted. A
-    failed delete is logged and tried again after the next checkpoint."""
-    rows = list(run.checkpoints.all())
+    """Deletes what the run's store no longer needs (runs.retention) and marks it pruned (the row stays, so the run's
+    history keeps it); returns the folders deleted. A failed delete is logged and tried again after the next one."""
+    rows = list(run.checkpoints.filter(pruned_at=None))
     keep = (run.recipe.get("checkpoint") or {}).get("keep", 3)
     finals = {(phase.index, phase.steps) for phase in run.phases.all()}
     doomed = set(retention.to_prune([retention.Stored(c.phase, c.step, c.complete, bool(c.rejected_reason))
@@ -64,7 +64,7 @@ def prune(run: Run) -> list[str]:
         except Exception:  # noqa: BLE001 - the store may be down; nothing is lost by trying again later
             log.warning("run %s: deleting checkpoint %s failed", run.pk, row.uri, exc_info=True)
             continue
-        row.delete()
+        Checkpoint.objects.filter(pk=row.pk).update(pruned_at=timezone.now())
         deleted.append(row.uri)
     return deleted
 
@@ -87,14 +87,14 @@ RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest f
 def resume_points(run: Run) -> list[Checkpoint]:
     """The checkpoints a box may resume from, newest first: complete, with a manifest, never refused by a box. A
     half-written one is never used."""
-    usable = run.checkpoints.filter(complete=True, rejected_reason="").exclude(manifest=None)
+    usable = run.checkpoints.filter(complete=True, rejected_reason="", pruned_at=None).exclude(manifest=None)
     return list(usable.order_by("-phase", "-step")[:RESUME_CANDIDATES])
 
 
 def missing_outputs(run: Run) -> list[str]:
     """What a finished run lacks in its store, in words: each phase's final checkpoint (its adapter) must be complete,
     recorded with its manifest and never refused by a box."""
-    stored = set(run.checkpoints.filter(complete=True, rejected_reason="").exclude(manifest=None)
+    stored = set(run.checkpoints.filter(complete=True, rejected_reason="", pruned_at=None).exclude(manifest=None)
                  .values_list("phase", "step"))
     return [f"the final adapter of phase {phase.name} (step {phase.steps}) is not in the run's store"
             for phase in run.phases.all() if (phase.index, phase.steps) not in stored]

@@ -161,6 +161,8 @@ class Checkpoint(models.Model):
                                 help_text="{file name: {size, sha256}} as recorded when it was declared complete; a box "
                                           "loads it only if every file matches")
     rejected_reason = models.TextField(blank=True, help_text="why a box refused to load it: it is never resumed from")
+    pruned_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="deleted from the store then (beyond the recipe's keep count)")
     created_at = models.DateTimeField()
 
     class Meta:

@@ -74,7 +74,8 @@ def test_the_runs_store_keeps_the_newest_and_every_phases_final_checkpoint(tmp_p
     for step in (1, 2, 3):
         uris[(1, step)], notice = _store(run, 1, step)
         _post(client, "/checkpoints", notice)
-    kept = set(Checkpoint.objects.filter(run=run).values_list("phase", "step"))
+    kept = set(Checkpoint.objects.filter(run=run, pruned_at=None).values_list("phase", "step"))
+    assert Checkpoint.objects.filter(run=run).count() == 6  # the pruned ones stay in the history, marked
     assert kept == {(0, first.steps), (1, 2), (1, 3)}
     on_disk = {p.name for p in (Path(run.bucket) / "runs" / str(run.pk)).iterdir()}
     assert on_disk == {uris[key] for key in kept}
