@@ -3,8 +3,11 @@ from dataclasses import fields
 from django.db import models
 
 from fleet.providers.records import OfferRecord
+from fleet.ranking import OfferPrices, offer_prices
 
 _OFFER_FIELDS = [f.name for f in fields(OfferRecord)]
+# The float twins of the prices (fleet.ranking.OfferPrices), a column each, in its order.
+PRICE_FLOAT_FIELDS = [f"{name}_float" for name in OfferPrices._fields]
 
 
 class Offer(models.Model):
@@ -42,6 +45,12 @@ class Offer(models.Model):
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     available = models.BooleanField(default=True, help_text="listed in the latest refresh")
+    # Written with the Decimals by each refresh, so that ranking thousands of offers converts no Decimal; the money a
+    # page shows is still worked out from the Decimals.
+    usd_per_hour_float = models.FloatField(help_text="gpu_usd_per_hour, or total_usd_per_hour without one")
+    storage_usd_per_gb_month_float = models.FloatField()
+    inet_down_usd_per_gb_float = models.FloatField()
+    inet_up_usd_per_gb_float = models.FloatField()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["provider", "offer_id", "is_bid"], name="unique_offer")]
@@ -52,10 +61,24 @@ class Offer(models.Model):
 
     @classmethod
     def field_values(cls, record: OfferRecord) -> dict:
-        return {name: getattr(record, name) for name in _OFFER_FIELDS}
+        """The columns a record fills: its own fields and the float twins of its prices."""
+        return {name: getattr(record, name) for name in _OFFER_FIELDS} | dict(
+            zip(PRICE_FLOAT_FIELDS, offer_prices(record)))
+
+    def save(self, *args, **kwargs):
+        # A row written through the ORM one at a time (the admin, a script) keeps its float twins in step with its
+        # Decimals; bulk writes carry them from field_values.
+        for name, value in zip(PRICE_FLOAT_FIELDS, offer_prices(self)):
+            setattr(self, name, value)
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], *PRICE_FLOAT_FIELDS}
+        super().save(*args, **kwargs)
 
     def to_record(self) -> OfferRecord:
         return OfferRecord(**{name: getattr(self, name) for name in _OFFER_FIELDS})
+
+    def prices(self) -> OfferPrices:
+        return OfferPrices(*(getattr(self, name) for name in PRICE_FLOAT_FIELDS))
 
 
 class OfferRefresh(models.Model):

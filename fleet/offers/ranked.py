@@ -13,12 +13,15 @@ from fleet.ranking.filters import parse_version, version_at_least
 PROFILE_SUMMARY_SIZE = 5
 
 
-def stored_offers() -> list:
-    return [offer.to_record() for offer in Offer.objects.filter(available=True).order_by("id")]
+def stored_offers() -> tuple[list, list]:
+    """The listed offers as records, and the float twins of their prices the refresh stored (rank_offers(prices=))."""
+    rows = list(Offer.objects.filter(available=True).order_by("id"))
+    return [row.to_record() for row in rows], [row.prices() for row in rows]
 
 
 def rank_stored_offers(recipe: Recipe, filters: OfferFilters) -> Ranking:
-    return rank_offers(stored_offers(), recipe, filters, calibration=load_calibration())
+    offers, prices = stored_offers()
+    return rank_offers(offers, recipe, filters, calibration=load_calibration(), prices=prices)
 
 
 def profile_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
@@ -60,9 +63,9 @@ def refresh_profile_rankings() -> int:
     profiles = list(OfferProfile.objects.all())
     if not profiles:
         return 0
-    offers, calibration = stored_offers(), load_calibration()
+    (offers, prices), calibration = stored_offers(), load_calibration()
     for profile in profiles:
-        ranking = rank_offers(offers, *profile_settings(profile), calibration=calibration)
+        ranking = rank_offers(offers, *profile_settings(profile), calibration=calibration, prices=prices)
         summary = ranking.to_dict(limit=PROFILE_SUMMARY_SIZE)
         profile.last_ranking = {"ranked": summary["ranked"], "passed": len(ranking.entries),
                                 "excluded": len(ranking.excluded)}

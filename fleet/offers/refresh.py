@@ -13,6 +13,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from fleet.models import Offer, OfferRefresh
+from fleet.models.offers import PRICE_FLOAT_FIELDS
 from fleet.providers import fields as offer_fields
 from fleet.providers.errors import ProviderError
 from fleet.providers.records import OfferRecord
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 
 _RECORD_FIELDS = [f.name for f in fields(OfferRecord)]
 _KEY_FIELDS = ("provider", "offer_id", "is_bid")
-_REFRESHED_FIELDS = [name for name in _RECORD_FIELDS if name not in _KEY_FIELDS] + ["last_seen_at", "available"]
+_REFRESHED_FIELDS = [name for name in _RECORD_FIELDS if name not in _KEY_FIELDS] + PRICE_FLOAT_FIELDS + [
+    "last_seen_at", "available"]
 
 
 @dataclass

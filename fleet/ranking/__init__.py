@@ -1,6 +1,6 @@
 """Ranking marketplace offers for a fine-tune by steps per dollar of the whole run. Pure: no Django, no I/O."""
 
-from .cost import CostBreakdown, CostModel, Projection
+from .cost import CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
 from .filters import GPU_TIERS, REGIONS, OfferFilters, compile_filters, exclusion_reasons
 from .rank import Exclusion, RankedOffer, Ranking, best_offer, rank_offers
 from .recipe import PRESETS, Phase, Recipe
@@ -8,7 +8,7 @@ from .throughput import SEED_CALIBRATION, Calibration, CalibrationEntry, Through
 
 __all__ = [
     "GPU_TIERS", "PRESETS", "REGIONS", "SEED_CALIBRATION",
-    "Calibration", "CalibrationEntry", "CostBreakdown", "CostModel", "Exclusion", "OfferFilters", "Phase",
-    "Projection", "RankedOffer", "Ranking", "Recipe", "ThroughputModel",
-    "best_offer", "compile_filters", "exclusion_reasons", "rank_offers", "record_step_time",
+    "Calibration", "CalibrationEntry", "CostBreakdown", "CostModel", "Exclusion", "OfferFilters", "OfferPrices",
+    "Phase", "Projection", "RankedOffer", "Ranking", "Recipe", "ThroughputModel",
+    "best_offer", "compile_filters", "exclusion_reasons", "offer_prices", "rank_offers", "record_step_time",
 ]

@@ -42,7 +42,24 @@ MIN_RESTART_DENOMINATOR = 0.1  # keeps the restart factor finite for hosts that 
 _CENT_HUNDREDTHS = Decimal("0.0001")
 _SECONDS_PER_HOUR = Decimal(3600)
 _HOURS_PER_MONTH = Decimal(HOURS_PER_MONTH)
-_new_projection = tuple.__new__  # skips NamedTuple's keyword handling on the hot path
+_new_projection = _new_prices = tuple.__new__  # skips NamedTuple's keyword handling on the hot path
+
+
+class OfferPrices(NamedTuple):
+    """The float twins of the Decimal prices the scoring reads, in the order `total_usd_scorer` reads them. The
+    offers refresh stores them beside the Decimals (fleet.models.Offer), so a ranking of thousands of offers converts
+    no Decimal (rank_offers(prices=)); `offer_prices` works them out for records that come without."""
+
+    usd_per_hour: float  # the box's $/h: the GPU price, or the total where the listing gives none
+    storage_usd_per_gb_month: float
+    inet_down_usd_per_gb: float
+    inet_up_usd_per_gb: float
+
+
+def offer_prices(offer: OfferRecord) -> OfferPrices:
+    return _new_prices(OfferPrices, (
+        float(offer.gpu_usd_per_hour or offer.total_usd_per_hour), float(offer.storage_usd_per_gb_month),
+        float(offer.inet_down_usd_per_gb), float(offer.inet_up_usd_per_gb)))
 
 
 class Projection(NamedTuple):
@@ -137,26 +154,27 @@ class CostModel:
                 (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S)
 
     def total_usd_scorer(self):
-        """`total_usd(offer, step_figures(step_s))`: `estimate(offer, step_s, offer.is_bid).total_usd`, bit for bit,
-        without building the Projection. The ranking scores thousands of offers and keeps the Projection of none:
-        a RankedOffer calls `estimate` when someone reads it. The float operations below are `estimate`'s, in its
-        order; test_ranking_order checks the two agree."""
+        """`total_usd(offer, step_figures(step_s), offer_prices(offer))` is `estimate(offer, step_s, offer.is_bid)
+        .total_usd`, bit for bit, without building the Projection. The ranking scores thousands of offers and keeps
+        the Projection of none: a RankedOffer calls `estimate` when someone reads it. The float operations below are
+        `estimate`'s, in its order (the prices are the same floats it converts); test_ranking_order checks the two
+        agree."""
         boot_s, fetch_megabits, checkpoint_megabits = self.boot_s, self.fetch_megabits, self.checkpoint_megabits
         interval, disk_gb_months_per_hour, download_gb = self.interval_s, self.disk_gb_months_per_hour, self.download_gb
         inf, log = math.inf, math.log
 
-        def total_usd(offer: OfferRecord, figures: tuple[float, int, float, float]) -> float:
+        def total_usd(offer: OfferRecord, figures: tuple[float, int, float, float], prices: OfferPrices) -> float:
             compute_s, interval_checkpoints, checkpoint_gb_uploaded, lost_before_startup_s = figures
+            box_usd_per_hour, storage_usd_per_gb_month, down_usd_per_gb, up_usd_per_gb = prices
             down = offer.inet_down_mbps
             up = offer.inet_up_mbps
             startup_s = boot_s + (fetch_megabits / down if down > 0 else inf)
             upload_s = checkpoint_megabits / up if up > 0 else inf
             stall_s = (upload_s - interval) * interval_checkpoints if upload_s > interval else 0.0
-            box_h = float(offer.gpu_usd_per_hour or offer.total_usd_per_hour) \
-                + float(offer.storage_usd_per_gb_month) * disk_gb_months_per_hour
-            download_usd = download_gb * float(offer.inet_down_usd_per_gb)
+            box_h = box_usd_per_hour + storage_usd_per_gb_month * disk_gb_months_per_hour
+            download_usd = download_gb * down_usd_per_gb
             billed_h = (startup_s + (compute_s + stall_s + upload_s)) / 3600
-            total = box_h * billed_h + download_usd + checkpoint_gb_uploaded * float(offer.inet_up_usd_per_gb)
+            total = box_h * billed_h + download_usd + checkpoint_gb_uploaded * up_usd_per_gb
             reliability = offer.reliability
             rate = -log(reliability) if 0 < reliability < 1 else (0.0 if reliability >= 1 else inf)
             if offer.is_bid:

@@ -8,20 +8,22 @@ filters drop what cannot work at all, and the cost model prices what works badly
 Pure and fast: plain records in, plain records out, no database or network, so the Offers page, a Celery task and
 the rank_offers command share it. The scoring pass is floats, worked out once per GPU model where it can be; a ranked
 offer's projection, throughput words and Decimal money, the words of an exclusion and the "why" lines are worked out
-when something reads them. 10,000 offers rank in about 9 ms with the default filters and 45-50 ms with every filter
-off on the 2-core control-plane machine (bench/ranking.py, bench/NOTES_control_plane.md).
+when something reads them. 10,000 offers rank in about 8 ms with the default filters and 36-41 ms with every filter
+off (with the prices the refresh stores as floats) on the 2-core control-plane machine (bench/ranking.py,
+bench/NOTES_control_plane.md).
 """
 
 import gc
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
+from collections.abc import Sequence
 from decimal import Decimal
 from operator import attrgetter
 
 from fleet.providers.records import OfferRecord
 
-from .cost import CostBreakdown, CostModel, Projection
+from .cost import CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
 from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
 from .recipe import Recipe
 from .throughput import (
@@ -252,13 +254,19 @@ def rank_offers(
     filters: OfferFilters | None = None,
     *,
     calibration: Calibration | None = None,
+    prices: Sequence[OfferPrices] | None = None,
 ) -> Ranking:
     """Every offer either ranked (best steps per dollar first) or excluded with all of its reasons.
 
-    recipe and filters default to the product's defaults; calibration to the seeded throughput table.
+    recipe and filters default to the product's defaults; calibration to the seeded throughput table. prices, one
+    per offer in the same order: the float twins of their Decimal prices (fleet.models.Offer stores them when the
+    offers are refreshed), so that scoring converts no Decimal; without them each scored offer's are worked out.
+    The ranking is the same either way.
     """
+    if prices is not None and len(prices) != len(offers):
+        raise ValueError(f"rank_offers: {len(prices)} prices for {len(offers)} offers")
     with _no_cycle_collection():
-        return _rank(offers, recipe, filters, calibration)
+        return _rank(offers, recipe, filters, calibration, prices)
 
 
 @contextmanager
@@ -276,7 +284,8 @@ def _no_cycle_collection():
             gc.enable()
 
 
-def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibration: Calibration | None) -> Ranking:
+def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibration: Calibration | None,
+          prices: Sequence[OfferPrices] | None) -> Ranking:
     recipe = recipe or Recipe()
     filters = filters or OfferFilters()
     compiled = compile_filters(filters, recipe)
@@ -321,7 +330,7 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
             uncalibrated_at.append(i)
             continue
         calibrated_offers.append(o)
-        total = total_usd(o, known[1])
+        total = total_usd(o, known[1], offer_prices(o) if prices is None else prices[i])
         if total < inf:  # also false for NaN
             ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, known[0], pricing))
         else:
@@ -353,7 +362,7 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
                 figures = figures_at[speed]
             except KeyError:
                 figures = figures_at[speed] = step_figures(tokens_per_step / speed)
-            total = total_usd(o, figures)
+            total = total_usd(o, figures, offer_prices(o) if prices is None else prices[i])
             if total < inf:
                 # throughput None: worked out when read, from the same anchors (RankedOffer.throughput)
                 ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, None, pricing))
