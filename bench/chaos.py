@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from unittest import mock
@@ -52,7 +52,7 @@ from fleet.models import Instance, Offer  # noqa: E402
 from fleet.offers.refresh import refresh_offers  # noqa: E402
 from fleet.reaper import sweep  # noqa: E402
 from fleet.simulator import SimulatedMarketplace  # noqa: E402
-from runs import events, supervisor, tokens  # noqa: E402
+from runs import supervisor, tokens  # noqa: E402
 from runs.launch import example_recipe, launch  # noqa: E402
 from runs.models import Run, RunAttempt  # noqa: E402
 from training import agent  # noqa: E402
@@ -239,20 +239,19 @@ def killed_before_the_rent_call(chaos: Chaos) -> None:
 
 def killed_after_the_claim(chaos: Chaos) -> None:
     """The worker claimed the row and died before the provider heard of it."""
-    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"claimed-{chaos.rng.random()}",
-                                       now=chaos.now())
-    with mock.patch("fleet.providers.vast.VastClient.rent", killed):
-        try:
-            actions.rent(instance.pk, now=chaos.now())
-        except Killed:
-            pass
+    rent_dying(chaos, "claimed", mock.patch("fleet.providers.vast.VastClient.rent", killed))
 
 
 def killed_after_the_provider_rented(chaos: Chaos) -> None:
     """The machine exists at the marketplace; the worker died before the row learnt of it."""
-    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"rented-{chaos.rng.random()}",
+    rent_dying(chaos, "rented", mock.patch.object(actions, "_attach", killed))
+
+
+def rent_dying(chaos: Chaos, name: str, death) -> None:
+    """A person's rent whose worker dies where `death` (a patch raising Killed) puts it."""
+    instance, _ = actions.request_rent(offer=chaos.offer(), idempotency_key=f"{name}-{chaos.rng.random()}",
                                        now=chaos.now())
-    with mock.patch.object(actions, "_attach", killed):
+    with death:
         try:
             actions.rent(instance.pk, now=chaos.now())
         except Killed:
