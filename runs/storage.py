@@ -67,7 +67,8 @@ def validate_bucket(bucket_uri: str) -> str:
     return bucket_uri
 
 
-def _client():
+def s3_client():
+    """The account's S3 client, for the dashboard's own reads and writes (a box never gets it)."""
     return _s3_client(settings.S3_ENDPOINT_URL or None, settings.S3_REGION or None, settings.S3_ACCESS_KEY,
                       settings.S3_SECRET_KEY)
 
@@ -82,10 +83,30 @@ def _s3_client(endpoint_url, region, access_key, secret_key):
                         aws_secret_access_key=secret_key, config=Config(signature_version="s3v4"))
 
 
+def _objects(bucket: str, prefix: str) -> dict[str, int]:
+    """{name relative to the prefix: size} of every object under it."""
+    found = {}
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        found.update({item["Key"][len(prefix):]: item["Size"] for item in page.get("Contents", [])})
+    return found
+
+
+def _presigned_gets(bucket: str, prefix: str, names, expires_s: int) -> dict:
+    """An s3-get grant: a presigned GET of exactly each named key under the prefix, and of nothing else."""
+    client = s3_client()
+    return {"kind": "s3-get", "files": {
+        name: client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": prefix + name},
+                                            ExpiresIn=expires_s) for name in sorted(names)}}
+
+
+def _checkpoint_prefix(where: Location, checkpoint_uri: str) -> str:
+    return where.prefix + checkpoint_uri.rstrip("/") + "/"
+
+
 def upload_grant(where: Location, expires_s: int) -> dict:
     if where.kind == "local":
         return {"kind": "local", "path": str(Path(where.bucket) / where.prefix)}
-    post = _client().generate_presigned_post(
+    post = s3_client().generate_presigned_post(
         Bucket=where.bucket, Key=where.prefix + "${filename}",
         Conditions=[["starts-with", "$key", where.prefix], ["content-length-range", 0, MAX_POST_BYTES]],
         ExpiresIn=expires_s)
@@ -97,11 +118,7 @@ def download_grant(where: Location, checkpoint_uri: str, names, expires_s: int) 
     Nothing else under the checkpoint is offered, whatever a box put there."""
     if where.kind == "local":
         return {"kind": "local", "path": str(Path(where.bucket) / where.prefix / checkpoint_uri)}
-    client = _client()
-    prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
-    return {"kind": "s3-get", "files": {
-        name: client.generate_presigned_url("get_object", Params={"Bucket": where.bucket, "Key": prefix + name},
-                                            ExpiresIn=expires_s) for name in sorted(names)}}
+    return _presigned_gets(where.bucket, _checkpoint_prefix(where, checkpoint_uri), names, expires_s)
 
 
 def stored_files(where: Location, checkpoint_uri: str) -> dict[str, int]:
@@ -112,15 +129,8 @@ def stored_files(where: Location, checkpoint_uri: str) -> dict[str, int]:
             return {}
         return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
                 if p.is_file() and not p.is_symlink() and p.name != MARKER}
-    client = _client()
-    prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
-    found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            name = item["Key"][len(prefix):]
-            if name.rsplit("/", 1)[-1] != MARKER:
-                found[name] = item["Size"]
-    return found
+    return {name: size for name, size in _objects(where.bucket, _checkpoint_prefix(where, checkpoint_uri)).items()
+            if name.rsplit("/", 1)[-1] != MARKER}
 
 
 def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
@@ -130,18 +140,11 @@ def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
         (root / MARKER).unlink(missing_ok=True)
         shutil.rmtree(root, ignore_errors=True)
         return
-    client = _client()
-    prefix = where.prefix + checkpoint_uri.rstrip("/") + "/"
+    client, prefix = s3_client(), _checkpoint_prefix(where, checkpoint_uri)
     client.delete_object(Bucket=where.bucket, Key=prefix + MARKER)
-    keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=prefix)
-            for item in page.get("Contents", [])]
+    keys = [prefix + name for name in _objects(where.bucket, prefix)]
     for start in range(0, len(keys), 1000):
         client.delete_objects(Bucket=where.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
-
-
-def s3_client():
-    """The account's S3 client, for the dashboard's own reads and writes (a box never gets it)."""
-    return _client()
 
 
 def read_grant(folder_uri: str, names, expires_s: int) -> dict:
@@ -150,10 +153,7 @@ def read_grant(folder_uri: str, names, expires_s: int) -> dict:
     parsed = urlparse(folder_uri)
     if parsed.scheme != "s3":
         return {"kind": "local", "path": folder_uri}
-    client, prefix = _client(), parsed.path.strip("/") + "/"
-    return {"kind": "s3-get", "files": {
-        name: client.generate_presigned_url("get_object", Params={"Bucket": parsed.netloc, "Key": prefix + name},
-                                            ExpiresIn=expires_s) for name in sorted(names)}}
+    return _presigned_gets(parsed.netloc, parsed.path.strip("/") + "/", names, expires_s)
 
 
 class ModelUnreadable(ValueError):
@@ -167,11 +167,8 @@ def model_read_grant(model_uri: str, expires_s: int) -> dict:
     import botocore.exceptions
 
     bucket, prefix = model_source.s3_parts(model_uri)
-    client, sizes = _client(), {}
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            sizes.update({item["Key"][len(prefix):]: item["Size"] for item in page.get("Contents", [])
-                          if not item["Key"].endswith("/")})
+        sizes = {name: size for name, size in _objects(bucket, prefix).items() if not name.endswith("/")}
     except botocore.exceptions.ClientError as exc:
         error = exc.response.get("Error", {})
         raise ModelUnreadable(f"{model_uri} cannot be listed with the dashboard's key: "
@@ -180,7 +177,5 @@ def model_read_grant(model_uri: str, expires_s: int) -> dict:
         raise ModelUnreadable(f"{model_uri} cannot be listed: {exc}") from None
     if not sizes:
         raise ModelUnreadable(f"{model_uri} holds no files")
-    urls = {name: client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": prefix + name},
-                                                ExpiresIn=expires_s) for name in sorted(sizes)}
     return {"kind": "s3", "uri": model_uri, "files": dict(sorted(sizes.items())),
-            "download": {"kind": "s3-get", "files": urls}}
+            "download": _presigned_gets(bucket, prefix, sizes, expires_s)}

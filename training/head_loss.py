@@ -64,7 +64,7 @@ def head_and_body(model):
     body, head = getattr(causal, "model", None), getattr(causal, "lm_head", None)
     if body is None or not isinstance(head, torch.nn.Linear) or head.bias is not None or head.weight.requires_grad:
         return None
-    if _sharded(model):
+    if _sharded(head.weight):
         return None  # FSDP gathers the parameters in its root module's forward, which calling the body would skip
     if getattr(causal.config, "final_logit_softcapping", None) or getattr(causal, "logit_scale", None) is not None:
         return None  # a head that does more than one matmul
@@ -87,16 +87,10 @@ def next_token_losses(model, inputs: dict, labels):
     return losses.view_as(targets), targets != IGNORE
 
 
-def _sharded(model) -> bool:
-    """Whether FSDP2 manages any part of the model (its parameters are DTensor shards gathered by forward hooks).
-    Worked out once per model: sharding happens before the first step."""
-    known = model.__dict__.get("_fleet_sharded")
-    if known is None:
-        try:
-            from torch.distributed.fsdp import FSDPModule
-        except ImportError:  # a torch without FSDP2
-            known = False
-        else:
-            known = any(isinstance(m, FSDPModule) for m in model.modules())
-        model.__dict__["_fleet_sharded"] = known
-    return known
+def _sharded(weight) -> bool:
+    """Whether FSDP2 holds the weight as a shard (a DTensor), gathered only by its root module's forward hooks."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed tensors
+        return False
+    return isinstance(weight, DTensor)

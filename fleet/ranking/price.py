@@ -9,7 +9,9 @@ cost (cost.py), and pages show it beside this figure, not inside it. Pure: plain
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-HOURS_PER_MONTH = Decimal(720)  # marketplaces price storage per GB per 30-day month
+from fleet.ranking.cost import HOURS_PER_MONTH
+
+_HOURS_PER_MONTH = Decimal(HOURS_PER_MONTH)
 _PLACES = Decimal("0.000001")  # what an instance's recorded price keeps
 _SHOWN = Decimal("0.001")
 
@@ -47,7 +49,7 @@ def bid_usd_per_hour(offer) -> Decimal | None:
 def rental_price(offer, disk_gb) -> RentalPrice:
     """The hourly price of renting `offer` (an Offer row or an OfferRecord) with `disk_gb` of disk."""
     gpu = bid_usd_per_hour(offer) if offer.is_bid else (offer.gpu_usd_per_hour or offer.total_usd_per_hour)
-    disk = offer.storage_usd_per_gb_month * Decimal(disk_gb) / HOURS_PER_MONTH
+    disk = offer.storage_usd_per_gb_month * Decimal(disk_gb) / _HOURS_PER_MONTH
     total = (gpu + disk).quantize(_PLACES, rounding=ROUND_HALF_UP)
     return RentalPrice(gpu_usd_per_hour=gpu, disk_gb=int(disk_gb), disk_usd_per_hour=disk, usd_per_hour=total,
                        is_bid=bool(offer.is_bid))

@@ -28,6 +28,9 @@ def s3(settings, tmp_path):
     client = boto3.client("s3", endpoint_url=settings.S3_ENDPOINT_URL, region_name="us-east-1",
                           aws_access_key_id="account-key", aws_secret_access_key="account-secret")
     client.create_bucket(Bucket=BUCKET)
+    # moto keeps one store per process: what another test left in the bucket must not count as this one's upload.
+    for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+        client.delete_object(Bucket=BUCKET, Key=item["Key"])
     yield client
     server.stop()
 
