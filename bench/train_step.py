@@ -162,12 +162,68 @@ def profile(backend, layers, batch, seq_len):
             micro()
         torch.cuda.synchronize()
     averages = prof.key_averages()
-    print(averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70), flush=True)
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70), flush=True)
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90), flush=True)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), flush=True)
+    saved = saved_bytes(model, micro)
+    graphed = graphed_ms(model, batch_, phase, ctx)
     mid = sorted(range(5), key=lambda i: device[i])[2]
     print(json.dumps({"profile": backend, "layers": layers, "host_forward_ms": round(host[mid][0] * 1e3, 1),
                       "host_backward_ms": round(host[mid][1] * 1e3, 1), "wall_ms": round(host[mid][2] * 1e3, 1),
-                      "device_ms": round(device[mid], 1)}), flush=True)
+                      "device_ms": round(device[mid], 1), **graphed,
+                      "saved_mib_per_layer": saved}), flush=True)
+
+
+def saved_bytes(model, micro):
+    """MiB that autograd keeps for the backward, per kind of module (innermost module running when it was saved),
+    averaged over the decoder layers; each storage counted once, the parameters not at all."""
+    stack, totals = [], {}
+    seen = {(p.untyped_storage().data_ptr(), p.device) for p in model.parameters()}
+
+    def pre(module, args):
+        stack.append(type(module).__name__)
+
+    def post(module, args, out):
+        stack.pop()
+
+    def pack(tensor):
+        key = (tensor.untyped_storage().data_ptr(), tensor.device)
+        if key not in seen:
+            seen.add(key)
+            owner = stack[-1] if stack else "outside modules"
+            totals[owner] = totals.get(owner, 0) + tensor.untyped_storage().nbytes()
+        return tensor
+
+    handles = [m.register_forward_pre_hook(pre) for m in model.modules()]
+    handles += [m.register_forward_hook(post) for m in model.modules()]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            micro()
+    finally:
+        for handle in handles:
+            handle.remove()
+    layers = model.config.num_hidden_layers
+    return {k: round(v / layers / 2**20, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def graphed_ms(model, batch, phase, ctx):
+    """Device ms of one micro-step replayed from a CUDA graph (as the trainer runs it) and the memory it holds."""
+    params = parameter_groups(model)["trainable"]
+    runner = MicroStepGraphs(params)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    for _ in range(3):  # two eager warm-ups on the side stream, then the capture
+        runner.run(model, causal_lm_loss, batch, phase, ctx, 1.0)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner.run(model, causal_lm_loss, batch, phase, ctx, 1.0)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"graphed_ms": round(sorted(times)[5], 2), "captured": runner.replaying,
+            "graph_reserved_gib": round((torch.cuda.memory_reserved() - before) / 2**30, 2)}
 
 
 def attempt(backend, layers, checkpointing, args):
