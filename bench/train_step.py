@@ -20,6 +20,7 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -35,7 +36,8 @@ from training import distributed  # noqa: E402
 from training.families import family_of  # noqa: E402
 from training.linear_attention import deltanet_path  # noqa: E402
 from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
-from training.graphs import MicroStepGraphs  # noqa: E402
+from training import moe_lora  # noqa: E402
+from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
 from training.train import build_model, lr_lambda, optimizer_step, parameter_groups  # noqa: E402
 
@@ -87,17 +89,21 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     micro = [{"input_ids": x, "labels": x} for x in ids]
     ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
     phase = {"kind": "cpt"}
-    # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture, replays),
-    # guard on (it must pass on ours).
-    optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
-                   check_guard=backend.startswith("ours"), graphs=runner)
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    records = []
-    for _ in range(steps):
-        records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
-                                      graphs=runner))
+    # As the trainer runs (training/train.py): our experts add the routed LoRA gradients into .grad themselves.
+    in_place = moe_lora.grads_accumulated_in_place(model) if backend.startswith("ours") else contextlib.nullcontext()
+    with in_place:
+        # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture,
+        # replays), guard on (it must pass on ours).
+        optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+                       check_guard=backend.startswith("ours"), graphs=runner)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        records = []
+        for _ in range(steps):
+            records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups,
+                                          1.0, graphs=runner))
+        micro_s = _micro_steps_s(model, micro, phase, ctx, runner)
     seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
     tokens = accum * batch * seq_len
     result = {
@@ -105,6 +111,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "gradient_checkpointing": checkpointing,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(),
+        # of an optimizer step: the micro-steps alone, and the rest (clipping, norms, AdamW, zeroing, the record)
+        "micro_steps_s": round(micro_s, 3), "rest_of_step_s": round(seconds - micro_s, 3),
         "deltanet_path": deltanet_path() if family_of(model.config).linear_attention else None,
         "loss": round(records[-1]["loss"], 4), "kernel_path": records[-1]["kernel_path"],
         "losses": [r["loss"] for r in records],
@@ -116,6 +124,24 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     }
     del model, optimizer, scheduler, groups, micro, ids, runner
     return result
+
+
+def _micro_steps_s(model, micro, phase, ctx, runner):
+    """Seconds for one optimizer step's micro-steps alone (forward, loss, backward), as optimizer_step runs them;
+    the gradients they add are zeroed after."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for batch in micro:
+        (runner.run if runner is not None else eager_micro_step)(model, causal_lm_loss, batch, phase, ctx,
+                                                                 1.0 / len(micro))
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
+    return seconds
 
 
 def _peaks():
@@ -164,8 +190,10 @@ def profile(backend, layers, batch, seq_len):
     averages = prof.key_averages()
     print(averages.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90), flush=True)
     print(averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70), flush=True)
+    del loss  # its autograd graph would keep the eager steps' gradient nodes (and their stream) alive
     saved = saved_bytes(model, micro)
-    graphed = graphed_ms(model, batch_, phase, ctx)
+    with moe_lora.grads_accumulated_in_place(model):
+        graphed = graphed_ms(model, batch_, phase, ctx)
     mid = sorted(range(5), key=lambda i: device[i])[2]
     print(json.dumps({"profile": backend, "layers": layers, "host_forward_ms": round(host[mid][0] * 1e3, 1),
                       "host_backward_ms": round(host[mid][1] * 1e3, 1), "wall_ms": round(host[mid][2] * 1e3, 1),

@@ -9,9 +9,10 @@ Each backend offers the same operations over rows sorted by expert (`Groups` say
 - `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
 - `swiglu(gate_up, groups, a)`: the gated activation h on (S, 2I) [gate | up] rows, and z = h @ a[e]^T (the down
   projection's LoRA input product) when a (E, r, I) is given;
-- `swiglu_backward(gate_up, g, weights, order, groups, b)`: its backward from G (the down projection's input gradient
-  before the routing weight), with the routing weights' gradient in their (T, K) layout, the row weights in sorted
-  order (accumulation type), and u = d gate_up @ b[e]^T when b (E, r, 2I) is given;
+- `swiglu_backward(gate_up, g, weights, order, groups, b, h)`: its backward from G (the down projection's input
+  gradient before the routing weight), with the routing weights' gradient in their (T, K) layout, the row weights in
+  sorted order (accumulation type), and u = d gate_up @ b[e]^T when b (E, r, 2I) is given; the activation written
+  into h when given (so the forward's need not be kept);
 - `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype, out)`: peft's (out, r * E) LoRA B matrix
   (columns rank-major, expert-minor) to (E, r, out) and back (added into `out` when given).
 The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
@@ -132,9 +133,11 @@ class LoopOps:
         h = swiglu(gate_up)
         return h, (self.mm(h, a.to(h.dtype), groups)[0] if a is not None else None)
 
-    def swiglu_backward(self, gate_up, g, weights, order, groups, b=None):
+    def swiglu_backward(self, gate_up, g, weights, order, groups, b=None, h=None):
         row_weight = weights.reshape(-1)[order].to(accumulation_dtype(gate_up.dtype))
         grad_gate_up, grad_row_weight = swiglu_backward(gate_up, g, row_weight)
+        if h is not None:
+            h.copy_(swiglu(gate_up))
         grad_weights = torch.empty_like(grad_row_weight)
         grad_weights[order] = grad_row_weight
         u = self.mm(grad_gate_up, b.to(gate_up.dtype), groups)[0] if b is not None else None
@@ -204,10 +207,10 @@ class TritonOps(LoopOps):
 
         return swiglu(gate_up, groups.counts, a)
 
-    def swiglu_backward(self, gate_up, g, weights, order, groups, b=None):
+    def swiglu_backward(self, gate_up, g, weights, order, groups, b=None, h=None):
         from training.kernels.swiglu import swiglu_backward
 
-        return swiglu_backward(gate_up, g, weights, order, groups.counts, b)
+        return swiglu_backward(gate_up, g, weights, order, groups.counts, b, h)
 
 
 BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps())}

@@ -131,6 +131,12 @@ def test_it_computes_the_gated_activation_and_its_backward_like_the_loop(make_ro
     # the row weights come back in sorted order.
     torch.testing.assert_close(got[1], (g * want_h).sum(-1)[slots], rtol=1e-5, atol=1e-5)
     assert torch.equal(got[2], weights.reshape(-1)[order])
+    # Asked for, the backward gives back the forward's activation itself, bit for bit, so the block need not keep it.
+    h_again = torch.full_like(h, float("nan"))
+    again = TRITON.swiglu_backward(gate_up, g, weights, order, groups, b, h=h_again)
+    assert torch.equal(h_again, h)
+    for again_part, got_part in zip(again, got):
+        assert (again_part is None and got_part is None) or torch.equal(again_part, got_part)
 
 
 @pytest.mark.parametrize("num_tokens, num_experts, top_k", [(23, 6, 2), (150, 8, 3), (1, 4, 1), (700, 12, 4)])

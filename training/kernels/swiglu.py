@@ -5,8 +5,9 @@ Forward: h = silu(gate) * up and z = h @ A[e]^T, the down projection's LoRA inpu
 s * z @ B[e]^T in its epilogue), so h is not read again for it.
 Backward, from G = dy[token] @ (W2 + s B2 A2) (the down projection's input gradient before the routing weight w):
 dw = <G, h>, dh = w * G, d gate_up from dh, and u = d gate_up @ B1[e] (the gate_up projection's LoRA product for its
-input gradient), so d gate_up is not read again for it. h is recomputed rather than kept from the forward. The
-routing weight of each row is read through `order` (the pair at each sorted row) and its gradient written back
+input gradient), so d gate_up is not read again for it. h is recomputed rather than kept from the forward, and
+written out on the way when the caller needs it (the down factor's gradient), so the forward's h need not be kept
+for the backward: 50 MB a layer at 4,096 tokens of the 30B shape. The routing weight of each row is read through `order` (the pair at each sorted row) and its gradient written back
 through it, in the routing weights' own (tokens, top_k) layout; the row weights come back as fp32 in sorted order for
 the down projection's factor gradients.
 
@@ -93,14 +94,14 @@ def _swiglu_forward_kernel(
                  mask=mask_m[:, None] & (offs_r < R)[None, :])
 
 
-@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"],
+@triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA", "WRITE_H"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _swiglu_backward_kernel(
-    gu_ptr, g_ptr, dgu_ptr, counts_ptr, order_ptr, w_ptr, row_w_ptr, dw_ptr, b_ptr, u_ptr,
+    gu_ptr, g_ptr, dgu_ptr, counts_ptr, order_ptr, w_ptr, row_w_ptr, dw_ptr, b_ptr, u_ptr, h_ptr,
     inter, R, M_BUCKET,
-    stride_gu, stride_g, stride_dgu, stride_be, stride_br, stride_bc, stride_u,
-    E: tl.constexpr, E_POW2: tl.constexpr, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+    stride_gu, stride_g, stride_dgu, stride_be, stride_br, stride_bc, stride_u, stride_h,
+    E: tl.constexpr, E_POW2: tl.constexpr, HAS_LORA: tl.constexpr, WRITE_H: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """Loads one column block ahead, as the forward does."""
@@ -128,11 +129,14 @@ def _swiglu_backward_kernel(
         g_next = _columns(g_ptr, rows, stride_g, cols + BLOCK_I, mask_m, inter)
         sig = tl.sigmoid(gate)
         silu = gate * sig
-        dot += g * silu * up
+        h = silu * up  # the forward's own expression, so the same bits as its h
+        dot += g * h
         dh = g * weight[:, None]
         d_gate = (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty)
         d_up = (dh * silu).to(dgu_ptr.dtype.element_ty)
         mask = mask_m[:, None] & (cols < inter)[None, :]
+        if WRITE_H:
+            tl.store(h_ptr + rows * stride_h + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
         tl.store(dgu_ptr + rows * stride_dgu + cols[None, :], d_gate, mask=mask)
         tl.store(dgu_ptr + rows * stride_dgu + inter + cols[None, :], d_up, mask=mask)
         if HAS_LORA:
@@ -179,10 +183,11 @@ def swiglu(gate_up, counts, a=None):
     return h, z
 
 
-def swiglu_backward(gate_up, g, weights, order, counts, b=None):
+def swiglu_backward(gate_up, g, weights, order, counts, b=None, h=None):
     """From G (S, I), the routing weights (T, K) and `order` (S,) (the pair at each sorted row) ->
     (d gate_up (S, 2I), d weights (T, K) in the weights' type, row weights (S,) fp32 in sorted order,
-    u (S, r) or None): with b (E, r, 2I) (any strides, any float type), u[j] = d gate_up[j] @ b[e]^T."""
+    u (S, r) or None): with b (E, r, 2I) (any strides, any float type), u[j] = d gate_up[j] @ b[e]^T; with h (S, I)
+    given, the activation silu(gate) * up is written into it, as the forward made it."""
     rows, two_inter = gate_up.shape
     grad_gate_up = torch.empty_like(gate_up)
     weights_flat = weights.reshape(-1).contiguous()
@@ -192,11 +197,14 @@ def swiglu_backward(gate_up, g, weights, order, counts, b=None):
     u = torch.empty((rows, rank), device=gate_up.device, dtype=gate_up.dtype) if b is not None else None
     if rows:
         b_arg, u_arg = (b, u) if b is not None else (gate_up.unsqueeze(0), g)
+        h_arg = h if h is not None else g
+        if h is not None and (h.shape != g.shape or h.stride(1) != 1):
+            raise ValueError(f"h must be a row-major (S, I) tensor like G {tuple(g.shape)}, got {tuple(h.shape)}")
         _swiglu_backward_kernel[_grid(rows, counts.shape[0])](
-            gate_up, g, grad_gate_up, counts, order, weights_flat, row_weight, grad_weights, b_arg, u_arg,
+            gate_up, g, grad_gate_up, counts, order, weights_flat, row_weight, grad_weights, b_arg, u_arg, h_arg,
             two_inter // 2, rank, m_bucket(rows),
             gate_up.stride(0), g.stride(0), grad_gate_up.stride(0),
-            b_arg.stride(0), b_arg.stride(1), b_arg.stride(2), u_arg.stride(0),
-            **common,
+            b_arg.stride(0), b_arg.stride(1), b_arg.stride(2), u_arg.stride(0), h_arg.stride(0),
+            WRITE_H=h is not None, **common,
         )
     return grad_gate_up, grad_weights.view_as(weights), row_weight, u
