@@ -12,49 +12,65 @@ one chunk (CHUNK_TOKENS x vocabulary x 4 bytes) and the gradient rows.
 
 Numerically it is the plain path: logits come out of the matmul in the hidden states' dtype and are then taken to
 float32, the gradient of the logits goes back to that dtype before it meets the head's weight, as autograd does
-through `lm_head(h).float()`. Ignored targets (IGNORE) give loss 0 and gradient 0.
+through `lm_head(h).float()`. Ignored targets (IGNORE) give loss 0 and gradient 0. On a GPU each chunk's loss and
+gradient come out of one Triton kernel that writes the gradient over the chunk's logits; elsewhere PyTorch's ops
+do the same in float32 passes.
 """
 
 import torch
 
 from training.data import IGNORE
+from training.kernels.cross_entropy import cross_entropy_rows_
 
 CHUNK_TOKENS = 1024
 
 
+def _rows_torch(logits, target):
+    """(losses, d logits in the logits' type) of one chunk, in PyTorch (float32 passes over the chunk)."""
+    logits = logits.float()
+    valid = target != IGNORE
+    safe = torch.where(valid, target, 0)
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
+    probs = torch.exp(logits - lse.unsqueeze(1))  # softmax, in place of the logits' memory
+    probs.scatter_add_(1, safe.unsqueeze(1), torch.where(valid, -1.0, 0.0).unsqueeze(1))
+    probs.mul_(valid.unsqueeze(1))
+    return torch.where(valid, lse - picked, 0.0), probs
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk):
-        losses = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        grads = torch.empty_like(hidden)
+    def forward(ctx, hidden, weight, targets, chunk, rows_kernel):
+        hidden = hidden.contiguous()
+        losses = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        grads = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
-            logits = (hidden[rows] @ weight.t()).float()
-            target = targets[rows]
-            valid = target != IGNORE
-            safe = torch.where(valid, target, 0)
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
-            losses[rows] = torch.where(valid, lse - picked, 0.0)
-            probs = torch.exp(logits - lse.unsqueeze(1))  # softmax, in place of the logits' memory
-            probs.scatter_add_(1, safe.unsqueeze(1), torch.where(valid, -1.0, 0.0).unsqueeze(1))
-            probs.mul_(valid.unsqueeze(1))
-            grads[rows] = probs.to(hidden.dtype) @ weight
+            logits = hidden[rows] @ weight.t()
+            if rows_kernel:  # the gradient written over the logits, in their type
+                losses[rows] = cross_entropy_rows_(logits, targets[rows], IGNORE)
+                dlogits = logits
+            else:
+                losses[rows], dlogits = _rows_torch(logits, targets[rows])
+            torch.mm(dlogits.to(hidden.dtype), weight, out=grads[rows])
         ctx.save_for_backward(grads)
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):
         (grads,) = ctx.saved_tensors
-        return grads * grad_losses.unsqueeze(1).to(grads.dtype), None, None, None
+        return grads * grad_losses.unsqueeze(1).to(grads.dtype), None, None, None, None
 
 
-def linear_cross_entropy(hidden, weight, targets, chunk: int = CHUNK_TOKENS):
+def linear_cross_entropy(hidden, weight, targets, chunk: int = CHUNK_TOKENS, rows_kernel: bool | None = None):
     """Per-token next-token loss (float32, 0 where the target is IGNORE) of `hidden` (N, H) through the frozen head
-    `weight` (V, H) against `targets` (N,), with the gradient for `hidden` only."""
+    `weight` (V, H) against `targets` (N,), with the gradient for `hidden` only. rows_kernel: each chunk's loss and
+    gradient in one Triton kernel (training/kernels/cross_entropy.py) or in PyTorch; None: the kernel on a GPU."""
     if weight.requires_grad:
         raise ValueError("the fused head loss is for a frozen head; train the head through the plain path")
-    return _LinearCrossEntropy.apply(hidden, weight, targets, chunk)
+    if rows_kernel is None:
+        rows_kernel = hidden.is_cuda
+    return _LinearCrossEntropy.apply(hidden, weight, targets, chunk, rows_kernel)
 
 
 def head_and_body(model):

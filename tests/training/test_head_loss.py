@@ -12,16 +12,18 @@ def _plain(hidden, weight, targets):
     return torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
 
 
+@pytest.mark.parametrize("rows_kernel", [False, True])  # PyTorch's passes, the Triton kernel (interpreted here)
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
-@pytest.mark.parametrize("chunk", [3, 1024])
-def test_it_gives_the_plain_paths_losses_and_gradients(dtype, tol, chunk):
+@pytest.mark.parametrize("chunk, vocab", [(3, 50), (1024, 50), (4, 700)])  # 700: several column blocks and a tail
+def test_it_gives_the_plain_paths_losses_and_gradients(dtype, tol, chunk, vocab, rows_kernel):
     torch.manual_seed(0)
     hidden = torch.randn(10, 16, dtype=dtype, requires_grad=True)
-    weight = torch.randn(50, 16, dtype=dtype)
-    targets = torch.randint(0, 50, (10,))
+    weight = torch.randn(vocab, 16, dtype=dtype)
+    targets = torch.randint(0, vocab, (10,))
     targets[[2, 7]] = IGNORE
+    targets[0] = vocab - 1  # the last column
     upstream = torch.rand(10)
-    fused = linear_cross_entropy(hidden, weight, targets, chunk=chunk)
+    fused = linear_cross_entropy(hidden, weight, targets, chunk=chunk, rows_kernel=rows_kernel)
     (fused * upstream).sum().backward()
     fused_grad, hidden.grad = hidden.grad, None
     plain = _plain(hidden, weight, targets)
@@ -76,3 +78,19 @@ def test_it_gives_the_plain_paths_losses_and_gradients_in_bf16_on_the_gpu():
     plain.sum().backward()
     assert torch.allclose(fused, plain, atol=1e-3, rtol=1e-3)
     assert torch.allclose(fused_grad.float(), hidden.grad.float(), atol=1e-3, rtol=1e-2)
+
+
+def test_the_rows_kernel_is_stable_for_large_logits_and_writes_the_gradient_in_place():
+    from training.kernels.cross_entropy import cross_entropy_rows_
+
+    torch.manual_seed(1)
+    logits = torch.randn(6, 300) * 200  # exp of these overflows float32 without the max taken out
+    targets = torch.tensor([0, 299, 5, IGNORE, 17, 150])
+    want = torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
+    want_grad = torch.softmax(logits, -1) - torch.nn.functional.one_hot(targets.clamp(min=0), 300)
+    want_grad[3] = 0
+    got = logits.clone()
+    losses = cross_entropy_rows_(got, targets, IGNORE)
+    torch.testing.assert_close(losses, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, want_grad, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(losses).all() and losses[3] == 0
