@@ -17,7 +17,7 @@ import triton.language as tl
 
 from training.kernels._config import interpreting
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
