@@ -197,8 +197,14 @@ def profile(backend, layers, batch, seq_len):
     mid = sorted(range(5), key=lambda i: device[i])[2]
     print(json.dumps({"profile": backend, "layers": layers, "host_forward_ms": round(host[mid][0] * 1e3, 1),
                       "host_backward_ms": round(host[mid][1] * 1e3, 1), "wall_ms": round(host[mid][2] * 1e3, 1),
-                      "device_ms": round(device[mid], 1), **graphed,
+                      "device_ms": round(device[mid], 1), **graphed, "fused_rope": _fused_rope(model),
                       "saved_mib_per_layer": saved}), flush=True)
+
+
+def _fused_rope(model):
+    """Whether the attention's rotary embedding runs on our kernel (training/rope.py)."""
+    home = sys.modules.get(type(model.get_base_model()).__module__)
+    return bool(getattr(getattr(home, "apply_rotary_pos_emb", None), "fused_rope", False))
 
 
 def saved_bytes(model, micro):

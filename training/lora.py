@@ -21,6 +21,7 @@ from training.linear_attention import use_segmented_linear_attention
 from training.lora_linear import LoraLinear
 from training.moe_lora import IMPLEMENTATION_NAME, Kernels, register, set_kernels, use_moe_lora
 from training.norms import use_fused_rms_norms
+from training.rope import use_fused_rope
 from training.routers import use_fused_routers
 
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
@@ -128,6 +129,7 @@ def attach_lora(model, r=32, alpha=64, attention=True, targets=None):
         LoraLinear.adopt(module)  # module targets: peft's layers, fused forward
     use_fused_rms_norms(peft_model)  # the frozen norms on one Triton kernel each way (on a GPU)
     use_fused_routers(peft_model)  # softmax, top-k and renormalisation after each router's linear, likewise
+    use_fused_rope(peft_model)  # the rotary embedding of queries and keys, likewise
     use_segmented_linear_attention(peft_model)  # DeltaNet keeps packed samples apart
     return peft_model
 
