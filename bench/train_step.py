@@ -150,7 +150,20 @@ def _peaks():
     # a captured graph's pool is allocated at capture and reused by every replay without the allocator seeing it,
     # so with graphs only the reserved figure counts the activations
     return {"peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1)}
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
+            "reserved_gib_by_pool": _reserved_by_pool()}
+
+
+def _reserved_by_pool():
+    """GiB the allocator holds now: in the general pool, in CUDA-graph pools, and of that what no tensor uses."""
+    held, graph, free = 0, 0, 0
+    for segment in torch.cuda.memory_snapshot():
+        held += segment["total_size"]
+        if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            graph += segment["total_size"]
+        free += sum(b["size"] for b in segment["blocks"] if b["state"] == "inactive")
+    return {"all": round(held / 2**30, 2), "graph_pools": round(graph / 2**30, 2),
+            "not_in_use": round(free / 2**30, 2)}
 
 
 def profile(backend, layers, batch, seq_len):
