@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from training.data import IGNORE
 from training.head_loss import next_token_losses
 from training.packing import model_inputs
+from training.rollout import sample
 
 
 def token_logps(model, input_ids, attention_mask, labels):
@@ -68,17 +69,8 @@ def _generate(model, prompts, phase, tokenizer, device):
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=phase["temperature"],
-            top_k=0, top_p=1.0, max_new_tokens=phase["max_new_tokens"], pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    finally:
-        model.train(was_training)
-    completions = out[:, width:]
+    completions = sample(model, input_ids, attention_mask, phase["max_new_tokens"], phase["temperature"],
+                         tokenizer.eos_token_id, pad)
     # A completion ends at its first eos (kept, so the model learns to stop); what follows is padding.
     ended = (completions == tokenizer.eos_token_id).long().cumsum(-1)
     keep = (ended == 0) | ((ended == 1) & (completions == tokenizer.eos_token_id))
