@@ -18,13 +18,16 @@ RANKED_SHOWN = 100
 EXCLUDED_SHOWN_PER_REASON = 50
 
 
-def _sort_key(sort: str, disk_gb: int):
-    return {
-        "score": lambda e: e.rank,
+def _sorted(entries, sort: str, disk_gb: int):
+    """The ranked offers in the order the page lists them. In the ranking's own order they need no sort, and only
+    the ones shown are made into RankedOffers (Ranking.entries makes them as they are read)."""
+    if not sort or sort == "score":
+        return entries
+    return sorted(entries, key={
         "total": lambda e: e.total_usd,
         "wall": lambda e: e.wall_hours,
         "price": lambda e: rental_price(e.offer, disk_gb).usd_per_hour,
-    }[sort or "score"]
+    }[sort])
 
 
 def _form_for(request) -> tuple[RankingForm, OfferProfile | None]:
@@ -53,7 +56,7 @@ def offers(request):
     if form.is_valid():
         disk_gb = int(form.recipe.rent_disk_gb)
         ranking = rank_stored_offers(form.recipe, form.filters)
-        entries = sorted(ranking.entries, key=_sort_key(form.cleaned_data["sort"], disk_gb))
+        entries = _sorted(ranking.entries, form.cleaned_data["sort"], disk_gb)
         excluded = ranking.excluded
         needle = form.cleaned_data["find"].strip()
         if needle:

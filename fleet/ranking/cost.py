@@ -20,14 +20,17 @@ The model, per run:
              reclaimed twice in one session). Restarts are themselves exposed to loss, hence the 1 / (1 - rate x
              loss) factor.
 
-Scoring needs this for thousands of offers, so `CostModel.estimate` does it in floats; `CostModel.breakdown` redoes
-it in Decimal, once per ranked offer, for the money the page shows.
+Scoring needs this for thousands of offers, so `CostModel.total_usd_columns` does it in floats over numpy columns,
+`CostModel.estimate` in the same floats for one offer, and `CostModel.breakdown` redoes it in Decimal, once per ranked
+offer read, for the money the page shows.
 """
 
 import math
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import NamedTuple
+
+import numpy as np
 
 from fleet.providers.records import OfferRecord
 
@@ -46,7 +49,7 @@ _new_projection = _new_prices = tuple.__new__  # skips NamedTuple's keyword hand
 
 
 class OfferPrices(NamedTuple):
-    """The float twins of the Decimal prices the scoring reads, in the order `total_usd_scorer` reads them. The
+    """The float twins of the Decimal prices the scoring reads, in the order `total_usd_columns` reads them. The
     offers refresh stores them beside the Decimals (fleet.models.Offer), so a ranking of thousands of offers converts
     no Decimal (rank_offers(prices=)); `offer_prices` works them out for records that come without."""
 
@@ -142,51 +145,35 @@ class CostModel:
         return _new_projection(
             Projection, (step_s, startup_s, train_s, checkpoints, rate, restarts, lost_s, billed_h + restart_h, total))
 
-    def step_figures(self, step_s: float) -> tuple[float, int, float, float]:
-        """What `estimate` works out from the step time alone, for `total_usd_scorer`: offers with the same GPU
-        model and count share a step time, so a ranking computes these once per model, not once per offer."""
-        compute_s = self.steps * step_s
+    def total_usd_columns(self, step_s: np.ndarray, down_mbps: np.ndarray, up_mbps: np.ndarray,
+                          reliability: np.ndarray, interruptible: np.ndarray, prices: np.ndarray) -> np.ndarray:
+        """`estimate(offer, step_s, interruptible).total_usd` for many offers at once, bit for bit: one value per
+        offer in each column (prices: one OfferPrices row per offer, as stored), the same float operations in
+        `estimate`'s order. The ranking scores thousands of offers and keeps the Projection of none; a RankedOffer
+        calls `estimate` when someone reads it (the ranking's tests check the two agree). A bandwidth of zero gives
+        an infinite total, as in `estimate`, without a warning."""
         interval = self.interval_s
-        interval_checkpoints = math.ceil(compute_s / interval) if compute_s > 0 else 0
-        checkpoints = interval_checkpoints + self.extra_checkpoints
-        # the same products `estimate` forms first (a x b x c is (a x b) x c), so the floats come out identical
-        return (compute_s, interval_checkpoints, checkpoints * self.checkpoint_gb,
-                (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S)
-
-    def total_usd_scorer(self):
-        """`total_usd(offer, step_figures(step_s), offer_prices(offer))` is `estimate(offer, step_s, offer.is_bid)
-        .total_usd`, bit for bit, without building the Projection. The ranking scores thousands of offers and keeps
-        the Projection of none: a RankedOffer calls `estimate` when someone reads it. The float operations below are
-        `estimate`'s, in its order (the prices are the same floats it converts); test_ranking_order checks the two
-        agree."""
-        boot_s, fetch_megabits, checkpoint_megabits = self.boot_s, self.fetch_megabits, self.checkpoint_megabits
-        interval, disk_gb_months_per_hour, download_gb = self.interval_s, self.disk_gb_months_per_hour, self.download_gb
-        inf, log = math.inf, math.log
-
-        def total_usd(offer: OfferRecord, figures: tuple[float, int, float, float], prices: OfferPrices) -> float:
-            compute_s, interval_checkpoints, checkpoint_gb_uploaded, lost_before_startup_s = figures
-            box_usd_per_hour, storage_usd_per_gb_month, down_usd_per_gb, up_usd_per_gb = prices
-            down = offer.inet_down_mbps
-            up = offer.inet_up_mbps
-            startup_s = boot_s + (fetch_megabits / down if down > 0 else inf)
-            upload_s = checkpoint_megabits / up if up > 0 else inf
-            stall_s = (upload_s - interval) * interval_checkpoints if upload_s > interval else 0.0
-            box_h = box_usd_per_hour + storage_usd_per_gb_month * disk_gb_months_per_hour
-            download_usd = download_gb * down_usd_per_gb
-            billed_h = (startup_s + (compute_s + stall_s + upload_s)) / 3600
-            total = box_h * billed_h + download_usd + checkpoint_gb_uploaded * up_usd_per_gb
-            reliability = offer.reliability
-            rate = -log(reliability) if 0 < reliability < 1 else (0.0 if reliability >= 1 else inf)
-            if offer.is_bid:
-                rate += BID_RECLAIM_PER_HOUR
-            if rate:
-                lost_s = lost_before_startup_s + startup_s
-                exposed = 1.0 - rate * lost_s / 3600
-                restarts = rate * billed_h / (exposed if exposed > MIN_RESTART_DENOMINATOR else MIN_RESTART_DENOMINATOR)
-                total += restarts * lost_s / 3600 * box_h + restarts * download_usd
-            return total
-
-        return total_usd
+        box_usd_per_hour, storage_usd_per_gb_month, down_usd_per_gb, up_usd_per_gb = prices.T
+        with np.errstate(all="ignore"):
+            compute_s = self.steps * step_s
+            interval_checkpoints = np.where(compute_s > 0, np.ceil(compute_s / interval), 0.0)
+            checkpoints = interval_checkpoints + self.extra_checkpoints
+            startup_s = self.boot_s + np.where(down_mbps > 0, self.fetch_megabits / down_mbps, math.inf)
+            upload_s = np.where(up_mbps > 0, self.checkpoint_megabits / up_mbps, math.inf)
+            stall_s = np.where(upload_s > interval, (upload_s - interval) * interval_checkpoints, 0.0)
+            train_s = compute_s + stall_s + upload_s
+            box_h = box_usd_per_hour + storage_usd_per_gb_month * self.disk_gb_months_per_hour
+            download_usd = self.download_gb * down_usd_per_gb
+            rate = loss_rates(reliability)
+            rate = np.where(interruptible, rate + BID_RECLAIM_PER_HOUR, rate)
+            lost_s = np.where(interval < compute_s, interval, compute_s) + LOSS_DETECTION_S + startup_s
+            billed_h = (startup_s + train_s) / 3600
+            total = box_h * billed_h + download_usd + checkpoints * self.checkpoint_gb * up_usd_per_gb
+            # restarts are themselves exposed to loss: rate x exposed / (1 - rate x lost), kept finite
+            exposed = 1.0 - rate * lost_s / 3600
+            restarts = rate * billed_h / np.where(exposed > MIN_RESTART_DENOMINATOR, exposed, MIN_RESTART_DENOMINATOR)
+            restart_h = restarts * lost_s / 3600
+            return np.where(rate != 0, total + (restart_h * box_h + restarts * download_usd), total)
 
     def breakdown(self, offer: OfferRecord, p: Projection) -> CostBreakdown:
         gpu_h = offer.gpu_usd_per_hour or offer.total_usd_per_hour
@@ -216,6 +203,15 @@ class CostModel:
             total_usd=total,
             usd_per_hour=_money(total / hours) if hours else total,
         )
+
+
+def loss_rates(reliability: np.ndarray) -> np.ndarray:
+    """`estimate`'s loss rate per hour for each reliability: -log(reliability), 0 at 1 and above, infinite at 0 and
+    below. The log is math.log's, one value at a time: numpy's own may differ from it in the last bit."""
+    rates = np.where(reliability >= 1, 0.0, math.inf)
+    between = (reliability > 0) & (reliability < 1)
+    rates[between] = -np.fromiter(map(math.log, reliability[between].tolist()), float, np.count_nonzero(between))
+    return rates
 
 
 def _dec(value) -> Decimal:

@@ -141,32 +141,23 @@ def version_at_least(version: tuple[int, ...], needed: tuple[int, ...]) -> bool:
 
 @dataclass(frozen=True)
 class Filter:
-    """One hard filter, written once: whether the filters turn it on, its test bound to their thresholds (true when
-    the offer fails it), and the words a user reads. A field an offer leaves blank fails its "unknown" filter and
-    passes the ones that compare it, so it reads "disk unknown", not "disk None GB < 250"."""
+    """One hard filter: its name (its bit is its place in FILTERS) and the words a user reads when an offer fails
+    it. What it tests is in `_tests`, in the same order."""
 
     name: str
-    applies: Callable[[OfferFilters, Recipe], bool]
-    bind: Callable[[OfferFilters, Recipe], Callable[[OfferRecord], bool]]
     words: Callable[[OfferRecord, OfferFilters, Recipe], str]
-
-
-def _always(f: OfferFilters, r: Recipe) -> bool:
-    return True
 
 
 def _said(text: str):
     return lambda o, f, r: text
 
 
-def _blank(value) -> bool:
-    """None, NaN or an infinity (a float or a Decimal): either way the listing did not say a usable number."""
-    if value is None:
-        return True
+def _known(value) -> bool:
+    """A usable number: not None, NaN or an infinity (a float or a Decimal), and a number at all."""
     try:
-        return not math.isfinite(value)
-    except (TypeError, ValueError):  # a signalling NaN, or no number at all
-        return True
+        return math.isfinite(value)
+    except (TypeError, ValueError):  # None, no number at all, or a signalling NaN
+        return False
 
 
 # The prices the cost model reads, with the words a user reads when one is blank; the total comes first.
@@ -175,14 +166,14 @@ _PRICES = (("total_usd_per_hour", "price"), ("gpu_usd_per_hour", "GPU price"),
            ("inet_up_usd_per_gb", "upload price"))
 
 
-def _price_unknown(o) -> bool:
-    # On every offer's path: Decimal.is_finite is several times cheaper than _blank's float conversion.
+def _prices_known(o) -> bool:
+    # On every offer's path: Decimal.is_finite is several times cheaper than _known's float conversion.
     try:
-        return not (o.total_usd_per_hour.is_finite() and o.gpu_usd_per_hour.is_finite()
-                    and o.storage_usd_per_gb_month.is_finite() and o.inet_down_usd_per_gb.is_finite()
-                    and o.inet_up_usd_per_gb.is_finite())
+        return (o.total_usd_per_hour.is_finite() and o.gpu_usd_per_hour.is_finite()
+                and o.storage_usd_per_gb_month.is_finite() and o.inet_down_usd_per_gb.is_finite()
+                and o.inet_up_usd_per_gb.is_finite())
     except AttributeError:  # None, or anything but a Decimal, where a price belongs
-        return True
+        return False
 
 
 def _blank_price(value) -> bool:
@@ -194,49 +185,32 @@ def _price_unknown_words(o, f, r) -> str:
 
 
 def _in_ranges(ram: float, ranges) -> bool:
-    return any(low <= ram <= high for low, high in ranges)
+    for low, high in ranges:
+        if low <= ram <= high:
+            return True
+    return False
 
 
-def _driver_bind(f: OfferFilters, r: Recipe):
-    needed = parse_version(f.min_driver_version)
-    verdicts: dict = {}  # a catalogue has a handful of driver strings: each is parsed once
+def _driver_verdicts(needed: tuple[int, ...]):
+    """A driver version's verdict, "ok", "old" or "unknown"; a catalogue has a handful of driver strings, so each is
+    parsed once."""
+    verdicts: dict = {}
 
     def verdict(text) -> str:
-        version = parse_version(text) if isinstance(text, str) and text.strip() else None
-        return "unknown" if version is None else "ok" if version_at_least(version, needed) else "old"
-
-    def check(o, want):
-        text = o.driver_version
         try:
-            return verdicts[text] == want
+            return verdicts[text]
         except KeyError:
-            return verdicts.setdefault(text, verdict(text)) == want
+            version = parse_version(text) if isinstance(text, str) and text.strip() else None
+            return verdicts.setdefault(
+                text, "unknown" if version is None else "ok" if version_at_least(version, needed) else "old")
         except TypeError:  # unhashable junk where a string belongs
-            return want == "unknown"
-    return check
-
-
-def _location_bind(f: OfferFilters, r: Recipe):
-    countries, codes = f.allowed_countries, {}
-
-    def check(o, want):
-        geo = o.geolocation
-        code = codes[geo] if geo in codes else codes.setdefault(geo, country_code(geo))
-        return (not code) if want == "unknown" else bool(code) and code not in countries
-    return check
+            return "unknown"
+    return verdict
 
 
 def _driver_unknown_words(o, f, r) -> str:
     text = o.driver_version
     return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
-
-
-def _has_driver_floor(f: OfferFilters, r: Recipe) -> bool:
-    return bool(f.min_driver_version)
-
-
-def _has_cuda_floor(f: OfferFilters, r: Recipe) -> bool:
-    return round(f.min_cuda, 3) > 0
 
 
 def _max_gpus(f: OfferFilters, r: Recipe) -> int:
@@ -252,71 +226,35 @@ def _vram_needed_words(o, f, r) -> str:
             f"{_num(r.vram_total_gb)} GB for {r.model} on {r.gpus} GPUs ({_num(r.vram_gb)} GB each)")
 
 
-# In the order a user reads the reasons; each filter's bit is its place here. A filter applies only where it can
-# exclude something (a floor of 0 cannot), so an offer that passes costs only the tests that could have failed it.
+# In the order a user reads the reasons and `_tests` tests them; each filter's bit is its place here.
 FILTERS = (
-    Filter("rentable", _always, lambda f, r: lambda o: not o.rentable, _said("not rentable")),
-    Filter("bids", lambda f, r: not f.allow_bids, lambda f, r: lambda o: bool(o.is_bid),
-           _said("interruptible (bid) offer; bids not allowed")),
-    Filter("gpus_unknown", _always, lambda f, r: lambda o: not o.num_gpus, _said("GPU count unknown")),
-    Filter("gpus_needed", lambda f, r: r.gpus > 1,
-           lambda f, r: (lambda needed: lambda o: bool(o.num_gpus) and o.num_gpus < needed)(r.gpus),
+    Filter("rentable", _said("not rentable")),
+    Filter("bids", _said("interruptible (bid) offer; bids not allowed")),
+    Filter("gpus_unknown", _said("GPU count unknown")),
+    Filter("gpus_needed",
            lambda o, f, r: f"{o.num_gpus} GPU{'s' if o.num_gpus != 1 else ''} < the {r.gpus} the recipe trains on"),
-    Filter("gpu_count", lambda f, r: f.min_gpus > 1 or f.max_gpus is not None,
-           lambda f, r: (lambda low, high: lambda o: bool(o.num_gpus) and not low <= o.num_gpus <= high)(
-               f.min_gpus, _max_gpus(f, r)),
-           lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus, r.gpus)),
-    Filter("vram_unknown", _always, lambda f, r: lambda o: not o.gpu_ram_gb or _blank(o.gpu_ram_gb),
-           _said("VRAM unknown")),
-    Filter("vram_range", lambda f, r: bool(f.vram_ranges),
-           lambda f, r: (lambda ranges: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
-                         and not _in_ranges(o.gpu_ram_gb, ranges))(f.vram_ranges),
-           lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"),
-    Filter("vram_needed", _always,
-           lambda f, r: (lambda needed: lambda o: bool(o.gpu_ram_gb) and not _blank(o.gpu_ram_gb)
-                         and o.gpu_ram_gb < needed)(r.vram_gb),
-           _vram_needed_words),
-    Filter("price_unknown", _always, lambda f, r: _price_unknown, _price_unknown_words),
-    Filter("price_cap", lambda f, r: f.max_usd_per_hour is not None,
-           lambda f, r: (lambda cap: lambda o: not _blank_price(o.total_usd_per_hour) and o.total_usd_per_hour > cap)(
-               f.max_usd_per_hour),
-           lambda o, f, r: f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"),
-    Filter("driver_unknown", _has_driver_floor,
-           lambda f, r: (lambda check: lambda o: check(o, "unknown"))(_driver_bind(f, r)), _driver_unknown_words),
-    Filter("driver_old", _has_driver_floor, lambda f, r: (lambda check: lambda o: check(o, "old"))(_driver_bind(f, r)),
-           lambda o, f, r: f"driver {o.driver_version.strip()} < needed {f.min_driver_version}"),
-    Filter("cuda_unknown", _has_cuda_floor, lambda f, r: lambda o: not o.cuda_max or _blank(o.cuda_max),
-           _said("CUDA unknown")),
-    Filter("cuda_old", _has_cuda_floor,
-           lambda f, r: (lambda floor: lambda o: bool(o.cuda_max) and not _blank(o.cuda_max)
-                         and round(o.cuda_max, 3) < floor)(round(f.min_cuda, 3)),
-           lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
-    Filter("disk_unknown", _always, lambda f, r: lambda o: _blank(o.disk_gb), _said("disk unknown")),
-    Filter("disk", lambda f, r: f.min_disk_gb > 0,
-           lambda f, r: (lambda low: lambda o: not _blank(o.disk_gb) and o.disk_gb < low)(f.min_disk_gb),
-           lambda o, f, r: f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"),
-    Filter("downlink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_down_mbps), _said("downlink unknown")),
-    Filter("downlink", lambda f, r: f.min_inet_down_mbps > 0,
-           lambda f, r: (lambda low: lambda o: not _blank(o.inet_down_mbps) and o.inet_down_mbps < low)(
-               f.min_inet_down_mbps),
-           lambda o, f, r: f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"),
-    Filter("uplink_unknown", _always, lambda f, r: lambda o: _blank(o.inet_up_mbps), _said("uplink unknown")),
-    Filter("uplink", lambda f, r: f.min_inet_up_mbps > 0,
-           lambda f, r: (lambda low: lambda o: not _blank(o.inet_up_mbps) and o.inet_up_mbps < low)(
-               f.min_inet_up_mbps),
-           lambda o, f, r: f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"),
-    Filter("location_unknown", lambda f, r: bool(f.locations),
-           lambda f, r: (lambda check: lambda o: check(o, "unknown"))(_location_bind(f, r)),
-           _said("location unknown")),
-    Filter("location", lambda f, r: bool(f.locations),
-           lambda f, r: (lambda check: lambda o: check(o, "outside"))(_location_bind(f, r)),
+    Filter("gpu_count", lambda o, f, r: _gpus_text(o.num_gpus, f.min_gpus, f.max_gpus, r.gpus)),
+    Filter("vram_unknown", _said("VRAM unknown")),
+    Filter("vram_range", lambda o, f, r: f"VRAM {_num(o.gpu_ram_gb)} GB outside {_vram_range_text(f)}"),
+    Filter("vram_needed", _vram_needed_words),
+    Filter("price_unknown", _price_unknown_words),
+    Filter("price_cap", lambda o, f, r: f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"),
+    Filter("driver_unknown", _driver_unknown_words),
+    Filter("driver_old", lambda o, f, r: f"driver {o.driver_version.strip()} < needed {f.min_driver_version}"),
+    Filter("cuda_unknown", _said("CUDA unknown")),
+    Filter("cuda_old", lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
+    Filter("disk_unknown", _said("disk unknown")),
+    Filter("disk", lambda o, f, r: f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"),
+    Filter("downlink_unknown", _said("downlink unknown")),
+    Filter("downlink", lambda o, f, r: f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"),
+    Filter("uplink_unknown", _said("uplink unknown")),
+    Filter("uplink", lambda o, f, r: f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"),
+    Filter("location_unknown", _said("location unknown")),
+    Filter("location",
            lambda o, f, r: f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"),
-    Filter("reliability_unknown", _always, lambda f, r: lambda o: _blank(o.reliability),
-           _said("reliability unknown")),
-    Filter("reliability", lambda f, r: f.min_reliability > 0,
-           lambda f, r: (lambda low: lambda o: not _blank(o.reliability) and o.reliability < low)(f.min_reliability),
-           lambda o, f, r: f"reliability {o.reliability:.4g} < {f.min_reliability:g}"),
-    Filter("verified", lambda f, r: f.require_verified, lambda f, r: lambda o: not o.verified, _said("not verified")),
+    Filter("reliability_unknown", _said("reliability unknown")),
+    Filter("reliability", lambda o, f, r: f"reliability {o.reliability:.4g} < {f.min_reliability:g}"),
+    Filter("verified", _said("not verified")),
 )
 BITS = {f.name: 1 << i for i, f in enumerate(FILTERS)}
 # Set by the ranking after the filters, for offers it cannot price.
@@ -342,9 +280,153 @@ WORDS = {**{BITS[f.name]: f.words for f in FILTERS}, NO_THROUGHPUT: _no_throughp
          UNBOUNDED_COST: _unbounded_cost_words}
 
 
+def _tests(f: OfferFilters, r: Recipe, first: bool) -> Callable[[OfferRecord], int]:
+    """Every filter's test, bound to one filters-and-recipe pair: for an offer, the bit of each filter it fails
+    (in the order of FILTERS), or with `first` only the bit of the first one, stopping there; 0 when it passes.
+
+    One function for all of them because the ranking runs it on every offer of the catalogue: a call per filter cost
+    twice the tests themselves (and a generator's teardown as much again). A filter the settings turn off (no cap, a
+    floor of 0, bids allowed) reads nothing of the offer. A field an offer leaves blank fails its "unknown" filter
+    and skips the ones that compare it, so it reads "disk unknown", not "disk None GB < 250".
+    """
+    # Whether each filter applies, worked out once: a flag costs less to test than its condition.
+    no_bids = not f.allow_bids
+    gpus_needed = r.gpus if r.gpus > 1 else 0
+    count_gpus, min_gpus, max_gpus = f.min_gpus > 1 or f.max_gpus is not None, f.min_gpus, _max_gpus(f, r)
+    ranges, vram_needed = f.vram_ranges, r.vram_gb
+    capped, cap = f.max_usd_per_hour is not None, f.max_usd_per_hour
+    driver = _driver_verdicts(parse_version(f.min_driver_version)) if f.min_driver_version else None
+    cuda_floor = round(f.min_cuda, 3)
+    check_cuda = cuda_floor > 0
+    min_disk, min_down, min_up, min_reliability = (f.min_disk_gb, f.min_inet_down_mbps, f.min_inet_up_mbps,
+                                                   f.min_reliability)
+    check_disk, check_down, check_up, check_reliability = min_disk > 0, min_down > 0, min_up > 0, min_reliability > 0
+    by_location, countries, codes = bool(f.locations), f.allowed_countries, {}
+    verified_only = f.require_verified
+
+    def failed_filters(o: OfferRecord) -> int:
+        failed = 0
+        if not o.rentable:
+            failed |= BITS["rentable"]
+            if first:
+                return failed
+        if no_bids and o.is_bid:
+            failed |= BITS["bids"]
+            if first:
+                return failed
+        n = o.num_gpus
+        if not n:
+            failed |= BITS["gpus_unknown"]
+            if first:
+                return failed
+        else:
+            if gpus_needed and n < gpus_needed:
+                failed |= BITS["gpus_needed"]
+                if first:
+                    return failed
+            if count_gpus and not min_gpus <= n <= max_gpus:
+                failed |= BITS["gpu_count"]
+                if first:
+                    return failed
+        ram = o.gpu_ram_gb
+        if not ram or not _known(ram):
+            failed |= BITS["vram_unknown"]
+            if first:
+                return failed
+        else:
+            if ranges and not _in_ranges(ram, ranges):
+                failed |= BITS["vram_range"]
+                if first:
+                    return failed
+            if ram < vram_needed:
+                failed |= BITS["vram_needed"]
+                if first:
+                    return failed
+        if not _prices_known(o):
+            failed |= BITS["price_unknown"]
+            if first:
+                return failed
+        if capped and not _blank_price(o.total_usd_per_hour) and o.total_usd_per_hour > cap:
+            failed |= BITS["price_cap"]
+            if first:
+                return failed
+        if driver is not None:
+            verdict = driver(o.driver_version)
+            if verdict == "unknown":
+                failed |= BITS["driver_unknown"]
+                if first:
+                    return failed
+            elif verdict == "old":
+                failed |= BITS["driver_old"]
+                if first:
+                    return failed
+        if check_cuda:
+            cuda = o.cuda_max
+            if not cuda or not _known(cuda):
+                failed |= BITS["cuda_unknown"]
+                if first:
+                    return failed
+            elif round(cuda, 3) < cuda_floor:
+                failed |= BITS["cuda_old"]
+                if first:
+                    return failed
+        disk = o.disk_gb
+        if not _known(disk):
+            failed |= BITS["disk_unknown"]
+            if first:
+                return failed
+        elif check_disk and disk < min_disk:
+            failed |= BITS["disk"]
+            if first:
+                return failed
+        down = o.inet_down_mbps
+        if not _known(down):
+            failed |= BITS["downlink_unknown"]
+            if first:
+                return failed
+        elif check_down and down < min_down:
+            failed |= BITS["downlink"]
+            if first:
+                return failed
+        up = o.inet_up_mbps
+        if not _known(up):
+            failed |= BITS["uplink_unknown"]
+            if first:
+                return failed
+        elif check_up and up < min_up:
+            failed |= BITS["uplink"]
+            if first:
+                return failed
+        if by_location:
+            geo = o.geolocation
+            code = codes[geo] if geo in codes else codes.setdefault(geo, country_code(geo))
+            if not code:
+                failed |= BITS["location_unknown"]
+                if first:
+                    return failed
+            elif code not in countries:
+                failed |= BITS["location"]
+                if first:
+                    return failed
+        reliability = o.reliability
+        if not _known(reliability):
+            failed |= BITS["reliability_unknown"]
+            if first:
+                return failed
+        elif check_reliability and reliability < min_reliability:
+            failed |= BITS["reliability"]
+            if first:
+                return failed
+        if verified_only and not o.verified:
+            failed |= BITS["verified"]
+            if first:
+                return failed
+        return failed
+    return failed_filters
+
+
 class CompiledFilters:
-    """The filter table bound to one filters-and-recipe pair: the filters that apply, each test with its
-    thresholds bound once.
+    """The filters bound to one filters-and-recipe pair.
 
     `first_failed(offer)` is the ranking's hot path: the bit of the first filter the offer fails, 0 when it passes,
     stopping there (most of 10,000 offers fail one of the first few). `mask(offer)` has a bit for every filter it
@@ -354,20 +436,8 @@ class CompiledFilters:
     def __init__(self, filters: OfferFilters, recipe: Recipe):
         self.filters = filters
         self.recipe = recipe
-        self.tests = tuple((BITS[f.name], f.bind(filters, recipe)) for f in FILTERS if f.applies(filters, recipe))
-
-    def first_failed(self, offer: OfferRecord) -> int:
-        for bit, fails in self.tests:
-            if fails(offer):
-                return bit
-        return 0
-
-    def mask(self, offer: OfferRecord) -> int:
-        m = 0
-        for bit, fails in self.tests:
-            if fails(offer):
-                m |= bit
-        return m
+        self.first_failed: Callable[[OfferRecord], int] = _tests(filters, recipe, first=True)
+        self.mask: Callable[[OfferRecord], int] = _tests(filters, recipe, first=False)
 
     def check(self, offer: OfferRecord) -> tuple[str, ...]:
         """Every reason the offer is excluded; () when it passes."""

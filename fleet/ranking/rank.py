@@ -6,35 +6,33 @@ over the run. Ranking on the listed $/h alone is what put runs on hosts that wer
 filters drop what cannot work at all, and the cost model prices what works badly.
 
 Pure and fast: plain records in, plain records out, no database or network, so the Offers page, a Celery task and
-the rank_offers command share it. The scoring pass is floats, worked out once per GPU model where it can be; a ranked
-offer's projection, throughput words and Decimal money, the words of an exclusion and the "why" lines are worked out
-when something reads them. 10,000 offers rank in about 8 ms with the default filters and 36-41 ms with every filter
-off (with the prices the refresh stores as floats) on the 2-core control-plane machine (bench/ranking.py,
-bench/NOTES_control_plane.md).
+the rank_offers command share it. The filters run as one function per offer that stops at the first failed
+(filters.py); the offers that pass are scored a column at a time in numpy floats, the same floats as the offer-by-offer
+cost model (speeds.py, CostModel.total_usd_columns), and sorted on the float score. A ranked offer's RankedOffer,
+its projection, throughput words and Decimal money, the words of an exclusion and the "why" lines are made when
+something reads them. 10,000 offers rank in about 5 ms with the default filters and 14-15 ms with every filter off
+(with the prices the refresh stores as floats) on the 2-core control-plane machine when it is not busy with much
+else (bench/ranking.py, bench/NOTES_control_plane.md).
 """
 
 import gc
 import math
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Sequence
 from decimal import Decimal
-from operator import attrgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, truth
+
+import numpy as np
 
 from fleet.providers.records import OfferRecord
 
 from .cost import CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
 from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
 from .recipe import Recipe
-from .throughput import (
-    SEED_CALIBRATION,
-    Calibration,
-    Throughput,
-    ThroughputModel,
-    anchor_ratio,
-    interconnect,
-    model_tflops_of,
-)
+from .speeds import OfferSpeeds, column
+from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputModel, interconnect
 
 
 class RankedOffer:
@@ -42,15 +40,13 @@ class RankedOffer:
     the throughput's words, the float projection and the Decimal money (`cost`) are worked out on first read, so
     ranking 10,000 offers pays for them only on the ones a page shows."""
 
-    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_arrival", "_throughput", "_pricing", "_projection",
-                 "_cost")
+    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_throughput", "_pricing", "_projection", "_cost")
 
-    def __init__(self, offer, steps_per_usd, total, arrival, throughput, pricing):
+    def __init__(self, offer, steps_per_usd, total, throughput, pricing, rank):
         self.offer: OfferRecord = offer
-        self.rank: int = 0  # 1 = best; set once the ranking is sorted
+        self.rank: int = rank  # 1 = best
         self.steps_per_usd: float = steps_per_usd
-        self._total = total  # the float total the score came from; breaks ties in the score
-        self._arrival = arrival  # position in the catalogue; breaks the last ties
+        self._total = total  # the float total the score came from
         self._throughput = throughput  # None for an estimate until read: its words cost more than its number
         self._pricing: _Pricing = pricing
         self._projection = None
@@ -163,9 +159,68 @@ class Exclusion:
         return f"<Exclusion {self.offer.provider}:{self.offer.offer_id} {'; '.join(self.reasons)}>"
 
 
+class RankedEntries(Sequence):
+    """A ranking's ranked offers, best first, each made a RankedOffer when it is first read: a profile's summary
+    reads five and the Offers page the hundred it shows, so a ranking of 10,000 offers makes only those. Iterating
+    makes them all. Equal to any tuple or list of the same RankedOffers.
+
+    Built from the scoring's columns, one value per offer that passed the filters, and `order`: the places in them
+    of the ranked ones, best first."""
+
+    __slots__ = ("_order", "_offers", "_scores", "_totals", "_models", "_throughputs", "_pricing", "_made",
+                 "_missing")
+
+    def __init__(self, order: list[int], offers: list[OfferRecord], scores: list[float], totals: list[float],
+                 models: list[int], throughputs: list[Throughput | None], pricing: "_Pricing"):
+        self._order = order
+        self._offers = offers
+        self._scores = scores
+        self._totals = totals
+        self._models = models  # each offer's GPU model, and each model's calibrated Throughput (None: estimated)
+        self._throughputs = throughputs
+        self._pricing = pricing
+        self._made: list[RankedOffer | None] = [None] * len(order)
+        self._missing = bool(order)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(map(self._entry, range(*index.indices(len(self._made)))))
+        return self._entry(range(len(self._made))[index])  # IndexError and negative indices as a tuple has them
+
+    def __iter__(self):
+        if self._missing:
+            for rank, entry in enumerate(self._made):
+                if entry is None:
+                    self._entry(rank)
+            self._missing = False
+        return iter(self._made)
+
+    def __eq__(self, other):
+        if not isinstance(other, (RankedEntries, tuple, list)):
+            return NotImplemented
+        return tuple(self) == tuple(other)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"<RankedEntries of {len(self)} offers>"
+
+    def _entry(self, place: int) -> RankedOffer:
+        entry = self._made[place]
+        if entry is None:
+            i = self._order[place]
+            entry = self._made[place] = RankedOffer(
+                self._offers[i], self._scores[i], self._totals[i], self._throughputs[self._models[i]], self._pricing,
+                place + 1)
+        return entry
+
+
 @dataclass(frozen=True)
 class Ranking:
-    entries: tuple[RankedOffer, ...]  # best first
+    entries: Sequence[RankedOffer]  # best first (RankedEntries)
     excluded: tuple[Exclusion, ...]  # in the order the offers came
     recipe: Recipe
     filters: OfferFilters
@@ -223,20 +278,20 @@ class _Pricing:
         self.costs = costs
         self.tokens_per_step = recipe.tokens_per_step
         self.tokens_per_run = recipe.total_steps * recipe.tokens_per_step
-        # spec-sheet anchors per compute capability, and across all of them (see rank_offers)
+        # spec-sheet anchors per compute capability, and across all of them (speeds.OfferSpeeds)
         self.listed_ratio: dict[int, float | None] = {}
         self.dlperf_ratio: dict[int, float | None] = {}
         self.any_listed: float | None = None
         self.any_dlperf: float | None = None
 
+    def anchor_on(self, speeds: OfferSpeeds) -> None:
+        """The anchors the ranking's estimates took, for the words of each estimated offer's throughput."""
+        self.listed_ratio, self.dlperf_ratio = speeds.listed_ratio, speeds.dlperf_ratio
+        self.any_listed, self.any_dlperf = speeds.any_listed, speeds.any_dlperf
+
     def estimate(self, o: OfferRecord) -> Throughput | None:
         cc = o.compute_capability
         return self.speeds.estimate(
-            o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
-
-    def estimate_tokens_per_s(self, o: OfferRecord) -> float | None:
-        cc = o.compute_capability
-        return self.speeds.estimate_tokens_per_s(
             o, self.listed_ratio.get(cc, self.any_listed), self.dlperf_ratio.get(cc, self.any_dlperf))
 
 
@@ -271,10 +326,10 @@ def rank_offers(
 
 @contextmanager
 def _no_cycle_collection():
-    """Ranking 10,000 offers allocates tens of thousands of objects that outlive the call (the RankedOffers) or die
-    young without a cycle among them; a cyclic collection that those allocations start walks the objects of the
-    process and frees nothing (8-15% of a ranking in bench/ranking.py). It runs after the ranking instead. The switch
-    is process-wide: a ranking in another thread meanwhile finds it off and leaves it so, this one turns it back on."""
+    """Ranking 10,000 offers allocates thousands of objects that outlive the call (the Exclusions) or die young
+    without a cycle among them; a cyclic collection that those allocations start walks the objects of the process
+    and frees nothing (6-12% of a ranking in bench/ranking.py). It runs after the ranking instead. The switch is
+    process-wide: a ranking in another thread meanwhile finds it off and leaves it so, this one turns it back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -289,114 +344,59 @@ def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibrati
     recipe = recipe or Recipe()
     filters = filters or OfferFilters()
     compiled = compile_filters(filters, recipe)
-    first_failed = compiled.first_failed
     speeds = ThroughputModel(calibration or SEED_CALIBRATION, recipe)
     costs = CostModel(recipe)
     pricing = _Pricing(speeds, costs, recipe)
-    calibrated = speeds.calibrated
-    multi_gpu = speeds.multi_gpu  # a recipe on several GPUs: the interconnect joins the key (ThroughputModel.key)
-    one_gpu_share = speeds.one_gpu_share
-    step_figures = costs.step_figures
-    total_usd = costs.total_usd_scorer()
-    tokens_per_step = recipe.tokens_per_step
-    steps = recipe.total_steps
-    inf = math.inf
 
-    # Many offers share a GPU model and count, so a step time and what follows from it are worked out once per
-    # (gpu_name, compute_capability, num_gpus), and the NVLink its listing says for a recipe on several:
-    # (throughput, step figures, achieved model TFLOP/s per GPU), or None when no calibration covers it.
-    per_model: dict[tuple, tuple | None] = {}
-    excluded = []
-    ranked = []  # RankedOffers in scoring order, sorted below
-    unbounded = []  # scored, but at no finite cost
-    calibrated_offers = []  # in catalogue order, to anchor the estimates on
-    uncalibrated, uncalibrated_at = [], []  # offers and their catalogue positions (two lists: no tuple apiece)
-    for i, o in enumerate(offers):
-        m = first_failed(o)
-        if m:
-            excluded.append(Exclusion(o, m, compiled))
-            continue
-        key = (o.gpu_name, o.compute_capability, o.num_gpus, o.nvlink_gb_s) if multi_gpu else (
-            o.gpu_name, o.compute_capability, o.num_gpus)
-        try:
-            known = per_model[key]
-        except KeyError:
-            t = calibrated(o)
-            known = per_model[key] = None if t is None else (
-                t, step_figures(tokens_per_step / t.tokens_per_s), model_tflops_of(one_gpu_share(o, t.tokens_per_s),
-                                                                                   recipe))
-        if known is None:
-            uncalibrated.append(o)
-            uncalibrated_at.append(i)
-            continue
-        calibrated_offers.append(o)
-        total = total_usd(o, known[1], offer_prices(o) if prices is None else prices[i])
-        if total < inf:  # also false for NaN
-            ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, known[0], pricing))
-        else:
-            unbounded.append(o)
+    failed = list(map(compiled.first_failed, offers))
+    excluded = list(map(Exclusion, compress(offers, failed), filter(None, failed), repeat(compiled)))
+    at = [i for i, m in enumerate(failed) if not m]  # the catalogue positions of the offers every filter passes
+    passed = list(map(offers.__getitem__, at))
 
-    if uncalibrated:
-        # Anchor spec-sheet figures on what calibrated offers in this same catalogue list, whatever unit the
-        # marketplace uses for total_flops and dlperf; per architecture where one is calibrated, because the kernel
-        # path (and so the achieved share of the listed figure) follows the architecture.
-        listed_pairs, dlperf_pairs = {}, {}
-        for o in calibrated_offers:
-            per_gpu = per_model[speeds.key(o)][2]
-            if o.total_flops:
-                listed_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
-            if o.dlperf:
-                dlperf_pairs.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
-        pricing.listed_ratio = {cc: anchor_ratio(pairs) for cc, pairs in listed_pairs.items()}
-        pricing.dlperf_ratio = {cc: anchor_ratio(pairs) for cc, pairs in dlperf_pairs.items()}
-        pricing.any_listed = anchor_ratio([pair for pairs in listed_pairs.values() for pair in pairs])
-        pricing.any_dlperf = anchor_ratio([pair for pairs in dlperf_pairs.values() for pair in pairs])
-        estimate = pricing.estimate_tokens_per_s
-        figures_at = {}  # step figures per estimated speed: offers capped at the best card share one
-        for i, o in zip(uncalibrated_at, uncalibrated):
-            speed = estimate(o)
-            if speed is None or not speed > 0:
-                excluded.append(Exclusion(o, NO_THROUGHPUT, compiled))
-                continue
-            try:
-                figures = figures_at[speed]
-            except KeyError:
-                figures = figures_at[speed] = step_figures(tokens_per_step / speed)
-            total = total_usd(o, figures, offer_prices(o) if prices is None else prices[i])
-            if total < inf:
-                # throughput None: worked out when read, from the same anchors (RankedOffer.throughput)
-                ranked.append(RankedOffer(o, steps / total if total > 0 else 0.0, total, i, None, pricing))
-            else:
-                unbounded.append(o)
+    # Scoring, a column at a time over the offers that passed: the throughput, then the float total of the run
+    # (CostModel.total_usd_columns) on the stored float prices, or on those of each offer's Decimals without them.
+    offer_speeds = OfferSpeeds(passed, speeds, recipe)
+    pricing.anchor_on(offer_speeds)
+    rows = list(map(offer_prices, passed)) if prices is None else list(map(prices.__getitem__, at))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step_s = recipe.tokens_per_step / offer_speeds.tokens_per_s
+        totals = costs.total_usd_columns(
+            step_s, column(passed, "inet_down_mbps"), column(passed, "inet_up_mbps"), column(passed, "reliability"),
+            np.fromiter(map(truth, map(attrgetter("is_bid"), passed)), bool, len(passed)),
+            np.fromiter(chain.from_iterable(rows), float, 4 * len(rows)).reshape(len(rows), 4))
+        calibrated, estimated = offer_speeds.calibrated, ~offer_speeds.calibrated & (offer_speeds.tokens_per_s > 0)
+    bounded = totals < math.inf  # also false for NaN
+    # after the filters' exclusions: the offers with no estimate, then those the cost model cannot bound, in the
+    # order they were scored (the calibrated ones first)
+    for unpriced, bit in ((~calibrated & ~estimated, NO_THROUGHPUT), (calibrated & ~bounded, UNBOUNDED_COST),
+                          (estimated & ~bounded, UNBOUNDED_COST)):
+        excluded.extend(map(Exclusion, compress(passed, unpriced.tolist()), repeat(bit), repeat(compiled)))
 
-    excluded.extend([Exclusion(o, UNBOUNDED_COST, compiled) for o in unbounded])
-    _sort(ranked)
-    for rank, entry in enumerate(ranked, 1):
-        entry.rank = rank
-    return Ranking(tuple(ranked), tuple(excluded), recipe, filters)
+    with np.errstate(divide="ignore", over="ignore"):
+        scores = np.where(totals > 0, recipe.total_steps / totals, 0.0)
+    order = _order(np.flatnonzero((calibrated | estimated) & bounded), scores, totals, passed, at)
+    entries = RankedEntries(order.tolist(), passed, scores.tolist(), totals.tolist(), offer_speeds.models.tolist(),
+                            offer_speeds.throughputs, pricing)
+    return Ranking(entries, tuple(excluded), recipe, filters)
 
 
-_score = attrgetter("steps_per_usd")
+def _order(ranked: np.ndarray, scores: np.ndarray, totals: np.ndarray, passed, at) -> np.ndarray:
+    """The ranked offers' places, best score first, then the cheaper run, then a stable id.
 
-
-def _tie_order(e: RankedOffer):
-    o = e.offer
-    return e._total, o.provider, o.offer_id, o.is_bid, e._arrival
-
-
-def _sort(ranked: list[RankedOffer]) -> None:
-    """Best score first, then the cheaper run, then a stable id.
-
-    Sorting on the float score alone is several times faster than sorting tuples and allocates nothing per offer;
-    equal scores are rare, so only runs of them are put in tie order afterwards.
+    Sorting on the float score alone allocates nothing per offer; equal scores are rare, so only runs of them are
+    put in tie order afterwards.
     """
-    ranked.sort(key=_score, reverse=True)
-    scores = [e.steps_per_usd for e in ranked]
-    if len(set(scores)) == len(scores):
-        return
-    start = 0
-    for end in range(1, len(ranked) + 1):
-        if end == len(ranked) or scores[end] != scores[start]:
-            if end - start > 1:
-                ranked[start:end] = sorted(ranked[start:end], key=_tie_order)
-            start = end
+    order = ranked[np.argsort(-scores[ranked], kind="stable")]
+    best = scores[order]
+    starts = np.flatnonzero(best[1:] != best[:-1]) + 1  # where each run of equal scores starts, after the first
+    if len(starts) == len(order) - 1:
+        return order
+
+    def tie_order(j):
+        o = passed[j]
+        return totals[j], o.provider, o.offer_id, o.is_bid, at[j]
+
+    for start, end in zip([0, *starts.tolist()], [*starts.tolist(), len(order)]):
+        if end - start > 1:
+            order[start:end] = sorted(order[start:end].tolist(), key=tie_order)
+    return order

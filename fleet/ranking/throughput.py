@@ -16,9 +16,11 @@ drivers, images and kernels change under a fixed GPU name.
 """
 
 import math
-import statistics
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import NamedTuple
+
+import numpy as np
 
 from fleet.providers.records import OfferRecord
 
@@ -207,16 +209,14 @@ class ThroughputModel:
         self.calibration = calibration
         self.recipe = recipe
         self.multi_gpu = recipe.gpus > 1
+        # What the throughput on an offer depends on: offers with the same key share it. An attrgetter: the ranking
+        # reads it for every offer that passes.
+        self.key = attrgetter("gpu_name", "compute_capability", "num_gpus",
+                              *(("nvlink_gb_s",) if self.multi_gpu else ()))
         self._cache: dict[tuple, Throughput | None] = {}
         self.best_tokens_per_s = tokens_per_s(calibration.best_model_tflops(), recipe)
         self._tokens_per_model_tflop = tokens_per_s(1.0, recipe)
         self._paths = {cc: resolve_kernel_path(recipe.kernel_path, cc) for cc in (80, 86, 89, 90, 100, 120)}
-
-    def key(self, offer: OfferRecord) -> tuple:
-        """What the throughput on an offer depends on: offers with the same key share it."""
-        if self.multi_gpu:
-            return offer.gpu_name, offer.compute_capability, offer.num_gpus, offer.nvlink_gb_s
-        return offer.gpu_name, offer.compute_capability, offer.num_gpus
 
     def scale(self, offer: OfferRecord) -> float:
         """The box's throughput in GPUs' worth of one GPU's."""
@@ -305,15 +305,39 @@ class ThroughputModel:
         per_gpu = per_gpu_tflops * self._tokens_per_model_tflop * ESTIMATE_DISCOUNT
         if self.best_tokens_per_s and per_gpu > self.best_tokens_per_s:
             per_gpu = self.best_tokens_per_s
-        if self.multi_gpu:
-            return per_gpu * self.scale(offer)
-        return per_gpu if n <= 1 else per_gpu * (n * MULTI_GPU_EFFICIENCY)
+        return per_gpu * self.estimate_scale(offer)
+
+    def estimate_scale(self, offer: OfferRecord) -> float:
+        """What an estimate's one-GPU speed is multiplied by for the box (1.0 for one GPU: the same float)."""
+        return self.scale(offer) if self.multi_gpu else _gpu_scale(offer.num_gpus or 1)
+
+    def estimate_columns(self, total_flops: np.ndarray, dlperf: np.ndarray, num_gpus: np.ndarray,
+                         listed_to_model: np.ndarray, dlperf_to_model: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """`estimate_tokens_per_s` for many offers at once, one value per offer in each column, bit for bit: the
+        same float operations in the same order. num_gpus is `offer.num_gpus or 1`, listed_to_model the ratio or the
+        default where there is none, dlperf_to_model the ratio or 0 where there is none, scale `estimate_scale`.
+        A blank figure is NaN; NaN comes out where `estimate_tokens_per_s` says None."""
+        with np.errstate(invalid="ignore"):
+            per_gpu_tflops = np.where(
+                total_flops > 0, total_flops / num_gpus * listed_to_model,
+                np.where((dlperf > 0) & (dlperf_to_model != 0), dlperf / num_gpus * dlperf_to_model, np.nan))
+            per_gpu = per_gpu_tflops * self._tokens_per_model_tflop * ESTIMATE_DISCOUNT
+            if self.best_tokens_per_s:
+                per_gpu = np.where(per_gpu > self.best_tokens_per_s, self.best_tokens_per_s, per_gpu)
+        return per_gpu * scale
 
 
-def anchor_ratio(pairs: list[tuple[float, float]]) -> float | None:
-    """Median of achieved-per-GPU over listed-per-GPU across calibrated offers: the catalogue's own unit."""
-    ratios = [achieved / listed for achieved, listed in pairs if listed > 0]
-    return statistics.median(ratios) if ratios else None
+def anchor_ratio(achieved: np.ndarray, listed: np.ndarray) -> float | None:
+    """Median of achieved-per-GPU over listed-per-GPU across calibrated offers (one pair a place in the two columns;
+    a pair with no positive listed figure counts for nothing): the catalogue's own unit. The median is
+    statistics.median's, the mean of the middle two for an even count."""
+    with np.errstate(invalid="ignore"):
+        usable = listed > 0
+    ratios = np.sort(achieved[usable] / listed[usable]).tolist()
+    if not ratios:
+        return None
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 def _gpu_scale(num_gpus: int) -> float:

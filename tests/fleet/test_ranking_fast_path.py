@@ -1,10 +1,13 @@
-"""rank_offers' fast paths (the first failed filter only, step figures per GPU model, a float-only total, deferred
-words and money, a float sort, no cyclic collection meanwhile) against the same ranking worked out offer by offer, on
+"""rank_offers' fast paths (every filter in one function that stops at the first failed, the calibration once per GPU
+model, throughput estimates and the float totals as numpy columns, a sort on the float score, RankedOffers and words
+and money made when read, no cyclic collection meanwhile) against the same ranking worked out offer by offer, on
 catalogues with junk in every field and under several filter settings."""
 
 import gc
 import math
 import random
+import statistics
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -20,7 +23,7 @@ from fleet.ranking import (
     rank_offers,
 )
 from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
-from fleet.ranking.throughput import anchor_ratio, model_tflops_of
+from fleet.ranking.throughput import model_tflops_of
 
 GPUS = [  # name, GB per GPU, compute capability, listed TFLOPS per GPU
     ("RTX 4090", 24, 89, 165), ("H100 NVL", 94, 90, 835), ("RTX PRO 6000 WS", 96, 120, 500), ("H200", 141, 90, 990),
@@ -78,6 +81,11 @@ def catalogue(count: int, seed: int, junk_share: float) -> list[OfferRecord]:
     return offers
 
 
+def median_ratio(pairs):
+    ratios = [achieved / listed for achieved, listed in pairs if listed > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def straightforward_ranking(offers, recipe, filters):
     """The ranking offer by offer, out of the per-offer calls, with one sort on the full key."""
     compiled = compile_filters(filters, recipe)
@@ -96,14 +104,14 @@ def straightforward_ranking(offers, recipe, filters):
                 listed.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
             if o.dlperf:
                 dlperf.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
-    any_listed = anchor_ratio([pair for pairs in listed.values() for pair in pairs])
-    any_dlperf = anchor_ratio([pair for pairs in dlperf.values() for pair in pairs])
+    any_listed = median_ratio([pair for pairs in listed.values() for pair in pairs])
+    any_dlperf = median_ratio([pair for pairs in dlperf.values() for pair in pairs])
     scored = [(i, o, t) for i, o, t in passed if t is not None]
     for i, o, t in passed:
         if t is None:
             cc = o.compute_capability
-            t = speeds.estimate(o, anchor_ratio(listed[cc]) if cc in listed else any_listed,
-                                anchor_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
+            t = speeds.estimate(o, median_ratio(listed[cc]) if cc in listed else any_listed,
+                                median_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
             if t is None or not t.tokens_per_s > 0:
                 excluded.append((o, compiled.reasons(o, NO_THROUGHPUT)))
             else:
@@ -145,6 +153,32 @@ def test_it_ranks_a_varied_catalogue_exactly_as_the_ranking_worked_out_offer_by_
         assert entry.steps_per_usd == score  # the very same floats, not close ones
         assert (entry.throughput, entry.projection, entry.cost) == (t, p, cost)
     assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded
+
+
+@pytest.mark.parametrize("recipe, filters", SETTINGS)
+def test_the_first_failed_filter_is_the_first_reason_the_offer_reads(recipe, filters):
+    compiled = compile_filters(filters, recipe)
+    offers = catalogue(1500, seed=5, junk_share=0.3)
+    masks = [compiled.mask(o) for o in offers]
+    assert sum(bin(m).count("1") > 1 for m in masks) > 10  # offers failing several filters
+    assert [compiled.first_failed(o) for o in offers] == [m & -m for m in masks]
+
+
+def test_it_ranks_runs_that_cost_nothing_or_less_last_the_cheapest_first():
+    # a credit on the box (a negative price) makes a run cost less than nothing: it scores 0, as a free one does
+    offers = catalogue(300, seed=11, junk_share=0.0)
+    for i in range(0, 300, 7):
+        o = offers[i]
+        credit = Decimal(-(i % 3)) / 4
+        offers[i] = replace(o, gpu_usd_per_hour=credit, total_usd_per_hour=credit, inet_up_usd_per_gb=Decimal(0),
+                            inet_down_usd_per_gb=Decimal(0), storage_usd_per_gb_month=Decimal(0))
+    recipe, filters = Recipe(vram_needed_gb=1), OfferFilters(**ALL_OFF)
+    ranking = rank_offers(offers, recipe, filters)
+    expected, _ = straightforward_ranking(offers, recipe, filters)
+    assert [(e.offer, e.steps_per_usd) for e in ranking.entries] == [(row[0], row[1]) for row in expected]
+    nothing = [e for e in ranking.entries if e.steps_per_usd == 0]
+    assert nothing == list(ranking.entries)[-len(nothing):] and len({e.total_usd for e in nothing}) > 5
+    assert [e.total_usd for e in nothing] == sorted(e.total_usd for e in nothing) and nothing[0].total_usd < 0
 
 
 def test_the_junk_catalogue_reaches_the_paths_it_is_there_to_check():

@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import statistics
 from decimal import Decimal
 
 import pytest
@@ -21,7 +22,7 @@ from fleet.ranking import (
     rank_offers,
 )
 from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
-from fleet.ranking.throughput import anchor_ratio, model_tflops_of
+from fleet.ranking.throughput import model_tflops_of
 
 
 def make_offer(offer_id, **changes) -> OfferRecord:
@@ -214,6 +215,11 @@ def seeded_catalogue(count=400, seed=7) -> list[OfferRecord]:
     return offers
 
 
+def median_ratio(pairs):
+    ratios = [achieved / listed for achieved, listed in pairs if listed > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def reference_ranking(offers, recipe, filters):
     """rank_offers written the slow, obvious way, out of the per-offer calls (CompiledFilters.check,
     ThroughputModel.calibrated/estimate, CostModel.estimate/breakdown) and one sort on the full key; rank_offers'
@@ -236,14 +242,14 @@ def reference_ranking(offers, recipe, filters):
             listed.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
         if o.dlperf:
             dlperf.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
-    any_listed = anchor_ratio([pair for pairs in listed.values() for pair in pairs])
-    any_dlperf = anchor_ratio([pair for pairs in dlperf.values() for pair in pairs])
+    any_listed = median_ratio([pair for pairs in listed.values() for pair in pairs])
+    any_dlperf = median_ratio([pair for pairs in dlperf.values() for pair in pairs])
     scored = list(measured)
     for i, o, t in passed:
         if t is None:
             cc = o.compute_capability
-            t = speeds.estimate(o, anchor_ratio(listed[cc]) if cc in listed else any_listed,
-                                anchor_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
+            t = speeds.estimate(o, median_ratio(listed[cc]) if cc in listed else any_listed,
+                                median_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
             if t is None or not t.tokens_per_s > 0:
                 excluded.append((o, compiled.reasons(o, NO_THROUGHPUT)))
             else:
@@ -288,6 +294,19 @@ def test_it_ranks_a_seeded_catalogue_exactly_as_the_straightforward_ranking(reci
         assert entry.total_usd == cost.total_usd
     assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded
     assert ranking.to_dict() == rank_offers(offers, recipe, filters).to_dict()  # deterministic, why lines included
+
+
+def test_its_entries_read_like_a_tuple_best_first_whatever_is_read_first():
+    ranking = rank_offers(seeded_catalogue(), Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS))
+    entries = ranking.entries
+    fifth, last = entries[4], entries[-1]  # read before the rest
+    assert entries[2:6][2] is fifth and entries[::-1][0] is last
+    every = list(entries)
+    assert [e.rank for e in every] == list(range(1, len(entries) + 1)) and every[4] is fifth and every[-1] is last
+    assert entries == tuple(every) and entries[:] == tuple(every) and [e for e in entries] == every
+    assert ranking.to_dict(limit=3)["ranked"] == ranking.to_dict()["ranked"][:3]
+    with pytest.raises(IndexError):
+        entries[len(entries)]
 
 
 def test_the_seeded_catalogue_reaches_every_path_it_is_there_to_check():
