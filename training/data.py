@@ -8,6 +8,9 @@ chat template, loss on the assistant's tokens only, tool calls included) is in t
 
 Batches are drawn by position: micro-batch p holds samples p*B .. p*B+B-1 of an endless sequence of seeded
 permutations, so a checkpoint only has to remember p.
+
+DPO and KTO rows are right-padded; where micro-steps replay from CUDA graphs (training/graphs.py) they are padded to
+one of a few lengths (`length_buckets`), so a phase's batches come in a handful of shapes, one graph each.
 """
 
 import functools
@@ -97,9 +100,35 @@ def batch_indices(num_items, batch_size, position, seed):
             for k in range(position * batch_size, (position + 1) * batch_size)]
 
 
-def pad_pairs(pairs, pad_id):
-    """(prompt, completion) id lists -> input_ids, attention_mask, labels (completion only), right-padded."""
+# Padding to a bucket changes nothing the loss sees (the padding comes after every real token, is masked out of the
+# attention and is out of the labels), only how many shapes a phase's batches take. The ladder goes 2^k, 3 * 2^(k-1):
+# a row is padded to at most half again its longest pair (a fifth more on average over lengths spread evenly on a log
+# scale) and a phase's batches take at most two lengths per doubling, 9 up to a seq_len of 2048; multiples of 128
+# would pad less but give 16 lengths there and 64 at 8192, too many graphs to capture and hold. Rows shorter than the
+# smallest bucket are host-bound, so their padding costs next to nothing.
+SMALLEST_BUCKET = 128
+
+
+def length_buckets(seq_len):
+    """The lengths DPO/KTO rows are padded up to, rising, seq_len the last (no pair is longer: `_truncate`)."""
+    buckets, size = [], SMALLEST_BUCKET
+    while size < seq_len:
+        buckets += [b for b in (size, size * 3 // 2) if b < seq_len]
+        size *= 2
+    return buckets + [seq_len]
+
+
+def bucket_length(longest, seq_len):
+    """The smallest bucket that holds the longest pair of a micro-batch."""
+    return next((b for b in length_buckets(seq_len) if b >= longest), longest)
+
+
+def pad_pairs(pairs, pad_id, seq_len=None):
+    """(prompt, completion) id lists -> input_ids, attention_mask, labels (completion only), right-padded to the
+    longest pair, or with seq_len to its bucket."""
     length = max(len(p) + len(c) for p, c in pairs)
+    if seq_len is not None:
+        length = bucket_length(length, seq_len)
     input_ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
     labels = torch.full((len(pairs), length), IGNORE, dtype=torch.long)
     mask = torch.zeros((len(pairs), length), dtype=torch.long)
@@ -111,17 +140,17 @@ def pad_pairs(pairs, pad_id):
     return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
-def collate(kind, items, pad_id):
-    """A micro-batch of tensors (on the CPU) for the phase's loss."""
+def collate(kind, items, pad_id, seq_len=None):
+    """A micro-batch of tensors (on the CPU) for the phase's loss; seq_len: DPO/KTO rows padded to a bucket."""
     if kind in ("cpt", "sft"):
         return {"input_ids": torch.tensor([it["input_ids"] for it in items]),
                 "labels": torch.tensor([it["labels"] for it in items]),
                 "position_ids": torch.tensor([it["position_ids"] for it in items])}
     if kind == "dpo":
         # Chosen rows first, then rejected rows, in one forward.
-        return pad_pairs([it["chosen"] for it in items] + [it["rejected"] for it in items], pad_id)
+        return pad_pairs([it["chosen"] for it in items] + [it["rejected"] for it in items], pad_id, seq_len)
     if kind == "kto":
-        batch = pad_pairs([it["pair"] for it in items], pad_id)
+        batch = pad_pairs([it["pair"] for it in items], pad_id, seq_len)
         batch["desirable"] = torch.tensor([it["desirable"] for it in items])
         return batch
     if kind == "grpo":

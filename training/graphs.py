@@ -1,9 +1,13 @@
 """Micro-steps (forward, loss, backward) captured in CUDA graphs and replayed: no Python, no launch overhead.
 
 A MoE layer's forward and backward is a few hundred small kernels; enqueued one by one from Python the host, not the
-GPU, sets the pace (bench/NOTES_train_step.md). Packed CPT/SFT micro-batches all have one shape, so the trainer runs
-the first ones eagerly (Triton autotuning, cuBLAS and allocator warm-up), then captures one micro-step and replays it
-for every later batch of that shape, copying each batch into the captured input tensors first.
+GPU, sets the pace (bench/NOTES_train_step.md). Packed CPT/SFT micro-batches all have one shape, and DPO/KTO ones
+one of a few (their rows padded to a length bucket, training/data.py), so the trainer runs the first ones of a shape
+eagerly (Triton autotuning, cuBLAS and allocator warm-up), then captures one micro-step and replays it for every
+later batch of that shape, copying each batch into the captured input tensors first. The graphs share one memory
+pool: what a micro-step frees by its end (its activations) the next capture reuses, so the pool holds about what the
+largest micro-step needs, however many graphs there are. That is safe in any order of replays because none
+overlaps another and nothing a graph leaves behind is read by another (its outputs are kept, and cloned at once).
 
 What makes this correct:
 - the captured backward adds into the parameters' `.grad` tensors in place, so those tensors must exist at capture
@@ -11,7 +15,9 @@ What makes this correct:
   a `.grad` before the capture;
 - the parameters are updated in place by the optimizer, so the graph always reads their current values;
 - everything the caller keeps from a replay (loss, statistics) is cloned before the next replay overwrites it;
-- only losses without a host synchronisation are captured (`GRAPH_SAFE`); others, other shapes beyond
+  a statistic that is a host value (CPT's token count, DPO's signal) is the one the capture saw, so a loss gives
+  those only where they are the same for every batch of one shape, and a device tensor otherwise;
+- only losses without a host synchronisation are captured (`GRAPH_SAFE`); others, a phase kind's shapes beyond
   `max_graphs`, and any capture that fails run eagerly, which computes the same thing.
 """
 
@@ -21,7 +27,7 @@ import torch
 
 _log = logging.getLogger(__name__)
 
-GRAPH_SAFE = frozenset({"cpt", "sft"})  # their losses never read a device value on the host
+GRAPH_SAFE = frozenset({"cpt", "sft", "dpo", "kto"})  # their losses never read a device value on the host
 
 
 def eager_micro_step(model, loss_fn, batch, phase, ctx, scale):
@@ -54,7 +60,8 @@ class _Captured:
 
 
 class MicroStepGraphs:
-    """Per batch signature: `warmup` eager micro-steps, then one capture, then replays."""
+    """Per batch signature: `warmup` eager micro-steps, then one capture, then replays; at most `max_graphs`
+    captured per phase kind."""
 
     def __init__(self, params, warmup=2, max_graphs=4):
         self.params = list(params)
@@ -74,11 +81,12 @@ class MicroStepGraphs:
             torch._foreach_zero_(grads)
 
     def run(self, model, loss_fn, batch, phase, ctx, scale):
-        key = _signature(batch, phase["kind"], scale) if phase["kind"] in GRAPH_SAFE else None
+        kind = phase["kind"]
+        key = _signature(batch, kind, scale) if kind in GRAPH_SAFE else None
         captured = self.captured.get(key)
         if captured is not None:
             return captured.replay(batch)
-        if key is None or key in self.failed or len(self.captured) >= self.max_graphs:
+        if key is None or key in self.failed or sum(k[0] == kind for k in self.captured) >= self.max_graphs:
             return eager_micro_step(model, loss_fn, batch, phase, ctx, scale)
         self.seen[key] = self.seen.get(key, 0) + 1
         if self.seen[key] <= self.warmup:

@@ -3,7 +3,9 @@ everything else (accumulation, guards, clipping, metrics), so every phase runs t
 
 stats: tokens (tokens through the forward), signal (False when the batch carries no gradient by construction, e.g.
 a GRPO group whose rewards are all equal: the step-1 gradient guard waits for a step with signal), and extras for
-the metrics (DPO accuracy and margin, KTO KL estimate, GRPO reward).
+the metrics (DPO accuracy and margin, KTO KL estimate, GRPO reward). The losses replayed from CUDA graphs (CPT, SFT,
+DPO, KTO: training/graphs.py) never read the device on the host: a statistic that depends on the batch's values is a
+device tensor, read by the training loop once a step; a host value is the same for every batch of one shape.
 
 DPO and KTO compare with a reference: the adapter as it stood when the phase began (not the bare base), scored once
 per item at phase start and kept in the checkpoint (as TRL's precompute_ref_log_probs). KTO estimates the KL term from
@@ -23,7 +25,8 @@ from training.rollout import sample
 
 def token_logps(model, input_ids, attention_mask, labels):
     """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss)."""
-    losses, mask = next_token_losses(model, {"input_ids": input_ids, "attention_mask": attention_mask}, labels)
+    inputs = model_inputs(model, {"input_ids": input_ids, "attention_mask": attention_mask})
+    losses, mask = next_token_losses(model, inputs, labels)
     return -losses * mask, mask
 
 
@@ -46,7 +49,7 @@ def dpo_loss(model, batch, phase, ctx):
     n = logps.shape[0] // 2
     margin = (logps[:n] - ref[:n]) - (logps[n:] - ref[n:])
     loss = -F.logsigmoid(phase["beta"] * margin).mean()
-    return loss, {"tokens": int(batch["attention_mask"].sum()), "signal": True,
+    return loss, {"tokens": batch["attention_mask"].sum(), "signal": True,
                   "dpo_accuracy": (margin.detach() > 0).float().mean(), "dpo_margin": margin.detach().mean()}
 
 
@@ -60,7 +63,7 @@ def kto_loss(model, batch, phase, ctx):
         phase["desirable_weight"] * (1 - torch.sigmoid(beta * (ratio - kl))),
         phase["undesirable_weight"] * (1 - torch.sigmoid(beta * (kl - ratio))),
     )
-    return losses.mean(), {"tokens": int(batch["attention_mask"].sum()), "signal": True, "kto_kl": kl}
+    return losses.mean(), {"tokens": batch["attention_mask"].sum(), "signal": True, "kto_kl": kl}
 
 
 @torch.no_grad()

@@ -37,8 +37,11 @@ def needs_boundaries(model) -> bool:
 
 
 def model_inputs(model, batch):
-    """The forward's arguments for a CPT/SFT micro-batch: packed rows with their positions where the batch has them."""
+    """The forward's arguments for a micro-batch: packed rows with their positions where the batch has them (CPT,
+    SFT), right-padded rows with their attention mask where it has one (DPO, KTO, GRPO)."""
     inputs = {"input_ids": batch["input_ids"], "use_cache": False}
+    if "attention_mask" in batch:
+        inputs["attention_mask"] = batch["attention_mask"]
     position_ids = batch.get("position_ids")
     if position_ids is not None:
         inputs["position_ids"] = position_ids

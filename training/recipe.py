@@ -12,7 +12,8 @@
     batch_size: 2     grad_accum: 8     seq_len: 2048
     lr: 2.0e-4        schedule: cosine | linear | constant     warmup_steps: 0     min_lr_ratio: 0.1
     weight_decay: 0.0 max_grad_norm: 1.0    gradient_checkpointing: false    seed: 0
-    cuda_graphs: true (on a GPU, CPT/SFT micro-steps of one shape are captured once and replayed)
+    cuda_graphs: true (on a GPU, CPT/SFT/DPO/KTO micro-steps of one shape are captured once and replayed; DPO/KTO
+                      rows are then padded to a few lengths, training/data.py)
     gpus: 1           the GPUs of one box to train on, one rank each (torchrun: training/distributed.py); batch_size
                       is per rank; not for GRPO yet
     checkpoint:       {store: ./checkpoints | s3://bucket/prefix, endpoint_url:, region:, keep: 3, every: 50,

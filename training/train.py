@@ -22,7 +22,7 @@ import torch
 
 from training import (checkpoint, distributed, export_adapter, families, guards, model_source, moe_lora,
                       sharded_checkpoint)
-from training.data import batch_indices, collate, load_phase_data, load_tokenizer
+from training.data import batch_indices, collate, length_buckets, load_phase_data, load_tokenizer
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
 from training.losses import LOSSES, sequence_logps
@@ -137,11 +137,13 @@ def optimizer_step(model, micro_batches, loss_fn, phase, ctx, optimizer, schedul
     for batch in micro_batches:
         loss, stats = micro_step(model, loss_fn, batch, phase, ctx, 1.0 / len(micro_batches))
         loss_sum += loss.float()
-        tokens += int(stats["tokens"])
+        tokens = tokens + stats["tokens"]  # a device tensor stays one: read below, not per micro-step
         signals.append(stats["signal"])
         for key, value in stats.items():
             if key not in ("tokens", "signal"):
                 extras[key] = extras.get(key, 0.0) + value / len(micro_batches)
+    # Read on the host once every micro-step is enqueued: a read per micro-step would stall the host on each one.
+    tokens = int(tokens)
     signal = any(bool(s) for s in signals)
     if ranks is not None:
         ranks.average_expert_grads()  # sums over every rank's tokens, where FSDP averaged the rest
@@ -265,6 +267,9 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
     data_seed = recipe["seed"] * 1000 + phase_index
     guard_pending = True  # at the first step of every phase, and of every resumed process
     loss_fn = LOSSES[kind]
+    # DPO/KTO rows padded to a few lengths only where graphs replay them; eager steps gain nothing from the padding.
+    # The reference is scored as before (each chunk padded to its longest pair): the same log-probs.
+    bucket_seq_len = recipe["seq_len"] if graphs is not None else None
     while step < phase["steps"]:
         micro_batches = []
         for _ in range(recipe["grad_accum"]):
@@ -272,7 +277,7 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
             if ranks is not None:
                 index = ranks.rank_slice(index)
             position += 1
-            batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id)
+            batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id, bucket_seq_len)
             if kind == "dpo":
                 batch["ref_logps"] = torch.cat([reference[index, 0], reference[index, 1]])
             elif kind == "kto":
@@ -366,8 +371,10 @@ def run(recipe, out=print):
     # DeltaNet layers read the packed samples' boundaries on the host (training/packing.py): nothing to capture.
     capturable = not families.family_of(base.config).linear_attention
     capturable = capturable and ranks is None  # the experts' exchange reads its split sizes on the host
-    graphs = (MicroStepGraphs(groups["trainable"]) if device.type == "cuda" and recipe["cuda_graphs"] and capturable
-              else None)
+    # Up to one graph per DPO/KTO length bucket: the graphs share one memory pool, so each more holds little beyond
+    # its own inputs (training/graphs.py).
+    graphs = (MicroStepGraphs(groups["trainable"], max_graphs=len(length_buckets(recipe["seq_len"])))
+              if device.type == "cuda" and recipe["cuda_graphs"] and capturable else None)
     try:
         # Gradients reach .grad through backward() only and nothing hooks them: the experts' backward may add the
         # routed LoRA gradients into .grad itself.

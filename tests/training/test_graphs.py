@@ -2,15 +2,20 @@
 
 import contextlib
 import copy
+import json
 import os
+import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from training.graphs import _signature
+from training.graphs import GRAPH_SAFE, _signature
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                          reason="CUDA graphs need a GPU (run with TRITON_INTERPRET=0)")
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="the experts' Triton path on the CPU needs Triton's interpreter")
 
 
 def test_only_fixed_shape_tensor_batches_of_sync_free_losses_are_captured():
@@ -63,3 +68,165 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
     assert eager_losses[-1] < eager_losses[0]
     for got, want in zip(graph_params, eager_params):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dpo", "kto"])
+def test_replayed_preference_micro_steps_train_like_eager_ones(kind, tiny_config):
+    """Four optimizer steps of four DPO/KTO micro-batches padded to two length buckets, taken in turn: eager, then
+    with graphs (per bucket two eager warm-ups, the capture, then replays, the two graphs sharing one pool). Same
+    losses, tokens, accuracy and margin or KL, same adapter; the reference scored as the trainer does."""
+    from transformers import Qwen3MoeForCausalLM
+
+    from training import moe_lora
+    from training.data import collate
+    from training.graphs import MicroStepGraphs
+    from training.lora import attach_lora, randomize_routed_lora_b
+    from training.losses import LOSSES
+    from training.train import _to_device, lr_lambda, optimizer_step, parameter_groups, score_reference
+
+    seq_len, device = 256, torch.device("cuda")  # buckets 128, 192, 256
+    tiny_config.max_position_embeddings = seq_len
+    torch.manual_seed(0)
+    base = Qwen3MoeForCausalLM(tiny_config).to(device, torch.bfloat16)
+    rng = random.Random(0)
+
+    def pair(length):
+        prompt = rng.randint(1, length // 2)
+        return [rng.randrange(3, 64) for _ in range(prompt)], [rng.randrange(3, 64) for _ in range(length - prompt)]
+
+    # Micro-batch m holds items 2m and 2m + 1: the longest pair of m = 0 and 2 fits in 128 tokens, of 1 and 3 in 256.
+    if kind == "dpo":
+        lengths = [(100, 80), (60, 120), (200, 70), (90, 150), (110, 100), (40, 90), (130, 250), (60, 60)]
+        items = [{"chosen": pair(chosen), "rejected": pair(rejected)} for chosen, rejected in lengths]
+    else:
+        lengths = [100, 80, 200, 60, 120, 90, 240, 50]
+        items = [{"pair": pair(n), "desirable": i % 3 != 0} for i, n in enumerate(lengths)]
+    phase = {"kind": kind, "beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.33}
+    ctx = {"device": device}
+
+    def train(use_graphs):
+        torch.manual_seed(1)
+        model = attach_lora(copy.deepcopy(base), r=4, alpha=8)
+        randomize_routed_lora_b(model, generator=torch.Generator().manual_seed(1))
+        reference = score_reference(model, kind, items, 2, 0, device)
+        # A reference a little off the policy, so that no margin or KL starts at its edge (0), where rounding
+        # alone would tip the accuracy or the clamp.
+        reference = reference + torch.tensor([[2.0, 0.0], [-2.0, 0.0]] * 4) if kind == "dpo" else reference - 0.5
+        batches = []
+        for m in range(4):
+            index = [2 * m, 2 * m + 1]
+            batch = collate(kind, [items[i] for i in index], 0, seq_len)
+            batch["ref_logps"] = (torch.cat([reference[index, 0], reference[index, 1]]) if kind == "dpo"
+                                  else reference[index])
+            batches.append(_to_device(batch, device))
+        groups = parameter_groups(model)
+        optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-3, fused=True)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
+        graphs = MicroStepGraphs(groups["trainable"], max_graphs=3) if use_graphs else None
+        with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
+            records = [optimizer_step(model, batches, LOSSES[kind], phase, ctx, optimizer, scheduler, groups, 1.0,
+                                      graphs=graphs) for _ in range(4)]
+        widths = [b["input_ids"].shape[1] for b in batches]
+        return records, [p.detach().float().clone() for p in groups["trainable"]], graphs, widths
+
+    eager, eager_params, _, widths = train(False)
+    replayed, graph_params, graphs, _ = train(True)
+    assert widths == [128, 256, 128, 256]
+    assert len(graphs.captured) == 2 and not graphs.failed
+    for got, want in zip(replayed, eager):
+        assert got["tokens"] == want["tokens"]
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-3)
+        # Sums of about a hundred bf16 log-probs: replays and eager steps part by rounding (atomic adds in the
+        # backward), a few hundredths of a margin.
+        if kind == "dpo":
+            assert got["dpo_accuracy"] == want["dpo_accuracy"]
+            assert got["dpo_margin"] == pytest.approx(want["dpo_margin"], abs=0.05)
+        else:
+            assert got["kto_kl"] == pytest.approx(want["kto_kl"], abs=0.02) and want["kto_kl"] > 0
+    assert eager[-1]["loss"] < eager[0]["loss"]
+    for got, want in zip(graph_params, eager_params):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the ops that read a tensor's value on the host (item, int, bool, float) or make a shape from it:
+    under a CUDA-graph capture each one is an error."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+             torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _loss_batch(kind, seq_len):
+    from training.data import _pack, collate
+
+    rng = random.Random(0)
+    ids = [[rng.randrange(3, 64) for _ in range(rng.randint(2, 12))] for _ in range(8)]
+    if kind in ("cpt", "sft"):
+        return collate(kind, _pack([(i, list(i)) for i in ids], seq_len, pad_id=0)[:2], 0)
+    if kind == "dpo":
+        batch = collate(kind, [{"chosen": (ids[0], ids[1]), "rejected": (ids[0], ids[2])},
+                               {"chosen": (ids[3], ids[4]), "rejected": (ids[3], ids[5])}], 0, seq_len)
+        return {**batch, "ref_logps": torch.full((4,), -30.0)}
+    batch = collate(kind, [{"pair": (ids[2 * i], ids[2 * i + 1]), "desirable": i != 1} for i in range(3)], 0, seq_len)
+    return {**batch, "ref_logps": torch.full((3,), -30.0)}
+
+
+@interpreted
+@pytest.mark.parametrize("kind", sorted(GRAPH_SAFE))
+def test_the_captured_losses_read_no_device_value_on_the_host(kind, tiny_model, monkeypatch):
+    """Loss and backward of each captured phase kind, with the experts on the GPU's Triton path (interpreted) and
+    transformers building the padded attention mask as it does under a capture: nothing is read on the host."""
+    from training import moe_lora
+    from training.lora import attach_lora, randomize_routed_lora_b
+    from training.losses import LOSSES
+
+    model = attach_lora(tiny_model, r=4, alpha=8)
+    randomize_routed_lora_b(model, std=0.1, generator=torch.Generator().manual_seed(0))
+    moe_lora.kernels_of(model).path = "triton"
+    phase = {"kind": kind, "beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0}
+    batch = _loss_batch(kind, 64)
+    # What transformers asks to know it is being captured (eagerly it reads the mask to see if it may skip it).
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    reads = _HostReads()
+    with reads:
+        loss, stats = LOSSES[kind](model, batch, phase, {})
+        loss.backward()
+    assert reads.seen == []
+    assert moe_lora.kernels_of(model).last_path == "triton"
+    assert all(torch.is_tensor(v) or v in (True, batch["input_ids"].numel()) for v in stats.values())
+
+
+def test_a_preference_data_set_of_varied_lengths_takes_no_more_shapes_than_there_are_buckets(tmp_path):
+    from training.data import ByteTokenizer, batch_indices, collate, length_buckets, load_phase_data
+
+    rng = random.Random(0)
+
+    def words(low, high):
+        return " ".join("w" * rng.randint(1, 6) for _ in range(rng.randint(low, high)))
+
+    path = tmp_path / "dpo.jsonl"
+    path.write_text("".join(json.dumps({"prompt": words(1, 300), "chosen": words(1, 80), "rejected": words(1, 80)})
+                            + "\n" for _ in range(200)))
+    tokenizer, seq_len, batch_size = ByteTokenizer(260), 2048, 4
+    items = load_phase_data("dpo", path, tokenizer, seq_len)
+
+    def signatures(bucketed):
+        keys = set()
+        for position in range(100):
+            index = batch_indices(len(items), batch_size, position, seed=0)
+            batch = collate("dpo", [items[i] for i in index], tokenizer.pad_token_id, seq_len if bucketed else None)
+            keys.add(_signature({**batch, "ref_logps": torch.zeros(2 * batch_size)}, "dpo", 0.5))
+        return keys
+
+    assert 1 < len(signatures(bucketed=True)) <= len(length_buckets(seq_len))
+    assert len(signatures(bucketed=False)) > 4 * len(length_buckets(seq_len))  # what a graph per shape would face
