@@ -4,14 +4,14 @@ transformers computes `q * cos + rotate_half(q) * sin` for q and k: a slice, a n
 products and a sum each, forward, and about as many backward (the slices' backward fills zeros and copies), on
 queries laid out (batch, heads, tokens, head_dim) over (batch, tokens, heads, head_dim) memory, which PyTorch's
 elementwise kernels walk without vectorising: about 0.5 ms a layer of the 30B shape at 4,096 tokens on an H200.
-Here one launch does both tensors each way, each program a block of tokens of one head, and rounds where PyTorch
-rounds, so the result is the same bits in bf16:
+Here one launch does both tensors each way, each program a block of tokens of one head, in float32 with one
+rounding at the end (PyTorch's eager ops round each product and the sum to bf16; the results agree within one bf16
+step and these are the closer to exact):
 
-    forward   out1 = r(r(x1 c1) + r(-x2 s1))          out2 = r(r(x2 c2) + r(x1 s2))
-    backward  dx1  = r(r(g1 c1) + r(g2 s2))           dx2  = r(r(g2 c2) - r(g1 s1))
+    forward   out1 = x1 c1 - x2 s1          out2 = x2 c2 + x1 s2
+    backward  dx1  = g1 c1 + g2 s2          dx2  = g2 c2 - g1 s1
 
-with x = [x1 | x2], cos = [c1 | c2], sin = [s1 | s2] split at half the head dim and r() the rounding to the tensor's
-type (the identity in float32).
+with x = [x1 | x2], cos = [c1 | c2], sin = [s1 | s2] split at half the head dim.
 """
 
 import torch
@@ -52,11 +52,11 @@ def _rope_kernel(
         x1, x2 = _halves(k_ptr + kh * sk_h, offs_t, offs_d, mask, sk_b, sk_t, S, HALF)
         out_ptr, so_b, so_t = ko_ptr + kh * sko_h, sko_b, sko_t
     if BACKWARD:
-        y1 = (x1 * c1).to(dtype).to(tl.float32) + (x2 * s2).to(dtype).to(tl.float32)
-        y2 = (x2 * c2).to(dtype).to(tl.float32) - (x1 * s1).to(dtype).to(tl.float32)
+        y1 = x1 * c1 + x2 * s2
+        y2 = x2 * c2 - x1 * s1
     else:
-        y1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
-        y2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
     rows = (offs_t // S).to(tl.int64) * so_b + (offs_t % S).to(tl.int64) * so_t
     tl.store(out_ptr + rows[:, None] + offs_d[None, :], y1.to(dtype), mask=mask)
     tl.store(out_ptr + rows[:, None] + HALF + offs_d[None, :], y2.to(dtype), mask=mask)
