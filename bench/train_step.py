@@ -39,7 +39,8 @@ from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
 from training import moe_lora  # noqa: E402
 from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
-from training.train import build_model, lr_lambda, optimizer_step, parameter_groups  # noqa: E402
+from training.train import (allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
+                            parameter_groups)
 
 MODELS = {
     "qwen3-30b-a3b": ({
@@ -332,6 +333,7 @@ def measure_ranks(args):
 
 
 def main():
+    allocator_defaults()  # as the trainer runs
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b")
     parser.add_argument("--layers", type=int, help="default: the model's own (48 or 40)")
