@@ -109,6 +109,18 @@ class _Step:
         return head(body(**inputs).last_hidden_state[:, -1])
 
 
+def release(model) -> int:
+    """Drop the model's kept caches and graphs (the GRPO phase is over: its memory goes back to training); returns how
+    many were dropped."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kept = causal.__dict__.pop(DECODERS_ATTRIBUTE, None) or {}
+    dropped = len(kept)
+    kept.clear()
+    if dropped and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return dropped
+
+
 def _decoder(causal, rows, capacity, max_new_tokens, greedy, device):
     """The model's decoder for this shape, made if it has none; the least recently used beyond KEPT_SHAPES dropped."""
     kept = causal.__dict__.setdefault(DECODERS_ATTRIBUTE, OrderedDict())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from training import (checkpoint, distributed, export_adapter, families, guards, model_source, moe_lora,
+from training import (checkpoint, distributed, export_adapter, families, guards, model_source, moe_lora, rollout,
                       sharded_checkpoint)
 from training.data import batch_indices, collate, length_buckets, load_phase_data, load_tokenizer
 from training.graphs import MicroStepGraphs, eager_micro_step
@@ -308,6 +308,8 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
             }, checkpoint.checkpoint_name(phase_index, step), exports=exports)
         if stopping:
             raise StopRequested(f"stopped on request at {phase['name']} step {step}, after saving a checkpoint")
+    if kind == "grpo":
+        rollout.release(model)  # the rollouts' caches and graphs: the next phase trains in that memory
 
 
 def run(recipe, out=print):

@@ -149,3 +149,12 @@ def test_graphed_greedy_decode_matches_eager_and_transformers_on_a_gpu(monkeypat
     first = draw(3)
     assert torch.equal(draw(3), first)
     assert not torch.equal(draw(4), first)
+
+
+def test_release_gives_back_every_kept_cache(tiny_model):
+    model = _lora(tiny_model)
+    for width in (5, 70):  # two shapes: two caches kept
+        ids, mask = _left_padded([width, 3], 64, seed=3)
+        rollout.sample(model, ids, mask, 4, 1.0, -1, PAD, generator=torch.Generator().manual_seed(0))
+    assert rollout.release(model) == 2
+    assert rollout.release(model) == 0

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from training import guards, moe_lora
+from training import guards, moe_lora, rollout
 from training.examples.tiny import tiny_recipe
 from training.recipe import RecipeError, load_recipe, validate
 from training.train import main, run
@@ -19,7 +19,9 @@ def _records(path):
 def test_it_runs_every_phase_with_finite_losses_and_all_metrics(tmp_path):
     recipe = tiny_recipe(tmp_path, phases=[("cpt", 2), ("sft", 2), ("dpo", 2), ("kto", 2), ("grpo", 2)])
     lines = []
-    run(recipe, out=lines.append)
+    model = run(recipe, out=lines.append)
+    # The rollouts' caches are given back when the GRPO phase ends.
+    assert rollout.DECODERS_ATTRIBUTE not in model.get_base_model().__dict__
     records = _records(tmp_path / "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in records] == [(k, s) for k in ("cpt", "sft", "dpo", "kto", "grpo") for s in (1, 2)]
     for r in records:
