@@ -299,7 +299,8 @@ def measure_ranks(args):
     ranks = distributed.join(args.gpus, args.device if args.device != "auto" else None)
     DEVICE = ranks.device
     dtype = "bfloat16" if DEVICE.type == "cuda" else "float32"
-    base = build_model({"config": {**args.config, "num_hidden_layers": args.layers}, "dtype": dtype, "seed": 0}, "cpu")
+    base = build_model({"config": {**args.config, "num_hidden_layers": args.layers}, "dtype": dtype, "seed": 0},
+                       distributed.build_device(ranks, DEVICE))  # the first rank loads, the others receive
     model = ranks.shard(attach_lora(base, r=32, alpha=64))
     model.train()
     groups = parameter_groups(model)

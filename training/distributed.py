@@ -99,20 +99,47 @@ class Ranks:
 
     def shard(self, model):
         """Split the routed experts over the ranks, then shard the rest with FSDP2, one decoder layer at a time:
-        each layer is moved to this rank's device, its MoE blocks probed by the start-up guard (our experts forward
-        must run, on every rank), then sharded, so no more than one whole layer is ever on the device."""
+        each layer is moved to this rank's device (on every rank but the first, which loaded the model, made there
+        and filled with the first rank's values: `build_device`), its experts sliced, its MoE blocks probed by the
+        start-up guard (our experts forward must run, on every rank), then sharded. So no rank holds more than one
+        whole layer on its device, and only the first rank ever holds the whole model, in host memory."""
         from torch.distributed.fsdp import fully_shard
 
-        self.slices = expert_parallel.split_experts(model, dist.group.WORLD, self.rank, self.size)
-        ignored = set(self.slices.parameters)
-        for layer in decoder_layers(model):
-            layer.to(self.device)
+        self.slices = expert_parallel.plan_slices(model, dist.group.WORLD, self.rank, self.size)
+        layers = decoder_layers(model)
+        for layer in layers:
+            self._receive(layer, [])
+            expert_parallel.split_module(layer, self.slices)
             if routed_experts_modules(layer):
                 self.everywhere(lambda: guards.check_experts_forward_is_ours(layer))
-            fully_shard(layer, mesh=self.mesh, ignored_params={p for p in layer.parameters() if p in ignored})
-        model.to(self.device)
-        fully_shard(model, mesh=self.mesh, ignored_params=ignored)
+            kept = {id(p) for p in self.slices.parameters}
+            fully_shard(layer, mesh=self.mesh, ignored_params={p for p in layer.parameters() if id(p) in kept})
+        self._receive(model, layers)  # embeddings, final norm, head, rotary buffers
+        fully_shard(model, mesh=self.mesh, ignored_params=set(self.slices.parameters))
         return model
+
+    @torch.no_grad()
+    def _receive(self, module, skip):
+        """The parameters and buffers of `module` outside the modules in `skip`, on this rank's device with the
+        first rank's values (sent by it, in the same order on every rank: the modules are built alike)."""
+        skipped = {id(m) for part in skip for m in part.modules()}
+        placed = {}  # id of a tensor already sent -> what now stands for it (tied weights stay tied)
+        for owner in module.modules():
+            if id(owner) in skipped:
+                continue
+            for table in (owner._parameters, owner._buffers):
+                for key, tensor in list(table.items()):
+                    if tensor is None:
+                        continue
+                    if id(tensor) in placed:
+                        table[key] = placed[id(tensor)]
+                        continue
+                    on_device = (tensor.to(self.device) if self.main
+                                 else torch.empty_like(tensor, device=self.device))
+                    dist.broadcast(on_device, src=0)
+                    if on_device is not tensor and table is owner._parameters:
+                        on_device = torch.nn.Parameter(on_device, requires_grad=tensor.requires_grad)
+                    placed[id(tensor)] = table[key] = on_device
 
     def average_expert_grads(self):
         expert_parallel.average_expert_grads(self.slices)
@@ -150,6 +177,15 @@ class Ranks:
 # experts, so a rank whose experts got nothing shows there).
 PER_RANK = ("loss", "tokens", "step_s", "routed_b_zero", "routed_b_count", "routed_b_norm", "grad_norm_routed_local",
             "gpu_mem_gib", "gpu_peak_gib", "gpu_allocated_gib")
+
+
+def build_device(ranks, device):
+    """Where a rank builds the model before `Ranks.shard`: the first rank loads it into host memory, the others
+    build it on the meta device (no memory, nothing read) and receive each part from the first as it is sharded;
+    one process builds it on its device."""
+    if ranks is None:
+        return device
+    return torch.device("cpu") if ranks.main else torch.device("meta")
 
 
 def decoder_layers(model):

@@ -100,15 +100,27 @@ def split_experts(model, group, rank, size):
     """Keep this rank's slice of every routed experts module and of its LoRA factors (peft's layout), in place, and
     route the experts' forward through the exchange. LoRA must be attached first: its factors are sliced with the
     experts they belong to."""
+    slices = plan_slices(model, group, rank, size)
+    split_module(model, slices)
+    return slices
+
+
+def plan_slices(model, group, rank, size):
+    """The slices this rank will hold (none taken yet; `split_module` takes them, a part of the model at a time)."""
     experts_modules = routed_experts_modules(model)
     num_experts = {module.gate_up_proj.shape[0] for _, module in experts_modules}
     if len(num_experts) != 1 or next(iter(num_experts)) % size:
         raise ValueError(f"expert parallelism over {size} ranks needs every layer's expert count {sorted(num_experts)}"
                          f" divisible by {size}")
-    num_local = next(iter(num_experts)) // size
-    slices = ExpertSlices(ExpertShard(group, rank, size, num_local))
+    return ExpertSlices(ExpertShard(group, rank, size, next(iter(num_experts)) // size))
+
+
+def split_module(module, slices):
+    """Take this rank's slice of the routed experts and their LoRA factors under `module` (the whole model or one
+    decoder layer), into `slices`."""
+    rank, size, num_local = slices.shard.rank, slices.shard.size, slices.shard.num_local
     keep = slice(rank * num_local, (rank + 1) * num_local)
-    for _, experts in experts_modules:
+    for _, experts in routed_experts_modules(module):
         for name in ("gate_up_proj", "down_proj"):
             old = experts._parameters[name]
             new = torch.nn.Parameter(old.data[keep].clone(), requires_grad=old.requires_grad)
@@ -116,7 +128,7 @@ def split_experts(model, group, rank, size):
             slices.base.append(new)
         experts.num_experts = num_local
         experts.__dict__[EXPERT_SHARD_ATTRIBUTE] = slices.shard
-    for _, _, wrapper in routed_lora_wrappers(model):
+    for _, _, wrapper in routed_lora_wrappers(module):
         wrapper.num_experts = num_local
         for layer in wrapper.lora_A.values():
             r = layer.weight.shape[0] // (num_local * size)
@@ -130,7 +142,6 @@ def split_experts(model, group, rank, size):
             layer.weight = torch.nn.Parameter(local.reshape(out, -1).clone(), requires_grad=layer.weight.requires_grad)
             layer.in_features = layer.weight.shape[1]
             slices.lora_b.append(layer.weight)
-    return slices
 
 
 def gather_full(slices, param, tensor=None):

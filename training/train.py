@@ -61,6 +61,9 @@ def build_model(model_recipe, device):
         raise RecipeError(f"model.path {path}: an s3:// model is read from its downloaded folder; run the trainer "
                           "through the on-box agent (python -m training.agent) or give that folder")
     config = AutoConfig.from_pretrained(path, revision=revision)
+    if torch.device(device).type == "meta":  # its shape only: the weights come from another rank
+        with torch.device("meta"):
+            return checkpoint_class(config)._from_config(config, dtype=dtype)
     return checkpoint_class(config).from_pretrained(path, revision=revision, dtype=dtype, device_map=device)
 
 
@@ -320,7 +323,7 @@ def run(recipe, out=print):
     if ranks is not None and not ranks.main:
         out = _quiet  # rank 0 prints and writes the metrics for all
     device = ranks.device if ranks else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    base = build_model(recipe["model"], "cpu" if ranks else device)  # moved to the devices layer by layer
+    base = build_model(recipe["model"], distributed.build_device(ranks, device))  # several ranks: sent layer by layer
     vocab_size = base.config.get_text_config().vocab_size
     tokenizer = load_tokenizer(recipe["model"], vocab_size)
     if recipe["gradient_checkpointing"]:

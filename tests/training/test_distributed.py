@@ -199,3 +199,24 @@ def test_the_recipe_keeps_grpo_on_one_gpu(tmp_path):
     with pytest.raises(RecipeError, match="a grpo phase runs on one GPU"):
         validate(raw, base_dir=tmp_path)
     assert validate({**raw, "gpus": 1}, base_dir=tmp_path)["gpus"] == 1
+
+
+def test_ranks_after_the_first_build_the_model_without_reading_or_holding_weights(tmp_path):
+    """Every rank but the first builds the model on the meta device and gets its values from the first rank, a layer
+    at a time, as it is sharded (the trainer tests above check they are the first rank's): a 235B model is read and
+    held once per box, not once per GPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training import train
+
+    fields = dict(TINY_CONFIG)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    for weights in (tmp_path / "model").glob("*.safetensors"):
+        weights.unlink()  # nothing to read: a rank that tried would fail
+    first, other = (distributed.Ranks(rank, 2, torch.device("cpu"), mesh=None) for rank in (0, 1))
+    assert distributed.build_device(first, torch.device("cpu")).type == "cpu"
+    assert distributed.build_device(None, torch.device("cpu")).type == "cpu"
+    model = train.build_model({"path": str(tmp_path / "model"), "dtype": "float32"},
+                              distributed.build_device(other, torch.device("cpu")))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
