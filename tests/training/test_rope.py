@@ -55,14 +55,11 @@ def test_it_refuses_what_it_does_not_cover():
 
 
 def test_a_model_calls_the_fused_embedding_and_keeps_its_outputs_on_the_cpu():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from training.examples.tiny import TINY_CONFIG
+    from training.train import build_model
 
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                            num_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
-    model = Qwen3MoeForCausalLM(config)
-    ids = torch.randint(0, 64, (2, 10))
+    model = build_model({"config": TINY_CONFIG, "dtype": "float32", "seed": 0}, "cpu")
+    ids = torch.randint(0, TINY_CONFIG["vocab_size"], (2, 10))
     before = model(input_ids=ids).logits
     assert use_fused_rope(model) == 2
     assert getattr(modeling_qwen3_moe.apply_rotary_pos_emb, "fused_rope", False)
