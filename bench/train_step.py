@@ -36,6 +36,7 @@ from training import distributed  # noqa: E402
 from training.families import family_of  # noqa: E402
 from training.linear_attention import deltanet_path  # noqa: E402
 from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
+from training.rope import restore_original_rope  # noqa: E402
 from training import moe_lora  # noqa: E402
 from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
@@ -72,6 +73,7 @@ def build(backend, config, layers, checkpointing):
     else:
         from peft import get_peft_model
 
+        restore_original_rope()  # off the shelf: transformers' rotary embedding, even after ours ran in this process
         base.set_experts_implementation("grouped_mm")
         model = get_peft_model(base, lora_config(32, 64, model_targets(base)))  # the same targets as ours
     model.train()

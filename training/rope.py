@@ -51,3 +51,16 @@ def use_fused_rope(model) -> int:
             setattr(home, FUNCTION_NAME, _fused(getattr(home, FUNCTION_NAME)))
         layers += 1
     return layers
+
+
+def restore_original_rope() -> int:
+    """Put transformers' own function back in every listed module (the benchmark's off-the-shelf baseline runs in the
+    same process as ours); returns how many modules changed."""
+    restored = 0
+    for name in ROTATE_HALF_MODULES:
+        home = sys.modules.get(name)
+        current = getattr(home, FUNCTION_NAME, None) if home is not None else None
+        if getattr(current, "fused_rope", False):
+            setattr(home, FUNCTION_NAME, current.__wrapped__)
+            restored += 1
+    return restored

@@ -5,7 +5,7 @@ import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe
 
 from training.kernels.rope import rotary_embedding, supported
-from training.rope import use_fused_rope
+from training.rope import restore_original_rope, use_fused_rope
 
 REFERENCE = getattr(modeling_qwen3_moe.apply_rotary_pos_emb, "__wrapped__", modeling_qwen3_moe.apply_rotary_pos_emb)
 
@@ -61,10 +61,14 @@ def test_a_model_calls_the_fused_embedding_and_keeps_its_outputs_on_the_cpu():
     model = build_model({"config": TINY_CONFIG, "dtype": "float32", "seed": 0}, "cpu")
     ids = torch.randint(0, TINY_CONFIG["vocab_size"], (2, 10))
     before = model(input_ids=ids).logits
+    restore_original_rope()  # whatever an earlier test of this process switched
+    original = modeling_qwen3_moe.apply_rotary_pos_emb
     assert use_fused_rope(model) == 2
     assert getattr(modeling_qwen3_moe.apply_rotary_pos_emb, "fused_rope", False)
     assert use_fused_rope(model) == 2  # again: the function is not wrapped twice
-    assert modeling_qwen3_moe.apply_rotary_pos_emb.__wrapped__ is REFERENCE
+    assert modeling_qwen3_moe.apply_rotary_pos_emb.__wrapped__ is original
+    assert restore_original_rope() == 1 and modeling_qwen3_moe.apply_rotary_pos_emb is original
+    assert restore_original_rope() == 0
     assert torch.equal(model(input_ids=ids).logits, before)  # on the CPU the original runs
 
 
