@@ -136,7 +136,10 @@ class Ranks:
                         continue
                     on_device = (tensor.to(self.device) if self.main
                                  else torch.empty_like(tensor, device=self.device))
-                    dist.broadcast(on_device, src=0)
+                    payload = on_device if on_device.is_contiguous() else on_device.contiguous()
+                    dist.broadcast(payload, src=0)  # the collectives take contiguous tensors only
+                    if payload is not on_device:
+                        on_device.copy_(payload)
                     if on_device is not tensor and table is owner._parameters:
                         on_device = torch.nn.Parameter(on_device, requires_grad=tensor.requires_grad)
                     placed[id(tensor)] = table[key] = on_device
