@@ -6,7 +6,6 @@ catalogues with junk in every field and under several filter settings."""
 import gc
 import math
 import random
-import statistics
 from dataclasses import replace
 from decimal import Decimal
 
@@ -14,16 +13,13 @@ import pytest
 
 from fleet.providers.records import OfferRecord
 from fleet.ranking import (
-    SEED_CALIBRATION,
-    CostModel,
     OfferFilters,
     Recipe,
-    ThroughputModel,
     compile_filters,
     rank_offers,
 )
-from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
-from fleet.ranking.throughput import model_tflops_of
+
+from .reference_ranking import ALL_FILTERS_OFF, reference_ranking
 
 GPUS = [  # name, GB per GPU, compute capability, listed TFLOPS per GPU
     ("RTX 4090", 24, 89, 165), ("H100 NVL", 94, 90, 835), ("RTX PRO 6000 WS", 96, 120, 500), ("H200", 141, 90, 990),
@@ -81,58 +77,9 @@ def catalogue(count: int, seed: int, junk_share: float) -> list[OfferRecord]:
     return offers
 
 
-def median_ratio(pairs):
-    ratios = [achieved / listed for achieved, listed in pairs if listed > 0]
-    return statistics.median(ratios) if ratios else None
-
-
-def straightforward_ranking(offers, recipe, filters):
-    """The ranking offer by offer, out of the per-offer calls, with one sort on the full key."""
-    compiled = compile_filters(filters, recipe)
-    speeds, costs = ThroughputModel(SEED_CALIBRATION, recipe), CostModel(recipe)
-    excluded, passed = [], []
-    for i, o in enumerate(offers):
-        if compiled.check(o):
-            excluded.append((o, compiled.check(o)))
-        else:
-            passed.append((i, o, speeds.calibrated(o)))
-    listed, dlperf = {}, {}
-    for _, o, t in passed:
-        if t is not None:
-            per_gpu = model_tflops_of(t.tokens_per_s / o.num_gpus, recipe)
-            if o.total_flops:
-                listed.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
-            if o.dlperf:
-                dlperf.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
-    any_listed = median_ratio([pair for pairs in listed.values() for pair in pairs])
-    any_dlperf = median_ratio([pair for pairs in dlperf.values() for pair in pairs])
-    scored = [(i, o, t) for i, o, t in passed if t is not None]
-    for i, o, t in passed:
-        if t is None:
-            cc = o.compute_capability
-            t = speeds.estimate(o, median_ratio(listed[cc]) if cc in listed else any_listed,
-                                median_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
-            if t is None or not t.tokens_per_s > 0:
-                excluded.append((o, compiled.reasons(o, NO_THROUGHPUT)))
-            else:
-                scored.append((i, o, t))
-    rows = []
-    for i, o, t in scored:
-        p = costs.estimate(o, recipe.tokens_per_step / t.tokens_per_s, o.is_bid)
-        if not p.total_usd < math.inf:
-            excluded.append((o, compiled.reasons(o, UNBOUNDED_COST)))
-            continue
-        score = recipe.total_steps / p.total_usd if p.total_usd > 0 else 0.0
-        rows.append(((-score, p.total_usd, o.provider, o.offer_id, o.is_bid, i), o, score, t, p))
-    rows.sort(key=lambda row: row[0])
-    return [(o, score, t, p, costs.breakdown(o, p)) for _, o, score, t, p in rows], excluded
-
-
-ALL_OFF = dict(gpu_tiers="any", max_usd_per_hour=None, min_driver_version="", min_cuda=0, min_disk_gb=0,
-               min_inet_down_mbps=0, min_inet_up_mbps=0, min_reliability=0, allow_bids=True, max_gpus=None)
 SETTINGS = [
     pytest.param(Recipe(), OfferFilters(), id="defaults"),
-    pytest.param(Recipe(vram_needed_gb=1), OfferFilters(**ALL_OFF), id="every-filter-off"),
+    pytest.param(Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF), id="every-filter-off"),
     pytest.param(Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0,
                                         locations=["EU", "US"], require_verified=True), id="locations-verified"),
     pytest.param(Recipe(kernel_path="triton"), OfferFilters(gpu_tiers="any", vram_min_gb=90, max_gpus=4, min_gpus=2,
@@ -146,11 +93,11 @@ SETTINGS = [
 def test_it_ranks_a_varied_catalogue_exactly_as_the_ranking_worked_out_offer_by_offer(recipe, filters, junk_share):
     offers = catalogue(1500, seed=5, junk_share=junk_share)
     ranking = rank_offers(offers, recipe, filters)
-    expected, expected_excluded = straightforward_ranking(offers, recipe, filters)
+    expected, expected_excluded = reference_ranking(offers, recipe, filters)
     assert len(expected) >= 5 and len(expected_excluded) >= 30  # both sides of the comparison hold something
     assert [(e.offer, e.rank) for e in ranking.entries] == [(row[0], rank) for rank, row in enumerate(expected, 1)]
-    for entry, (o, score, t, p, cost) in zip(ranking.entries, expected):
-        assert entry.steps_per_usd == score  # the very same floats, not close ones
+    for entry, (o, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected):
+        assert (entry.steps_per_usd, entry.tokens_per_usd) == (score, tokens_per_usd)  # the very same floats
         assert (entry.throughput, entry.projection, entry.cost) == (t, p, cost)
     assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded
 
@@ -172,9 +119,9 @@ def test_it_ranks_runs_that_cost_nothing_or_less_last_the_cheapest_first():
         credit = Decimal(-(i % 3)) / 4
         offers[i] = replace(o, gpu_usd_per_hour=credit, total_usd_per_hour=credit, inet_up_usd_per_gb=Decimal(0),
                             inet_down_usd_per_gb=Decimal(0), storage_usd_per_gb_month=Decimal(0))
-    recipe, filters = Recipe(vram_needed_gb=1), OfferFilters(**ALL_OFF)
+    recipe, filters = Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF)
     ranking = rank_offers(offers, recipe, filters)
-    expected, _ = straightforward_ranking(offers, recipe, filters)
+    expected, _ = reference_ranking(offers, recipe, filters)
     assert [(e.offer, e.steps_per_usd) for e in ranking.entries] == [(row[0], row[1]) for row in expected]
     nothing = [e for e in ranking.entries if e.steps_per_usd == 0]
     assert nothing == list(ranking.entries)[-len(nothing):] and len({e.total_usd for e in nothing}) > 5
@@ -183,7 +130,7 @@ def test_it_ranks_runs_that_cost_nothing_or_less_last_the_cheapest_first():
 
 def test_the_junk_catalogue_reaches_the_paths_it_is_there_to_check():
     offers = catalogue(600, seed=5, junk_share=0.3)
-    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_OFF))
+    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
     reasons = {reason for x in ranking.excluded for reason in x.reasons}
     assert {"VRAM unknown", "disk unknown", "GPU count unknown", "reliability unknown"} <= reasons
     assert any(r.endswith("price unknown") for r in reasons) and any(r.startswith("no throughput") for r in reasons)

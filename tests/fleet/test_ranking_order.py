@@ -1,28 +1,22 @@
 """rank_offers on a fixed small catalogue: what comes first, what is excluded and why."""
 
 import json
-import math
 import random
-import statistics
 from decimal import Decimal
 
 import pytest
 
 from fleet.providers.records import OfferRecord
 from fleet.ranking import (
-    SEED_CALIBRATION,
-    CostModel,
     Exclusion,
     OfferFilters,
     Phase,
     RankedOffer,
     Recipe,
-    ThroughputModel,
-    compile_filters,
     rank_offers,
 )
-from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
-from fleet.ranking.throughput import model_tflops_of
+
+from .reference_ranking import ALL_FILTERS_OFF, reference_ranking
 
 
 def make_offer(offer_id, **changes) -> OfferRecord:
@@ -162,7 +156,7 @@ def test_it_is_deterministic_for_equal_scores():
     assert ids(rank_offers(twins, Recipe(), OfferFilters()).entries) == ["a", "b"]
 
 
-# A seeded catalogue of a few hundred offers for comparing rank_offers with the straightforward ranking below: every
+# A seeded catalogue of a few hundred offers for comparing rank_offers with the reference ranking (reference_ranking.py): every
 # GPU family (calibrated, estimated from TFLOPS or DLPerf, or not measurable at all), bids, free traffic, free boxes,
 # dead links, hosts that never stay up, and exact twins whose scores tie.
 GPUS = [  # name, GB per GPU, compute capability, listed TFLOPS per GPU
@@ -215,69 +209,10 @@ def seeded_catalogue(count=400, seed=7) -> list[OfferRecord]:
     return offers
 
 
-def median_ratio(pairs):
-    ratios = [achieved / listed for achieved, listed in pairs if listed > 0]
-    return statistics.median(ratios) if ratios else None
-
-
-def reference_ranking(offers, recipe, filters):
-    """rank_offers written the slow, obvious way, out of the per-offer calls (CompiledFilters.check,
-    ThroughputModel.calibrated/estimate, CostModel.estimate/breakdown) and one sort on the full key; rank_offers'
-    fast paths (grouped step times, a float-only total, deferred throughput words, a float sort) must match it."""
-    compiled = compile_filters(filters, recipe)
-    speeds = ThroughputModel(SEED_CALIBRATION, recipe)
-    costs = CostModel(recipe)
-    excluded, passed = [], []
-    for i, o in enumerate(offers):
-        reasons = compiled.check(o)
-        if reasons:
-            excluded.append((o, reasons))
-        else:
-            passed.append((i, o, speeds.calibrated(o)))
-    measured = [(i, o, t) for i, o, t in passed if t is not None]
-    listed, dlperf = {}, {}
-    for _, o, t in measured:
-        per_gpu = model_tflops_of(t.tokens_per_s / o.num_gpus, recipe)
-        if o.total_flops:
-            listed.setdefault(o.compute_capability, []).append((per_gpu, o.total_flops / o.num_gpus))
-        if o.dlperf:
-            dlperf.setdefault(o.compute_capability, []).append((per_gpu, o.dlperf / o.num_gpus))
-    any_listed = median_ratio([pair for pairs in listed.values() for pair in pairs])
-    any_dlperf = median_ratio([pair for pairs in dlperf.values() for pair in pairs])
-    scored = list(measured)
-    for i, o, t in passed:
-        if t is None:
-            cc = o.compute_capability
-            t = speeds.estimate(o, median_ratio(listed[cc]) if cc in listed else any_listed,
-                                median_ratio(dlperf[cc]) if cc in dlperf else any_dlperf)
-            if t is None or not t.tokens_per_s > 0:
-                excluded.append((o, compiled.reasons(o, NO_THROUGHPUT)))
-            else:
-                scored.append((i, o, t))
-    rows = []
-    steps, tokens_per_step = recipe.total_steps, recipe.tokens_per_step
-    for i, o, t in scored:
-        p = costs.estimate(o, tokens_per_step / t.tokens_per_s, o.is_bid)
-        total = p.total_usd
-        if not total < math.inf:
-            excluded.append((o, compiled.reasons(o, UNBOUNDED_COST)))
-            continue
-        score = steps / total if total > 0 else 0.0
-        tokens_per_usd = steps * tokens_per_step / total if total > 0 else 0.0
-        rows.append(((-score, total, o.provider, o.offer_id, o.is_bid, i), o, score, tokens_per_usd, t, p))
-    rows.sort(key=lambda row: row[0])
-    ranked = [(o, score, tokens_per_usd, t, p, costs.breakdown(o, p)) for _, o, score, tokens_per_usd, t, p in rows]
-    return ranked, excluded
-
-
-ALL_PASS = dict(gpu_tiers="any", max_usd_per_hour=None, min_driver_version="", min_cuda=0, min_disk_gb=0,
-                min_inet_down_mbps=0, min_inet_up_mbps=0, min_reliability=0, allow_bids=True, max_gpus=None)
-
-
 @pytest.mark.parametrize("recipe, filters", [
-    (Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS)),
+    (Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF)),
     (Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0)),
-    (Recipe(vram_needed_gb=1, kernel_path="triton", phases=(Phase("sft", 3),)), OfferFilters(**ALL_PASS)),
+    (Recipe(vram_needed_gb=1, kernel_path="triton", phases=(Phase("sft", 3),)), OfferFilters(**ALL_FILTERS_OFF)),
 ])
 def test_it_ranks_a_seeded_catalogue_exactly_as_the_straightforward_ranking(recipe, filters):
     offers = seeded_catalogue()
@@ -297,7 +232,7 @@ def test_it_ranks_a_seeded_catalogue_exactly_as_the_straightforward_ranking(reci
 
 
 def test_its_entries_read_like_a_tuple_best_first_whatever_is_read_first():
-    ranking = rank_offers(seeded_catalogue(), Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS))
+    ranking = rank_offers(seeded_catalogue(), Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
     entries = ranking.entries
     fifth, last = entries[4], entries[-1]  # read before the rest
     assert entries[2:6][2] is fifth and entries[::-1][0] is last
@@ -311,7 +246,7 @@ def test_its_entries_read_like_a_tuple_best_first_whatever_is_read_first():
 
 def test_the_seeded_catalogue_reaches_every_path_it_is_there_to_check():
     offers = seeded_catalogue()
-    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS))
+    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
     reasons = {reason for x in ranking.excluded for reason in x.reasons}
     assert any(r.startswith("no throughput figure") for r in reasons)
     assert any(r.startswith("downlink 0 Mb/s") for r in reasons) and any(r.startswith("uplink 0") for r in reasons)
