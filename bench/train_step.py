@@ -398,7 +398,8 @@ def main():
             if not result.get("oom"):
                 break
     ok = {r["backend"]: r for r in results if not r.get("oom")}
-    print("| backend | layers | grad ckpt | tokens/s | s/opt step (8 x 2x2048) | peak allocated GiB | peak reserved GiB |")
+    print("| backend | layers | grad ckpt | tokens/s | s/opt step (8 x 2x2048) | peak allocated GiB "
+          "| peak reserved GiB |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
         if r.get("oom"):

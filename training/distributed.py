@@ -112,7 +112,7 @@ class Ranks:
             expert_parallel.split_module(layer, self.slices)
             if routed_experts_modules(layer):
                 self.everywhere(lambda: guards.check_experts_forward_is_ours(layer))
-            kept = {id(p) for p in self.slices.parameters}
+            kept = self.slices.local_ids()
             fully_shard(layer, mesh=self.mesh, ignored_params={p for p in layer.parameters() if id(p) in kept})
         self._receive(model, layers)  # embeddings, final norm, head, rotary buffers
         fully_shard(model, mesh=self.mesh, ignored_params=set(self.slices.parameters))

@@ -81,7 +81,7 @@ class ExpertShard:
 
 @dataclass
 class ExpertSlices:
-    """What `split_experts` did to a model: the shard, and the parameters it now holds a slice of."""
+    """This rank's shard of the experts, and the parameters `split_module` made slices of."""
 
     shard: ExpertShard
     base: list = field(default_factory=list)  # frozen expert weights (E_local, ...)
@@ -96,17 +96,10 @@ class ExpertSlices:
         return {id(p) for p in self.parameters}
 
 
-def split_experts(model, group, rank, size):
-    """Keep this rank's slice of every routed experts module and of its LoRA factors (peft's layout), in place, and
-    route the experts' forward through the exchange. LoRA must be attached first: its factors are sliced with the
-    experts they belong to."""
-    slices = plan_slices(model, group, rank, size)
-    split_module(model, slices)
-    return slices
-
-
 def plan_slices(model, group, rank, size):
-    """The slices this rank will hold (none taken yet; `split_module` takes them, a part of the model at a time)."""
+    """The slices this rank will hold (none taken yet; `split_module` takes them, a part of the model at a time, in
+    place, and routes the experts' forward through the exchange). LoRA must be attached first: its factors are
+    sliced with the experts they belong to."""
     experts_modules = routed_experts_modules(model)
     num_experts = {module.gate_up_proj.shape[0] for _, module in experts_modules}
     if len(num_experts) != 1 or next(iter(num_experts)) % size:

@@ -89,9 +89,8 @@ class RotaryEmbedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
         cos, sin = _unit_last(cos), _unit_last(sin)
-        if sin.stride() != cos.stride():
-            sin = sin.contiguous()
-            cos = cos.contiguous()
+        if sin.stride() != cos.stride():  # the kernel reads both through cos's strides
+            cos, sin = cos.contiguous(), sin.contiguous()
         ctx.save_for_backward(cos, sin)
         return _launch(_unit_last(q), _unit_last(k), cos, sin, backward=False)
 
@@ -108,7 +107,9 @@ def supported(q, k, cos, sin) -> bool:
     if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
         return False
     batch, _, seq, dim = q.shape
-    if k.shape[0] != batch or k.shape[2:] != (seq, dim) or cos.shape[1:] != (seq, dim) or cos.shape[0] not in (1, batch):
+    if k.shape[0] != batch or k.shape[2:] != (seq, dim) or cos.shape[1:] != (seq, dim):
+        return False
+    if cos.shape[0] not in (1, batch):
         return False
     if dim < 2 or dim & (dim - 1):
         return False

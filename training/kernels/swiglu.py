@@ -7,8 +7,9 @@ Backward, from G = dy[token] @ (W2 + s B2 A2) (the down projection's input gradi
 dw = <G, h>, dh = w * G, d gate_up from dh, and u = d gate_up @ B1[e] (the gate_up projection's LoRA product for its
 input gradient), so d gate_up is not read again for it. h is recomputed rather than kept from the forward, and
 written out on the way when the caller needs it (the down factor's gradient), so the forward's h need not be kept
-for the backward: 50 MB a layer at 4,096 tokens of the 30B shape. The routing weight of each row is read through `order` (the pair at each sorted row) and its gradient written back
-through it, in the routing weights' own (tokens, top_k) layout; the row weights come back as fp32 in sorted order for
+for the backward: 50 MB a layer at 4,096 tokens of the 30B shape. The routing weight of each row is read through
+`order` (the pair at each sorted row) and its gradient written back through it, in the routing weights' own
+(tokens, top_k) layout; the row weights come back as fp32 in sorted order for
 the down projection's factor gradients.
 
 Each program owns BLOCK_M rows of one expert (as in the grouped GEMM) and walks the intermediate width in
