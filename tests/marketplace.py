@@ -1,4 +1,7 @@
-"""The simulated marketplace and a real Celery worker as pytest fixtures, shared by every test folder."""
+"""The simulated marketplace, a real Celery worker and real Celery beat for the tests, shared by every test folder."""
+
+import contextlib
+import threading
 
 import pytest
 
@@ -36,6 +39,26 @@ def celery_worker(transactional_db):
     with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, loglevel="WARNING",
                       shutdown_timeout=10):
         yield app
+
+
+@contextlib.contextmanager
+def running_beat(app, schedule_dir, tasks, every_s=0.5):
+    """Real Celery beat in a thread, sending each of `tasks` (dotted task names) every `every_s` seconds to the
+    worker of `app` (the product's own schedule sends them every 10-60 s)."""
+    from celery.beat import Service
+
+    saved, app.conf.beat_schedule = app.conf.beat_schedule, {
+        task: {"task": task, "schedule": every_s} for task in tasks}
+    service = Service(app, max_interval=every_s, schedule_filename=str(schedule_dir / "beat-schedule"),
+                      scheduler_cls="celery.beat:PersistentScheduler")
+    thread = threading.Thread(target=service.start, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.stop(wait=True)
+        thread.join(10)
+        app.conf.beat_schedule = saved
 
 
 @pytest.fixture

@@ -6,14 +6,11 @@ with the adapter listed on its base."""
 import hashlib
 import subprocess
 import sys
-import threading
-import time
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import yaml
-from celery.beat import Service
 from django.urls import reverse
 from django.utils import timezone
 
@@ -24,7 +21,8 @@ from fleet.offers.refresh import refresh_offers
 from fleet.simulator import SimulatedMarketplace
 from fleet.simulator.agents import AgentProcesses
 from runs.models import Checkpoint, Phase, Run
-from tests.marketplace import MARKET_KEY
+from tests.marketplace import MARKET_KEY, running_beat
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -48,30 +46,11 @@ def market(tmp_path, settings, live_server):
 
 @pytest.fixture
 def beat(celery_worker, tmp_path):
-    """Real Celery beat in a thread, sending the product's own periodic tasks to the real worker twice a second."""
-    app = celery_worker
-    schedule = {name: {"task": task, "schedule": 0.5} for name, task in (
-        ("sync", "fleet.tasks.sync_instances"), ("supervise", "runs.tasks.supervise_runs"),
-        ("fleet", "fleet.tasks.maintain_inference_fleet"), ("probe", "fleet.tasks.probe_serving_instances"))}
-    saved, app.conf.beat_schedule = app.conf.beat_schedule, schedule
-    service = Service(app, max_interval=0.5, schedule_filename=str(tmp_path / "beat-schedule"),
-                      scheduler_cls="celery.beat:PersistentScheduler")
-    thread = threading.Thread(target=service.start, daemon=True)
-    thread.start()
-    yield service
-    service.stop(wait=True)
-    thread.join(10)
-    app.conf.beat_schedule = saved
-
-
-def _until(check, what, timeout_s=300):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    """Real Celery beat sending the product's own periodic tasks to the real worker twice a second."""
+    tasks = ("fleet.tasks.sync_instances", "runs.tasks.supervise_runs", "fleet.tasks.maintain_inference_fleet",
+             "fleet.tasks.probe_serving_instances")
+    with running_beat(celery_worker, tmp_path, tasks) as service:
+        yield service
 
 
 def test_it_trains_the_tiny_run_and_serves_its_adapter_with_the_probe_green(client, operator, market, beat,
@@ -89,7 +68,7 @@ def test_it_trains_the_tiny_run_and_serves_its_adapter_with_the_probe_green(clie
             return True
         return False
 
-    _until(finished, "the run to end", timeout_s=420)
+    wait_until(finished, "the run to end", timeout_s=420, every_s=0.5)
     events = "\n".join(f"{e.kind}: {e.message[:200]}" for e in run.events.order_by("at", "id"))
     assert run.state == Run.State.FINISHED, events
 
@@ -106,7 +85,7 @@ def test_it_trains_the_tiny_run_and_serves_its_adapter_with_the_probe_green(clie
     def green():
         return ProbeResult.objects.filter(instance__serving_model=model, ok=True).first()
 
-    probe = _until(green, "a green probe of the serving box", timeout_s=60)
+    probe = wait_until(green, "a green probe of the serving box", timeout_s=60, every_s=0.5)
     assert probe.models_served == [model.base_model, model.name]
     box = probe.instance  # the fleet may have replaced a box that failed to start on a loaded machine
     box.refresh_from_db()
@@ -161,7 +140,7 @@ def test_it_serves_a_trained_adapter_on_the_simulated_marketplace_with_the_probe
     def green():
         return ProbeResult.objects.filter(instance__serving_model=model, ok=True).first()
 
-    probe = _until(green, "a green probe of the serving box", timeout_s=60)
+    probe = wait_until(green, "a green probe of the serving box", timeout_s=60, every_s=0.5)
     assert probe.models_served == [model.base_model, model.name]
     box = Instance.objects.get(serving_model=model)
     assert box.public_ip == "127.0.0.1" and box.consecutive_probe_failures == 0

@@ -2,7 +2,6 @@
 bills outside the rules, no rent asked for is lost or rented twice, and one provider down does not stop the others."""
 
 import re
-import time
 from datetime import timedelta
 
 import pytest
@@ -19,6 +18,7 @@ from fleet.offers.refresh import refresh_offers
 from fleet.providers.records import RentRequest
 from fleet.providers.registry import get_provider
 from fleet.reaper import sweep
+from tests.waiting import wait_until
 
 from .runpod_server import RUNPOD_KEY, FakeRunPod
 
@@ -50,15 +50,6 @@ def _listed(label: str) -> list:
         return [i for i in provider.list_instances() if i.label == label]
 
 
-def _wait(predicate, timeout_s=15):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out")
-
-
 # -- the reaper's hand-over ------------------------------------------------------------------------------------------
 
 
@@ -87,7 +78,8 @@ def test_it_hands_over_again_a_reaped_box_that_still_bills(frozen_market, celery
     stale = _running(_offer(), "stale", running_at=now - timedelta(hours=2), reaped_at=now - timedelta(hours=1),
                      reap_reason="no training or serving process 45 min after start")
     sweep.reap(now=now)
-    _wait(lambda: Instance.objects.get(pk=stale.pk).destroy_attempts == 1)
+    wait_until(lambda: Instance.objects.get(pk=stale.pk).destroy_attempts == 1, "a second destroy attempt",
+               timeout_s=15)
     stale.refresh_from_db()
     assert stale.state == State.STOPPING and stale.destroy_reason.startswith("reaped: no training")
     assert sweep.reap(now=now).handed_over_again == []  # once

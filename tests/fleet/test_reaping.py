@@ -14,6 +14,7 @@ from fleet import actions
 from fleet.reaper import sweep
 from fleet.models import Alert, Instance, Offer
 from fleet.offers.refresh import refresh_offers
+from tests.waiting import wait_until
 
 State = Instance.State
 
@@ -30,15 +31,6 @@ def _rented(offer, key, **fields) -> Instance:
     Instance.objects.filter(pk=instance.pk).update(state=State.RUNNING, **fields)
     instance.refresh_from_db()
     return instance
-
-
-def _wait(predicate, timeout_s=30):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out")
 
 
 @pytest.mark.django_db
@@ -82,7 +74,7 @@ def test_it_destroys_once_when_two_passes_run_at_once(frozen_market, celery_work
         p.start()
     for p in passes:
         p.join()
-    _wait(lambda: Instance.objects.get(pk=idle.pk).state == State.STOPPING)
+    wait_until(lambda: Instance.objects.get(pk=idle.pk).state == State.STOPPING, "the idle box to stop")
     time.sleep(1)  # a second destroy, had one been sent, would have landed by now
     idle.refresh_from_db()
     assert idle.reap_reason == "no training or serving process 45 min after start"
@@ -98,7 +90,8 @@ def test_it_moves_hung_training_to_a_new_box(frozen_market, celery_worker):
     hung = _rented(_offers()[0], "hung", running_at=now - timedelta(hours=2), last_process_at=now,
                    gpu_last_ok_at=now - timedelta(minutes=7), last_step_at=now - timedelta(minutes=7))
     sweep.reap(now=now)
-    _wait(lambda: Instance.objects.filter(replaces=hung).exclude(provider_instance_id=None).exists())
+    wait_until(lambda: Instance.objects.filter(replaces=hung).exclude(provider_instance_id=None).exists(),
+               "a replacement rented for the hung box")
     hung.refresh_from_db()
     new = Instance.objects.get(replaces=hung)
     assert hung.state == State.STOPPING and hung.reap_reason == "GPU not responding for 7 min"

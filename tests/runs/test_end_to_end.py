@@ -2,12 +2,10 @@
 trainer run as the simulated boxes' processes and report to a live dashboard; the host is killed mid-phase and
 mid-upload and hangs once, and the run still finishes with every phase done once, nothing left billing."""
 
-import threading
 import time
 from decimal import Decimal
 
 import pytest
-from celery.beat import Service
 
 from fleet.instances import charges
 from fleet.instances import ledger
@@ -16,7 +14,7 @@ from fleet.offers.refresh import refresh_offers
 from fleet.simulator import SimulatedMarketplace
 from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch
-from tests.marketplace import MARKET_KEY
+from tests.marketplace import MARKET_KEY, running_beat
 
 from .conftest import tiny_recipe
 
@@ -43,20 +41,9 @@ def boxes(tmp_path, settings, live_server):
 
 @pytest.fixture
 def beat(celery_worker, tmp_path):
-    """Real Celery beat, in a thread, sending the instance sync and the supervisor pass every half second to the
-    real worker that `celery_worker` runs (the product's own schedule does the same every 15 and 10 s)."""
-    app = celery_worker
-    schedule = {"sync-instances": {"task": "fleet.tasks.sync_instances", "schedule": 0.5},
-                "supervise-runs": {"task": "runs.tasks.supervise_runs", "schedule": 0.5}}
-    saved, app.conf.beat_schedule = app.conf.beat_schedule, schedule
-    service = Service(app, max_interval=0.5, schedule_filename=str(tmp_path / "beat-schedule"),
-                      scheduler_cls="celery.beat:PersistentScheduler")
-    thread = threading.Thread(target=service.start, daemon=True)
-    thread.start()
-    yield service
-    service.stop(wait=True)
-    thread.join(10)
-    app.conf.beat_schedule = saved
+    """Real Celery beat sending the instance sync and the supervisor pass every half second to the real worker."""
+    with running_beat(celery_worker, tmp_path, ("fleet.tasks.sync_instances", "runs.tasks.supervise_runs")) as service:
+        yield service
 
 
 def _drive(run, until, timeout_s=240, on_tick=None):
