@@ -214,7 +214,7 @@ def seeded_catalogue(count=400, seed=7) -> list[OfferRecord]:
     (Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0)),
     (Recipe(vram_needed_gb=1, kernel_path="triton", phases=(Phase("sft", 3),)), OfferFilters(**ALL_FILTERS_OFF)),
 ])
-def test_it_ranks_a_seeded_catalogue_exactly_as_the_straightforward_ranking(recipe, filters):
+def test_it_ranks_a_seeded_catalogue_exactly_as_the_reference_ranking(recipe, filters):
     offers = seeded_catalogue()
     ranking = rank_offers(offers, recipe, filters)
     expected, expected_excluded = reference_ranking(offers, recipe, filters)

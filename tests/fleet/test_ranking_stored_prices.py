@@ -16,7 +16,8 @@ from fleet.offers.refresh import store_offers
 from fleet.ranking import OfferFilters, OfferPrices, Recipe, offer_prices, rank_offers
 
 from .offer_records import offer_record
-from .test_ranking_fast_path import SETTINGS, catalogue, straightforward_ranking
+from .reference_ranking import reference_ranking
+from .test_ranking_fast_path import SETTINGS, catalogue
 
 NO_PRICES = OfferPrices(math.nan, math.nan, math.nan, math.nan)
 
@@ -37,11 +38,11 @@ def stored_prices(offers) -> list[OfferPrices]:
 def test_it_ranks_on_stored_prices_exactly_as_the_ranking_worked_out_offer_by_offer(recipe, filters, junk_share):
     offers = catalogue(1500, seed=5, junk_share=junk_share)
     ranking = rank_offers(offers, recipe, filters, prices=stored_prices(offers))
-    expected, expected_excluded = straightforward_ranking(offers, recipe, filters)
+    expected, expected_excluded = reference_ranking(offers, recipe, filters)
     assert len(expected) >= 5
     assert [(e.offer, e.rank) for e in ranking.entries] == [(row[0], rank) for rank, row in enumerate(expected, 1)]
-    for entry, (o, score, t, p, cost) in zip(ranking.entries, expected):
-        assert entry.steps_per_usd == score  # the very same floats, not close ones
+    for entry, (o, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected):
+        assert (entry.steps_per_usd, entry.tokens_per_usd) == (score, tokens_per_usd)  # the very same floats
         assert (entry.throughput, entry.projection, entry.cost) == (t, p, cost)
     assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded
 
