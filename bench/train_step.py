@@ -17,6 +17,8 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
         parallel, training/distributed.py): tokens/s in all and per GPU, peak memory per GPU; each rank its own
         micro-batches (the global batch is N times one GPU's); compare with --gpus 1 for the scaling
     python bench/train_step.py --gpus 2 --device cpu --layers 2 --experts 16 --tokens small   (its CPU smoke run)
+    BENCH_TRACE=replays.json python bench/train_step.py --profile 4   also writes the graphed replays' kernels
+        (start, duration) as a Chrome trace
 """
 
 import argparse
@@ -261,9 +263,15 @@ def graphed_ms(model, batch, phase, ctx):
     runner = MicroStepGraphs(params)
     torch.cuda.synchronize()
     before = torch.cuda.memory_reserved()
-    for _ in range(3):  # two eager warm-ups on the side stream, then the capture
+    for _ in range(2):  # two eager warm-ups on the side stream
         runner.run(model, causal_lm_loss, batch, phase, ctx, 1.0)
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    live_before = torch.cuda.memory_allocated()
+    runner.run(model, causal_lm_loss, batch, phase, ctx, 1.0)  # the capture, then its first replay
+    torch.cuda.synchronize()
+    # the most the capture had live at once, against what its pool holds: the rest is the pool's fragmentation
+    capture_peak_live = torch.cuda.max_memory_allocated() - live_before
     times = []
     for _ in range(10):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -286,9 +294,12 @@ def graphed_ms(model, batch, phase, ctx):
                     for e in prof.key_averages()) / 1000 / replays
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=90),
           flush=True)
+    if os.environ.get("BENCH_TRACE"):  # every kernel's start and duration, for the gaps between them
+        prof.export_chrome_trace(os.environ["BENCH_TRACE"])
     return {"graphed_ms": round(graphed, 2), "graphed_kernel_ms": round(kernel_ms, 2),
             "graphed_between_kernels_ms": round(graphed - kernel_ms, 2), "captured": runner.replaying,
-            "graph_reserved_gib": round((torch.cuda.memory_reserved() - before) / 2**30, 2)}
+            "graph_reserved_gib": round((torch.cuda.memory_reserved() - before) / 2**30, 2),
+            "capture_peak_live_gib": round(capture_peak_live / 2**30, 2)}
 
 
 def attempt(backend, layers, checkpointing, args):
