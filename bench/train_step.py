@@ -290,7 +290,7 @@ def graphed_ms(model, batch, phase, ctx):
         for _ in range(replays):
             runner.run(model, causal_lm_loss, batch, phase, ctx, 1.0)
         torch.cuda.synchronize()
-    kernel_ms = sum(getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
+    kernel_ms = sum(e.self_device_time_total if hasattr(e, "self_device_time_total") else e.self_cuda_time_total
                     for e in prof.key_averages()) / 1000 / replays
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=90),
           flush=True)
