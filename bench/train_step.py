@@ -13,6 +13,8 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
 
     python bench/train_step.py [--model qwen3.6-35b-a3b] [--layers 48] [--steps 2] [--accum 8]
     python bench/train_step.py --model qwen3.6-35b-a3b --layers 2 --experts 16 --tokens small   (a CPU smoke run)
+    python bench/train_step.py --packed 600   rows packed from documents of 600 tokens on average, as the trainer
+        packs CPT data (each row's samples kept apart), for both backends
     python bench/train_step.py --gpus 4 [--model ...]   ours on 4 ranks of this box (torchrun, FSDP2 + expert
         parallel, training/distributed.py): tokens/s in all and per GPU, peak memory per GPU; each rank its own
         micro-batches (the global batch is N times one GPU's); compare with --gpus 1 for the scaling
@@ -41,6 +43,7 @@ from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
 from training.rope import restore_original_rope  # noqa: E402
 from training import moe_lora  # noqa: E402
 from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
+from training.data import _pack, collate  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
 from training.train import (allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
                             parameter_groups)
@@ -82,16 +85,13 @@ def build(backend, config, layers, checkpointing):
     return model
 
 
-def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False):
+def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False, packed=None):
     model = build(backend, config, layers, checkpointing)
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
     optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=DEVICE.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    ids = [torch.randint(0, config["vocab_size"], (batch, seq_len), device=DEVICE, generator=gen)
-           for _ in range(accum)]
-    micro = [{"input_ids": x, "labels": x} for x in ids]
+    micro = micro_batches(config, accum, batch, seq_len, packed)
     ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
     phase = {"kind": "cpt"}
     # As the trainer runs (training/train.py): our experts add the routed LoRA gradients into .grad themselves.
@@ -113,6 +113,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     tokens = accum * batch * seq_len
     result = {
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
+        "packed_mean_tokens": packed,
         "gradient_checkpointing": checkpointing,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(),
@@ -127,8 +128,36 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "grad_norms_shared_expert": [r["grad_norm_shared_expert"] for r in records],
         "routed_b_zero": records[-1]["routed_b_zero"],
     }
-    del model, optimizer, scheduler, groups, micro, ids, runner
+    del model, optimizer, scheduler, groups, micro, runner
     return result
+
+
+def micro_batches(config, accum, batch, seq_len, packed=None):
+    """`accum` micro-batches of batch x seq_len random tokens: whole rows, or with `packed` (a mean document length)
+    documents of random lengths (exponential, 16 to seq_len tokens) packed into rows as the trainer packs CPT data
+    (training/data.py: positions restarting per document, their boundaries, each document's first token no
+    target)."""
+    gen = torch.Generator().manual_seed(0)
+    micro = []
+    for _ in range(accum):
+        if packed is None:
+            ids = torch.randint(0, config["vocab_size"], (batch, seq_len), generator=gen)
+            one = {"input_ids": ids, "labels": ids}
+        else:
+            one = _packed_rows(config["vocab_size"], batch, seq_len, packed, gen)
+        micro.append({key: value.to(DEVICE) for key, value in one.items()})
+    return micro
+
+
+def _packed_rows(vocab_size, batch, seq_len, mean, gen):
+    documents = []
+    while True:
+        length = min(seq_len, max(16, int(torch.empty(1).exponential_(1 / mean, generator=gen))))
+        ids = torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+        documents.append((ids, ids))
+        rows = _pack(documents, seq_len, pad_id=0)
+        if len(rows) > batch:  # the first `batch` rows are as full as packing makes them
+            return collate("cpt", rows[:batch], pad_id=0)
 
 
 def _micro_steps_s(model, micro, phase, ctx, runner):
@@ -307,7 +336,7 @@ def attempt(backend, layers, checkpointing, args):
     graphs = backend == "ours" and DEVICE.type == "cuda"  # "ours:eager": the same, plain eager micro-steps
     try:
         result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
-                         graphs)
+                         graphs, args.packed)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
@@ -376,6 +405,8 @@ def main():
     parser.add_argument("--backends", default="ours,ours:eager,grouped_mm+peft",
                         help="ours (micro-steps in CUDA graphs, as the trainer runs them), ours:eager, grouped_mm+peft")
     parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile one micro-step of ours on LAYERS layers")
+    parser.add_argument("--packed", type=int, metavar="MEAN_TOKENS",
+                        help="rows packed from documents of this mean length (default: one document per row)")
     parser.add_argument("--gpus", type=int, default=1, help="ours on this many ranks of the box (started by torchrun)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="with --gpus: cpu runs the ranks on the CPU (gloo)")

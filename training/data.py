@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from training.attention import cu_seq_lens
 from training.packing import row_positions
 from training.records import (IGNORE, ByteTokenizer, encode, load_tokenizer, read_records, render_chat,  # noqa: F401
                               render_prompt)
@@ -143,9 +144,10 @@ def pad_pairs(pairs, pad_id, seq_len=None):
 def collate(kind, items, pad_id, seq_len=None):
     """A micro-batch of tensors (on the CPU) for the phase's loss; seq_len: DPO/KTO rows padded to a bucket."""
     if kind in ("cpt", "sft"):
+        positions = [it["position_ids"] for it in items]
         return {"input_ids": torch.tensor([it["input_ids"] for it in items]),
                 "labels": torch.tensor([it["labels"] for it in items]),
-                "position_ids": torch.tensor([it["position_ids"] for it in items])}
+                "position_ids": torch.tensor(positions), "cu_seq_lens": cu_seq_lens(positions)}
     if kind == "dpo":
         # Chosen rows first, then rejected rows, in one forward.
         return pad_pairs([it["chosen"] for it in items] + [it["rejected"] for it in items], pad_id, seq_len)

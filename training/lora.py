@@ -20,6 +20,7 @@ from training import families
 from training.linear_attention import use_segmented_linear_attention
 from training.lora_linear import LoraLinear
 from training.moe_lora import IMPLEMENTATION_NAME, Kernels, register, set_kernels, use_moe_lora
+from training.attention import use_packed_attention
 from training.norms import use_fused_rms_norms
 from training.rope import use_fused_rope
 from training.routers import use_fused_routers
@@ -131,6 +132,7 @@ def attach_lora(model, r=32, alpha=64, attention=True, targets=None):
     use_fused_routers(peft_model)  # softmax, top-k and renormalisation after each router's linear, likewise
     use_fused_rope(peft_model)  # the rotary embedding of queries and keys, likewise
     use_segmented_linear_attention(peft_model)  # DeltaNet keeps packed samples apart
+    use_packed_attention(peft_model)  # causal attention without a mask, packed samples kept apart
     return peft_model
 
 

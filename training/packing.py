@@ -10,6 +10,7 @@ on the host once per forward, so only families with linear attention pay for it.
 import torch
 
 from training import families
+from training.attention import ROWS_KEY, RowSegments, uses_packed_attention
 
 
 def row_positions(lengths):
@@ -47,4 +48,9 @@ def model_inputs(model, batch):
         inputs["position_ids"] = position_ids
         if needs_boundaries(model):
             inputs.update(boundaries(position_ids))
+    if uses_packed_attention(model):  # what the rows are, so that the attention needs no mask (training/attention.py)
+        if "cu_seq_lens" in batch:
+            inputs[ROWS_KEY] = RowSegments(batch["cu_seq_lens"])
+        elif position_ids is None and "attention_mask" not in batch:
+            inputs[ROWS_KEY] = RowSegments.whole_rows()
     return inputs

@@ -21,7 +21,7 @@ What keeps the replays right:
 - only the last position's logits are made: the body's last hidden state through the head (training/head_loss.py),
   never the prompt's full-vocabulary logits.
 Models with other than full-attention layers (DeltaNet, sliding windows) or an attention implementation other than
-sdpa or eager, for which this mask is not the one they need, sample through transformers' `generate` instead.
+sdpa, eager or packed_sdpa, for which this mask is not the one they need, sample through transformers' `generate` instead.
 """
 
 import inspect
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from transformers import StaticCache
 from transformers.cache_utils import get_layer_types_and_kwargs
 
+from training import attention
 from training.head_loss import head_and_body
 
 _log = logging.getLogger(__name__)
@@ -45,11 +46,12 @@ DECODERS_ATTRIBUTE = "_rollout_decoders"  # on the causal LM, a plain attribute:
 
 
 def static_decode_fits(config) -> bool:
-    """Whether the cache and mask built here are the model's: every layer full attention, read through sdpa or eager
-    attention (both take the additive 4-D mask)."""
+    """Whether the cache and mask built here are the model's: every layer full attention, read through sdpa, eager
+    or packed_sdpa attention (all take the additive 4-D mask; packed_sdpa hands it to sdpa)."""
     text = config.get_text_config(decoder=True)
     layer_types = get_layer_types_and_kwargs(text)[0]
-    return all(kind == "full_attention" for kind in layer_types) and text._attn_implementation in ("sdpa", "eager")
+    return (all(kind == "full_attention" for kind in layer_types)
+            and text._attn_implementation in ("sdpa", "eager", attention.NAME))
 
 
 def capacity_for(width: int, max_new_tokens: int) -> int:

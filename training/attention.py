@@ -1,0 +1,151 @@
+"""Causal attention over whole or packed rows without a (batch, 1, L, L) mask.
+
+transformers gives SDPA an explicit mask whenever it cannot prove on the host that a batch is plain causal: for
+packed rows (their positions restart), and for every batch while a CUDA graph is being captured, since it may not
+read the device then (masking_utils' `is_tracing`). With a mask, cuDNN computes every block of the score matrix
+instead of the causal half and reads the mask too: in a captured 30B-A3B micro-step that made attention three times
+slower (bench/NOTES_train_step.md). The rows' shape is known where they are built, so the trainer says it:
+
+- `RowSegments.whole_rows()`: every row is one sample, so SDPA runs with `is_causal` and no mask;
+- `RowSegments(cu_seq_lens)`: the cumulative sample boundaries over the flattened batch (device int32; trailing
+  entries equal to the token count are empty samples, so a padded length can stay fixed for a graph), so the
+  attention runs flash attention's variable-length kernel, causal within each sample.
+
+The model's attention implementation becomes "packed_sdpa" (`use_packed_attention`): its mask function gives no
+mask where there is no padding mask and no cache, and its attention function falls back to transformers' own SDPA
+path for everything else (padding masks, caches, dropout, shapes the flash kernel does not cover), building the
+same block-diagonal mask transformers would from the positions when a caller passes packed positions without
+saying what its rows are. So results are transformers' in every case, and only the kernels change.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "packed_sdpa"
+# Text decoders whose masks are causal (and packed-causal) only, with no overlay such as vision tokens', and whose
+# decoder layers hand their attention the positions (the fallback for packed positions reads them).
+FAMILIES = ("qwen3_moe", "qwen2_moe", "qwen3", "qwen3_5_moe_text")
+ROWS_KEY = "row_segments"  # the forward's keyword argument that carries a RowSegments
+
+
+@dataclass(frozen=True)
+class RowSegments:
+    cu_seq_lens: torch.Tensor | None = None  # None: whole rows
+
+    @classmethod
+    def whole_rows(cls):
+        return cls(None)
+
+
+def cu_seq_lens(position_ids, width=None):
+    """The cumulative sample boundaries over the flattened rows of host position ids (a list of rows), a sample
+    starting wherever a position does not follow the one before (transformers' packed-sequence rule) and at each
+    row's start; padded with the token count to `width` entries (default: the next power of two)."""
+    starts, offset = [], 0
+    for row in position_ids:
+        starts += [offset + i for i, p in enumerate(row) if i == 0 or p != row[i - 1] + 1]
+        offset += len(row)
+    ends = starts + [offset]
+    width = width or 1 << (len(ends) - 1).bit_length()
+    if width < len(ends):
+        raise ValueError(f"{len(ends) - 1} samples do not fit {width - 1} boundaries")
+    return torch.tensor(ends + [offset] * (width - len(ends)), dtype=torch.int32)
+
+
+def _mask(**kwargs):
+    """No mask where rows need none but causality and their own samples (the attention keeps those apart);
+    transformers' SDPA mask otherwise."""
+    plain = (kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+             and isinstance(kwargs.get("q_offset", 0), int) and kwargs.get("q_offset", 0) == 0
+             and kwargs.get("kv_offset", 0) == 0 and kwargs.get("q_length") == kwargs.get("kv_length"))
+    return None if plain else sdpa_mask(**kwargs)
+
+
+def _document_mask(segment_ids):
+    """(B, 1, L, L) bool: causal, and within one sample, from (B, L) sample ids."""
+    length = segment_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
+    return (causal & (segment_ids[:, :, None] == segment_ids[:, None, :]))[:, None]
+
+
+def _segment_ids_from_boundaries(cu, batch, length):
+    tokens = torch.arange(batch * length, device=cu.device, dtype=cu.dtype)
+    return torch.searchsorted(cu, tokens, right=True).view(batch, length)
+
+
+def _segment_ids_from_positions(position_ids):
+    first = position_ids[:, :1] - 1
+    return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+
+def _flash_covers(query, key, dropout):
+    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
+            and query.shape[-1] <= 256 and query.shape[-1] % 8 == 0 and query.shape[1] % key.shape[1] == 0
+            and torch.cuda.get_device_capability(query.device)[0] >= 8)
+
+
+class _VarlenCausal(torch.autograd.Function):
+    """Flash attention's variable-length kernels, causal within each sample: (T, H, D) in, (T, Hq, D) out."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, max_len, scale):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
+        ctx.max_len, ctx.scale = max_len, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad_out.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_len, ctx.max_len, 0.0, True, rng, unused,
+            scale=ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def _varlen(query, key, value, cu, scaling):
+    """(B, H, L, D) in; (B, L, H, D) out, as transformers' attention functions return it."""
+    batch, heads, length, dim = query.shape
+    flat = [t.transpose(1, 2).reshape(batch * length, t.shape[1], dim) for t in (query, key, value)]
+    out = _VarlenCausal.apply(*flat, cu, length, scaling)
+    return out.view(batch, length, heads, dim)
+
+
+def packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    rows = kwargs.get(ROWS_KEY)
+    plain = attention_mask is None and query.shape[2] == key.shape[2] > 1
+    if plain and rows is not None and rows.cu_seq_lens is None:
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    if plain and rows is not None:
+        if _flash_covers(query, key, dropout):
+            return _varlen(query, key, value, rows.cu_seq_lens, scaling), None
+        attention_mask = _document_mask(_segment_ids_from_boundaries(rows.cu_seq_lens, query.shape[0],
+                                                                     query.shape[2]))
+    elif plain and kwargs.get("position_ids") is not None:  # a caller's positions: transformers' own rule
+        segments = _segment_ids_from_positions(kwargs["position_ids"].expand(query.shape[0], -1))
+        capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()  # no host read then
+        if capturing or bool((segments[:, -1] != 0).any()):
+            attention_mask = _document_mask(segments)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+AttentionInterface.register(NAME, packed_sdpa_attention)
+AttentionMaskInterface.register(NAME, _mask)
+
+
+def use_packed_attention(model) -> bool:
+    """Switch a listed family's SDPA attention to "packed_sdpa"; returns whether it did."""
+    config = model.config
+    if config.model_type in FAMILIES and config._attn_implementation == "sdpa":
+        config._attn_implementation = NAME
+    return uses_packed_attention(model)
+
+
+def uses_packed_attention(model) -> bool:
+    return getattr(model, "config", None) is not None and model.config._attn_implementation == NAME
