@@ -43,7 +43,7 @@ from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
 from training.rope import restore_original_rope  # noqa: E402
 from training import moe_lora  # noqa: E402
 from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
-from training.data import _pack, collate  # noqa: E402
+from training.data import _pack, boundaries_width, collate  # noqa: E402
 from training.losses import causal_lm_loss  # noqa: E402
 from training.train import (allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
                             parameter_groups)
@@ -135,18 +135,15 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
 def micro_batches(config, accum, batch, seq_len, packed=None):
     """`accum` micro-batches of batch x seq_len random tokens: whole rows, or with `packed` (a mean document length)
     documents of random lengths (exponential, 16 to seq_len tokens) packed into rows as the trainer packs CPT data
-    (training/data.py: positions restarting per document, their boundaries, each document's first token no
-    target)."""
+    (training/data.py: positions restarting per document, their boundaries padded to one width for all, each
+    document's first token no target)."""
     gen = torch.Generator().manual_seed(0)
-    micro = []
-    for _ in range(accum):
-        if packed is None:
-            ids = torch.randint(0, config["vocab_size"], (batch, seq_len), generator=gen)
-            one = {"input_ids": ids, "labels": ids}
-        else:
-            one = _packed_rows(config["vocab_size"], batch, seq_len, packed, gen)
-        micro.append({key: value.to(DEVICE) for key, value in one.items()})
-    return micro
+    if packed is None:
+        ids = [torch.randint(0, config["vocab_size"], (batch, seq_len), generator=gen) for _ in range(accum)]
+        return [{"input_ids": x.to(DEVICE), "labels": x.to(DEVICE)} for x in ids]
+    rows = [_packed_rows(config["vocab_size"], batch, seq_len, packed, gen) for _ in range(accum)]
+    width = boundaries_width([row for micro in rows for row in micro], batch)
+    return [{key: value.to(DEVICE) for key, value in collate("cpt", micro, 0, width=width).items()} for micro in rows]
 
 
 def _packed_rows(vocab_size, batch, seq_len, mean, gen):
@@ -157,7 +154,7 @@ def _packed_rows(vocab_size, batch, seq_len, mean, gen):
         documents.append((ids, ids))
         rows = _pack(documents, seq_len, pad_id=0)
         if len(rows) > batch:  # the first `batch` rows are as full as packing makes them
-            return collate("cpt", rows[:batch], pad_id=0)
+            return rows[:batch]
 
 
 def _micro_steps_s(model, micro, phase, ctx, runner):

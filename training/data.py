@@ -141,13 +141,23 @@ def pad_pairs(pairs, pad_id, seq_len=None):
     return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
-def collate(kind, items, pad_id, seq_len=None):
-    """A micro-batch of tensors (on the CPU) for the phase's loss; seq_len: DPO/KTO rows padded to a bucket."""
+def boundaries_width(items, batch_size):
+    """How many entries a packed micro-batch's `cu_seq_lens` needs at most, over every micro-batch of `batch_size`
+    of these rows (the fullest row's sample count times the batch size, since a micro-batch that spans two of the
+    data order's permutations may hold a row twice; plus one, to the next power of two): with that width for the
+    whole phase, its micro-batches have one shape, so one CUDA graph replays them all."""
+    most = max(1 + sum(b != a + 1 for a, b in zip(it["position_ids"], it["position_ids"][1:])) for it in items)
+    return 1 << (most * batch_size).bit_length()
+
+
+def collate(kind, items, pad_id, seq_len=None, width=None):
+    """A micro-batch of tensors (on the CPU) for the phase's loss; seq_len: DPO/KTO rows padded to a bucket; width:
+    CPT/SFT sample boundaries padded to it (`boundaries_width`), else to the next power of two."""
     if kind in ("cpt", "sft"):
         positions = [it["position_ids"] for it in items]
         return {"input_ids": torch.tensor([it["input_ids"] for it in items]),
                 "labels": torch.tensor([it["labels"] for it in items]),
-                "position_ids": torch.tensor(positions), "cu_seq_lens": cu_seq_lens(positions)}
+                "position_ids": torch.tensor(positions), "cu_seq_lens": cu_seq_lens(positions, width)}
     if kind == "dpo":
         # Chosen rows first, then rejected rows, in one forward.
         return pad_pairs([it["chosen"] for it in items] + [it["rejected"] for it in items], pad_id, seq_len)

@@ -23,7 +23,8 @@ import torch
 
 from training import (checkpoint, distributed, export_adapter, families, guards, model_source, moe_lora, rollout,
                       sharded_checkpoint)
-from training.data import batch_indices, collate, length_buckets, load_phase_data, load_tokenizer
+from training.data import (batch_indices, boundaries_width, collate, length_buckets, load_phase_data,
+                           load_tokenizer)
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
 from training.losses import LOSSES, sequence_logps
@@ -274,6 +275,8 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
     # DPO/KTO rows padded to a few lengths only where graphs replay them; eager steps gain nothing from the padding.
     # The reference is scored as before (each chunk padded to its longest pair): the same log-probs.
     bucket_seq_len = recipe["seq_len"] if graphs is not None else None
+    # Packed rows' sample boundaries padded to one width for the phase: one shape, one graph.
+    width = boundaries_width(items, batch_size) if graphs is not None and kind in ("cpt", "sft") else None
     while step < phase["steps"]:
         micro_batches = []
         for _ in range(recipe["grad_accum"]):
@@ -281,7 +284,7 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
             if ranks is not None:
                 index = ranks.rank_slice(index)
             position += 1
-            batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id, bucket_seq_len)
+            batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id, bucket_seq_len, width)
             if kind == "dpo":
                 batch["ref_logps"] = torch.cat([reference[index, 0], reference[index, 1]])
             elif kind == "kto":

@@ -7,7 +7,7 @@ import torch
 
 from training import attention
 from training.attention import RowSegments, cu_seq_lens, use_packed_attention
-from training.data import _pack, collate, pad_pairs
+from training.data import _pack, boundaries_width, collate, pad_pairs
 from training.examples.tiny import TINY_CONFIG
 from training.lora import attach_lora, randomize_routed_lora_b
 from training.losses import causal_lm_loss, dpo_loss
@@ -140,3 +140,12 @@ def test_the_variable_length_kernels_match_masked_sdpa_in_bf16_on_the_gpu():
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
     for mine, reference in zip(our_grads, (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(mine.float(), reference.float(), rtol=5e-2, atol=5e-2)
+
+
+def test_one_width_covers_every_micro_batch_of_a_phase():
+    rows = _pack([([5] * n, [5] * n) for n in (3, 4, 20, 2, 2, 2, 2, 9, 24, 1)], SEQ_LEN, pad_id=0)
+    width = boundaries_width(rows, 2)
+    shapes = {collate("cpt", list(pair), pad_id=0, width=width)["cu_seq_lens"].shape
+              for pair in zip(rows, rows[1:] + rows[:1])}
+    widest = max(len(collate("cpt", [a, b], pad_id=0)["cu_seq_lens"]) for a in rows for b in rows)
+    assert shapes == {(width,)} and width >= widest
