@@ -4,17 +4,25 @@ Only the norm classes known to compute `weight * (x.float() * rsqrt(mean(x^2) + 
 (a variant such as Gemma's `(1 + weight)` is not this), by swapping each instance's class for a subclass whose
 forward runs the kernels on a GPU with a frozen weight and the class's own forward otherwise
 (training/class_switch.py). Parameters, buffers and state-dict keys are untouched.
+
+The decoder layer's two norms before attention and before the MLP hand their output to modules that keep it for
+their own backward (the q/k/v projections' LoRA, the router and experts), so these norms' backward works from that
+output (`keep_output`, training/kernels/rmsnorm.py) and keeps nothing else: two activations a layer fewer. A norm
+whose weight has a zero (its output then says nothing of that column) keeps its input as before.
 """
 
 from training.class_switch import switch_class
 
 STANDARD_RMSNORMS = ("Qwen3MoeRMSNorm", "Qwen2MoeRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "LlamaRMSNorm")
+OUTPUT_KEPT_BY_NEXT = ("input_layernorm", "post_attention_layernorm")  # decoder-layer names, every listed family
+KEEP_OUTPUT_ATTRIBUTE = "_rms_norm_keeps_output"
 
 
 def _fused_forward(self, hidden_states):
     from training.kernels.rmsnorm import rms_norm
 
-    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    keep_output = self.__dict__.get(KEEP_OUTPUT_ATTRIBUTE, False)
+    return rms_norm(hidden_states, self.weight, self.variance_epsilon, keep_output)
 
 
 def _applies(self, hidden_states):
@@ -24,8 +32,10 @@ def _applies(self, hidden_states):
 def use_fused_rms_norms(model):
     """Switch every standard RMSNorm in the model to the fused kernels; returns how many were switched."""
     switched = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if type(module).__name__ in STANDARD_RMSNORMS and hasattr(module, "variance_epsilon"):
             switch_class(module, _fused_forward, _applies)
+            keeps = name.rsplit(".", 1)[-1] in OUTPUT_KEPT_BY_NEXT and bool((module.weight != 0).all())
+            module.__dict__[KEEP_OUTPUT_ATTRIBUTE] = keeps  # a plain attribute: not in the state dict
             switched += 1
     return switched

@@ -40,3 +40,38 @@ def test_the_models_norms_switch_and_keep_their_state(tiny_model, tokens):
     assert type(tiny_model.model.norm).__name__ == "FusedQwen3MoeRMSNorm"
     # on the CPU the class's own forward runs: the same logits
     torch.testing.assert_close(tiny_model(input_ids=tokens).logits, want)
+
+
+@pytest.mark.parametrize("dtype, tol, device", [
+    (torch.float32, 1e-5, "cpu"), (torch.float16, 4e-3, "cpu"),
+    pytest.param(torch.bfloat16, 3e-2, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                         reason="bf16 on the GPU")),
+])
+def test_working_from_the_output_gives_the_input_gradient_and_keeps_only_the_output(dtype, tol, device):
+    gen = torch.Generator().manual_seed(1)
+    weight = ((torch.rand(48, generator=gen) + 0.2) * torch.sign(torch.randn(48, generator=gen))).to(device, dtype)
+    x = (torch.randn(6, 48, generator=gen) * 2).to(device, dtype).requires_grad_()
+    grad = torch.randn(6, 48, generator=gen).to(device, dtype)
+    (want_dx,) = torch.autograd.grad(rms_norm(x, weight, 1e-6), x, grad)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y = rms_norm(x, weight, 1e-6, keep_output=True)
+    (got_dx,) = torch.autograd.grad(y, x, grad)
+    torch.testing.assert_close(got_dx, want_dx, rtol=tol, atol=tol)
+    storages = {t.untyped_storage().data_ptr() for t in kept}
+    assert y.untyped_storage().data_ptr() in storages and x.untyped_storage().data_ptr() not in storages
+    assert sum(t.numel() for t in kept if t.untyped_storage().data_ptr() not in
+               {y.untyped_storage().data_ptr(), weight.untyped_storage().data_ptr()}) == 6  # one scale per row
+
+
+def test_the_layers_two_norms_work_from_their_output_unless_a_weight_is_zero(tiny_model):
+    from training.norms import KEEP_OUTPUT_ATTRIBUTE
+
+    with torch.no_grad():
+        tiny_model.model.layers[1].post_attention_layernorm.weight[3] = 0
+    use_fused_rms_norms(tiny_model)
+    keeps = {name: module.__dict__[KEEP_OUTPUT_ATTRIBUTE] for name, module in tiny_model.named_modules()
+             if KEEP_OUTPUT_ATTRIBUTE in module.__dict__}
+    assert keeps["model.layers.0.input_layernorm"] and keeps["model.layers.0.post_attention_layernorm"]
+    assert not keeps["model.layers.1.post_attention_layernorm"]  # its output says nothing of column 3
+    assert not any(keeps[f"model.layers.0.self_attn.{n}"] for n in ("q_norm", "k_norm")) and not keeps["model.norm"]

@@ -8,6 +8,13 @@ result type) and the backward recomputes the row's scale from x instead of keepi
     n = x r,  r = (mean(x^2) + eps)^-1/2,   dn = round(dy * w),   dx = r dn - x r^3 mean(dn x)
 
 The weight is frozen here (LoRA training); a trainable weight keeps transformers' forward.
+
+With `keep_output` the backward works from the output instead of the input, for a norm whose output the next
+layer keeps anyway (the q/k/v projections' LoRA, the experts): then the norm keeps nothing of its own but r, and
+a decoder layer holds two activations fewer. The normalised row comes back as y / w (w with no zero: the caller
+checks), one rounding away from the forward's n, so dx agrees with the input path to about one step of x's type:
+
+    dx = r (dn - n mean(dn n))
 """
 
 import torch
@@ -28,10 +35,14 @@ def _row_block(rows, H, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, rows, H, eps, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, r_ptr, rows, H, eps, STORE_R: tl.constexpr,
+                            BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
     offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
+    if STORE_R:
+        offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        tl.store(r_ptr + offs_r, r, mask=offs_r < rows)
     n = (x * r[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
     tl.store(y_ptr + offsets, (w[None, :] * n).to(y_ptr.dtype.element_ty), mask=mask)
@@ -51,6 +62,22 @@ def _rmsnorm_backward_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, rows, H, eps, BLOCK_R
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rmsnorm_backward_from_output_kernel(dy_ptr, y_ptr, w_ptr, r_ptr, dx_ptr, rows, H, BLOCK_ROWS: tl.constexpr,
+                                         BLOCK_H: tl.constexpr):
+    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
+    offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs_h, mask=mask_h, other=1.0).to(tl.float32)
+    r = tl.load(r_ptr + offs_r, mask=offs_r < rows, other=0.0)
+    n = y / w[None, :]
+    dn = (dy * w[None, :]).to(dx_ptr.dtype.element_ty).to(tl.float32)
+    dot = tl.sum(dn * n, axis=1) / H
+    dx = r[:, None] * (dn - n * dot[:, None])
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 def _launch(kernel, rows, hidden, *args):
     block_h = triton.next_power_of_2(hidden)
     block_rows = 4 if interpreting() else max(1, min(64, 8192 // block_h))
@@ -60,28 +87,36 @@ def _launch(kernel, rows, hidden, *args):
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx, x, weight, eps, keep_output=False):
         hidden = x.shape[-1]
         x2 = x.reshape(-1, hidden).contiguous()
         y = torch.empty(x2.shape, device=x.device, dtype=torch.promote_types(x.dtype, weight.dtype))
+        r = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32) if keep_output else y
         if x2.shape[0]:
-            _launch(_rmsnorm_forward_kernel, x2.shape[0], hidden, x2, weight, y, x2.shape[0], hidden, float(eps))
-        ctx.save_for_backward(x2, weight)
-        ctx.eps, ctx.shape = eps, x.shape
+            _launch(_rmsnorm_forward_kernel, x2.shape[0], hidden, x2, weight, y, r, x2.shape[0], hidden, float(eps),
+                    keep_output)
+        ctx.save_for_backward(*((y, weight, r) if keep_output else (x2, weight)))
+        ctx.eps, ctx.shape, ctx.keep_output, ctx.x_dtype = eps, x.shape, keep_output, x.dtype
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, grad_y):
-        x2, weight = ctx.saved_tensors
-        hidden = x2.shape[-1]
+        saved = ctx.saved_tensors
+        hidden = saved[0].shape[-1]
         dy = grad_y.reshape(-1, hidden).contiguous()
-        dx = torch.empty_like(x2)
-        if x2.shape[0]:
-            _launch(_rmsnorm_backward_kernel, x2.shape[0], hidden, dy, x2, weight, dx, x2.shape[0], hidden,
+        dx = torch.empty(saved[0].shape, device=dy.device, dtype=ctx.x_dtype)
+        if dx.shape[0] and ctx.keep_output:
+            y, weight, r = saved
+            _launch(_rmsnorm_backward_from_output_kernel, dx.shape[0], hidden, dy, y, weight, r, dx, dx.shape[0],
+                    hidden)
+        elif dx.shape[0]:
+            x2, weight = saved
+            _launch(_rmsnorm_backward_kernel, dx.shape[0], hidden, dy, x2, weight, dx, dx.shape[0], hidden,
                     float(ctx.eps))
-        return dx.view(ctx.shape), None, None
+        return dx.view(ctx.shape), None, None, None
 
 
-def rms_norm(x, weight, eps):
-    """transformers' RMSNorm (frozen weight) as two Triton kernels; x any shape (..., H), weight (H,)."""
-    return RMSNormFunction.apply(x, weight, eps)
+def rms_norm(x, weight, eps, keep_output=False):
+    """transformers' RMSNorm (frozen weight) as two Triton kernels; x any shape (..., H), weight (H,); keep_output:
+    the backward from the output (see the module docstring; the weight must have no zero)."""
+    return RMSNormFunction.apply(x, weight, eps, keep_output)
