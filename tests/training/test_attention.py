@@ -5,25 +5,14 @@ run flash attention's variable-length kernels."""
 import pytest
 import torch
 
+from tests.training.tiny_lora import tiny_lora_model
 from training import attention
 from training.attention import RowSegments, cu_seq_lens, use_packed_attention
 from training.data import _pack, boundaries_width, collate, pad_pairs
 from training.examples.tiny import TINY_CONFIG
-from training.lora import attach_lora, randomize_routed_lora_b
 from training.losses import causal_lm_loss, dpo_loss
 
 SEQ_LEN = 24
-
-
-def _model():
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    fields = dict(TINY_CONFIG)
-    torch.manual_seed(0)
-    model = attach_lora(AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields)),
-                        r=4, alpha=8).float()
-    randomize_routed_lora_b(model, std=0.1, generator=torch.Generator().manual_seed(0))
-    return model
 
 
 def _loss_and_grads(model, loss_fn, batch, phase, implementation):
@@ -52,7 +41,7 @@ def _batches():
 
 @pytest.mark.parametrize("kind", ["packed rows", "whole rows", "padded pairs"])
 def test_it_gives_transformers_sdpa_loss_and_gradients(kind):
-    model = _model()
+    model = tiny_lora_model(TINY_CONFIG)
     assert model.config._attn_implementation == attention.NAME  # attach_lora switched it
     loss_fn, batch, phase = _batches()[kind]
     ours, our_grads = _loss_and_grads(model, loss_fn, batch, phase, attention.NAME)
@@ -65,7 +54,7 @@ def test_it_gives_transformers_sdpa_loss_and_gradients(kind):
 
 def test_a_callers_packed_positions_still_keep_the_samples_apart():
     # Positions from a caller that does not say what its rows are: the mask comes from them, as in transformers.
-    model = _model()
+    model = tiny_lora_model(TINY_CONFIG)
     positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]])
     ids = torch.randint(3, 260, (1, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -12,25 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.training.tiny_lora import tiny_lora_model as _model
 from training import linear_attention
 from training.data import IGNORE, _pack, collate
 from training.examples.tiny import TINY_CONFIG, TINY_QWEN3_5_CONFIG
-from training.lora import attach_lora, randomize_routed_lora_b
 from training.losses import causal_lm_loss
 from training.packing import boundaries, model_inputs
 
 SEQ_LEN = 24
-
-
-def _model(config):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    fields = dict(config)
-    torch.manual_seed(0)
-    model = attach_lora(AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields)),
-                        r=4, alpha=8).float()
-    randomize_routed_lora_b(model, std=0.1, generator=torch.Generator().manual_seed(0))
-    return model
 
 
 def _chunk_rule_alone(q, k, v, g, beta):
