@@ -22,6 +22,8 @@ def _fused_forward(self, hidden_states):
     from training.kernels.rmsnorm import rms_norm
 
     keep_output = self.__dict__.get(KEEP_OUTPUT_ATTRIBUTE, False)
+    if keep_output is None:  # a candidate: decided at its first forward, when its weight is surely loaded
+        keep_output = self.__dict__[KEEP_OUTPUT_ATTRIBUTE] = bool((self.weight != 0).all())
     return rms_norm(hidden_states, self.weight, self.variance_epsilon, keep_output)
 
 
@@ -35,7 +37,9 @@ def use_fused_rms_norms(model):
     for name, module in model.named_modules():
         if type(module).__name__ in STANDARD_RMSNORMS and hasattr(module, "variance_epsilon"):
             switch_class(module, _fused_forward, _applies)
-            keeps = name.rsplit(".", 1)[-1] in OUTPUT_KEPT_BY_NEXT and bool((module.weight != 0).all())
-            module.__dict__[KEEP_OUTPUT_ATTRIBUTE] = keeps  # a plain attribute: not in the state dict
+            # None: to be decided from the weight at the first forward (here it may still be on the meta device,
+            # or be loaded later); a plain attribute, not in the state dict
+            candidate = name.rsplit(".", 1)[-1] in OUTPUT_KEPT_BY_NEXT
+            module.__dict__[KEEP_OUTPUT_ATTRIBUTE] = None if candidate else False
             switched += 1
     return switched
