@@ -17,21 +17,27 @@ gradient with group-normalised advantages (no KL term).
 import torch
 import torch.nn.functional as F
 
+from training.attention import uses_packed_attention
 from training.data import IGNORE
 from training.head_loss import next_token_losses
 from training.packing import model_inputs
 from training.rollout import sample
 
 
-def token_logps(model, input_ids, attention_mask, labels):
-    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss)."""
-    inputs = model_inputs(model, {"input_ids": input_ids, "attention_mask": attention_mask})
-    losses, mask = next_token_losses(model, inputs, labels)
+def token_logps(model, input_ids, attention_mask, labels, right_padded=False):
+    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss). right_padded: every row's
+    padding comes after its tokens, so causality alone keeps it from them, and a model on packed_sdpa
+    (training/attention.py) runs the rows as whole ones, with no mask: the same for every token in the loss."""
+    batch = {"input_ids": input_ids}
+    if not (right_padded and uses_packed_attention(model)):
+        batch["attention_mask"] = attention_mask
+    losses, mask = next_token_losses(model, model_inputs(model, batch), labels)
     return -losses * mask, mask
 
 
 def sequence_logps(model, batch):
-    logps, _ = token_logps(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    """Summed log-probs of the labels of DPO/KTO rows (right-padded: training/data.py pad_pairs)."""
+    logps, _ = token_logps(model, batch["input_ids"], batch["attention_mask"], batch["labels"], right_padded=True)
     return logps.sum(-1)
 
 

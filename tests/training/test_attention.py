@@ -138,3 +138,24 @@ def test_one_width_covers_every_micro_batch_of_a_phase():
               for pair in zip(rows, rows[1:] + rows[:1])}
     widest = max(len(collate("cpt", [a, b], pad_id=0)["cu_seq_lens"]) for a in rows for b in rows)
     assert shapes == {(width,)} and width >= widest
+
+
+def test_left_padded_rows_keep_their_mask_and_right_padded_ones_need_none():
+    # GRPO's rows are left-padded (the prompts): their mask stays; DPO/KTO's are right-padded: causality suffices.
+    from training.losses import token_logps
+
+    model = tiny_lora_model(TINY_CONFIG)
+    ids = torch.randint(3, 260, (2, 10), generator=torch.Generator().manual_seed(2))
+    left = torch.tensor([[0, 0, 0] + [1] * 7, [1] * 10])
+    right = left.flip(-1)
+    labels = ids.masked_fill(left == 0, -100)
+    with torch.no_grad():
+        ours_left, mask = token_logps(model, ids, left, labels)
+        ours_right, _ = token_logps(model, ids, right, ids.masked_fill(right == 0, -100), right_padded=True)
+        model.config._attn_implementation = "sdpa"
+        theirs_left, _ = token_logps(model, ids, left, labels)
+        theirs_right, _ = token_logps(model, ids, right, ids.masked_fill(right == 0, -100), right_padded=True)
+        unmasked, _ = token_logps(model, ids, torch.ones_like(left), labels)
+    torch.testing.assert_close(ours_left, theirs_left, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours_right, theirs_right, rtol=1e-5, atol=1e-5)
+    assert (ours_left[0] - unmasked[0]).abs().max() > 1e-3  # the left padding's mask did matter

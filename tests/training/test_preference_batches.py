@@ -97,8 +97,8 @@ def _phase_records(tmp_path, monkeypatch, bucketed):
     recipe = tiny_recipe(tmp_path, phases=[("dpo", 3), ("kto", 3)], seq_len=256)
     widths = []  # (seq_len the batch was bucketed for or None, its width)
 
-    def collate_spy(kind, items, pad_id, seq_len=None):
-        batch = collate(kind, items, pad_id, seq_len)
+    def collate_spy(kind, items, pad_id, seq_len=None, width=None):
+        batch = collate(kind, items, pad_id, seq_len, width)
         widths.append((seq_len, batch["input_ids"].shape[1]))
         return batch
 
