@@ -13,6 +13,8 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
 
     python bench/train_step.py [--model qwen3.6-35b-a3b] [--layers 48] [--steps 2] [--accum 8]
     python bench/train_step.py --model qwen3.6-35b-a3b --layers 2 --experts 16 --tokens small   (a CPU smoke run)
+    python bench/train_step.py --phase dpo --layers 8 --backends ours [--attention sdpa]   DPO micro-steps (2 pairs,
+        right-padded to 2048), on our attention or transformers' sdpa path
     python bench/train_step.py --packed 600   rows packed from documents of 600 tokens on average, as the trainer
         packs CPT data (each row's samples kept apart), for both backends
     python bench/train_step.py --gpus 4 [--model ...]   ours on 4 ranks of this box (torchrun, FSDP2 + expert
@@ -43,8 +45,8 @@ from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
 from training.rope import restore_original_rope  # noqa: E402
 from training import moe_lora  # noqa: E402
 from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
-from training.data import _pack, boundaries_width, collate  # noqa: E402
-from training.losses import causal_lm_loss  # noqa: E402
+from training.data import _pack, boundaries_width, collate, pad_pairs  # noqa: E402
+from training.losses import causal_lm_loss, dpo_loss  # noqa: E402
 from training.train import (allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
                             parameter_groups)
 
@@ -85,35 +87,42 @@ def build(backend, config, layers, checkpointing):
     return model
 
 
-def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False, packed=None):
+def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False, packed=None,
+            kind="cpt", attention=None):
     model = build(backend, config, layers, checkpointing)
+    if attention:  # the attention implementation to run instead (transformers' "sdpa": the change's own measure)
+        model.config._attn_implementation = attention
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
     optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=DEVICE.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
-    micro = micro_batches(config, accum, batch, seq_len, packed)
+    if kind == "dpo":
+        micro, loss_fn = preference_batches(config, accum, batch, seq_len), dpo_loss
+        phase = {"kind": "dpo", "beta": 0.1}
+    else:
+        micro, loss_fn, phase = micro_batches(config, accum, batch, seq_len, packed), causal_lm_loss, {"kind": "cpt"}
     ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
-    phase = {"kind": "cpt"}
     # As the trainer runs (training/train.py): our experts add the routed LoRA gradients into .grad themselves.
     in_place = moe_lora.grads_accumulated_in_place(model) if backend.startswith("ours") else contextlib.nullcontext()
     with in_place:
         # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture,
         # replays), guard on (it must pass on ours).
-        optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
+        optimizer_step(model, micro, loss_fn, phase, ctx, optimizer, scheduler, groups, 1.0,
                        check_guard=backend.startswith("ours"), graphs=runner)
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         records = []
         for _ in range(steps):
-            records.append(optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups,
+            records.append(optimizer_step(model, micro, loss_fn, phase, ctx, optimizer, scheduler, groups,
                                           1.0, graphs=runner))
-        micro_s = _micro_steps_s(model, micro, phase, ctx, runner)
+        micro_s = _micro_steps_s(model, micro, loss_fn, phase, ctx, runner)
     seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
-    tokens = accum * batch * seq_len
+    # the tokens through the forward: DPO's real ones (not its padding)
+    tokens = sum(int(m["attention_mask"].sum()) for m in micro) if kind == "dpo" else accum * batch * seq_len
     result = {
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
-        "packed_mean_tokens": packed,
+        "phase": kind, "attention": model.config._attn_implementation, "packed_mean_tokens": packed,
         "gradient_checkpointing": checkpointing,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(),
@@ -146,6 +155,30 @@ def micro_batches(config, accum, batch, seq_len, packed=None):
     return [{key: value.to(DEVICE) for key, value in collate("cpt", micro, 0, width=width).items()} for micro in rows]
 
 
+def preference_batches(config, accum, pairs, seq_len):
+    """`accum` DPO micro-batches of `pairs` random (prompt, chosen, rejected) triples, right-padded to seq_len as
+    the trainer pads them when graphs replay (training/data.py pad_pairs; one pair of each micro-batch is long
+    enough for the top bucket, so one graph replays them all), the reference log-probs zero."""
+    gen = torch.Generator().manual_seed(0)
+
+    def tokens(n):
+        return torch.randint(0, config["vocab_size"], (n,), generator=gen).tolist()
+
+    micro = []
+    for _ in range(accum):
+        rows = {"chosen": [], "rejected": []}
+        for i in range(pairs):
+            prompt = int(torch.randint(seq_len // 32, seq_len // 4, (1,), generator=gen))  # 64-511 at 2048
+            low = seq_len * 3 // 4 if i == 0 else seq_len // 32
+            for side in rows:
+                completion = int(torch.randint(low, seq_len - prompt, (1,), generator=gen))
+                rows[side].append((tokens(prompt), tokens(completion)))
+        batch = pad_pairs(rows["chosen"] + rows["rejected"], 0, seq_len)
+        batch["ref_logps"] = torch.zeros(2 * pairs)
+        micro.append({key: value.to(DEVICE) for key, value in batch.items()})
+    return micro
+
+
 def _packed_rows(vocab_size, batch, seq_len, mean, gen):
     documents = []
     while True:
@@ -157,15 +190,14 @@ def _packed_rows(vocab_size, batch, seq_len, mean, gen):
             return rows[:batch]
 
 
-def _micro_steps_s(model, micro, phase, ctx, runner):
+def _micro_steps_s(model, micro, loss_fn, phase, ctx, runner):
     """Seconds for one optimizer step's micro-steps alone (forward, loss, backward), as optimizer_step runs them;
     the gradients they add are zeroed after."""
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     for batch in micro:
-        (runner.run if runner is not None else eager_micro_step)(model, causal_lm_loss, batch, phase, ctx,
-                                                                 1.0 / len(micro))
+        (runner.run if runner is not None else eager_micro_step)(model, loss_fn, batch, phase, ctx, 1.0 / len(micro))
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -333,7 +365,7 @@ def attempt(backend, layers, checkpointing, args):
     graphs = backend == "ours" and DEVICE.type == "cuda"  # "ours:eager": the same, plain eager micro-steps
     try:
         result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
-                         graphs, args.packed)
+                         graphs, args.packed, args.phase, args.attention)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
@@ -402,6 +434,9 @@ def main():
     parser.add_argument("--backends", default="ours,ours:eager,grouped_mm+peft",
                         help="ours (micro-steps in CUDA graphs, as the trainer runs them), ours:eager, grouped_mm+peft")
     parser.add_argument("--profile", type=int, metavar="LAYERS", help="profile one micro-step of ours on LAYERS layers")
+    parser.add_argument("--phase", choices=("cpt", "dpo"), default="cpt",
+                        help="dpo: --batch pairs per micro-batch (chosen and rejected rows), right-padded to --seq-len")
+    parser.add_argument("--attention", choices=("sdpa",), help="run ours on transformers' sdpa attention path instead")
     parser.add_argument("--packed", type=int, metavar="MEAN_TOKENS",
                         help="rows packed from documents of this mean length (default: one document per row)")
     parser.add_argument("--gpus", type=int, default=1, help="ours on this many ranks of the box (started by torchrun)")

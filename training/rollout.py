@@ -20,8 +20,9 @@ What keeps the replays right:
   parameter move to other memory, the graph is made again;
 - only the last position's logits are made: the body's last hidden state through the head (training/head_loss.py),
   never the prompt's full-vocabulary logits.
-Models with other than full-attention layers (DeltaNet, sliding windows) or an attention implementation other than
-sdpa, eager or packed_sdpa, for which this mask is not the one they need, sample through transformers' `generate` instead.
+Models with other than full-attention layers (DeltaNet, sliding windows) or an attention implementation other
+than sdpa, eager or packed_sdpa, for which this mask is not the one they need, sample through transformers'
+`generate` instead.
 """
 
 import inspect
