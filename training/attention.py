@@ -7,9 +7,10 @@ instead of the causal half and reads the mask too: in a captured 30B-A3B micro-s
 slower (bench/NOTES_train_step.md). The rows' shape is known where they are built, so the trainer says it:
 
 - `RowSegments.whole_rows()`: every row is one sample, so SDPA runs with `is_causal` and no mask;
-- `RowSegments(cu_seq_lens)`: the cumulative sample boundaries over the flattened batch (device int32; trailing
-  entries equal to the token count are empty samples, so a padded length can stay fixed for a graph), so the
-  attention runs flash attention's variable-length kernel, causal within each sample.
+- `RowSegments(cu_seq_lens)`: the cumulative sample boundaries over the flattened batch (device int32, made on the
+  host by training/packing.py `cu_seq_lens`; trailing entries equal to the token count are empty samples, so a
+  padded length can stay fixed for a graph), so the attention runs flash attention's variable-length kernel,
+  causal within each sample.
 
 The model's attention implementation becomes "packed_sdpa" (`use_packed_attention`): its mask function gives no
 mask where there is no padding mask and no cache, and its attention function falls back to transformers' own SDPA
@@ -39,21 +40,6 @@ class RowSegments:
     @classmethod
     def whole_rows(cls):
         return cls(None)
-
-
-def cu_seq_lens(position_ids, width=None):
-    """The cumulative sample boundaries over the flattened rows of host position ids (a list of rows), a sample
-    starting wherever a position does not follow the one before (transformers' packed-sequence rule) and at each
-    row's start; padded with the token count to `width` entries (default: the next power of two)."""
-    starts, offset = [], 0
-    for row in position_ids:
-        starts += [offset + i for i, p in enumerate(row) if i == 0 or p != row[i - 1] + 1]
-        offset += len(row)
-    ends = starts + [offset]
-    width = width or 1 << (len(ends) - 1).bit_length()
-    if width < len(ends):
-        raise ValueError(f"{len(ends) - 1} samples do not fit {width - 1} boundaries")
-    return torch.tensor(ends + [offset] * (width - len(ends)), dtype=torch.int32)
 
 
 def _mask(**kwargs):

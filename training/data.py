@@ -17,8 +17,7 @@ import functools
 
 import torch
 
-from training.attention import cu_seq_lens
-from training.packing import row_positions
+from training.packing import cu_seq_lens, row_positions, sample_starts
 from training.records import (IGNORE, ByteTokenizer, encode, load_tokenizer, read_records, render_chat,  # noqa: F401
                               render_prompt)
 
@@ -146,7 +145,7 @@ def boundaries_width(items, batch_size):
     of these rows (the fullest row's sample count times the batch size, since a micro-batch that spans two of the
     data order's permutations may hold a row twice; plus one, to the next power of two): with that width for the
     whole phase, its micro-batches have one shape, so one CUDA graph replays them all."""
-    most = max(1 + sum(b != a + 1 for a, b in zip(it["position_ids"], it["position_ids"][1:])) for it in items)
+    most = max(len(sample_starts(it["position_ids"])) for it in items)
     return 1 << (most * batch_size).bit_length()
 
 

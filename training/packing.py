@@ -18,6 +18,27 @@ def row_positions(lengths):
     return [i for n in lengths for i in range(n)]
 
 
+def sample_starts(row):
+    """Where the samples of one row of host position ids start: at the row's start and wherever a position does not
+    follow the one before (transformers' packed-sequence rule)."""
+    return [i for i, p in enumerate(row) if i == 0 or p != row[i - 1] + 1]
+
+
+def cu_seq_lens(position_ids, width=None):
+    """The cumulative sample boundaries over the flattened rows of host position ids (a list of rows), padded with
+    the token count to `width` entries (default: the next power of two): what the attention keeps samples apart by
+    (training/attention.py RowSegments)."""
+    starts, offset = [], 0
+    for row in position_ids:
+        starts += [offset + i for i in sample_starts(row)]
+        offset += len(row)
+    ends = starts + [offset]
+    width = width or 1 << (len(ends) - 1).bit_length()
+    if width < len(ends):
+        raise ValueError(f"{len(ends) - 1} samples do not fit {width - 1} boundaries")
+    return torch.tensor(ends + [offset] * (width - len(ends)), dtype=torch.int32)
+
+
 def boundaries(position_ids):
     """transformers' packed-sequence arguments for (B, L) position ids: cumulative sample ends over the flattened
     rows (every row starts a sample, so a sample never runs from one row into the next), on the device as

@@ -7,10 +7,11 @@ import torch
 
 from tests.training.tiny_lora import tiny_lora_model
 from training import attention
-from training.attention import RowSegments, cu_seq_lens, use_packed_attention
+from training.attention import RowSegments, use_packed_attention
 from training.data import _pack, boundaries_width, collate, pad_pairs
 from training.examples.tiny import TINY_CONFIG
 from training.losses import causal_lm_loss, dpo_loss
+from training.packing import cu_seq_lens
 
 SEQ_LEN = 24
 
@@ -71,8 +72,12 @@ def test_rows_need_no_mask_unless_padded_or_cached():
     assert attention._mask(**common) is None
     padded = attention._mask(**common, attention_mask=torch.tensor([[1] * 8, [1] * 6 + [0] * 2]).bool())
     assert padded.shape == (2, 1, 8, 8) and not padded[1, 0, 7, 6] and padded[1, 0, 5, 0]
-    cached = attention._mask(**{**common, "q_length": 1})  # one new token against a cache of 8
-    assert cached is None or cached.shape[-1] == 8
+    # one new token against a cache of 8: transformers' own mask, whatever it is
+    from transformers.masking_utils import sdpa_mask
+
+    for cached in ({**common, "q_length": 1}, {**common, "q_length": 4, "q_offset": 4}):
+        ours, theirs = attention._mask(**cached), sdpa_mask(**cached)
+        assert (ours is None) == (theirs is None) and (ours is None or torch.equal(ours, theirs))
 
 
 def test_the_boundaries_cover_each_sample_and_pad_to_a_power_of_two():
