@@ -143,6 +143,10 @@ def main():
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--configs", default="all", help="all: time every candidate config; none: skip")
     parser.add_argument("--variants", default=",".join(v[0] for v in VARIANTS), help="kernel variants to sweep")
+    parser.add_argument("--block", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the products as the block runs them (autotuned) and the factor gradients")
+    parser.add_argument("--candidates", default="",
+                        help="block configs to sweep, 'M,N,K,warps,stages;...' (default: the kernel's own)")
     parser.add_argument("--epilogues", action="store_true", help="sweep the TMA kernel's configs with the epilogues")
     parser.add_argument("--problems", default="", help="comma-separated subset of the four products (default all)")
     parser.add_argument("--swiglu", action="store_true", help="sweep the SwiGLU kernels' configs, LoRA product fused")
@@ -150,6 +154,7 @@ def main():
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     variants = [v for v in VARIANTS if v[0] in args.variants.split(",")]
+    candidates = [tuple(int(v) for v in c.split(",")) for c in args.candidates.split(";") if c] or CANDIDATES
     experts, hidden, inter, top_k = shape["experts"], shape["hidden"], shape["inter"], shape["top_k"]
     dev = DEVICE
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -188,7 +193,7 @@ def main():
     for name, (inp, w, gather, lora) in problems.items():
         flop = 2 * s * w.shape[1] * w.shape[2]
         if args.configs == "all":
-            for cfg in CANDIDATES:
+            for cfg in candidates:
                 row = dict(problem=name, config=list(cfg))
                 for variant, kernel, tma, extra in variants:
                     config = triton.Config(dict(zip(gg._NAMES, cfg[:3]), **extra), num_warps=cfg[3],
@@ -202,7 +207,7 @@ def main():
                 result["configs"].append(row)
                 print(json.dumps(row), flush=True)
         # As the block runs it: autotuned, narrow product and LoRA epilogue included; then the narrow product alone.
-        for tma in (False, True):
+        for tma in (False, True) if args.block else ():
             ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, lora=lora, tma=tma))
             base = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
             narrow = bench(lambda: gg.grouped_gemm(inp, lora[0], groups.counts, rows=gather, tma=False))
@@ -221,7 +226,7 @@ def main():
         "dB2 = xa2^T dy[rows]": lambda: grouped_weight_grad(xa, dy, groups.counts, q_rows=rows,
                                                             row_scale=weights.reshape(-1), out_dtype=torch.float32),
     }
-    for name, fn in grads.items():
+    for name, fn in grads.items() if args.block else ():
         ms = bench(fn)
         result["block"].append(dict(problem=name, ms=round(ms, 4)))
         lines.append(f"{name:20s} {ms:.4f} ms")

@@ -57,6 +57,30 @@ def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora,
         assert got_z is None
 
 
+# Group sizes around one, two and several row blocks of the interpreter's 32 rows (and the H200's 128): no rows,
+# a few, exactly half a block, just over, exactly a block, a few rows over, several blocks and a remainder.
+GROUP_COUNTS = [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 81, 96, 97, 129, 144, 145, 257, 300]
+
+
+@pytest.mark.parametrize("gather, transposed", [(True, False), (False, True)])
+def test_groups_around_block_boundaries_store_every_row_once(gather, transposed):
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.tensor(GROUP_COUNTS, dtype=torch.int32)
+    experts, n, k, rank = len(GROUP_COUNTS), 48, 64, 8
+    m = int(counts.sum())
+    weight = torch.randn(experts, k, n, generator=gen).transpose(1, 2) if transposed else \
+        torch.randn(experts, n, k, generator=gen)
+    tokens = m // 2
+    rows = torch.randint(0, tokens, (m,), generator=gen) if gather else None
+    x = torch.randn(tokens if gather else m, k, generator=gen)
+    lora = (torch.randn(experts, rank, k, generator=gen), torch.randn(experts, n, rank, generator=gen), 0.5)
+    got, _ = grouped_gemm(x, weight, counts, rows=rows, lora=lora, tma=True)
+    xs = x[rows] if gather else x
+    want = torch.cat([xs[a:b] @ weight[e].T + 0.5 * (xs[a:b] @ lora[0][e].T) @ lora[1][e].T
+                      for e, (a, b) in enumerate(zip(counts.cumsum(0) - counts, counts.cumsum(0)))])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("gather", [False, True])
 def test_it_computes_lora_weight_grads_like_the_loop_with_zero_for_empty_experts(routed, gather):
     groups, rows, _, _, gen = routed
