@@ -46,6 +46,7 @@ from training.rope import restore_original_rope  # noqa: E402
 from training import moe_lora  # noqa: E402
 from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
 from training.data import _pack, boundaries_width, collate, pad_pairs  # noqa: E402
+from training.packing import with_host_ends  # noqa: E402
 from training.losses import causal_lm_loss, dpo_loss  # noqa: E402
 from training.train import (allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
                             parameter_groups)
@@ -100,7 +101,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         micro, loss_fn = preference_batches(config, accum, batch, seq_len), dpo_loss
         phase = {"kind": "dpo", "beta": 0.1}
     else:
-        micro, loss_fn, phase = micro_batches(config, accum, batch, seq_len, packed), causal_lm_loss, {"kind": "cpt"}
+        micro, loss_fn, phase = micro_batches(model, config, accum, batch, seq_len, packed), causal_lm_loss, \
+            {"kind": "cpt"}
     ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
     # As the trainer runs (training/train.py): our experts add the routed LoRA gradients into .grad themselves.
     in_place = moe_lora.grads_accumulated_in_place(model) if backend.startswith("ours") else contextlib.nullcontext()
@@ -141,18 +143,19 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     return result
 
 
-def micro_batches(config, accum, batch, seq_len, packed=None):
+def micro_batches(model, config, accum, batch, seq_len, packed=None):
     """`accum` micro-batches of batch x seq_len random tokens: whole rows, or with `packed` (a mean document length)
     documents of random lengths (exponential, 16 to seq_len tokens) packed into rows as the trainer packs CPT data
     (training/data.py: positions restarting per document, their boundaries padded to one width for all, each
-    document's first token no target)."""
+    document's first token no target; their host sample ends where the model's DeltaNet layers take them)."""
     gen = torch.Generator().manual_seed(0)
     if packed is None:
         ids = [torch.randint(0, config["vocab_size"], (batch, seq_len), generator=gen) for _ in range(accum)]
         return [{"input_ids": x.to(DEVICE), "labels": x.to(DEVICE)} for x in ids]
     rows = [_packed_rows(config["vocab_size"], batch, seq_len, packed, gen) for _ in range(accum)]
     width = boundaries_width([row for micro in rows for row in micro], batch)
-    return [{key: value.to(DEVICE) for key, value in collate("cpt", micro, 0, width=width).items()} for micro in rows]
+    host = [with_host_ends(model, collate("cpt", micro, 0, width=width)) for micro in rows]
+    return [{key: value.to(DEVICE) if torch.is_tensor(value) else value for key, value in b.items()} for b in host]
 
 
 def preference_batches(config, accum, pairs, seq_len):

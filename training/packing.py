@@ -3,8 +3,9 @@
 Each sample's positions restart at 0 (`position_ids`), from which transformers builds a block-diagonal causal mask
 for the attention layers (with no attention mask and no cache); the DeltaNet layers of a hybrid family also get the
 sample boundaries over the batch flattened into one stream (`cu_seq_lens_q`, transformers' name for them, and
-`sample_ends`, the same on the host; see training/linear_attention.py). Finding the boundaries reads the positions
-on the host once per forward, so only families with linear attention pay for it.
+`sample_ends`, the same on the host; see training/linear_attention.py). The trainer finds them on the host, where
+the positions are made (`with_host_ends`), so the forward reads nothing back from the device; a caller's own
+positions are read once per forward, and only for families with linear attention.
 """
 
 import torch
@@ -24,31 +25,42 @@ def sample_starts(row):
     return [i for i, p in enumerate(row) if i == 0 or p != row[i - 1] + 1]
 
 
-def cu_seq_lens(position_ids, width=None):
-    """The cumulative sample boundaries over the flattened rows of host position ids (a list of rows), padded with
-    the token count to `width` entries (default: the next power of two): what the attention keeps samples apart by
-    (training/attention.py RowSegments)."""
+def sample_ends(position_ids):
+    """The cumulative sample boundaries over the flattened rows of host position ids (a list of rows): 0, the end of
+    each sample, ..., the token count."""
     starts, offset = [], 0
     for row in position_ids:
         starts += [offset + i for i in sample_starts(row)]
         offset += len(row)
-    ends = starts + [offset]
+    return starts + [offset]
+
+
+def cu_seq_lens(position_ids, width=None):
+    """`sample_ends` as an int32 tensor padded with the token count to `width` entries (default: the next power of
+    two): what the attention keeps samples apart by (training/attention.py RowSegments)."""
+    ends = sample_ends(position_ids)
+    offset = ends[-1]
     width = width or 1 << (len(ends) - 1).bit_length()
     if width < len(ends):
         raise ValueError(f"{len(ends) - 1} samples do not fit {width - 1} boundaries")
     return torch.tensor(ends + [offset] * (width - len(ends)), dtype=torch.int32)
 
 
-def boundaries(position_ids):
+def boundaries(position_ids, ends=None, device_ends=None):
     """transformers' packed-sequence arguments for (B, L) position ids: cumulative sample ends over the flattened
     rows (every row starts a sample, so a sample never runs from one row into the next), on the device as
-    `cu_seq_lens_q`/`_k` and on the host as `sample_ends`. The positions are read on the host once here, so no
-    DeltaNet layer has to read the device again."""
-    flat = position_ids.reshape(-1).cpu()
-    starts = torch.nonzero(flat == 0).flatten().tolist()
-    ends = tuple((starts if starts and starts[0] == 0 else [0, *starts]) + [flat.numel()])
+    `cu_seq_lens_q`/`_k` and on the host as `sample_ends`. Given the ends as the batch carries them (`ends` on the
+    host, `device_ends` their padded device copy) nothing is read from the device; else the positions are read on
+    the host once here, so no DeltaNet layer has to read the device again."""
+    if ends is None:
+        ends = sample_ends(position_ids.cpu().tolist())
+        device_ends = None
+    ends = tuple(ends)
     longest = max(end - start for start, end in zip(ends[:-1], ends[1:]))
-    device_ends = torch.tensor(ends, dtype=torch.int32).to(position_ids.device, non_blocking=True)
+    if device_ends is None:
+        device_ends = torch.tensor(ends, dtype=torch.int32).to(position_ids.device, non_blocking=True)
+    else:  # the padding after the last sample: FLA and transformers take the exact boundaries
+        device_ends = device_ends[: len(ends)]
     return {"cu_seq_lens_q": device_ends, "cu_seq_lens_k": device_ends, "max_length_q": longest,
             "max_length_k": longest, "sample_ends": ends}
 
@@ -56,6 +68,14 @@ def boundaries(position_ids):
 def needs_boundaries(model) -> bool:
     family = families.find_family(getattr(model, "config", None))
     return family is not None and family.linear_attention
+
+
+def with_host_ends(model, batch):
+    """The host micro-batch, with its packed rows' `sample_ends` where the model's layers need them on the host (the
+    families with linear attention; the others' batches stay all tensors, as CUDA graphs take them)."""
+    if "position_ids" in batch and needs_boundaries(model):
+        batch["sample_ends"] = tuple(sample_ends(batch["position_ids"].tolist()))
+    return batch
 
 
 def model_inputs(model, batch):
@@ -68,7 +88,7 @@ def model_inputs(model, batch):
     if position_ids is not None:
         inputs["position_ids"] = position_ids
         if needs_boundaries(model):
-            inputs.update(boundaries(position_ids))
+            inputs.update(boundaries(position_ids, batch.get("sample_ends"), batch.get("cu_seq_lens")))
     if uses_packed_attention(model):  # what the rows are, so that the attention needs no mask (training/attention.py)
         if "cu_seq_lens" in batch:
             inputs[ROWS_KEY] = RowSegments(batch["cu_seq_lens"])

@@ -29,6 +29,7 @@ from training.graphs import MicroStepGraphs, eager_micro_step
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
 from training.losses import LOSSES, sequence_logps
 from training.metrics import open_sinks
+from training.packing import with_host_ends
 from training.recipe import RecipeError, load_recipe
 
 _log = logging.getLogger("training")
@@ -284,7 +285,8 @@ def run_phase(recipe, phase_index, model, tokenizer, groups, uploader, sinks, de
             if ranks is not None:
                 index = ranks.rank_slice(index)
             position += 1
-            batch = collate(kind, [items[i] for i in index], tokenizer.pad_token_id, bucket_seq_len, width)
+            batch = with_host_ends(model, collate(kind, [items[i] for i in index], tokenizer.pad_token_id,
+                                                  bucket_seq_len, width))
             if kind == "dpo":
                 batch["ref_logps"] = torch.cat([reference[index, 0], reference[index, 1]])
             elif kind == "kto":

@@ -17,7 +17,7 @@ from training import linear_attention
 from training.data import IGNORE, _pack, collate
 from training.examples.tiny import TINY_CONFIG, TINY_QWEN3_5_CONFIG
 from training.losses import causal_lm_loss
-from training.packing import boundaries, model_inputs
+from training.packing import boundaries, model_inputs, with_host_ends
 
 SEQ_LEN = 24
 
@@ -151,6 +151,22 @@ def test_the_boundaries_cover_every_row_and_are_on_the_host_and_the_device():
     assert found["sample_ends"] == (0, 3, 5, 7, 10)
     assert found["cu_seq_lens_q"].tolist() == [0, 3, 5, 7, 10] and found["cu_seq_lens_q"].dtype == torch.int32
     assert found["max_length_q"] == found["max_length_k"] == 3
+
+
+def test_the_trainers_packed_batches_give_the_deltanet_layers_their_boundaries_without_reading_the_device():
+    samples = _samples()
+    rows = _pack([(ids, list(ids)) for ids in samples], SEQ_LEN, pad_id=0)[:2]
+    model = _model(TINY_QWEN3_5_CONFIG)
+    batch = with_host_ends(model, collate("cpt", rows, pad_id=0))
+    assert batch["sample_ends"] == boundaries(batch["position_ids"])["sample_ends"]
+    # A meta tensor holds no values: reading one back on the host would raise.
+    on_meta = {key: value.to("meta") if torch.is_tensor(value) else value for key, value in batch.items()}
+    inputs = model_inputs(model, on_meta)
+    assert inputs["sample_ends"] == batch["sample_ends"]
+    assert inputs["cu_seq_lens_q"].shape == (len(batch["sample_ends"]),)  # exact: the padding is cut off
+    assert inputs["max_length_q"] == max(b - a for a, b in zip(batch["sample_ends"], batch["sample_ends"][1:]))
+    # Families without linear attention keep all-tensor batches, which CUDA graphs take.
+    assert "sample_ends" not in with_host_ends(_model(TINY_CONFIG), collate("cpt", rows, pad_id=0))
 
 
 def test_the_packed_loss_is_the_token_mean_of_the_samples_losses_alone():
