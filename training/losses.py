@@ -24,20 +24,36 @@ from training.packing import model_inputs
 from training.rollout import sample
 
 
-def token_logps(model, input_ids, attention_mask, labels, right_padded=False):
-    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss). right_padded: every row's
+def token_logps(model, input_ids, attention_mask, labels, padding=None):
+    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss). padding "right": every row's
     padding comes after its tokens, so causality alone keeps it from them, and a model on packed_sdpa
-    (training/attention.py) runs the rows as whole ones, with no mask: the same for every token in the loss."""
-    batch = {"input_ids": input_ids}
-    if not (right_padded and uses_packed_attention(model)):
-        batch["attention_mask"] = attention_mask
+    (training/attention.py) runs the rows as whole ones, with no mask: the same for every token in the loss.
+    padding "left" (GRPO's prompts): on packed_sdpa each row is first turned so that its tokens start at column 0
+    (`left_aligned`), and runs the same way; the columns of what comes back are then those of the turned rows (the
+    losses take per-row sums). RoPE sees only the distances between positions, so moving a whole row changes no
+    attention score. Else (None) the mask goes to the model as it is."""
+    if padding is not None and uses_packed_attention(model):
+        if padding == "left":
+            input_ids, attention_mask, labels = left_aligned(attention_mask, input_ids, attention_mask, labels)
+        batch = {"input_ids": input_ids}
+    else:
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
     losses, mask = next_token_losses(model, model_inputs(model, batch), labels)
     return -losses * mask, mask
 
 
+def left_aligned(attention_mask, *rows):
+    """Each of `rows` (B, L) with every row turned left by its count of leading zeros in `attention_mask`: the
+    leading padding moves to the end of the row, on the device, with no host sync."""
+    length = attention_mask.shape[1]
+    leading = (attention_mask == 0).cumprod(-1).sum(-1, keepdim=True)
+    columns = (torch.arange(length, device=attention_mask.device) + leading) % length
+    return tuple(row.gather(1, columns) for row in rows)
+
+
 def sequence_logps(model, batch):
     """Summed log-probs of the labels of DPO/KTO rows (right-padded: training/data.py pad_pairs)."""
-    logps, _ = token_logps(model, batch["input_ids"], batch["attention_mask"], batch["labels"], right_padded=True)
+    logps, _ = token_logps(model, batch["input_ids"], batch["attention_mask"], batch["labels"], padding="right")
     return logps.sum(-1)
 
 
@@ -100,7 +116,7 @@ def grpo_loss(model, batch, phase, ctx):
     input_ids = torch.cat([prompt_ids, completions], dim=1)
     attention_mask = torch.cat([prompt_mask, keep.long()], dim=1)
     labels = torch.cat([torch.full_like(prompt_ids, IGNORE), completions.masked_fill(~keep, IGNORE)], dim=1)
-    logps, mask = token_logps(model, input_ids, attention_mask, labels)
+    logps, mask = token_logps(model, input_ids, attention_mask, labels, padding="left")  # prompts left-padded
     ratio = torch.exp(logps - logps.detach())  # 1 in value; its gradient is that of log pi
     advantages = advantages.to(logps.device).unsqueeze(-1)
     loss = -(ratio * advantages * mask).sum() / mask.sum().clamp(min=1)

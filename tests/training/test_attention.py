@@ -145,22 +145,38 @@ def test_one_width_covers_every_micro_batch_of_a_phase():
     assert shapes == {(width,)} and width >= widest
 
 
-def test_left_padded_rows_keep_their_mask_and_right_padded_ones_need_none():
-    # GRPO's rows are left-padded (the prompts): their mask stays; DPO/KTO's are right-padded: causality suffices.
+def test_padded_rows_score_without_a_mask_as_with_it():
+    # DPO/KTO's rows are right-padded: causality suffices. GRPO's are left-padded (the prompts): turned so that
+    # their tokens start the row, they need no mask either. Same per-row log-probs and gradients as transformers'
+    # masked sdpa.
     from training.losses import token_logps
 
     model = tiny_lora_model(TINY_CONFIG)
-    ids = torch.randint(3, 260, (2, 10), generator=torch.Generator().manual_seed(2))
-    left = torch.tensor([[0, 0, 0] + [1] * 7, [1] * 10])
-    right = left.flip(-1)
-    labels = ids.masked_fill(left == 0, -100)
+    lora = [p for name, p in model.named_parameters() if p.requires_grad]
     with torch.no_grad():
-        ours_left, mask = token_logps(model, ids, left, labels)
-        ours_right, _ = token_logps(model, ids, right, ids.masked_fill(right == 0, -100), right_padded=True)
-        model.config._attn_implementation = "sdpa"
-        theirs_left, _ = token_logps(model, ids, left, labels)
-        theirs_right, _ = token_logps(model, ids, right, ids.masked_fill(right == 0, -100), right_padded=True)
-        unmasked, _ = token_logps(model, ids, torch.ones_like(left), labels)
-    torch.testing.assert_close(ours_left, theirs_left, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours_right, theirs_right, rtol=1e-5, atol=1e-5)
-    assert (ours_left[0] - unmasked[0]).abs().max() > 1e-3  # the left padding's mask did matter
+        for p in lora:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
+    ids = torch.randint(3, 260, (3, 10), generator=torch.Generator().manual_seed(2))
+    left = torch.tensor([[0, 0, 0] + [1] * 7, [1] * 10, [0] * 5 + [1] * 4 + [0]])  # the last: a completion ended
+    right = torch.tensor([[1] * 7 + [0] * 3, [1] * 10, [1] * 4 + [0] * 6])
+    weights = torch.tensor([[1.0], [-2.0], [0.5]])
+
+    def scored(mask, padding):
+        # Each row's first token is no label (a prompt's never is: what would predict it is padding, or nothing).
+        labels = ids.masked_fill((mask == 0) | (mask.cumsum(-1) == 1), -100)
+        model.zero_grad()
+        logps, tokens = token_logps(model, ids, mask, labels, padding=padding)
+        (logps * weights).sum().backward()
+        return logps.sum(-1).detach(), tokens.sum(-1), [p.grad.clone() for p in lora]
+
+    ours = {padding: scored(mask, padding) for padding, mask in (("left", left), ("right", right))}
+    model.config._attn_implementation = "sdpa"
+    theirs = {padding: scored(mask, padding) for padding, mask in (("left", left), ("right", right))}
+    unmasked, _, _ = scored(torch.ones_like(left), None)
+    for padding in ("left", "right"):
+        (got, got_tokens, got_grads), (want, want_tokens, want_grads) = ours[padding], theirs[padding]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got_tokens, want_tokens)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert (theirs["left"][0][0] - unmasked[0]).abs() > 1e-3  # the left padding's mask did matter there
