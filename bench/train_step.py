@@ -48,7 +48,7 @@ from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
 from training.data import _pack, boundaries_width, collate, pad_pairs  # noqa: E402
 from training.packing import with_host_ends  # noqa: E402
 from training.losses import causal_lm_loss, dpo_loss  # noqa: E402
-from training.train import (allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
+from training.train import (_to_device, allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
                             parameter_groups)
 
 MODELS = {
@@ -154,8 +154,7 @@ def micro_batches(model, config, accum, batch, seq_len, packed=None):
         return [{"input_ids": x.to(DEVICE), "labels": x.to(DEVICE)} for x in ids]
     rows = [_packed_rows(config["vocab_size"], batch, seq_len, packed, gen) for _ in range(accum)]
     width = boundaries_width([row for micro in rows for row in micro], batch)
-    host = [with_host_ends(model, collate("cpt", micro, 0, width=width)) for micro in rows]
-    return [{key: value.to(DEVICE) if torch.is_tensor(value) else value for key, value in b.items()} for b in host]
+    return [_to_device(with_host_ends(model, collate("cpt", micro, 0, width=width)), DEVICE) for micro in rows]
 
 
 def preference_batches(config, accum, pairs, seq_len):
@@ -178,7 +177,7 @@ def preference_batches(config, accum, pairs, seq_len):
                 rows[side].append((tokens(prompt), tokens(completion)))
         batch = pad_pairs(rows["chosen"] + rows["rejected"], 0, seq_len)
         batch["ref_logps"] = torch.zeros(2 * pairs)
-        micro.append({key: value.to(DEVICE) for key, value in batch.items()})
+        micro.append(_to_device(batch, DEVICE))
     return micro
 
 

@@ -34,7 +34,7 @@ def token_logps(model, input_ids, attention_mask, labels, padding=None):
     attention score. Else (None) the mask goes to the model as it is."""
     if padding is not None and uses_packed_attention(model):
         if padding == "left":
-            input_ids, attention_mask, labels = left_aligned(attention_mask, input_ids, attention_mask, labels)
+            input_ids, labels = left_aligned(attention_mask, input_ids, labels)
         batch = {"input_ids": input_ids}
     else:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}

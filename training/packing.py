@@ -50,17 +50,14 @@ def boundaries(position_ids, ends=None, device_ends=None):
     """transformers' packed-sequence arguments for (B, L) position ids: cumulative sample ends over the flattened
     rows (every row starts a sample, so a sample never runs from one row into the next), on the device as
     `cu_seq_lens_q`/`_k` and on the host as `sample_ends`. Given the ends as the batch carries them (`ends` on the
-    host, `device_ends` their padded device copy) nothing is read from the device; else the positions are read on
-    the host once here, so no DeltaNet layer has to read the device again."""
+    host, `device_ends` their padded device copy: `with_host_ends`) nothing is read from the device; else the
+    positions are read on the host once here, so no DeltaNet layer has to read the device again."""
     if ends is None:
-        ends = sample_ends(position_ids.cpu().tolist())
-        device_ends = None
-    ends = tuple(ends)
-    longest = max(end - start for start, end in zip(ends[:-1], ends[1:]))
-    if device_ends is None:
+        ends = tuple(sample_ends(position_ids.cpu().tolist()))
         device_ends = torch.tensor(ends, dtype=torch.int32).to(position_ids.device, non_blocking=True)
-    else:  # the padding after the last sample: FLA and transformers take the exact boundaries
+    else:  # without the padding after the last sample: FLA and transformers take the exact boundaries
         device_ends = device_ends[: len(ends)]
+    longest = max(end - start for start, end in zip(ends[:-1], ends[1:]))
     return {"cu_seq_lens_q": device_ends, "cu_seq_lens_k": device_ends, "max_length_q": longest,
             "max_length_k": longest, "sample_ends": ends}
 
@@ -72,9 +69,10 @@ def needs_boundaries(model) -> bool:
 
 def with_host_ends(model, batch):
     """The host micro-batch, with its packed rows' `sample_ends` where the model's layers need them on the host (the
-    families with linear attention; the others' batches stay all tensors, as CUDA graphs take them)."""
-    if "position_ids" in batch and needs_boundaries(model):
-        batch["sample_ends"] = tuple(sample_ends(batch["position_ids"].tolist()))
+    families with linear attention; the others' batches stay all tensors, as CUDA graphs take them): its
+    `cu_seq_lens` without the padding (the ends rise until the token count, which the padding repeats)."""
+    if "cu_seq_lens" in batch and needs_boundaries(model):
+        batch["sample_ends"] = tuple(torch.unique_consecutive(batch["cu_seq_lens"]).tolist())
     return batch
 
 
