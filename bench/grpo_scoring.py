@@ -7,7 +7,8 @@ relative difference of the LoRA gradients (all of them as one vector), and each 
 --repeats after one warm-up); then, the model cast to float32 (masked sdpa), each bf16 path's distance from that
 reference, which says whether a difference between the two is more than bf16's own. Random bf16 weights of the
 30B shape (bench/train_step.py's model), rows of --length tokens whose first 0-299 are padding and, on every other
-row, whose last 0-199 are (completions that ended); the first 64 real tokens of a row are its prompt (no labels). Last line: one JSON object.
+row, whose last 0-199 are (completions that ended); the first 64 real tokens of a row are its prompt (no labels).
+Last line: one JSON object.
 
     python bench/grpo_scoring.py [--layers 4] [--rows 8] [--length 1024]
     python bench/grpo_scoring.py --layers 1 --experts 8 --rows 2 --length 256   (a CPU smoke run)
