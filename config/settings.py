@@ -290,6 +290,8 @@ REAPER_PROBE_FAILURES = env_int("REAPER_PROBE_FAILURES", 3, minimum=1)
 REAPER_GPU_UNRESPONSIVE_MIN = env_float("REAPER_GPU_UNRESPONSIVE_MIN", 5.0, minimum=1)
 REAPER_NO_PROGRESS_MIN = env_float("REAPER_NO_PROGRESS_MIN", 30.0, minimum=1)
 SPEND_CAP_USD_PER_HOUR = env_decimal("SPEND_CAP_USD_PER_HOUR", Decimal("12"))  # 0 turns the cap off
+# A machine of ours whose price the provider does not give (adopted by its label) is counted at this until it does.
+UNKNOWN_PRICE_USD_PER_HOUR = env_decimal("UNKNOWN_PRICE_USD_PER_HOUR", Decimal("8"))
 CELERY_BEAT_SCHEDULE.update({"reap-instances": {"task": "fleet.tasks.reap_instances", "schedule": float(REAPER_SECONDS)}})
 
 # Webhook alerts

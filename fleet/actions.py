@@ -26,7 +26,7 @@ from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
 from fleet.offers.ranked import rank_stored_offers, rent_settings
 from fleet.providers.registry import get_provider
-from fleet.providers.errors import OutcomeUnknown, ProviderError
+from fleet.providers.errors import InstanceNotFound, OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
 from fleet.ranking import OfferFilters, Recipe, best_offer
 from fleet.ranking.price import per_hour, rental_price
@@ -155,14 +155,34 @@ def _rent_settled(instance: Instance, now: datetime) -> bool:
     return now - instance.rent_attempted_at >= timedelta(seconds=settings.RENT_OUTCOME_GRACE_S)
 
 
+class KeepRefused(ValueError):
+    """The machine can no longer be kept: the provider was already asked to destroy it, or it is gone."""
+
+
 def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: datetime | None = None) -> Instance:
+    """Keeps the machine until now + hours. One the product decided to destroy but has not yet asked the provider to
+    (a reaper's or a wind-up's destroy still queued) goes back to running: the keep wins, and the queued destroy
+    then finds it kept. Once a destroy was sent there is nothing left to keep (KeepRefused)."""
     now = now or timezone.now()
     hours = min(float(hours), settings.MAX_KEEP_FOR_DEBUG_HOURS)
-    instance.keep_until = now + timedelta(hours=hours)
-    instance.save(update_fields=["keep_until"])
     who = by.get_username() if by else "the product"
-    record_event(instance, "kept", f"{who} keeps it for debugging until {instance.keep_until:%Y-%m-%d %H:%M} UTC "
-                                   "(destroyed then if it has failed)", now)
+    with transaction.atomic():
+        row = Instance.objects.select_for_update().get(pk=instance.pk)
+        if row.state in (State.DESTROYED, State.FAILED) or (
+                row.state == State.STOPPING and (row.destroy_attempts or row.provider_instance_id is None)):
+            raise KeepRefused(f"{row.label} cannot be kept: it is {row.state} (destroy already sent or no machine).")
+        row.keep_until = now + timedelta(hours=hours)
+        fields = ["keep_until"]
+        if row.state == State.STOPPING:
+            record_event(row, "destroy-withdrawn", f"{who} keeps it: the destroy not yet sent ({row.destroy_reason}) "
+                                                   "is withdrawn.", now)
+            row.state = State.RUNNING if row.running_at else State.PROVISIONING
+            row.destroy_requested_at, row.destroy_reason = None, ""
+            fields += ["state", "destroy_requested_at", "destroy_reason"]
+        row.save(update_fields=fields)
+        record_event(row, "kept", f"{who} keeps it for debugging until {row.keep_until:%Y-%m-%d %H:%M} UTC "
+                                  "(destroyed then if it has failed)", now)
+    instance.refresh_from_db()
     return instance
 
 
@@ -257,6 +277,11 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
 
     for instance in Instance.objects.filter(provider=provider_name, state__in=Instance.LIVE_STATES):
         record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
+        if record is None and instance.provider_instance_id is not None and getattr(records, "unreadable", 0):
+            # The list held machines it could not name: this one may be among them, so ask for it alone.
+            record = _look_up(provider_name, instance, now)
+            if record is _UNKNOWN:
+                continue
         if record is not None:
             _apply(instance, record, now, report)
         elif instance.provider_instance_id is not None:
@@ -275,6 +300,21 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
     return report
 
 
+_UNKNOWN = object()
+
+
+def _look_up(provider_name: str, instance: Instance, now: datetime):
+    """The provider's record of one machine, None when it has none, or _UNKNOWN when it cannot say."""
+    try:
+        with get_provider(provider_name) as provider:
+            return provider.get_instance(instance.provider_instance_id)
+    except InstanceNotFound:
+        return None
+    except ProviderError as exc:
+        log.warning("%s: not in the list and its own lookup failed (%s); left for the next sync", instance.label, exc)
+        return _UNKNOWN
+
+
 def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: SyncReport) -> None:
     pk = pk_from_label(record.label)
     row = Instance.objects.filter(pk=pk, provider=provider_name, provider_instance_id__isnull=True).first()
@@ -283,14 +323,19 @@ def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: Sy
                                                   f"{record.instance_id} after the rent call's outcome was lost.")
         report.adopted.append(row.label)
         return
+    # A price the provider does not give is not taken as free: the spend cap counts the box at a ceiling until a
+    # sync reads its price (the first one read then bills from the start, ledger.reprice_from_start).
+    price = record.usd_per_hour if record.usd_per_hour is not None else settings.UNKNOWN_PRICE_USD_PER_HOUR
     adopted = Instance.objects.create(
         provider=provider_name, provider_instance_id=record.instance_id, idempotency_key=f"adopted-{provider_name}-"
         f"{record.instance_id}", label=record.label, state=State.PROVISIONING, purpose="adopted", offer_id="",
         gpu_name=record.gpu_name, num_gpus=record.num_gpus or 1, image="", disk_gb=0, is_bid=record.is_bid,
-        usd_per_hour=record.usd_per_hour, requested_at=now)
-    ledger.bill(adopted, record.usd_per_hour, record.started_at or now)
+        usd_per_hour=price, requested_at=now)
+    ledger.bill(adopted, price, record.started_at or now)
     message = (f"{provider_name} instance {record.instance_id} carries our label {record.label} but no row knew it: "
                "adopted, so it is reaped like any other.")
+    if record.usd_per_hour is None:
+        message += f" Its price is unknown: counted at {per_hour(price)} until the provider gives one."
     record_event(adopted, "adopted", message, now)
     raise_alert(Alert.Kind.INSTANCE_ADOPTED, message, instance=adopted, now=now)
     report.adopted.append(record.label)
@@ -302,7 +347,7 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
                    gpu_util_percent=record.gpu_util_percent,
                    public_ip=record.public_ip, ports=record.ports, ssh_host=record.ssh_host, ssh_port=record.ssh_port,
                    started_at=record.started_at, last_synced_at=now)
-    if record.usd_per_hour > 0:
+    if record.usd_per_hour is not None and record.usd_per_hour > 0:
         changes["usd_per_hour"] = record.usd_per_hour
         if instance.last_synced_at is None:
             ledger.reprice_from_start(instance, record.usd_per_hour)

@@ -105,9 +105,12 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
         if missing:
             # Green without its adapters would be a lie, and the box's disk may be the only copy left: keep it.
             hours = min(settings.RUN_KEEP_BOX_ON_LOST_OUTPUTS_H, settings.MAX_KEEP_FOR_DEBUG_HOURS)
-            actions.keep_for_debugging(attempt.instance, hours, now=now)
-            return events.record(run, "outputs_lost", f"The trainer finished, but {'; '.join(missing)}. Its box "
-                                                      f"is kept for {hours:g} h so that its disk can be read.",
+            try:
+                actions.keep_for_debugging(attempt.instance, hours, now=now)
+                box = f"Its box is kept for {hours:g} h so that its disk can be read."
+            except actions.KeepRefused as exc:  # already being destroyed: nothing left to keep
+                box = str(exc)
+            return events.record(run, "outputs_lost", f"The trainer finished, but {'; '.join(missing)}. {box}",
                                  now=now)[1]
     return events.record(run, kind, message, now=now)[1]
 

@@ -163,6 +163,10 @@ def keep_for_debugging(request, pk):
     if not 0 < hours <= settings.MAX_KEEP_FOR_DEBUG_HOURS:
         messages.error(request, f"Keep it for 0 to {settings.MAX_KEEP_FOR_DEBUG_HOURS} hours.")
     else:
-        actions.keep_for_debugging(instance, hours, by=request.user)
-        messages.success(request, f"{instance.label} is kept until {instance.keep_until:%H:%M} UTC.")
+        try:
+            actions.keep_for_debugging(instance, hours, by=request.user)
+        except actions.KeepRefused as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"{instance.label} is kept until {instance.keep_until:%H:%M} UTC.")
     return redirect("instance_detail", pk=pk)

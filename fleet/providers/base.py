@@ -1,8 +1,12 @@
 """The interface every marketplace client implements; code past the client sees only records and errors."""
 
+import logging
 from typing import Protocol
 
+from .errors import MalformedResponse
 from .records import ChargeRecord, InstanceRecord, RentRequest
+
+log = logging.getLogger(__name__)
 
 
 class OfferSearch(list):
@@ -13,6 +17,31 @@ class OfferSearch(list):
         self.skipped: list[str] = list(skipped)
 
 
+class InstanceList(list):
+    """A provider's list of our machines. `unreadable` counts the entries it listed whose id could not be read: with
+    any, the list does not prove that a machine missing from it is gone."""
+
+    def __init__(self, records=(), unreadable: int = 0):
+        super().__init__(records)
+        self.unreadable = unreadable
+
+
+def instance_list(raw_entries: list, parse, provider: str) -> InstanceList:
+    """Each listed machine through `parse`; one that cannot be read is logged and counted, and stops nothing."""
+    records, unreadable = [], 0
+    for raw in raw_entries:
+        try:
+            record = parse(raw)
+        except MalformedResponse as exc:
+            log.warning("%s listed a machine the sync cannot follow: %s", provider, exc)
+            unreadable += 1
+            continue
+        if record.problems:
+            log.warning("%s instance %s: %s", provider, record.instance_id, "; ".join(record.problems))
+        records.append(record)
+    return InstanceList(records, unreadable)
+
+
 class Provider(Protocol):
     name: str
 
@@ -20,7 +49,7 @@ class Provider(Protocol):
 
     def rent(self, request: RentRequest) -> str: ...
 
-    def list_instances(self) -> list[InstanceRecord]: ...
+    def list_instances(self) -> InstanceList: ...
 
     def get_instance(self, instance_id: str) -> InstanceRecord: ...
 

@@ -34,3 +34,8 @@ class InstanceNotFound(ProviderError):
 class OutcomeUnknown(ProviderError):
     """A call that changes state (a rent) may or may not have happened: it timed out or got a 5xx after being
     sent. Retrying could rent twice; the caller must reconcile by label instead."""
+
+
+class RentAnswerUnreadable(OutcomeUnknown, MalformedResponse):
+    """The rent reached the marketplace and was accepted, but its answer names no machine: it may have rented, so
+    reconcile by label (it is an OutcomeUnknown) and the answer broke the API's contract (a MalformedResponse)."""

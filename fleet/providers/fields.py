@@ -187,6 +187,25 @@ def identifier(raw: dict, key: str) -> str:
     return "" if number_ is None else str(number_)
 
 
+def soft(raw: dict, problems: list[str], reader, key: str, fallback, **options):
+    """The field through `reader`, or `fallback` with the reason added to `problems`: for a record that must be
+    kept whatever one field holds (a machine we pay for is tracked even if its listing has an odd price)."""
+    try:
+        return reader(raw, key, **options)
+    except BadField as exc:
+        problems.append(str(exc))
+        return fallback
+
+
+def loose_text(value, limit: int = 2000) -> str:
+    """Text for display from whatever a marketplace sent: non-strings as "", the characters no column can hold (and
+    other control characters but newlines and tabs) as spaces, cut to `limit` characters."""
+    if not isinstance(value, str):
+        return ""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) not in _REFUSED_CATEGORIES else " "
+                   for c in value[:limit]).strip()
+
+
 def one_of(raw: dict, keys: tuple[str, ...], reader, **options):
     """The first of `keys` the listing gives (not null), read by `reader`; the last key's default otherwise."""
     for key in keys[:-1]:

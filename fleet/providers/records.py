@@ -56,13 +56,14 @@ class InstanceRecord:
     gpu_name: str
     num_gpus: int
     machine_id: str
-    usd_per_hour: Decimal
+    usd_per_hour: Decimal | None  # None: the provider gave no price we could read (never taken as free)
     gpu_util_percent: float | None
     public_ip: str
     ports: dict[str, int]  # container port -> public port, e.g. {"8000/tcp": 41234}
     ssh_host: str
     ssh_port: int | None
     started_at: datetime | None
+    problems: tuple[str, ...] = ()  # fields of the listing that could not be read, left at their unknown values
 
     @property
     def failed_to_start(self) -> bool:

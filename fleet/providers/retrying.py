@@ -4,6 +4,7 @@ key, and never a retry of a call that may have rented something."""
 
 import email.utils
 import logging
+import math
 import random
 import time
 from datetime import UTC, datetime
@@ -73,9 +74,12 @@ class RetryingClient:
             if status >= 500:
                 if not idempotent:
                     raise OutcomeUnknown(f"{what}: HTTP {status} after sending; it may have happened.")
+                wait_s = retry_after_s(response) or self._backoff(attempt)
                 if last_attempt:
                     raise ProviderUnavailable(f"{what}: HTTP {status} after {attempt + 1} tries.")
-                self._sleep(retry_after_s(response) or self._backoff(attempt))
+                if wait_s > self.max_wait_s:  # a worker must not sleep for however long an answer asks
+                    raise ProviderUnavailable(f"{what}: HTTP {status}, asked to retry in {wait_s:.0f} s.")
+                self._sleep(wait_s)
                 continue
             return response
         raise AssertionError("unreachable")
@@ -86,16 +90,21 @@ class RetryingClient:
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
-    """Retry-After in seconds, given as seconds or as an HTTP date; None when absent or unreadable."""
+    """Retry-After in seconds, given as seconds or as an HTTP date (a date without a zone read as UTC); None when
+    absent or unreadable (text, NaN, an infinity, a date no calendar holds)."""
     value = response.headers.get("Retry-After")
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
+    if when.tzinfo is None:  # "-0000" in RFC 2822 means UTC with no claim about local time
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -27,14 +27,14 @@ from decimal import Decimal
 import httpx
 
 from . import fields
-from .base import HttpProvider, OfferSearch
+from .base import HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (
     AuthenticationFailed,
     InstanceNotFound,
     MalformedResponse,
     OfferUnavailable,
-    OutcomeUnknown,
     ProviderError,
+    RentAnswerUnreadable,
 )
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
@@ -95,11 +95,6 @@ _TERMINATE_MUTATION = "mutation Terminate($podId: String!) { podTerminate(input:
 
 class QueryRefused(ProviderError):
     """RunPod answered the GraphQL call with an error that is neither about the key nor about capacity."""
-
-
-class RentAnswerUnreadable(OutcomeUnknown, MalformedResponse):
-    """The rent mutation reached RunPod but its answer carries no pod id: it may have rented, so reconcile by
-    label (it is an OutcomeUnknown) and the answer broke the API's contract (it is a MalformedResponse)."""
 
 
 class RunPodClient(HttpProvider):
@@ -200,14 +195,15 @@ class RunPodClient(HttpProvider):
             raise RentAnswerUnreadable(f"{what} answered without a pod id; it may have rented: reconcile by label.")
         return pod_id
 
-    def list_instances(self) -> list[InstanceRecord]:
+    def list_instances(self) -> InstanceList:
         data = self._graphql("myself", _PODS_QUERY)
         myself = data.get("myself")
         pods = myself.get("pods") if isinstance(myself, dict) else None
         if not isinstance(pods, list):
             raise MalformedResponse("RunPod myself answered without a list of pods.")
         # A terminated pod is gone for good; vast.ai simply stops listing such instances, and so do we.
-        return [parse_pod(raw) for raw in pods if not (isinstance(raw, dict) and _is_terminated(raw))]
+        return instance_list([raw for raw in pods if not (isinstance(raw, dict) and _is_terminated(raw))],
+                             parse_pod, "RunPod")
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
         try:
@@ -231,6 +227,8 @@ class RunPodClient(HttpProvider):
             self.get_instance(instance_id)
         except InstanceNotFound:
             return False
+        except MalformedResponse as exc:  # a pod we cannot read is still a pod we pay for: terminate it all the same
+            log.warning("RunPod pod %s could not be read before its terminate: %s", instance_id, exc)
         try:
             self._graphql("podTerminate", _TERMINATE_MUTATION, {"podId": instance_id})
         except QueryRefused:
@@ -456,38 +454,47 @@ def _gpu_util(runtime: dict) -> float | None:
 
 
 def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
-    if not isinstance(raw, dict) or not raw.get("id"):
-        raise MalformedResponse("RunPod returned a pod without an id.")
-    try:
-        desired = str(raw.get("desiredStatus") or "")
-        runtime = raw.get("runtime")
-        if runtime is not None and not isinstance(runtime, dict):
-            raise TypeError(f"runtime is {runtime!r}")
-        public_ip, ports, ssh_host, ssh_port = _public_ports(runtime or {})
-        machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
-        uptime = fields.number(runtime or {}, "uptimeInSeconds", default=None)
-        started_at = None
-        if uptime is not None:
-            started_at = (now or datetime.now(UTC)).replace(microsecond=0) - timedelta(seconds=int(uptime))
-        return InstanceRecord(
-            provider="runpod",
-            instance_id=str(raw["id"]),
-            label=str(raw.get("name") or ""),
-            status=pod_status(desired, runtime is not None),
-            status_msg=str(raw.get("lastStatusChange") or ""),
-            intended_status=_intended_status(desired),
-            is_bid=str(raw.get("podType") or "").upper() == "INTERRUPTABLE",
-            gpu_name=str(machine.get("gpuDisplayName") or ""),
-            num_gpus=fields.whole(raw, "gpuCount", default=0),
-            machine_id=str(raw.get("machineId") or ""),
-            usd_per_hour=fields.money(raw, "costPerHr", default=Decimal(0)),
-            gpu_util_percent=_gpu_util(runtime or {}),
-            public_ip=public_ip,
-            ports=ports,
-            ssh_host=ssh_host,
-            ssh_port=ssh_port,
-            started_at=started_at,
-        )
-    except (TypeError, ValueError) as exc:
-        raise MalformedResponse(f"RunPod pod {fields.label(raw.get('id'))}: {exc}") from None
+    """One pod of ours. Only a pod without an id is refused: a field that holds what it cannot is left unknown (the
+    price as None, never 0) and named in the record's problems, as for vast.ai (vast.parse_instance)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"].strip():
+        raise MalformedResponse(f"RunPod returned a pod without an id{_id_shown(raw)}.")
+    problems: list[str] = []
 
+    def read(reader, source, key, fallback, **options):
+        return fields.soft(source, problems, reader, key, fallback, **options)
+
+    desired = fields.loose_text(raw.get("desiredStatus"), 100)
+    runtime = raw.get("runtime")
+    if runtime is not None and not isinstance(runtime, dict):
+        problems.append(f"runtime is {fields.shown(runtime)}, not an object")
+        runtime = None
+    public_ip, ports, ssh_host, ssh_port = _public_ports(runtime or {})
+    machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
+    uptime = read(fields.number, runtime or {}, "uptimeInSeconds", None, high=10 * 365 * 86400, default=None)
+    started_at = None
+    if uptime is not None:
+        started_at = (now or datetime.now(UTC)).replace(microsecond=0) - timedelta(seconds=int(uptime))
+    return InstanceRecord(
+        provider="runpod",
+        instance_id=fields.loose_text(raw["id"], 100),
+        label=fields.loose_text(raw.get("name"), 200),
+        status=pod_status(desired, runtime is not None),
+        status_msg=fields.loose_text(raw.get("lastStatusChange")),
+        intended_status=_intended_status(desired),
+        is_bid=fields.loose_text(raw.get("podType"), 100).upper() == "INTERRUPTABLE",
+        gpu_name=fields.loose_text(machine.get("gpuDisplayName"), 200),
+        num_gpus=read(fields.whole, raw, "gpuCount", 0, high=1024, default=0),
+        machine_id=fields.loose_text(raw.get("machineId"), 100),
+        usd_per_hour=read(fields.money, raw, "costPerHr", None, default=None),
+        gpu_util_percent=_gpu_util(runtime or {}),
+        public_ip=public_ip,
+        ports=ports,
+        ssh_host=ssh_host,
+        ssh_port=ssh_port,
+        started_at=started_at,
+        problems=tuple(problems),
+    )
+
+
+def _id_shown(raw) -> str:
+    return f" ({fields.shown(raw.get('id'))})" if isinstance(raw, dict) and raw.get("id") is not None else ""

@@ -11,8 +11,8 @@ from decimal import Decimal
 import httpx
 
 from . import fields
-from .base import HttpProvider, OfferSearch
-from .errors import InstanceNotFound, MalformedResponse, OfferUnavailable
+from .base import HttpProvider, InstanceList, OfferSearch, instance_list
+from .errors import InstanceNotFound, MalformedResponse, OfferUnavailable, RentAnswerUnreadable
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
 
@@ -65,22 +65,25 @@ class VastClient(HttpProvider):
         if request.bid_usd_per_hour is not None:
             body["price"] = float(request.bid_usd_per_hour)
         response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False)
-        data = _decode(response)
+        data = _decode(response, strict=False)
         if response.status_code in (400, 404, 410) or data.get("success") is False:
             message = data.get("msg") or data.get("error") or f"HTTP {response.status_code}"
             raise OfferUnavailable(f"Offer {request.offer_id} can no longer be rented: {message}")
         _raise_for_status(response)
         contract = data.get("new_contract")
-        if not isinstance(contract, int) or isinstance(contract, bool):
-            raise MalformedResponse(f"vast.ai rented offer {request.offer_id} but returned no instance id.")
+        if not isinstance(contract, int) or isinstance(contract, bool) or contract <= 0:
+            # Accepted, so it may well have rented: the caller finds the machine by its label, not a second rent.
+            raise RentAnswerUnreadable(f"vast.ai accepted the rent of offer {request.offer_id} (HTTP "
+                                       f"{response.status_code}) but its answer names no instance; it may have "
+                                       "rented: reconcile by label.")
         return str(contract)
 
-    def list_instances(self) -> list[InstanceRecord]:
+    def list_instances(self) -> InstanceList:
         data = self._json("GET", "/instances/", params={"owner": "me"})
         raw_instances = data.get("instances")
         if not isinstance(raw_instances, list):
             raise MalformedResponse("vast.ai instance list answered without an 'instances' list.")
-        return [parse_instance(raw) for raw in raw_instances]
+        return instance_list(raw_instances, parse_instance, "vast.ai")
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
         response = self._request("GET", f"/instances/{instance_id}/")
@@ -98,6 +101,9 @@ class VastClient(HttpProvider):
         if response.status_code == 404:
             return False
         _raise_for_status(response)
+        if not response.is_success:  # a redirect (never followed) is no destroy
+            raise MalformedResponse(f"vast.ai answered the destroy of instance {instance_id} with HTTP "
+                                    f"{response.status_code}.")
         return True
 
     def charges(self) -> list[ChargeRecord]:
@@ -204,30 +210,40 @@ def _ports(raw_ports) -> dict[str, int]:
 
 
 def parse_instance(raw: dict) -> InstanceRecord:
-    if not isinstance(raw, dict) or "id" not in raw:
+    """One machine of ours as vast.ai lists it. Only an unreadable id refuses it: any other field that holds what it
+    cannot is left unknown (a price as None, never 0) and named in the record's problems, so that one odd field
+    neither hides the machine from the sync nor stops the sync for the others."""
+    if not isinstance(raw, dict) or raw.get("id") is None:
         raise MalformedResponse("vast.ai returned an instance without an id.")
     try:
-        return InstanceRecord(
-            provider="vast",
-            instance_id=str(fields.whole(raw, "id")),
-            label=str(raw.get("label") or ""),
-            status=str(raw.get("actual_status") or ""),
-            status_msg=str(raw.get("status_msg") or ""),
-            intended_status=str(raw.get("intended_status") or ""),
-            is_bid=bool(raw.get("is_bid", False)),
-            gpu_name=str(raw.get("gpu_name") or ""),
-            num_gpus=int(raw.get("num_gpus") or 0),
-            machine_id=str(raw.get("machine_id") or ""),
-            usd_per_hour=fields.money(raw, "dph_total", default=Decimal(0)),
-            gpu_util_percent=fields.number(raw, "gpu_util", low=None, default=None),
-            public_ip=str(raw.get("public_ipaddr") or "").strip(),
-            ports=_ports(raw.get("ports")),
-            ssh_host=str(raw.get("ssh_host") or ""),
-            ssh_port=fields.whole(raw, "ssh_port", default=None) or None,
-            started_at=_timestamp(raw.get("start_date")),
-        )
-    except (TypeError, ValueError) as exc:
+        instance_id = str(fields.whole(raw, "id", high=fields.MAX_ID))
+    except fields.BadField as exc:
         raise MalformedResponse(f"vast.ai instance {fields.label(raw.get('id'))}: {exc}") from None
+    problems: list[str] = []
+
+    def read(reader, key, fallback, **options):
+        return fields.soft(raw, problems, reader, key, fallback, **options)
+
+    return InstanceRecord(
+        provider="vast",
+        instance_id=instance_id,
+        label=fields.loose_text(raw.get("label"), 200),
+        status=fields.loose_text(raw.get("actual_status"), 100),
+        status_msg=fields.loose_text(raw.get("status_msg")),
+        intended_status=fields.loose_text(raw.get("intended_status"), 100),
+        is_bid=read(fields.flag, "is_bid", False, default=False),
+        gpu_name=fields.loose_text(raw.get("gpu_name"), 200),
+        num_gpus=read(fields.whole, "num_gpus", 0, high=1024, default=0),
+        machine_id=read(fields.identifier, "machine_id", ""),
+        usd_per_hour=read(fields.money, "dph_total", None, default=None),
+        gpu_util_percent=read(fields.number, "gpu_util", None, low=None, default=None),
+        public_ip=fields.loose_text(raw.get("public_ipaddr"), 100),
+        ports=_ports(raw.get("ports")),
+        ssh_host=fields.loose_text(raw.get("ssh_host"), 255),
+        ssh_port=read(fields.whole, "ssh_port", None, high=65535, default=None) or None,
+        started_at=_timestamp(raw.get("start_date")),
+        problems=tuple(problems),
+    )
 
 
 def parse_charge(raw: dict) -> ChargeRecord:

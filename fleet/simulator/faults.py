@@ -12,16 +12,18 @@ class Failure:
     status: int  # 429, 500, 502 or 503
     retry_after_s: int | None
     path_contains: str
+    retry_after: str | None = None  # the Retry-After header as sent, when a test gives it as text (an HTTP date)
 
 
 class RequestFaults:
     def __init__(self):
         self._queue: list[Failure] = []
 
-    def add(self, status: int, count: int, retry_after_s: int | None = None, path_contains: str = "") -> None:
+    def add(self, status: int, count: int, retry_after_s: int | None = None, path_contains: str = "",
+            retry_after: str | None = None) -> None:
         if status not in (429, 500, 502, 503):
             raise ValueError(f"status {status} is not one the marketplace answers with (429, 500, 502, 503)")
-        self._queue.extend(Failure(status, retry_after_s, path_contains) for _ in range(count))
+        self._queue.extend(Failure(status, retry_after_s, path_contains, retry_after) for _ in range(count))
 
     def take(self, path: str) -> Failure | None:
         for i, failure in enumerate(self._queue):

@@ -267,7 +267,7 @@ class Market:
 
     def inject_faults(self, *, http_429: int = 0, retry_after_s: int = 5, http_5xx: int = 0, status_5xx: int = 503,
                       path_contains: str = "", offers_gone=(), fail_next_rents: int = 0,
-                      driver_too_old_offers=()) -> dict:
+                      driver_too_old_offers=(), retry_after: str | None = None) -> dict:
         try:
             offers_gone, driver_too_old_offers = list(offers_gone), list(driver_too_old_offers)
             counts = int(http_429), int(retry_after_s), int(http_5xx), int(status_5xx), int(fail_next_rents)
@@ -276,9 +276,12 @@ class Market:
         http_429, retry_after_s, http_5xx, status_5xx, fail_next_rents = counts
         if status_5xx not in (500, 502, 503):
             raise MarketError(400, "invalid_args", f"status_5xx {status_5xx} is not 500, 502 or 503")
+        if retry_after is not None and not (isinstance(retry_after, str) and retry_after.isprintable()
+                                            and 0 < len(retry_after) <= 100):
+            raise MarketError(400, "invalid_args", "retry_after must be header text of 1-100 printable characters")
         with self._transaction():
-            self._request_faults.add(429, http_429, retry_after_s, str(path_contains))
-            self._request_faults.add(status_5xx, http_5xx, None, str(path_contains))
+            self._request_faults.add(429, http_429, retry_after_s, str(path_contains), retry_after)
+            self._request_faults.add(status_5xx, http_5xx, None, str(path_contains), retry_after)
             for offer_id in offers_gone:
                 self._offer(offer_id).gone = True
             self._fail_next_rents += fail_next_rents

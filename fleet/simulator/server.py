@@ -312,8 +312,8 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"success": True})
 
     def sim_faults(self) -> None:
-        allowed = {"http_429", "retry_after_s", "http_5xx", "status_5xx", "path_contains", "offers_gone",
-                   "fail_next_rents", "driver_too_old_offers"}
+        allowed = {"http_429", "retry_after_s", "retry_after", "http_5xx", "status_5xx", "path_contains",
+                   "offers_gone", "fail_next_rents", "driver_too_old_offers"}
         unknown = set(self.body) - allowed
         if unknown:
             raise MarketError(400, "invalid_args", f"unknown fault(s) {sorted(unknown)}; known: {sorted(allowed)}")
@@ -359,17 +359,19 @@ class Handler(BaseHTTPRequestHandler):
     # --- responses ---
 
     def _injected(self, failure) -> None:
+        header = {"Retry-After": failure.retry_after} if failure.retry_after else {}
         if failure.status == 429:
-            self._too_many(failure.retry_after_s or 1, "API requests too frequent")
+            self._too_many(failure.retry_after_s or 1, "API requests too frequent", header)
         elif failure.status in PROXY_PAGES:
             self._send(failure.status, PROXY_PAGES[failure.status].encode(), "text/html",
-                       {"Retry-After": str(failure.retry_after_s)} if failure.retry_after_s else {})
+                       header or ({"Retry-After": str(failure.retry_after_s)} if failure.retry_after_s else {}))
         else:
-            self._error(failure.status, "server_error", "Internal server error")
+            self._json(failure.status, {"success": False, "error": "server_error", "msg": "Internal server error"},
+                       header)
 
-    def _too_many(self, retry_after_s: int, msg: str) -> None:
+    def _too_many(self, retry_after_s: int, msg: str, header: dict | None = None) -> None:
         self._json(429, {"success": False, "error": "rate_limited", "msg": f"{msg}; retry after {retry_after_s} s"},
-                   {"Retry-After": str(retry_after_s)})
+                   header or {"Retry-After": str(retry_after_s)})
 
     def _error(self, status: int, error: str, msg: str) -> None:
         self._json(status, {"success": False, "error": error, "msg": msg})

@@ -14,6 +14,7 @@ from fleet import actions
 from fleet.reaper import sweep
 from fleet.models import Alert, Instance, Offer
 from fleet.offers.refresh import refresh_offers
+from fleet.providers.registry import get_provider
 from tests.waiting import wait_until
 
 State = Instance.State
@@ -123,3 +124,38 @@ def test_it_says_once_that_it_spared_a_kept_box(market):
     kept.refresh_from_db()
     assert kept.reaped_at is None
     assert kept.events.filter(kind="reap-skipped").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_keep_after_the_reaper_claimed_a_box_wins_until_it_expires(market, settings):
+    settings.DESTROY_VERIFY_S = 0
+    refresh_offers()
+    now = timezone.now()
+    box = _rented(_offers()[0], "claimed", running_at=now - timedelta(hours=13), last_process_at=now)
+    assert sweep.reap(now=now).acted == [box.pk]  # stopping; its destroy is queued, not yet sent
+    actions.keep_for_debugging(box, 1, now=now)
+    box.refresh_from_db()
+    assert box.state == State.RUNNING and box.destroy_requested_at is None
+    assert box.events.filter(kind="destroy-withdrawn").exists()
+
+    actions.destroy(box, reason="reaped: age", now=now)  # the queued destroy runs, and finds it kept
+    actions.sync(now=now + timedelta(minutes=5))  # nor does the sync send one behind the keep's back
+    box.refresh_from_db()
+    assert box.state == State.RUNNING and box.destroy_attempts == 0
+    with get_provider() as provider:
+        assert box.provider_instance_id in {i.instance_id for i in provider.list_instances()}
+
+    assert sweep.hand_over_again(now=now + timedelta(minutes=59)) == []
+    assert sweep.hand_over_again(now=now + timedelta(minutes=61)) == [box.pk]  # kept no longer: reaped after all
+
+
+@pytest.mark.django_db
+def test_a_box_whose_destroy_was_sent_cannot_be_kept(market):
+    refresh_offers()
+    box = _rented(_offers()[0], "sent", running_at=timezone.now(), last_process_at=timezone.now())
+    box = actions.destroy(box, reason="done")
+    assert box.state == State.STOPPING and box.destroy_attempts == 1
+    with pytest.raises(actions.KeepRefused, match="cannot be kept"):
+        actions.keep_for_debugging(box, 1)
+    box.refresh_from_db()
+    assert box.keep_until is None and box.state == State.STOPPING

@@ -341,6 +341,43 @@ def test_it_refuses_an_offer_id_that_is_not_runpods(runpod, fake):
     assert fake.operations == []
 
 
-def test_it_rejects_a_pod_with_a_broken_price():
-    with pytest.raises(MalformedResponse, match="pod abc: costPerHr"):
-        parse_pod({"id": "abc", "desiredStatus": "RUNNING", "costPerHr": "a lot"})
+def test_a_pod_with_a_broken_price_is_kept_with_its_price_unknown():
+    pod = parse_pod({"id": "abc", "name": "moe-fleet-3", "desiredStatus": "RUNNING", "costPerHr": "a lot",
+                     "gpuCount": 1.5, "runtime": "junk"})
+    assert (pod.instance_id, pod.label, pod.status) == ("abc", "moe-fleet-3", "loading")
+    assert pod.usd_per_hour is None and pod.num_gpus == 0  # unknown, never a price of 0
+    assert sorted(pod.problems) == ["costPerHr is 'a lot' (a string), not a number",
+                                    "gpuCount is 1.5, not a whole number", "runtime is 'junk', not an object"]
+    with pytest.raises(MalformedResponse, match="without an id"):
+        parse_pod({"id": 17, "desiredStatus": "RUNNING"})
+
+
+def test_one_unreadable_pod_neither_hides_nor_stops_the_others(runpod, fake):
+    kept, broken, nameless = (_rent(runpod) for _ in range(3))
+
+    def mangle(data):
+        for pod in (data.get("myself") or {}).get("pods") or []:
+            if pod["id"] == broken:
+                pod["costPerHr"] = "0.44"
+            elif pod["id"] == nameless:
+                pod["id"] = None
+        return data
+
+    fake.corrupt_answers(mangle)
+    listed = runpod.list_instances()
+    assert {p.instance_id for p in listed} == {kept, broken} and listed.unreadable == 1
+    (odd,) = [p for p in listed if p.instance_id == broken]
+    assert odd.usd_per_hour is None and odd.label == "moe-fleet-17" and "costPerHr" in odd.problems[0]
+
+
+def test_it_terminates_a_pod_whose_listing_it_cannot_read(runpod, fake):
+    pod_id = _rent(runpod)
+
+    def mangle(data):
+        if isinstance(data.get("pod"), dict):
+            data["pod"]["id"] = 12  # not the string RunPod's schema promises
+        return data
+
+    fake.corrupt_answers(mangle)
+    assert runpod.destroy(pod_id) is True
+    assert fake.count("podTerminate") == 1 and pod_id not in fake.pods

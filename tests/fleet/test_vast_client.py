@@ -1,5 +1,6 @@
 """The vast.ai client over real HTTP against the simulated marketplace, faults included."""
 
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -86,6 +87,30 @@ def test_it_gives_up_when_retry_after_is_too_long(vast, market):
     with pytest.raises(RateLimited) as caught:
         vast.search_offers(limit=3)
     assert caught.value.retry_after_s == 600
+
+
+@pytest.mark.parametrize("zone", ["-0000", "GMT", "+0200"])
+def test_it_reads_retry_after_given_as_an_http_date(vast, market, zone):
+    # RFC 2822's "-0000" is UTC with no claim about local time: Python reads it as a date without a zone.
+    offset = timedelta(hours=2) if zone == "+0200" else timedelta(0)
+    when = datetime.now(UTC) + timedelta(seconds=20)
+    market.inject_faults(http_429=1, retry_after=(when + offset).strftime("%a, %d %b %Y %H:%M:%S ") + zone)
+    assert vast.search_offers(limit=3)
+    assert len(vast.sleeps) == 1 and 15 <= vast.sleeps[0] <= 21
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-5", "soon", "Mon, 99 Foo 2026 99:99:99 GMT"])
+def test_an_unreadable_retry_after_falls_back_to_backoff(vast, market, value):
+    market.inject_faults(http_429=1, retry_after=value)
+    assert vast.search_offers(limit=3)
+    assert len(vast.sleeps) == 1 and 0 <= vast.sleeps[0] <= 0.01
+
+
+def test_a_5xx_asking_for_a_long_wait_is_not_slept_out(vast, market):
+    market.inject_faults(http_5xx=1, status_5xx=503, retry_after="86400")
+    with pytest.raises(ProviderUnavailable, match="HTTP 503, asked to retry in 86400 s"):
+        vast.list_instances()
+    assert vast.sleeps == []
 
 
 def test_it_retries_5xx_with_backoff(vast, market):

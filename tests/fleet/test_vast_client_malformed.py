@@ -2,6 +2,7 @@
 
 import json
 import threading
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -102,11 +103,41 @@ def test_it_never_retries_a_rent_that_may_have_happened(scripted):
     assert len(server.requests) == 1  # one PUT, not two
 
 
-def test_it_rejects_a_rent_answer_without_an_instance_id(scripted):
+@pytest.mark.parametrize("body", [b'{"success": true}', b'{"success": true, "new_contract": "7"}',
+                                  b"<html>rented</html>", b"[]"])
+def test_an_accepted_rent_whose_answer_names_no_instance_may_have_rented(scripted, body):
     server, client = scripted
-    server.replies.append((200, b'{"success": true}'))
-    with pytest.raises(MalformedResponse, match="no instance id"):
+    server.replies.append((200, body))
+    with pytest.raises(OutcomeUnknown, match="it may have rented: reconcile by label") as caught:
         client.rent(RentRequest(offer_id="101", image="img", disk_gb=250, label="fleet-1", env={}))
+    assert isinstance(caught.value, MalformedResponse)  # and the answer broke the API's contract
+
+
+INSTANCE = {"id": 7, "label": "moe-fleet-1", "actual_status": "running", "intended_status": "running",
+            "dph_total": 0.52, "num_gpus": 1, "gpu_name": "H200", "machine_id": 9, "ssh_port": 40022}
+
+
+def test_one_unreadable_instance_neither_hides_nor_stops_the_others(scripted):
+    server, client = scripted
+    odd = {**INSTANCE, "id": 8, "label": "moe-fleet-2", "dph_total": "0.5", "is_bid": "false", "ssh_port": 1e400,
+           "status_msg": "pulling\x00 layer\nretrying"}
+    nameless = {**INSTANCE, "id": "nine"}
+    server.replies.append((200, json.dumps({"instances": [INSTANCE, odd, nameless, "junk"]}).encode()))
+    listed = client.list_instances()
+    assert [i.instance_id for i in listed] == ["7", "8"] and listed.unreadable == 2
+    good, kept = listed
+    assert good.usd_per_hour == Decimal("0.52") and good.problems == ()
+    assert (kept.label, kept.status, kept.usd_per_hour, kept.is_bid, kept.ssh_port) == (
+        "moe-fleet-2", "running", None, False, None)  # its price unknown, not 0
+    assert kept.status_msg == "pulling  layer\nretrying"  # no NUL reaches a text column
+    assert [p.split(" ")[0] for p in kept.problems] == ["is_bid", "dph_total", "ssh_port"]
+
+
+def test_a_destroy_answered_with_a_redirect_is_no_destroy(scripted):
+    server, client = scripted
+    server.replies.append((301, b"{}"))
+    with pytest.raises(MalformedResponse, match="destroy of instance 7 with HTTP 301"):
+        client.destroy("7")
 
 
 def test_it_rejects_a_charge_line_without_times(scripted):

@@ -134,6 +134,8 @@ def test_the_training_loop_reports_the_same_on_bucketed_batches(tmp_path, monkey
         for key in ("loss", "dpo_accuracy", "dpo_margin", "kto_kl", "grad_norm_total", "grad_norm_routed"):
             if key in want:
                 assert isinstance(got[key], float)
-                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (got["kind"], got["step"], key)
+                # The margin is a difference of summed log-probs (hundreds each): float32 leaves it ~1e-5 of noise.
+                slack = 2e-5 if key == "dpo_margin" else 1e-6
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=slack), (got["kind"], got["step"], key)
         assert set(got) - {"time", "step_s", "tokens_per_s"} == set(want) - {"time", "step_s", "tokens_per_s"}
     assert any(r.get("dpo_margin", 0) != 0 for r in eager) and any(r.get("kto_kl", 0) > 0 for r in eager)

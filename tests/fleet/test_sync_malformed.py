@@ -1,0 +1,99 @@
+"""The sync against a marketplace whose list of our machines holds entries it cannot fully read (over real HTTP, the
+fake RunPod server): one odd entry must neither stop the sync nor make a machine look gone or free."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from fleet import actions
+from fleet.instances import ledger
+from fleet.models import Instance
+from fleet.providers.records import RentRequest
+from fleet.providers.registry import get_provider
+
+from .runpod_server import RUNPOD_KEY, FakeRunPod
+
+pytestmark = pytest.mark.django_db
+State = Instance.State
+
+
+@pytest.fixture
+def fake(settings):
+    server = FakeRunPod(boot_polls=None).start()
+    settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY = server.base_url, RUNPOD_KEY
+    yield server
+    server.stop()
+
+
+def _pod(label: str) -> str:
+    with get_provider("runpod") as provider:
+        return provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
+                                         disk_gb=100, label=label, env={}))
+
+
+def _row(pod_id: str, key: str, **fields) -> Instance:
+    now = timezone.now()
+    row = Instance.objects.create(
+        provider="runpod", provider_instance_id=pod_id, idempotency_key=key, label=key, offer_id="NVIDIA H200:SECURE:1",
+        gpu_name="H200", image="img", disk_gb=100, usd_per_hour=Decimal("3.99"), requested_at=now - timedelta(hours=1),
+        **{"state": State.RUNNING, "running_at": now - timedelta(hours=1), **fields})
+    ledger.bill(row, row.usd_per_hour, row.requested_at)
+    return row
+
+
+def _mangle(fake, change):
+    """Every pod in the list answers (not a single pod's lookup) goes through change(pod)."""
+    def mangle(data):
+        for pod in (data.get("myself") or {}).get("pods") or []:
+            change(pod)
+        return data
+
+    fake.corrupt_answers(mangle)
+
+
+def test_an_adopted_machine_whose_price_cannot_be_read_is_not_counted_as_free(fake, settings):
+    settings.UNKNOWN_PRICE_USD_PER_HOUR = Decimal("8")
+    pod_id = _pod(f"{settings.INSTANCE_LABEL_PREFIX}-999999")
+    _mangle(fake, lambda pod: pod.update(costPerHr="0.44"))
+    report = actions.sync("runpod")
+    adopted = Instance.objects.get(provider_instance_id=pod_id)
+    assert report.adopted == [adopted.label] and adopted.usd_per_hour == Decimal("8")
+    assert ledger.committed_usd_per_hour() == Decimal("8")  # what the spend cap sees
+    assert "price is unknown" in adopted.events.get(kind="adopted").message
+
+    fake.corrupt_answers(None)  # the provider gives the price again: billed at it from the start
+    actions.sync("runpod")
+    adopted.refresh_from_db()
+    assert adopted.usd_per_hour == Decimal("3.99")
+
+
+def test_a_machine_the_list_cannot_name_is_looked_up_alone_not_taken_for_gone(fake):
+    listed, unnamed = _pod("moe-fleet-a"), _pod("moe-fleet-b")
+    rows = {pod: _row(pod, key) for pod, key in ((listed, "row-a"), (unnamed, "row-b"))}
+    _mangle(fake, lambda pod: pod.update(id=None) if pod["id"] == unnamed else None)
+
+    report = actions.sync("runpod")
+    assert report.seen == 1 and report.gone == []
+    for row in rows.values():
+        row.refresh_from_db()
+        assert row.state == State.RUNNING and row.last_synced_at is not None  # the unnamed one through its lookup
+
+    fake.kill_pod(unnamed)  # now it is gone for real: its own lookup says so
+    report = actions.sync("runpod")
+    assert report.gone == ["row-b"]
+    rows[unnamed].refresh_from_db()
+    assert rows[unnamed].state == State.FAILED
+
+
+def test_a_destroy_is_retried_even_while_another_entry_is_unreadable(fake, settings):
+    settings.DESTROY_VERIFY_S = 0
+    stuck, odd = _pod("moe-fleet-c"), _pod("moe-fleet-d")
+    row = _row(stuck, "row-c", state=State.STOPPING, destroy_requested_at=timezone.now() - timedelta(minutes=5),
+               destroy_attempts=1)
+    _mangle(fake, lambda pod: pod.update(costPerHr=float("nan")) if pod["id"] == odd else None)
+    report = actions.sync("runpod")
+    assert report.destroy_retried == ["row-c"] and stuck not in fake.pods
+    row.refresh_from_db()
+    assert row.destroy_attempts == 2
