@@ -17,6 +17,7 @@ METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.253",  # AWS DNS
     "169.254.0.23",  # Tencent Cloud
     "100.100.100.200",  # Alibaba Cloud
+    "168.63.129.16",  # Azure WireServer (host agent, DNS, health probes): a public address every Azure VM reaches
     "fd00:ec2::254",  # AWS IMDS over IPv6
     "fd00:ec2::253",
 ))

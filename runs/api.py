@@ -13,10 +13,11 @@ from django.core.exceptions import RequestDataTooBig
 from ninja import Field, NinjaAPI, Schema
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, create_model, field_validator
+from pydantic import AfterValidator, create_model, field_validator, model_validator
 
 from runs import checkpoints, reports, tokens
 from training import metric_fields
+from training.checkpoint_names import checkpoint_name
 
 
 EARLIEST = datetime(2020, 1, 1, tzinfo=UTC)
@@ -139,16 +140,19 @@ class CheckpointIn(Schema):
     phase: int = Field(..., ge=0, le=100)
     step: int = Field(..., ge=0, le=10_000_000)
     uri: str = Field(..., min_length=1, max_length=500, pattern=r"^[A-Za-z0-9._/-]+$",
-                     description="the checkpoint's folder, relative to the run's own prefix")
+                     description="the checkpoint's folder in the run's own prefix: ckpt-p<phase>-s<step>, as the "
+                                 "trainer names it")
     complete: bool
     manifest: dict[str, dict] | None = Field(None, description="{file name: {size, sha256}}; required when complete")
 
-    @field_validator("uri")
-    @classmethod
-    def inside_the_run(cls, uri: str) -> str:
-        if uri.startswith("/") or ".." in uri.split("/"):
-            raise ValueError("the checkpoint must lie inside the run's own prefix")
-        return uri
+    @model_validator(mode="after")
+    def named_for_its_step(self):
+        # Its own folder and no other: pruning deletes by this name, so one naming another checkpoint's folder (or
+        # the run's whole prefix) would take that one's files with it.
+        expected = checkpoint_name(self.phase, self.step)
+        if self.uri != expected:
+            raise ValueError(f"the checkpoint of phase {self.phase} step {self.step} is the folder {expected}")
+        return self
 
 
 class CheckpointOut(Schema):

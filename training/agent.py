@@ -135,7 +135,7 @@ def restore(api: Api, candidates: list[dict], store: Path) -> dict | None:
         except (CheckpointMismatch, UnsafePath, OSError, httpx.HTTPError) as exc:
             if target is not None:
                 shutil.rmtree(target, ignore_errors=True)
-            reason = f"{type(exc).__name__}: {exc}"[:1500]
+            reason = model_source.without_query(f"{type(exc).__name__}: {exc}")
             log.warning("checkpoint %s refused: %s", candidate["uri"], reason)
             api.call("POST", "checkpoints/rejected", {"phase": candidate["phase"], "step": candidate["step"],
                                                       "reason": reason})
@@ -199,7 +199,8 @@ def fetch_data(phases: list[dict], recipe_phases: list[dict], folder: Path, trie
                     raise DataRefused(f"{where} does not match its sha256 {data['sha256'][:12]}...: {exc}") from None
                 except (OSError, httpx.HTTPError) as exc:
                     if attempt == tries - 1:
-                        raise DataRefused(f"{where} could not be downloaded: {type(exc).__name__}: {exc}") from None
+                        raise DataRefused(f"{where} could not be downloaded: {type(exc).__name__}: "
+                                          f"{model_source.without_query(str(exc))}") from None
                     time.sleep(2.0 * (attempt + 1))
             fetched[data["sha256"]] = target / next(iter(data["manifest"]))
         out[phase["index"]]["data"] = str(fetched[data["sha256"]])

@@ -168,7 +168,7 @@ def fetch_s3(sizes: dict[str, int], urls: dict[str, str], folder: Path, *, tries
             except (httpx.HTTPError, OSError) as exc:
                 if attempt == tries - 1:
                     raise ModelRefused(f"the model's file {name} could not be downloaded: "
-                                       f"{type(exc).__name__}: {_without_query(str(exc))}") from None
+                                       f"{type(exc).__name__}: {without_query(str(exc))}") from None
                 log.warning("model file %s: try %d failed (%s); continuing", name, attempt + 1, type(exc).__name__)
                 sleep(2.0 * (attempt + 1))
         partial.replace(dest)
@@ -198,6 +198,7 @@ def _ranged_get(url: str, partial: Path, size: int) -> None:
                            f"{size:,} listed")
 
 
-def _without_query(text: str) -> str:
-    """An error's words without a presigned URL's signature (it opens the file until it expires)."""
+def without_query(text: str) -> str:
+    """An error's words without a presigned URL's signature (it opens the file until it expires), cut to 1,500
+    characters: what may be reported to the dashboard (its pages, its alerts) or logged."""
     return re.sub(r"\?[^\s'\"]*", "?...", text)[:1500]

@@ -11,18 +11,100 @@ groups without their tensors.
 
 Every rank writes its shard into a staging folder of the box; after a barrier (every shard written) rank 0 moves
 them into the snapshot and hands it to the one uploader, which writes the completion marker last, once.
+
+A checkpoint was written by a box whose host had root, so resuming reads DCP's folder without running anything it
+holds: DCP's own reader unpickles `.metadata` and its planner unpickles any entry the metadata calls bytes. Here
+the metadata goes through an unpickler that builds only the records DCP writes for tensors (SafeReader), every
+shard file it names must be a plain name in the folder, and an entry of bytes is refused (TensorsOnly): this
+state holds only tensors, and each is read by torch.load(weights_only=True).
 """
 
+import io
+import pickle
 import shutil
 from pathlib import Path
 
 import torch
 from torch.distributed import checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.tensor import DTensor, Shard
 
 from training import checkpoint
 
 SHARDED = "sharded"
+
+
+class UnsafeCheckpoint(ValueError):
+    """A sharded checkpoint holds what its reader will not build: refused before anything of it is used."""
+
+
+# What DCP pickles into .metadata for a state of tensors (torch 2.11 to 2.13): its own records, torch.Size, dtypes,
+# layouts and the checkpoint's path. Nothing else is built.
+_METADATA_RECORDS = {"Metadata", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata", "TensorProperties",
+                     "StorageMeta", "_MEM_FORMAT_ENCODING"}
+_PATHS = {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        allowed = ((module == dcp_metadata.__name__ and name in _METADATA_RECORDS)
+                   or (module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo")
+                   or (module == "torch.serialization" and name == "_get_layout")
+                   or (module in ("pathlib", "pathlib._local") and name in _PATHS)
+                   or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))))
+        if not allowed:
+            raise UnsafeCheckpoint(f"the checkpoint's sharded metadata holds {module}.{name}, which it may not")
+        return super().find_class(module, name)
+
+
+def read_metadata(data: bytes):
+    """DCP's Metadata from the bytes of a .metadata file, built from DCP's own records only."""
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except UnsafeCheckpoint:
+        raise
+    except Exception as exc:  # a truncated or garbled file: refused like a forged one
+        raise UnsafeCheckpoint(f"the checkpoint's sharded metadata cannot be read: {type(exc).__name__}") from None
+    if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.storage_data, dict):
+        raise UnsafeCheckpoint("the checkpoint's sharded metadata is not DCP's Metadata")
+    for entry in metadata.state_dict_metadata.values():
+        if not isinstance(entry, dcp_metadata.TensorStorageMetadata):
+            raise UnsafeCheckpoint("the checkpoint's sharded state holds an entry that is not a tensor")
+    for info in metadata.storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise UnsafeCheckpoint(f"the checkpoint's sharded metadata names a shard file {name!r} outside its folder")
+    return metadata
+
+
+def checked_folder(folder: Path) -> Path:
+    """The folder, once its .metadata reads as DCP's records of tensors in shard files of its own (else
+    UnsafeCheckpoint, raised as it is rather than inside DCP's CheckpointException)."""
+    read_metadata((Path(folder) / ".metadata").read_bytes())
+    return Path(folder)
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader with the metadata read by `read_metadata` (no code from the file runs)."""
+
+    def read_metadata(self, *args, **kwargs):
+        locate = getattr(self, "_get_metadata_path", None)  # torch >= 2.6 may name a metadata file per rank
+        path = locate(kwargs.get("rank")) if locate else self.fs.concat_path(self.path, ".metadata")
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = read_metadata(stream.read())
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+
+class TensorsOnly(DefaultLoadPlanner):
+    """DCP's load planner, refusing bytes entries (which its own load_bytes would unpickle with weights_only off)."""
+
+    def load_bytes(self, read_item, value):
+        raise UnsafeCheckpoint(f"the checkpoint's sharded state holds bytes for {read_item.dest_index.fqn}")
 
 
 class _GatheredAdapter:
@@ -114,7 +196,7 @@ def resume(ranks, model, store, staging):
                        for index, (_, p) in enumerate(params)}
     target = _sharded_state(ranks, model, optimizer_state)
     with torch.no_grad():
-        dcp.load(target, checkpoint_id=local / SHARDED)
+        dcp.load(target, storage_reader=SafeReader(checked_folder(local / SHARDED)), planner=TensorsOnly())
     state["optimizer"] = {"state": optimizer_state, "param_groups": state["optimizer"]["param_groups"]}
     state["rng"] = torch.load(local / f"rng-{ranks.rank}.pt", weights_only=True)
     ranks.barrier()  # every rank has read the folder

@@ -208,6 +208,7 @@ def test_it_refuses_loopback_without_sending_a_request(endpoints, model, probe_s
     ("169.254.169.254", "cloud metadata"),
     ("169.254.10.10", "link-local"),
     ("fd00:ec2::254", "cloud metadata"),
+    ("168.63.129.16", "cloud metadata"),  # Azure's WireServer: public, yet the host's own agent
     ("fe80::1", "link-local"),
     ("fc00::5", "private"),
     ("0.0.0.0", "unspecified"),

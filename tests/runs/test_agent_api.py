@@ -119,12 +119,14 @@ def _declare(client, step, uri, manifest):
 def test_it_records_checkpoints_inside_the_run_only(launched):
     run = launched()
     client = _client(run)
-    assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": False}).status_code == 200
-    for uri in ["../other-run/p0", "/etc/passwd", "a/../../b", "p0 s4"]:
-        assert _declare(client, 5, uri, {}).status_code == 422
-    assert _declare(client, 4, "p0-s4", _stored(run, "p0-s4", FILES)).status_code == 200
+    assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "ckpt-p00-s00000004",
+                                          "complete": False}).status_code == 200
+    for uri in ["../other-run/p0", "/etc/passwd", "a/../../b", "p0 s4", ".", "ckpt-p00-s00000004",
+                "ckpt-p00-s00000005/.."]:
+        assert _declare(client, 5, uri, {}).status_code == 422  # only its own folder, ckpt-p00-s00000005
+    assert _declare(client, 4, "ckpt-p00-s00000004", _stored(run, "ckpt-p00-s00000004", FILES)).status_code == 200
     checkpoint = Checkpoint.objects.get()
-    assert (checkpoint.uri, checkpoint.complete, checkpoint.size_bytes) == ("p0-s4", True, 96)
+    assert (checkpoint.uri, checkpoint.complete, checkpoint.size_bytes) == ("ckpt-p00-s00000004", True, 96)
     resume = client.get(API + "/spec").json()["resume"]
     assert [c["step"] for c in resume] == [4] and set(resume[0]["manifest"]) == set(FILES)
 
@@ -132,21 +134,21 @@ def test_it_records_checkpoints_inside_the_run_only(launched):
 def test_it_never_resumes_from_a_half_written_checkpoint(launched):
     run = launched()
     client = _client(run)
-    _declare(client, 2, "p0-s2", _stored(run, "p0-s2", FILES))
-    _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": False})
-    assert [c["uri"] for c in client.get(API + "/spec").json()["resume"]] == ["p0-s2"]
+    _declare(client, 2, "ckpt-p00-s00000002", _stored(run, "ckpt-p00-s00000002", FILES))
+    _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "ckpt-p00-s00000004", "complete": False})
+    assert [c["uri"] for c in client.get(API + "/spec").json()["resume"]] == ["ckpt-p00-s00000002"]
 
 
 def test_it_declares_complete_only_what_the_store_holds(launched):
     run = launched()
     client = _client(run)
-    manifest = _stored(run, "p0-s4", FILES)
+    manifest = _stored(run, "ckpt-p00-s00000004", FILES)
     lying = {**manifest, "trainer.pt": {**manifest["trainer.pt"], "size": 33}}
     missing = {**manifest, "extra.bin": {"size": 1, "sha256": "0" * 64}}
     for bad in (None, {}, lying, missing, {"../x": manifest["trainer.pt"]},
                 {"COMPLETE": manifest["trainer.pt"]}, {"a": {"size": -1, "sha256": "0" * 64}},
                 {"a": {"size": 1, "sha256": "not-hex"}}):
-        response = _declare(client, 4, "p0-s4", bad)
+        response = _declare(client, 4, "ckpt-p00-s00000004", bad)
         assert response.status_code in (409, 422), bad
         assert "detail" in response.json()
     assert not run.checkpoints.filter(complete=True).exists() and client.get(API + "/spec").json()["resume"] == []
@@ -156,20 +158,21 @@ def test_it_declares_complete_only_what_the_store_holds(launched):
 def test_it_never_reopens_or_rewrites_a_complete_checkpoint(launched):
     run = launched()
     client = _client(run)
-    manifest = _stored(run, "p0-s4", FILES)
-    assert _declare(client, 4, "p0-s4", manifest).status_code == 200
-    assert _declare(client, 4, "p0-s4", manifest).status_code == 200  # a retried post
-    other = _stored(run, "p0-s4", {**FILES, "trainer.pt": b"x" * 32})
-    assert _declare(client, 4, "p0-s4", other).status_code == 409
-    assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "p0-s4", "complete": False}).status_code == 409
+    manifest = _stored(run, "ckpt-p00-s00000004", FILES)
+    assert _declare(client, 4, "ckpt-p00-s00000004", manifest).status_code == 200
+    assert _declare(client, 4, "ckpt-p00-s00000004", manifest).status_code == 200  # a retried post
+    other = _stored(run, "ckpt-p00-s00000004", {**FILES, "trainer.pt": b"x" * 32})
+    assert _declare(client, 4, "ckpt-p00-s00000004", other).status_code == 409
+    assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "ckpt-p00-s00000004",
+                                          "complete": False}).status_code == 409
     assert Checkpoint.objects.get().manifest == manifest
 
 
 def test_a_checkpoint_a_box_refused_is_never_offered_again(launched):
     run = launched()
     client = _client(run)
-    _declare(client, 2, "p0-s2", _stored(run, "p0-s2", FILES))
-    _declare(client, 4, "p0-s4", _stored(run, "p0-s4", FILES))
+    _declare(client, 2, "ckpt-p00-s00000002", _stored(run, "ckpt-p00-s00000002", FILES))
+    _declare(client, 4, "ckpt-p00-s00000004", _stored(run, "ckpt-p00-s00000004", FILES))
     answer = _post(client, "/checkpoints/rejected", {"phase": 0, "step": 4, "reason": "trainer.pt does not match"})
     assert answer.json() == {"rejected": True}
     assert [c["step"] for c in client.get(API + "/spec").json()["resume"]] == [2]
@@ -277,7 +280,7 @@ def test_it_refuses_what_the_database_cannot_hold(launched):
     run = launched()
     client = _client(run)
     assert _post(client, "/events", {"kind": "log", "message": "bad\x00byte"}).status_code == 422
-    assert _post(client, "/checkpoints", {"phase": 0, "step": 1, "uri": "c", "complete": True,
+    assert _post(client, "/checkpoints", {"phase": 0, "step": 1, "uri": "ckpt-p00-s00000001", "complete": True,
                                           "manifest": {"a": {"size": 10**20, "sha256": "0" * 64}}}).status_code == 409
     assert not run.events.filter(kind="log").exists() and not run.checkpoints.exists()
 

@@ -104,6 +104,19 @@ def test_a_box_loads_nothing_changed_or_planted_after_the_manifest_was_recorded(
     assert "trainer.pt does not match its manifest" in api.posts[0][1]["reason"]
 
 
+def test_a_refused_download_is_reported_without_the_url_that_opens_it(s3, tmp_path):
+    # The store's answer names the presigned URL; the dashboard shows the reason on the run's page and in alerts.
+    where = storage.location(f"s3://{BUCKET}/team-a", 7)
+    uploader = Uploader(Api("http://127.0.0.1:9/", "unused"), storage.upload_grant(where, 600), tmp_path / "outbox")
+    manifest = _upload(uploader, _checkpoint(tmp_path / "a" / "ckpt-p01-s00000004"))
+    s3.delete_object(Bucket=BUCKET, Key="team-a/runs/7/ckpt-p01-s00000004/trainer.pt")
+    api = _Recorder()
+    assert restore(api, [_candidate(where, "ckpt-p01-s00000004", manifest)], tmp_path / "box") is None
+    ((path, body),) = api.posts
+    assert path == "checkpoints/rejected" and "404" in body["reason"] and "trainer.pt" in body["reason"]
+    assert "X-Amz-Signature" not in body["reason"] and "X-Amz-Credential" not in body["reason"]
+
+
 def test_a_box_resumes_from_nothing_rather_than_from_a_checkpoint_that_fails(s3, tmp_path):
     where = storage.location(f"s3://{BUCKET}/team-a", 7)
     uploader = Uploader(Api("http://127.0.0.1:9/", "unused"), storage.upload_grant(where, 600), tmp_path / "outbox")

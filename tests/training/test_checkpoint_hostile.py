@@ -97,3 +97,80 @@ def test_the_agent_restores_no_file_outside_the_store(tmp_path):
     assert not (tmp_path / "escaped").exists() and not any((tmp_path / "store").glob("*"))
     assert [(path, body["step"]) for path, body in api.posts] == [("checkpoints/rejected", 2),
                                                                    ("checkpoints/rejected", 1)]
+
+
+# -- the sharded (several-GPU) layout: DCP's folder ----------------------------------------------------------------
+
+def _sharded(folder, state):
+    import warnings
+
+    from torch.distributed import checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP says it runs without a process group here, as one rank
+        dcp.save(state, checkpoint_id=folder)
+    return folder / ".metadata"
+
+
+def _load_sharded(folder, target):
+    from torch.distributed import checkpoint as dcp
+
+    from training.sharded_checkpoint import SafeReader, TensorsOnly, checked_folder
+
+    dcp.load(target, storage_reader=SafeReader(checked_folder(folder)), planner=TensorsOnly())
+    return target
+
+
+def _tensors():
+    return {"model": {"a": torch.randn(3, 4), "b": torch.arange(6, dtype=torch.bfloat16)},
+            "optimizer": {"a": {"step": torch.tensor(5.0), "exp_avg": torch.randn(3, 4)}}}
+
+
+def test_it_resumes_the_sharded_state_it_wrote(tmp_path):
+    written = _tensors()
+    _sharded(tmp_path, written)
+    loaded = _load_sharded(tmp_path, {"model": {"a": torch.zeros(3, 4), "b": torch.zeros(6, dtype=torch.bfloat16)},
+                                      "optimizer": {"a": {"step": torch.tensor(0.0), "exp_avg": torch.zeros(3, 4)}}})
+    assert torch.equal(loaded["model"]["a"], written["model"]["a"]) and torch.equal(loaded["model"]["b"],
+                                                                                      written["model"]["b"])
+    assert loaded["optimizer"]["a"]["step"] == 5 and torch.equal(loaded["optimizer"]["a"]["exp_avg"],
+                                                                 written["optimizer"]["a"]["exp_avg"])
+
+
+def test_it_refuses_sharded_metadata_whose_pickle_would_run_code(tmp_path):
+    from training.sharded_checkpoint import UnsafeCheckpoint
+
+    metadata = _sharded(tmp_path, _tensors())
+    metadata.write_bytes(pickle.dumps(_RunsCode(str(tmp_path / "pwned"))))
+    with pytest.raises(UnsafeCheckpoint, match="holds posix.mkdir|holds os.mkdir|holds nt.mkdir"):
+        _load_sharded(tmp_path, _tensors())
+    # The reader DCP is given refuses it too, without the check before it.
+    from torch.distributed import checkpoint as dcp
+
+    from training.sharded_checkpoint import SafeReader, TensorsOnly
+
+    with pytest.raises(BaseException, match="sharded metadata holds (posix|os|nt).mkdir"):  # DCP's own kind
+        dcp.load(_tensors(), storage_reader=SafeReader(tmp_path), planner=TensorsOnly())
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_it_refuses_sharded_metadata_that_points_outside_its_folder(tmp_path):
+    from training.sharded_checkpoint import UnsafeCheckpoint, read_metadata
+
+    metadata_file = _sharded(tmp_path / "ckpt", _tensors())
+    (tmp_path / "secret.distcp").write_bytes((tmp_path / "ckpt" / "__0_0.distcp").read_bytes())
+    metadata = read_metadata(metadata_file.read_bytes())
+    for info in metadata.storage_data.values():
+        info.relative_path = "../secret.distcp"
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UnsafeCheckpoint, match="shard file '../secret.distcp' outside its folder"):
+        _load_sharded(tmp_path / "ckpt", _tensors())
+
+
+def test_it_refuses_a_sharded_state_holding_bytes(tmp_path):
+    # DCP's own planner would unpickle a bytes entry with weights_only off: a forged one must not get that far.
+    from training.sharded_checkpoint import UnsafeCheckpoint
+
+    _sharded(tmp_path, {"model": {"a": torch.zeros(2)}, "extra": {"note": "not a tensor"}})
+    with pytest.raises(UnsafeCheckpoint, match="BytesStorageMetadata"):
+        _load_sharded(tmp_path, {"model": {"a": torch.zeros(2)}, "extra": {"note": ""}})
