@@ -19,6 +19,8 @@ from .retrying import RetryingClient
 log = logging.getLogger(__name__)
 
 MIB_PER_GIB = 1024
+INSTANCE_PAGE = 25  # the most vast.ai's v1 instance list gives a page
+MAX_INSTANCE_PAGES = 400  # 10,000 machines: past that the list is taken for a server that never ends it
 
 
 class VastClient(HttpProvider):
@@ -27,6 +29,11 @@ class VastClient(HttpProvider):
     def __init__(self, api_url: str, api_key: str, **http_options):
         """http_options: timeout_s, max_retries, backoff_s, max_wait_s, sleep, transport (see RetryingClient)."""
         self.api_url = api_url.rstrip("/")
+        # The instance list lives under /api/v1 (/api/v0/instances/ answers 410 deprecated_endpoint since 2026);
+        # one instance, renting, destroying and searching stay under /api/v0.
+        if not self.api_url.endswith("/v0"):
+            raise ValueError(f"the vast.ai API URL must end in /api/v0 (VAST_API_URL), not {self.api_url!r}")
+        self.v1_url = self.api_url.removesuffix("/v0") + "/v1"
         self._http = RetryingClient(provider="vast.ai", key_variable="VAST_API_KEY", api_key=api_key,
                                     base_url=self.api_url, **http_options)
 
@@ -79,11 +86,27 @@ class VastClient(HttpProvider):
         return str(contract)
 
     def list_instances(self) -> InstanceList:
-        data = self._json("GET", "/instances/", params={"owner": "me"})
-        raw_instances = data.get("instances")
-        if not isinstance(raw_instances, list):
-            raise MalformedResponse("vast.ai instance list answered without an 'instances' list.")
-        return instance_list(raw_instances, parse_instance, "vast.ai")
+        """Every machine of ours, from vast.ai's paged list: 25 a page in id order, each page asked for with the
+        previous one's next_token until one comes without it. A page that repeats a token or never ends the list is
+        refused: a list cut short would make the machines past it look gone."""
+        raw_instances, token, tokens = [], None, set()
+        for _ in range(MAX_INSTANCE_PAGES):
+            params = {"limit": INSTANCE_PAGE, "order_by": '[{"col": "id", "dir": "asc"}]'}
+            if token is not None:
+                params["after_token"] = token
+            data = self._json("GET", f"{self.v1_url}/instances/", params=params)
+            page = data.get("instances")
+            if not isinstance(page, list):
+                raise MalformedResponse("vast.ai instance list answered without an 'instances' list.")
+            raw_instances.extend(page)
+            token = data.get("next_token")
+            if token is None or token == "":
+                return instance_list(raw_instances, parse_instance, "vast.ai")
+            if not isinstance(token, str) or token in tokens or not page:
+                raise MalformedResponse("vast.ai instance list gave a page token it had given before, or an empty "
+                                        "page with a token: the list cannot be read to its end.")
+            tokens.add(token)
+        raise MalformedResponse(f"vast.ai instance list did not end after {MAX_INSTANCE_PAGES} pages.")
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
         response = self._request("GET", f"/instances/{instance_id}/")

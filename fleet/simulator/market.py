@@ -150,7 +150,8 @@ class Market:
             return [line for i in self._instances.values() for line in billing.charge_lines(i, now)]
 
     def instances_page(self, query: dict) -> dict:
-        """`GET /api/v1/instances/`: select_filters, order_by [{col, dir}], limit (25 a page), after_token,
+        """`GET /api/v1/instances/`: select_filters, order_by [{col, dir}], limit (5 a page unless told, 25 at
+        most), after_token,
         select_cols; answers `instances`, `next_token`, `total_instances` and `label_counts` as vast.ai's v1 does."""
         try:
             filters = parse_filters(json_arg(query.get("select_filters"), "select_filters", {}))
@@ -159,7 +160,7 @@ class Market:
             with self._transaction() as now:
                 rows = [i.view(now) for i in self._instances.values() if i.listed(now)]
             rows = ordered(matching(rows, filters), order)
-            page, next_token = paginate(rows, query.get("limit") or 25, query.get("after_token"))
+            page, next_token = paginate(rows, _page_size(query.get("limit")), query.get("after_token"))
         except QueryError as exc:
             raise MarketError(400, "invalid_args", str(exc)) from exc
         if isinstance(columns, list) and "*" not in columns:
@@ -576,3 +577,12 @@ def _container_ports(env, runtype: str) -> list[str]:
             if port not in ports:
                 ports.append(port)
     return ports
+
+
+def _page_size(limit) -> int:
+    """vast.ai's v1 instance pages: 5 rows when no limit (or one <= 0) is given, never more than 25."""
+    try:
+        asked = int(limit) if limit not in (None, "") else 0
+    except (TypeError, ValueError) as exc:
+        raise QueryError("limit must be an integer") from exc
+    return 5 if asked <= 0 else min(asked, 25)

@@ -211,7 +211,8 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"success": True, "new_contract": instance_id})
 
     def list_instances(self) -> None:
-        self._json(200, {"instances": self.server.market.list_instances()})
+        # vast.ai retired the v0 list in 2026 (clients that still call it must learn so, not get a stale answer).
+        self._error(410, "deprecated_endpoint", "/api/v0/instances/ is deprecated. Use /api/v1/instances/ instead.")
 
     def show_instance(self, instance_id: int) -> None:
         # vast.ai answers an id it does not know (or no longer lists) with {"instances": null}, and the official

@@ -38,6 +38,12 @@ def control(sim):
         yield client
 
 
+def v1(api, **params):
+    """The instance list where vast.ai keeps it now, /api/v1/instances/ (the v0 list answers 410)."""
+    origin = str(api.base_url).rstrip("/").removesuffix("/api/v0")
+    return api.get(f"{origin}/api/v1/instances/", params={"limit": 25, **params})
+
+
 def search(api, **query):
     response = api.post("/bundles/", json={"limit": 1000, **query})
     assert response.status_code == 200, response.text
@@ -85,7 +91,7 @@ def test_it_rejects_a_wrong_or_missing_key(sim):
         assert response.status_code == 401
         assert response.json()["success"] is False
         assert response.json()["error"] == "invalid_user_key"
-    assert httpx.get(sim.base_url + "/instances/", params={"owner": "me", "api_key": KEY}).status_code == 200
+    assert httpx.get(sim.origin + "/api/v1/instances/", params={"api_key": KEY}).status_code == 200
 
 
 def test_it_lists_a_realistic_catalogue(api):
@@ -207,7 +213,7 @@ def test_it_boots_an_instance_through_created_loading_running(api, sim, control)
     assert running["gpu_util"] > 50
     assert set(running["ports"]) == {"22/tcp", "8000/tcp"}
     assert running["ports"]["22/tcp"][0]["HostPort"] == str(running["ssh_port"])
-    listed = api.get("/instances/", params={"owner": "me"}).json()["instances"]
+    listed = v1(api).json()["instances"]
     assert [i["id"] for i in listed] == [instance_id]
 
 
@@ -246,7 +252,7 @@ def test_it_stops_billing_when_destroyed_and_404s_a_second_destroy(api, sim):
     assert api.get(f"/instances/{instance_id}/").json() == {"instances": None}  # as vast.ai: no 404 on a GET
     second = api.delete(f"/instances/{instance_id}/")
     assert second.status_code == 404 and second.json()["success"] is False
-    assert api.get("/instances/").json()["instances"] == []
+    assert v1(api).json()["instances"] == []
 
 
 def test_it_bills_disk_but_not_gpu_while_stopped(api, sim):
@@ -281,16 +287,16 @@ def test_it_bills_reported_traffic(api, sim, control):
 def test_it_answers_injected_429s_with_retry_after(api, control):
     assert control.post("/faults", json={"http_429": 2, "retry_after_s": 7}).status_code == 200
     for _ in range(2):
-        refused = api.get("/instances/")
+        refused = v1(api)
         assert refused.status_code == 429 and refused.headers["Retry-After"] == "7"
-    assert api.get("/instances/").status_code == 200
+    assert v1(api).status_code == 200
 
 
 def test_it_answers_injected_server_errors(api, sim, control):
     control.post("/faults", json={"http_5xx": 1, "status_5xx": 502})
-    bad_gateway = api.get("/instances/")
+    bad_gateway = v1(api)
     assert bad_gateway.status_code == 502 and "Bad Gateway" in bad_gateway.text
-    assert api.get("/instances/").status_code == 200
+    assert v1(api).status_code == 200
 
     control.post("/faults", json={"http_5xx": 1, "status_5xx": 500, "path_contains": "/asks/"})
     offer = healthy_offer(api, sim)  # searches pass; only the rent fails
@@ -321,7 +327,7 @@ def test_it_kills_a_host(api, sim, control):
     assert dead["status_msg"].startswith("Host offline")
     sim.advance(3600)
     assert api.get(f"/instances/{instance_id}/").json() == {"instances": None}  # vanished 600 s after death
-    assert api.get("/instances/").json()["instances"] == []
+    assert v1(api).json()["instances"] == []
     lines = charges_of(api, instance_id)
     assert lines["gpu"]["quantity"] == pytest.approx(100 / 3600, abs=1e-6)
     assert lines["disk"]["quantity"] == pytest.approx(100 * 700 / 3600, abs=1e-6)  # disk bills until it vanished
@@ -387,7 +393,7 @@ def test_it_refuses_charges_polled_too_fast():
         assert httpx.get(sim.base_url + "/charges/", headers=headers).status_code == 200
         refused = httpx.get(sim.base_url + "/charges/", headers=headers)
         assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
-        assert httpx.get(sim.base_url + "/instances/", headers=headers).status_code == 200
+        assert httpx.get(sim.origin + "/api/v1/instances/", headers=headers).status_code == 200
 
 
 def test_it_rate_limits_searches():
@@ -410,7 +416,7 @@ def test_it_resets_to_the_seeds_catalogue(api, sim, control):
     offer = healthy_offer(api, sim)
     rented(api, offer["id"])
     assert control.post("/reset").status_code == 200
-    assert api.get("/instances/").json()["instances"] == []
+    assert v1(api).json()["instances"] == []
     assert len(search(api)) == 300
     assert control.get("/state").json()["billing_total"] == 0
 
@@ -457,8 +463,8 @@ def test_it_serves_from_the_command_line():
     try:
         line = process.stdout.readline()
         base_url = re.search(r"(http://\S+/api/v0)", line).group(1)
-        response = httpx.get(base_url + "/instances/", headers={"Authorization": f"Bearer {KEY}"})
-        assert response.json() == {"instances": []}
+        response = httpx.get(base_url.removesuffix("v0") + "v1/instances/", headers={"Authorization": f"Bearer {KEY}"})
+        assert response.json()["instances"] == [] and response.json()["next_token"] is None
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 0
     finally:
@@ -523,7 +529,15 @@ def test_it_lists_instances_in_v1_pages_with_filters_order_and_columns(api, sim)
     assert [i["id"] for i in second["instances"]] == wanted[3:] and second["next_token"] is None
     assert v1.get("/instances/", params={"after_token": "forged"}).status_code == 400
     assert v1.get("/instances/", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert len(v1.get("/instances/").json()["instances"]) == 7
+    default = v1.get("/instances/").json()  # vast.ai's page when no limit is given: 5
+    assert len(default["instances"]) == 5 and default["next_token"] is not None
+    assert len(v1.get("/instances/", params={"limit": 100}).json()["instances"]) == 7  # at most 25 a page anyway
+
+
+def test_the_v0_instance_list_is_gone_as_on_vast_ai(api):
+    gone = api.get("/instances/", params={"owner": "me"})
+    assert gone.status_code == 410 and gone.json()["error"] == "deprecated_endpoint"
+    assert "/api/v1/instances/" in gone.json()["msg"]
 
 
 def test_it_serves_an_instance_log_through_a_result_url(api, sim):
