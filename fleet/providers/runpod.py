@@ -55,6 +55,8 @@ _COMPUTE_CAPABILITY = (
 _NO_CAPACITY = (
     "no longer any instances available",
     "no instances available",
+    "no instances currently available",
+    "does not have the resources to deploy your pod",
     "not enough capacity",
     "insufficient capacity",
     "out of stock",

@@ -12,7 +12,8 @@ import httpx
 
 from . import fields
 from .base import HttpProvider, InstanceList, OfferSearch, instance_list
-from .errors import InstanceNotFound, MalformedResponse, OfferUnavailable, RentAnswerUnreadable
+from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable,
+                     RentAnswerUnreadable)
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
 
@@ -73,6 +74,13 @@ class VastClient(HttpProvider):
             body["price"] = float(request.bid_usd_per_hour)
         response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False)
         data = _decode(response, strict=False)
+        _refused_key(response)
+        made = data.get("new_contract")
+        if isinstance(made, int) and not isinstance(made, bool) and made > 0 and (
+                response.status_code >= 400 or data.get("success") is False):
+            # vast.ai can refuse a rent (a bid under the price) after creating its instance, stopped, billing disk.
+            raise RentAnswerUnreadable(f"vast.ai refused the rent of offer {request.offer_id} yet made instance "
+                                       f"{made}: reconcile by label.")
         if response.status_code in (400, 404, 410) or data.get("success") is False:
             message = data.get("msg") or data.get("error") or f"HTTP {response.status_code}"
             raise OfferUnavailable(f"Offer {request.offer_id} can no longer be rented: {message}")
@@ -110,6 +118,7 @@ class VastClient(HttpProvider):
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
         response = self._request("GET", f"/instances/{instance_id}/")
+        _refused_key(response)
         if response.status_code == 404:
             raise InstanceNotFound(f"vast.ai has no instance {instance_id}.")
         _raise_for_status(response)
@@ -121,12 +130,17 @@ class VastClient(HttpProvider):
     def destroy(self, instance_id: str) -> bool:
         """Destroys the instance; False if it was already gone (destroying twice is not an error)."""
         response = self._request("DELETE", f"/instances/{instance_id}/")
+        _refused_key(response)
         if response.status_code == 404:
             return False
         _raise_for_status(response)
         if not response.is_success:  # a redirect (never followed) is no destroy
             raise MalformedResponse(f"vast.ai answered the destroy of instance {instance_id} with HTTP "
                                     f"{response.status_code}.")
+        data = _decode(response, strict=False)
+        if data.get("success") is False:
+            raise MalformedResponse(f"vast.ai did not destroy instance {instance_id}: "
+                                    f"{fields.loose_text(data.get('msg') or data.get('error'), 300) or 'no reason'}")
         return True
 
     def charges(self) -> list[ChargeRecord]:
@@ -147,7 +161,19 @@ class VastClient(HttpProvider):
         return self._http.request(method, path, what=f"vast.ai {method} {path}", idempotent=idempotent, **kwargs)
 
 
+def _refused_key(response: httpx.Response) -> None:
+    """vast.ai answers a wrong or revoked key on some paths with HTTP 404 and {"error": "auth_error"}: that is no
+    machine gone, and no offer gone, but a key to fix."""
+    if 400 <= response.status_code < 500:
+        data = _decode(response, strict=False)
+        if data.get("error") in ("auth_error", "invalid_user_key"):
+            raise AuthenticationFailed(f"vast.ai refused the API key (HTTP {response.status_code}: "
+                                       f"{fields.loose_text(data.get('msg'), 200) or data['error']}): check "
+                                       "VAST_API_KEY.")
+
+
 def _raise_for_status(response: httpx.Response) -> None:
+    _refused_key(response)
     if response.status_code >= 400:
         data = _decode(response, strict=False)
         message = data.get("msg") or data.get("error") or response.reason_phrase
@@ -184,6 +210,15 @@ def _timestamp(value) -> datetime | None:
         return None
 
 
+def _verified(raw: dict) -> bool:
+    """vast.ai's search says it as `verification` ("verified", "unverified", "deverified"); older answers and some
+    proxies as a `verified` flag, read where it is given."""
+    if raw.get("verified") is not None:
+        return fields.flag(raw, "verified")
+    verification = fields.text(raw, "verification", default="")
+    return verification.lower() == "verified"
+
+
 def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
     """One listing of vast.ai's search as a record; BadField (naming the field) for anything it cannot hold."""
     if not isinstance(raw, dict):
@@ -209,7 +244,7 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
         total_usd_per_hour=fields.money(raw, "dph_total"),
         min_bid_usd_per_hour=fields.money(raw, "min_bid", default=None),
         reliability=fields.one_of(raw, ("reliability2", "reliability"), fields.number, high=1.0, default=0.0),
-        verified=fields.flag(raw, "verified", default=False),
+        verified=_verified(raw),
         rentable=fields.flag(raw, "rentable", default=True),
         is_bid=fields.flag(raw, "is_bid", default=is_bid),
         geolocation=fields.text(raw, "geolocation", default=""),

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fleet.providers.errors import MalformedResponse, OutcomeUnknown, ProviderUnavailable
+from fleet.providers.errors import AuthenticationFailed, MalformedResponse, OutcomeUnknown, ProviderUnavailable
 from fleet.providers.records import RentRequest
 from fleet.ranking.filters import country_code
 from fleet.providers.vast import VastClient
@@ -205,3 +205,35 @@ def test_it_reads_a_verified_false_and_an_integer_too_long_for_python_as_what_th
     offers = client.search_offers()
     assert [(o.offer_id, o.verified, o.is_bid) for o in offers] == [("101", False, False)]
     assert offers.skipped == ["offer a 5000-digit number: id is a 5000-digit number, not a whole number"]
+
+
+def test_it_reads_verification_as_vast_ai_lists_it(scripted):
+    server, client = scripted
+    listed = {k: v for k, v in GOOD_OFFER.items() if k != "verified"}
+    offers = [{**listed, "id": 201, "verification": "verified"}, {**listed, "id": 202, "verification": "unverified"},
+              {**listed, "id": 203, "verification": "deverified"}]
+    server.replies.append((200, json.dumps({"offers": offers}).encode()))
+    assert {o.offer_id: o.verified for o in client.search_offers()} == {"201": True, "202": False, "203": False}
+
+
+@pytest.mark.parametrize("call", ["get_instance", "destroy", "list_instances"])
+def test_a_refused_key_answered_as_404_is_no_machine_gone(scripted, call):
+    server, client = scripted
+    server.replies.append((404, b'{"success": false, "error": "auth_error", "msg": "Invalid user key"}'))
+    with pytest.raises(AuthenticationFailed, match="refused the API key .*Invalid user key.*VAST_API_KEY"):
+        getattr(client, call)(*(["7"] if call != "list_instances" else []))
+
+
+def test_a_destroy_answered_with_success_false_is_no_destroy(scripted):
+    server, client = scripted
+    server.replies.append((200, b'{"success": false, "msg": "instance is locked"}'))
+    with pytest.raises(MalformedResponse, match="did not destroy instance 7: instance is locked"):
+        client.destroy("7")
+
+
+def test_a_refused_rent_that_made_an_instance_is_an_unknown_outcome(scripted):
+    # vast.ai can refuse a bid under the price after creating the instance (stopped, its disk billing).
+    server, client = scripted
+    server.replies.append((400, b'{"success": false, "error": "bid_too_low", "new_contract": 88}'))
+    with pytest.raises(OutcomeUnknown, match="yet made instance 88: reconcile by label"):
+        client.rent(RentRequest(offer_id="101", image="img", disk_gb=250, label="fleet-1", env={}))
