@@ -5,11 +5,13 @@ nothing else, while the attempt is current and the token unexpired (runs.tokens)
 size-limited; bad input gets a 4xx with a message and changes nothing.
 """
 
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
 from ninja import Field, NinjaAPI, Schema
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
@@ -37,8 +39,22 @@ class AttemptToken(HttpBearer):
         return tokens.attempt_for(token)
 
 
+def _for_boxes_only(view):
+    """The schema is for the agent that calls the API: served to a request with a box's valid token, 401 otherwise
+    (it skips the dashboard's login like the rest of this API, so it needs its own check)."""
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or tokens.attempt_for(token.strip()) is None:
+            return JsonResponse({"detail": "Unauthorized"}, status=401)
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
 api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=AttemptToken(),
-               docs_url=None)
+               docs_url=None, docs_decorator=_for_boxes_only)
 
 
 @api.exception_handler(RequestDataTooBig)

@@ -51,7 +51,10 @@ def instance_detail(request, pk):
 
 
 class RentForm(forms.Form):
-    idempotency_key = forms.CharField(max_length=64, widget=forms.HiddenInput)
+    # The page's own random key (uuid4 hex). Stored as manual-<user>-<key>: a form cannot name a key the product uses
+    # for its own rents (a run's attempt, a replica, a replacement), nor another user's.
+    idempotency_key = forms.RegexField(regex=r"^[0-9a-f]{32}$", widget=forms.HiddenInput,
+                                       error_messages={"invalid": "This form is not one the page made: open it again."})
     image = forms.CharField(max_length=300, label="Image")
     disk_gb = forms.IntegerField(min_value=10, max_value=20000, label="Disk (GB)",
                                  error_messages={"min_value": "At least 10 GB.", "max_value": "At most 20,000 GB.",
@@ -109,7 +112,8 @@ def rent_confirm(request):
         quote = _quote(offer, form.cleaned_data["disk_gb"] if form.is_valid() else settings.RENT_DISK_GB)
         if form.is_valid() and _confirmed(form, quote):
             instance, created = actions.request_rent(
-                offer=offer, idempotency_key=form.cleaned_data["idempotency_key"], requested_by=request.user,
+                offer=offer, idempotency_key=f"manual-{request.user.pk}-{form.cleaned_data['idempotency_key']}",
+                requested_by=request.user,
                 image=form.cleaned_data["image"], disk_gb=form.cleaned_data["disk_gb"])
             # The row is committed first: whatever the queue does, the request is kept. A resubmitted form (same key)
             # queues an untouched row's rent again; the rent itself runs once per row.

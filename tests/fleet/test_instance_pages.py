@@ -158,3 +158,14 @@ def test_it_offers_no_admin_destroy_without_the_permission(client, django_user_m
     client.force_login(clerk)
     page = client.get(reverse("admin:fleet_instance_changelist")).content.decode()
     assert 'value="destroy"' not in page
+
+
+def test_a_rent_form_cannot_take_a_key_the_product_rents_under(client, staff, offer):
+    # The product's own rents use keys anyone can guess (a run's attempt, a replica's slot): a form naming one would
+    # leave that work waiting on a box it never gets.
+    client.force_login(staff)
+    _, form = _confirm(client, offer)
+    page = client.post(reverse("rent_confirm"), {**form, "idempotency_key": "run-5-attempt-0"}).content.decode()
+    assert "This form is not one the page made" in page and not Instance.objects.exists()
+    client.post(reverse("rent_confirm"), form)
+    assert Instance.objects.get().idempotency_key == f"manual-{staff.pk}-{form['idempotency_key']}"

@@ -262,9 +262,11 @@ def test_it_moves_the_run_on_agent_events_and_renews_on_heartbeats(launched):
     assert _post(client, "/heartbeat", {"state": "uploading", "gpu_util_percent": 101}).status_code == 422
 
 
-def test_it_serves_its_openapi_schema(client):
-    schema = client.get(API + "/openapi.json").json()
+def test_it_serves_its_openapi_schema_to_boxes_only(client, launched):
+    schema = _client(launched()).get(API + "/openapi.json").json()
     assert {"/api/agent/v1/spec", "/api/agent/v1/metrics", "/api/agent/v1/heartbeat"} <= set(schema["paths"])
+    assert client.get(API + "/openapi.json").status_code == 401  # anyone else: not even the API's shape
+    assert Client(HTTP_AUTHORIZATION="Bearer run_forged").get(API + "/openapi.json").status_code == 401
 
 
 def test_it_stores_step_times_in_utc_and_refuses_impossible_ones(launched):

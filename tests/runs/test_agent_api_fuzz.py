@@ -12,21 +12,22 @@ from tests.runs.conftest import put_on_a_box
 
 
 @pytest.fixture
-def agent_schema(db):
+def token(launched):
+    return put_on_a_box(launched())
+
+
+@pytest.fixture
+def agent_schema(db, token):
     # Called straight through WSGI, each request would close the test's database connection at its end; Django's
     # own test client keeps it open the same way.
     signals.request_started.disconnect(close_old_connections)
     signals.request_finished.disconnect(close_old_connections)
     try:
-        yield schemathesis.openapi.from_wsgi("/api/agent/v1/openapi.json", application)
+        yield schemathesis.openapi.from_wsgi("/api/agent/v1/openapi.json", application,
+                                             headers={"Authorization": f"Bearer {token}"})
     finally:
         signals.request_started.connect(close_old_connections)
         signals.request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def token(launched):
-    return put_on_a_box(launched())
 
 
 def test_it_never_answers_with_a_server_error(agent_schema, token):
