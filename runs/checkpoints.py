@@ -18,11 +18,14 @@ class CheckpointRefused(Exception):
 
 def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
     """Records a checkpoint the box began or finished uploading. Declared complete, it needs a manifest of every file
-    that the store holds at those sizes; a complete checkpoint is never reopened or given another manifest."""
+    that the store holds at those sizes; a complete checkpoint is never reopened or given another manifest, unless a
+    box refused it or it was pruned: then the step trained again (on a box resumed from an older one) is recorded
+    in its place, or the run could never get that step's checkpoint (a phase's final adapter) again."""
     now = now or timezone.now()
     run = attempt.run
     key = {"run": run, "phase": notice["phase"], "step": notice["step"]}
-    values = {"uri": notice["uri"], "complete": False, "manifest": None, "size_bytes": None, "created_at": now}
+    values = {"uri": notice["uri"], "complete": False, "manifest": None, "size_bytes": None, "created_at": now,
+              "rejected_reason": "", "pruned_at": None}
     if notice["complete"]:
         try:
             manifest = manifests.validated(notice.get("manifest"))
@@ -37,7 +40,7 @@ def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
         values.update(complete=True, manifest=manifest, size_bytes=manifests.total_bytes(manifest))
     with transaction.atomic():
         existing = Checkpoint.objects.select_for_update().filter(**key).first()
-        if existing is not None and existing.complete:
+        if existing is not None and existing.complete and not existing.rejected_reason and existing.pruned_at is None:
             if values["complete"] and values["manifest"] == existing.manifest and values["uri"] == existing.uri:
                 return existing  # the same declaration again (a retried post)
             raise CheckpointRefused(f"Checkpoint {existing.uri} is complete already; it cannot be changed.")

@@ -127,6 +127,11 @@ def _abandon_box(run: Run, reason: str, now: datetime) -> None:
 
 
 ASK, RENT, WAIT, ON_IT, DROP = "ask", "rent", "wait", "on it", "drop"
+NEEDS_A_BOX = (lifecycle.PENDING, lifecycle.RECOVERING)
+
+
+class _NoLongerWanted(Exception):
+    """The run stopped waiting for a box while one was being asked for: the request is rolled back."""
 
 
 def box_step(box: Instance | None) -> str:
@@ -167,8 +172,12 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
     image, _, _ = box_bootstrap()
 
     def attempt(instance: Instance) -> None:  # in the request's own transaction: no box without its attempt
+        # Only while the run still waits for a box: a cancel (or any end) since this pass read it rolls the request
+        # back, so nothing is rented for a run that no longer wants it.
+        if not Run.objects.filter(pk=run.pk, state__in=NEEDS_A_BOX, current_instance=None).update(
+                current_instance=instance, last_heartbeat_at=None, last_step_at=None):
+            raise _NoLongerWanted
         RunAttempt.objects.create(run=run, instance=instance, started_at=now, token_nonce=tokens.new_nonce())
-        Run.objects.filter(pk=run.pk).update(current_instance=instance, last_heartbeat_at=None, last_step_at=None)
 
     recipe, filters = run_settings(run.profile)
     gpus = run.recipe.get("gpus") if isinstance(run.recipe.get("gpus"), int) else 1
@@ -179,10 +188,13 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
     if run.disk_gb:  # ranked by the price of that disk, on hosts that have it (runs launched before: RENT_DISK_GB)
         recipe = dataclasses.replace(recipe, rent_disk_gb=float(run.disk_gb))
         filters = dataclasses.replace(filters, min_disk_gb=max(filters.min_disk_gb, float(run.disk_gb)))
-    requested = actions.request_best(recipe, filters, idempotency_key=f"run-{run.pk}-attempt-"
-                                     f"{run.attempts.count()}", purpose="training", image=image,
-                                     disk_gb=run.disk_gb, avoid_machines=set(run.bad_machines),
-                                     on_requested=attempt, now=now)
+    try:
+        requested = actions.request_best(recipe, filters, idempotency_key=f"run-{run.pk}-attempt-"
+                                         f"{run.attempts.count()}", purpose="training", image=image,
+                                         disk_gb=run.disk_gb, avoid_machines=set(run.bad_machines),
+                                         on_requested=attempt, now=now)
+    except _NoLongerWanted:
+        return None
     if requested is None:
         message = "No offer passes the run's filters (bad hosts excluded); trying again next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
@@ -194,6 +206,10 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
 def _call_rent(run: Run, box: Instance, now: datetime) -> Instance:
     _, onstart, bootstrap_env = box_bootstrap()
     attempt = RunAttempt.objects.select_related("run").get(run=run, instance=box)
+    if attempt.run.state not in NEEDS_A_BOX:  # ended (cancelled) since the box was asked for: never rent it
+        actions.destroy(box, reason=f"run {run.name} is {attempt.run.state}", now=now)  # cancels the unrented row
+        box.refresh_from_db()
+        return box
     # The box's token opens this attempt only.
     return actions.rent(box.pk, now=now, env={**agent_env(attempt), **bootstrap_env}, onstart=onstart)
 

@@ -179,6 +179,24 @@ def test_a_checkpoint_a_box_refused_is_never_offered_again(launched):
     assert "trainer.pt does not match" in run.events.get(kind="checkpoint_rejected").message
 
 
+def test_a_step_trained_again_after_its_checkpoint_was_refused_is_recorded_in_its_place(launched):
+    # The box that resumed from step 2 trains step 4 again and uploads it: without this, a refused final step
+    # would leave the run without its adapter for good.
+    run = launched()
+    client = _client(run)
+    _declare(client, 2, "ckpt-p00-s00000002", _stored(run, "ckpt-p00-s00000002", FILES))
+    _declare(client, 4, "ckpt-p00-s00000004", _stored(run, "ckpt-p00-s00000004", FILES))
+    _post(client, "/checkpoints/rejected", {"phase": 0, "step": 4, "reason": "trainer.pt does not match"})
+    assert _post(client, "/checkpoints", {"phase": 0, "step": 4, "uri": "ckpt-p00-s00000004",
+                                          "complete": False}).status_code == 200
+    again = _stored(run, "ckpt-p00-s00000004", {**FILES, "trainer.pt": b"u" * 40})
+    assert _declare(client, 4, "ckpt-p00-s00000004", again).status_code == 200
+    row = run.checkpoints.get(step=4)
+    assert row.complete and row.rejected_reason == "" and row.manifest == again
+    assert [c["step"] for c in client.get(API + "/spec").json()["resume"]] == [4, 2]
+    assert _declare(client, 4, "ckpt-p00-s00000004", _stored(run, "ckpt-p00-s00000004", FILES)).status_code == 409
+
+
 def test_a_replaced_or_ended_attempt_is_refused_and_touches_nothing(launched):
     run = launched()
     stale_token = put_on_a_box(run)

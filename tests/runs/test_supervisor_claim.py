@@ -11,7 +11,8 @@ from django.utils import timezone
 from fleet import actions
 from fleet.models import Instance
 from fleet.offers.refresh import refresh_offers
-from runs import events, supervisor
+from runs import events, launch, supervisor
+from runs.models import Run
 
 State = Instance.State
 
@@ -142,3 +143,33 @@ def test_it_decides_what_to_do_with_the_box_a_run_asked_for(state, attempted, st
     box = Instance(state=state, rent_attempted_at=timezone.now() if attempted else None)
     assert supervisor.box_step(box) == step
     assert supervisor.box_step(None) == supervisor.ASK
+
+
+@pytest.mark.django_db
+def test_a_cancel_during_a_pass_rents_nothing(launched, frozen_market, offers, monkeypatch):
+    run = launched()
+    real_request = actions.request_best
+
+    def cancelled_meanwhile(*args, **kwargs):  # the user cancels after the pass read the run as pending
+        launch.cancel(Run.objects.get(pk=run.pk))
+        return real_request(*args, **kwargs)
+
+    monkeypatch.setattr(actions, "request_best", cancelled_meanwhile)
+    supervisor.supervise(now=timezone.now())
+    run.refresh_from_db()
+    assert run.state == "cancelled" and run.current_instance is None and run.attempts.count() == 0
+    assert not Instance.objects.exists() and _rented_at_the_market(frozen_market) == []
+
+
+@pytest.mark.django_db
+def test_a_box_asked_for_before_a_cancel_is_never_rented(launched, frozen_market, offers, monkeypatch):
+    run = launched()
+    monkeypatch.setattr(actions, "rent", _dies_once(actions.rent))  # asked for; the pass died before the call
+    supervisor.supervise(now=timezone.now())
+    monkeypatch.undo()
+    stale = Run.objects.get(pk=run.pk)  # a pass that read the run before the cancel
+    launch.cancel(Run.objects.get(pk=run.pk))
+    supervisor._rent_box(stale, timezone.now())
+    box = Instance.objects.get()
+    assert box.state == State.FAILED and box.provider_instance_id is None
+    assert _rented_at_the_market(frozen_market) == []
