@@ -271,6 +271,10 @@ DESTROY_VERIFY_S = env_int("DESTROY_VERIFY_S", 60, minimum=1)  # a destroy still
 MAX_KEEP_FOR_DEBUG_HOURS = env_int("MAX_KEEP_FOR_DEBUG_HOURS", 24, minimum=1)
 # A run whose trainer finished without its final adapters in the store fails and keeps its box this long.
 RUN_KEEP_BOX_ON_LOST_OUTPUTS_H = env_int("RUN_KEEP_BOX_ON_LOST_OUTPUTS_H", 4, minimum=0)
+# A phase's data file (an upload or an s3:// object), and one record of it: larger ones are refused before they are
+# copied or read into memory.
+DATASET_MAX_BYTES = env_int("DATASET_MAX_BYTES", 10 * 1024**3, minimum=1)
+DATASET_MAX_LINE_BYTES = env_int("DATASET_MAX_LINE_BYTES", 16 * 1024**2, minimum=1024)
 # A requested rent no worker attempted within RENT_QUEUE_GRACE_S (its task lost) is rented by a sweep that runs that
 # often, or given up on with its reason once it has waited RENT_QUEUE_MAX_WAIT_S (the offer may be gone by then).
 RENT_QUEUE_GRACE_S = env_int("RENT_QUEUE_GRACE_S", 60, minimum=5)

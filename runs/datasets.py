@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import botocore.exceptions
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from runs import storage
@@ -78,8 +79,12 @@ def model_tokenizer(model: dict) -> Tokenizer:
 def check_file(path: Path, kind: str, tokenizer: Tokenizer) -> Inspection:
     """Every line of a phase's JSONL checked for its kind, the first SAMPLE_RECORDS rendered and counted."""
     sha, size, rows, errors, sample = hashlib.sha256(), 0, 0, [], []
+    limit = settings.DATASET_MAX_LINE_BYTES
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+        for number, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                errors.append(f"line {number} is longer than {limit:,} bytes (DATASET_MAX_LINE_BYTES): not read on")
+                break
             sha.update(raw)
             size += len(raw)
             if not raw.strip():
@@ -182,7 +187,12 @@ def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
     if source.startswith("s3://"):
         parsed = urlparse(source)
         try:
-            storage.s3_client().download_file(parsed.netloc, parsed.path.lstrip("/"), str(dest))
+            client = storage.s3_client()
+            size = client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["ContentLength"]
+            if size > settings.DATASET_MAX_BYTES:
+                raise DataError(f"is {size:,} bytes, more than the {settings.DATASET_MAX_BYTES:,} a data file may be "
+                                "(DATASET_MAX_BYTES)")
+            client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(dest))
         except botocore.exceptions.BotoCoreError as exc:
             raise DataError(f"cannot be read: {exc}") from None
         except botocore.exceptions.ClientError as exc:

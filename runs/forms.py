@@ -1,4 +1,5 @@
 from django import forms
+from django.conf import settings
 
 from fleet.models import OfferProfile
 from runs import launch as launching
@@ -20,6 +21,9 @@ class DataFilesField(forms.FileField):
             else []
         named = {}
         for f in files:
+            if f.size > settings.DATASET_MAX_BYTES:
+                raise forms.ValidationError(f"{f.name} is {f.size:,} bytes, more than the "
+                                            f"{settings.DATASET_MAX_BYTES:,} a data file may be (DATASET_MAX_BYTES).")
             if f.name in named:
                 raise forms.ValidationError(f"Two files are named {f.name}: a phase names its file by name.")
             named[f.name] = f

@@ -11,6 +11,7 @@ import pytest
 
 from runs import datasets, reports
 from runs.launch import LaunchError, example_recipe, launch
+from runs.models import Run
 from training.agent import fetch_data
 
 from .conftest import put_on_a_box
@@ -69,3 +70,12 @@ def test_an_s3_object_that_cannot_be_read_is_said_before_anything_is_rented(s3):
     with pytest.raises(LaunchError, match=r"phases\[0\] \(sft\)\.data s3://checkpoints/missing.jsonl: cannot be read"):
         launch(name="s3", recipe=_recipe(f"s3://{BUCKET}/missing.jsonl"), bucket=f"s3://{BUCKET}/team-a",
                budget_usd=5, max_restarts=1)
+
+
+def test_an_s3_object_over_the_size_limit_is_refused_before_it_is_downloaded(s3, settings, tmp_path):  # noqa: F811
+    settings.DATASET_MAX_BYTES = 1000
+    s3.put_object(Bucket=BUCKET, Key="incoming/huge.jsonl", Body=b"x" * 5000)
+    with pytest.raises(LaunchError, match=r"huge.jsonl: is 5,000 bytes, more than the 1,000 a data file may be"):
+        launch(name="s3", recipe=_recipe(f"s3://{BUCKET}/incoming/huge.jsonl"), bucket=f"s3://{BUCKET}/team-a",
+               budget_usd=5, max_restarts=1)
+    assert not Run.objects.exists()

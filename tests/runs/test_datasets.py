@@ -159,6 +159,25 @@ def test_the_launch_page_says_each_bad_line_and_launches_nothing(client, launche
     assert not Run.objects.exists() and not DataSet.objects.filter(name="chat.jsonl").exists()
 
 
+def test_a_data_file_over_the_limits_is_refused_before_it_is_read(client, launcher, tmp_path, settings):
+    settings.DATASET_MAX_LINE_BYTES = 1024
+    one_line = tmp_path / "one-line.jsonl"
+    one_line.write_bytes(b'{"text": "' + b"x" * 5000 + b'"}' + b"\n" + jsonl(GOOD["cpt"]))
+    checked = datasets.check_file(one_line, "cpt", BYTES)
+    assert checked.errors == ["line 1 is longer than 1,024 bytes (DATASET_MAX_LINE_BYTES): not read on"]
+
+    settings.DATASET_MAX_BYTES = 100
+    client.force_login(launcher)
+    form = _launch_form(client)
+    form["bucket"] = str(tmp_path / "bucket")
+    form["recipe"] = form["recipe"].replace("data: example:sft.jsonl", "data: chat.jsonl")
+    big = jsonl(*[GOOD["sft"]] * 3)
+    page = client.post(reverse("run_launch"), {**form, "data_files": [SimpleUploadedFile("chat.jsonl", big)]})
+    text = html.unescape(page.content.decode())
+    assert f"chat.jsonl is {len(big):,} bytes, more than the 100 a data file may be (DATASET_MAX_BYTES)" in text
+    assert not Run.objects.exists() and not DataSet.objects.exists()
+
+
 def test_the_box_fetches_each_phases_data_and_refuses_one_that_does_not_match(launched, tmp_path):
     run = launched()
     put_on_a_box(run)
