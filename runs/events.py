@@ -10,9 +10,12 @@ from runs import lifecycle
 from runs.models import Run, RunEvent
 
 
-def record(run: Run, kind: str, message: str, *, now=None) -> tuple[str, str]:
+def record(run: Run, kind: str, message: str, *, now=None, from_box: int | None = None) -> tuple[str, str]:
     """Writes the event; if it moves the run, claims the move with a conditional update so that two reports of the
-    same thing (a retried post, two supervisor passes) move it once. Returns (before, after)."""
+    same thing (a retried post, two supervisor passes) move it once. A box's own report (`from_box`, its instance)
+    moves the run only while that box is still the run's: one replaced while its report was on the way (its
+    'finished' or 'trainer_failed' racing the supervisor's move) is kept as history and moves nothing. Returns
+    (before, after)."""
     now = now or timezone.now()
     with transaction.atomic():
         RunEvent.objects.create(run=run, at=now, kind=kind, message=message)
@@ -24,7 +27,10 @@ def record(run: Run, kind: str, message: str, *, now=None) -> tuple[str, str]:
                 changes["restarts"] = F("restarts") + 1
             if after in (lifecycle.FINISHED, lifecycle.FAILED, lifecycle.CANCELLED):
                 changes["finished_at"] = now
-            if not Run.objects.filter(pk=run.pk, state=before).update(**changes):
+            claim = Run.objects.filter(pk=run.pk, state=before)
+            if from_box is not None:
+                claim = claim.filter(current_instance_id=from_box)
+            if not claim.update(**changes):
                 after = before  # someone else moved it first
     run.refresh_from_db()
     if lifecycle.is_restart(before, after):

@@ -63,7 +63,7 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
     if seen:
         Instance.objects.filter(pk=attempt.instance_id).update(**seen)
     if lifecycle.moves(run.state, "agent_started"):
-        events.record(run, "agent_started", "The box's agent reported in.", now=now)
+        events.record(run, "agent_started", "The box's agent reported in.", now=now, from_box=attempt.instance_id)
     command, why = standing_order(run_active=run.is_active, spent=run_cost(run, now), budget=run.budget_usd,
                                   supervisor_age_s=pulse.age_s("supervisor", now),
                                   stale_after_s=settings.SUPERVISOR_STALE_S)
@@ -90,7 +90,8 @@ def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
     Run.objects.filter(pk=run.pk).update(current_phase=last.phase, current_step=last.step, last_step_at=now)
     Instance.objects.filter(pk=attempt.instance_id).update(last_step_at=now, last_process_at=now)
     if lifecycle.moves(run.state, "step"):
-        events.record(run, "step", f"Training: phase {last.phase} step {last.step}.", now=now)
+        events.record(run, "step", f"Training: phase {last.phase} step {last.step}.", now=now,
+                      from_box=attempt.instance_id)
     return len(rows)
 
 
@@ -100,7 +101,8 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
     if kind == "log":
         run.events.create(at=now, kind="log", message=message)
         return run.state
-    if kind == "finished" and lifecycle.moves(run.state, kind):
+    mine = Run.objects.filter(pk=run.pk, current_instance_id=attempt.instance_id).exists()  # not replaced meanwhile
+    if kind == "finished" and lifecycle.moves(run.state, kind) and mine:
         missing = checkpoints.missing_outputs(run)
         if missing:
             # Green without its adapters would be a lie, and the box's disk may be the only copy left: keep it.
@@ -111,8 +113,8 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
             except actions.KeepRefused as exc:  # already being destroyed: nothing left to keep
                 box = str(exc)
             return events.record(run, "outputs_lost", f"The trainer finished, but {'; '.join(missing)}. {box}",
-                                 now=now)[1]
-    return events.record(run, kind, message, now=now)[1]
+                                 now=now, from_box=attempt.instance_id)[1]
+    return events.record(run, kind, message, now=now, from_box=attempt.instance_id)[1]
 
 
 def spec(attempt: RunAttempt, *, now=None) -> dict:

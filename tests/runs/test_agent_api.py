@@ -214,6 +214,26 @@ def test_a_replaced_or_ended_attempt_is_refused_and_touches_nothing(launched):
     assert _post(current, "/heartbeat", {"state": "training"}).status_code == 401
 
 
+@pytest.mark.parametrize("kind", ["finished", "trainer_failed"])
+def test_a_report_from_a_box_replaced_while_it_was_on_the_way_moves_nothing(launched, kind):
+    # Its token was good when the request came in; the supervisor moved the run to a new box before it was handled.
+    from runs import reports
+
+    run = launched()
+    tokens.attempt_for(put_on_a_box(run))
+    old = run.attempts.get()
+    for step in ("rented", "agent_started", "probe_ok"):
+        events.record(run, step, step)
+    put_on_a_box(run)  # the run is on its next box now
+    before = run.state
+    assert before == "training"
+    assert reports.agent_event(old, kind, "the old box's last words") == before
+    run.refresh_from_db()
+    assert run.state == before and run.events.filter(kind=kind).exists()  # kept as history
+    old.instance.refresh_from_db()
+    assert old.instance.keep_until is None
+
+
 def test_a_token_expires_unless_heartbeats_renew_it(launched, settings):
     from datetime import timedelta
 
