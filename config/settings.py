@@ -343,6 +343,9 @@ AGENT_HEARTBEAT_TIMEOUT_S = env_int("AGENT_HEARTBEAT_TIMEOUT_S", 60, minimum=5) 
 AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=60)  # unrenewed longer: box stops
 STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60)
 RUN_INSTALL_TIMEOUT_S = env_int("RUN_INSTALL_TIMEOUT_S", 1800, minimum=60)
+# A box that trains no first step this long after it was rented, its GPU idle, is hung (a trainer stuck loading or
+# in NCCL's start): its heartbeats alone are no progress. Longer than the no-progress rule, for the downloads.
+RUN_FIRST_STEP_TIMEOUT_MIN = env_float("RUN_FIRST_STEP_TIMEOUT_MIN", 120.0, minimum=5)
 SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
 # A box whose heartbeat finds the supervisor silent this long stops its own machine (nothing would reap it).
 SUPERVISOR_STALE_S = env_int("SUPERVISOR_STALE_S", 1800, minimum=60)

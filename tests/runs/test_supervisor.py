@@ -187,6 +187,25 @@ def test_it_judges_a_hung_box_by_the_reapers_rule(launched, frozen_market, offer
     assert run.events.filter(kind="hung", message__contains="GPU idle 2 min and no step progress").exists()
 
 
+def test_a_box_that_never_trains_its_first_step_is_hung_though_it_heartbeats(launched, frozen_market, offers,
+                                                                            settings):
+    # A trainer stuck before its first step (loading, NCCL's start): the agent's heartbeats keep coming.
+    settings.AGENT_HEARTBEAT_TIMEOUT_S = settings.REAPER_GPU_UNRESPONSIVE_MIN = 10**6  # its beats keep coming
+    run = _supervise(launched())
+    agent = Agent(frozen_market, run)
+    agent.starts_training()
+    box = run.current_instance
+    beat = {"state": "training", "process_alive": True, "gpu_ok": True, "gpu_util_percent": 0}
+    agent.post("/heartbeat", beat)
+    assert _supervise(run, box.requested_at + timedelta(minutes=119)).state == "training"  # downloads take time
+    agent.post("/heartbeat", {**beat, "gpu_util_percent": 97})
+    assert _supervise(run, box.requested_at + timedelta(minutes=121)).state == "training"  # a busy GPU: not hung
+    agent.post("/heartbeat", beat)
+    run = _supervise(run, box.requested_at + timedelta(minutes=121))
+    assert run.current_instance != box
+    assert run.events.filter(kind="hung", message__contains="no first step 121 min after it was rented").exists()
+
+
 def test_it_bootstraps_a_stock_image_with_the_onstart_script(launched, frozen_market, offers, settings):
     settings.WORKER_BOOTSTRAP = "onstart"
     settings.WORKER_STOCK_IMAGE = "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime"
