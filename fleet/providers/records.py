@@ -77,7 +77,6 @@ class ChargeRecord:
     instance_id: str
     kind: str  # "gpu", "disk", "bwu" (upload), "bwd" (download)
     amount_usd: Decimal
-    quantity: float  # hours for gpu, GB-hours for disk, GB for traffic
     start: datetime
     end: datetime
 

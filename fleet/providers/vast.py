@@ -5,6 +5,7 @@ Every response is converted here, once, into plain records with units in their f
 
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 MIB_PER_GIB = 1024
 INSTANCE_PAGE = 25  # the most vast.ai's v1 instance list gives a page
+CHARGE_PAGE = 100  # results (instances) a page of the charge report
+CHARGE_DAYS = 60  # how far back the charge report reaches (it needs a day range)
 MAX_INSTANCE_PAGES = 400  # 10,000 machines: past that the list is taken for a server that never ends it
 
 
@@ -143,12 +146,30 @@ class VastClient(HttpProvider):
                                     f"{fields.loose_text(data.get('msg') or data.get('error'), 300) or 'no reason'}")
         return True
 
-    def charges(self) -> list[ChargeRecord]:
-        data = self._json("GET", "/charges/")
-        raw_charges = data.get("charges")
-        if not isinstance(raw_charges, list):
-            raise MalformedResponse("vast.ai charges answered without a 'charges' list.")
-        return [parse_charge(raw) for raw in raw_charges]
+    def charges(self, *, days: int = CHARGE_DAYS) -> list[ChargeRecord]:
+        """The charge lines of our instances created in the last `days`: vast.ai's report, which requires its day
+        range (select_filters day gte/lte), gives a result per instance ("source": "instance-<id>") whose items are
+        its gpu, disk and traffic lines, a page at a time through next_token."""
+        now = datetime.now(UTC).timestamp()
+        filters = json.dumps({"day": {"gte": int(now - days * 86400), "lte": int(now + 86400)}})
+        lines, token, tokens = [], None, set()
+        for _ in range(MAX_INSTANCE_PAGES):
+            params = {"select_filters": filters, "limit": CHARGE_PAGE}
+            if token is not None:
+                params["after_token"] = token
+            data = self._json("GET", "/charges/", params=params)
+            results = data.get("results")
+            if not isinstance(results, list):
+                raise MalformedResponse("vast.ai charges answered without a 'results' list.")
+            lines += [line for result in results for line in parse_charges(result)]
+            token = data.get("next_token")
+            if token is None or token == "":
+                return lines
+            if not isinstance(token, str) or token in tokens or not results:
+                raise MalformedResponse("vast.ai charges gave a page token it had given before: the report cannot "
+                                        "be read to its end.")
+            tokens.add(token)
+        raise MalformedResponse(f"vast.ai charges did not end after {MAX_INSTANCE_PAGES} pages.")
 
     # -- HTTP with retries -----------------------------------------------------------------------------------
 
@@ -304,19 +325,37 @@ def parse_instance(raw: dict) -> InstanceRecord:
     )
 
 
-def parse_charge(raw: dict) -> ChargeRecord:
+def parse_charges(result: dict) -> list[ChargeRecord]:
+    """One result of vast.ai's charge report as its lines: an instance's ("source": "instance-<id>", or its
+    metadata's instance_id) gpu, disk and traffic items; a result of another kind (a volume, a serverless
+    endpoint) holds none of ours and gives none."""
+    if not isinstance(result, dict):
+        raise MalformedResponse(f"vast.ai charge result {fields.shown(result)} is not an object.")
+    if result.get("type") not in (None, "instance"):
+        return []
+    match = re.fullmatch(r"instance-(\d+)", str(result.get("source") or ""))
+    metadata = result.get("metadata") if isinstance(result.get("metadata"), dict) else {}
+    instance_id = match.group(1) if match else metadata.get("instance_id")
+    if not isinstance(instance_id, str | int) or isinstance(instance_id, bool) or not str(instance_id).isdigit():
+        raise MalformedResponse(f"vast.ai charge result {fields.shown(result.get('source'))} names no instance.")
+    items = result.get("items")
+    if not isinstance(items, list):
+        raise MalformedResponse(f"vast.ai charges of instance {instance_id} come without their items.")
+    return [parse_charge(item, str(instance_id)) for item in items]
+
+
+def parse_charge(raw: dict, instance_id: str) -> ChargeRecord:
     try:
         start, end = _timestamp(raw["start"]), _timestamp(raw["end"])
         if start is None or end is None:
             raise ValueError("start/end are not timestamps")
         return ChargeRecord(
             provider="vast",
-            instance_id=str(fields.whole(raw, "instance_id")),
-            kind=str(raw["type"]),
+            instance_id=instance_id,
+            kind=fields.text(raw, "type", blank=False),
             amount_usd=fields.money(raw, "amount"),
-            quantity=fields.number(raw, "quantity", low=None),
             start=start,
             end=end,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise MalformedResponse(f"vast.ai charge line {raw!r:.80}: {exc}") from None
+        raise MalformedResponse(f"vast.ai charge line {fields.shown(raw)} of instance {instance_id}: {exc}") from None

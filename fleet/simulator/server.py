@@ -283,12 +283,15 @@ class Handler(BaseHTTPRequestHandler):
         if retry_after is not None:
             self._too_many(retry_after, "API requests too frequent: charges polled too fast")
             return
-        if "select_filters" in self.query:
-            # The v1 client's charge report. Whether vast.ai still answers the plain GET /charges/ with a
-            # {"charges": [...]} list is not documented; the product's client reads that form, so both are served.
-            self._json(200, self.server.market.charges_report(self.query))
+        # vast.ai's charge report needs its day range, as select_filters {"day": {"gte": t0, "lte": t1}}.
+        try:
+            day = json.loads(self.query.get("select_filters") or "{}").get("day")
+        except (ValueError, AttributeError):
+            day = None
+        if not (isinstance(day, dict) and "gte" in day and "lte" in day):
+            self._error(400, "invalid_args", "Must provide both 'day' gte and lte filters")
             return
-        self._json(200, {"charges": self.server.market.charges()})
+        self._json(200, self.server.market.charges_report(self.query))
 
     # --- control API ---
 

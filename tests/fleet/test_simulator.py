@@ -1,5 +1,6 @@
 """The simulated vast.ai marketplace, over real HTTP, as a vast.ai client sees it."""
 
+import json
 import os
 import re
 import signal
@@ -75,10 +76,23 @@ def instance(api, instance_id):
     return response.json()["instances"]
 
 
+def charge_report(api, **filters):
+    """vast.ai's charge report over the last day and the next: a result per instance, its lines as items."""
+    now = time.time()
+    day = {"day": {"gte": int(now - 86400), "lte": int(now + 86400)}}
+    return api.get("/charges/", params={"select_filters": json.dumps({**day, **filters}), "limit": 100})
+
+
+def quantities(sim, instance_id):
+    """Hours, GB-hours and GB billed, as the simulation keeps them (the report gives them in words)."""
+    return {line["type"]: line["quantity"] for line in sim.market.charges() if line["instance_id"] == instance_id}
+
+
 def charges_of(api, instance_id):
-    response = api.get("/charges/")
+    response = charge_report(api)
     assert response.status_code == 200, response.text
-    return {line["type"]: line for line in response.json()["charges"] if line["instance_id"] == instance_id}
+    (result,) = [r for r in response.json()["results"] if r["source"] == f"instance-{instance_id}"]
+    return {item["type"]: item for item in result["items"]}
 
 
 def hidden(control, instance_id):
@@ -223,7 +237,7 @@ def test_it_bills_gpu_and_disk_per_second(api, sim):
     sim.advance(1800)
     lines = charges_of(api, instance_id)
     assert lines["gpu"]["amount"] == pytest.approx(offer["dph_base"] * 0.5, abs=1e-6)
-    assert lines["gpu"]["quantity"] == pytest.approx(0.5, abs=1e-6)
+    assert quantities(sim, instance_id)["gpu"] == pytest.approx(0.5, abs=1e-6)
     # $/GB/month over a 30-day month: 100 GB for half an hour.
     assert lines["disk"]["amount"] == pytest.approx(offer["storage_cost"] * 100 * 0.5 / 720, abs=1e-6)
     assert lines["gpu"]["end"] - lines["gpu"]["start"] == pytest.approx(1800)
@@ -263,9 +277,10 @@ def test_it_bills_disk_but_not_gpu_while_stopped(api, sim):
     stopped = instance(api, instance_id)
     assert (stopped["actual_status"], stopped["intended_status"]) == ("stopped", "stopped")
     sim.advance(3000)
-    lines = charges_of(api, instance_id)
-    assert lines["gpu"]["quantity"] == pytest.approx(600 / 3600, abs=1e-6)
-    assert lines["disk"]["quantity"] == pytest.approx(100 * 3600 / 3600, abs=1e-6)  # GB-hours, stopped time included
+    assert set(charges_of(api, instance_id)) == {"gpu", "disk"}
+    billed = quantities(sim, instance_id)
+    assert billed["gpu"] == pytest.approx(600 / 3600, abs=1e-6)
+    assert billed["disk"] == pytest.approx(100 * 3600 / 3600, abs=1e-6)  # GB-hours, stopped time included
 
     api.put(f"/instances/{instance_id}/", json={"state": "running"})
     assert instance(api, instance_id)["actual_status"] in ("created", "loading")
@@ -281,7 +296,7 @@ def test_it_bills_reported_traffic(api, sim, control):
     lines = charges_of(api, instance_id)
     assert lines["bwu"]["amount"] == pytest.approx(7.4 * offer["inet_up_cost"], abs=1e-6)
     assert lines["bwd"]["amount"] == pytest.approx(67 * offer["inet_down_cost"], abs=1e-6)
-    assert lines["bwd"]["quantity"] == 67
+    assert quantities(sim, instance_id)["bwd"] == 67
 
 
 def test_it_answers_injected_429s_with_retry_after(api, control):
@@ -328,9 +343,10 @@ def test_it_kills_a_host(api, sim, control):
     sim.advance(3600)
     assert api.get(f"/instances/{instance_id}/").json() == {"instances": None}  # vanished 600 s after death
     assert v1(api).json()["instances"] == []
-    lines = charges_of(api, instance_id)
-    assert lines["gpu"]["quantity"] == pytest.approx(100 / 3600, abs=1e-6)
-    assert lines["disk"]["quantity"] == pytest.approx(100 * 700 / 3600, abs=1e-6)  # disk bills until it vanished
+    assert set(charges_of(api, instance_id)) == {"gpu", "disk"}
+    billed = quantities(sim, instance_id)
+    assert billed["gpu"] == pytest.approx(100 / 3600, abs=1e-6)
+    assert billed["disk"] == pytest.approx(100 * 700 / 3600, abs=1e-6)  # disk bills until it vanished
     assert offer["id"] not in {o["id"] for o in search(api)}
 
 
@@ -342,7 +358,7 @@ def test_it_kills_the_hosts_of_offers_with_a_hidden_death_date(api, sim):
     assert instance(api, instance_id)["actual_status"] == "running"
     sim.advance(2)
     assert instance(api, instance_id)["actual_status"] == "exited"
-    assert charges_of(api, instance_id)["gpu"]["quantity"] == pytest.approx(doomed["dies_after_s"] / 3600, abs=1e-6)
+    assert quantities(sim, instance_id)["gpu"] == pytest.approx(doomed["dies_after_s"] / 3600, abs=1e-6)
 
 
 def test_it_hangs_a_host(api, sim, control):
@@ -357,7 +373,7 @@ def test_it_hangs_a_host(api, sim, control):
     assert (hung["actual_status"], hung["gpu_util"]) == ("running", 0)
     assert "hung" not in hung
     assert hidden(control, instance_id)["hung"] is True
-    assert charges_of(api, instance_id)["gpu"]["quantity"] == pytest.approx(1100 / 3600, abs=1e-6)  # still billing
+    assert quantities(sim, instance_id)["gpu"] == pytest.approx(1100 / 3600, abs=1e-6)  # still billing
 
 
 def test_it_fails_cuda_init_when_the_driver_is_too_old(api, sim, control):
@@ -390,8 +406,9 @@ def test_it_reclaims_an_interruptible_instance(api, sim):
 def test_it_refuses_charges_polled_too_fast():
     with SimulatedMarketplace(api_key=KEY, speed=0) as sim:  # the default 1 s minimum interval
         headers = {"Authorization": f"Bearer {KEY}"}
-        assert httpx.get(sim.base_url + "/charges/", headers=headers).status_code == 200
-        refused = httpx.get(sim.base_url + "/charges/", headers=headers)
+        with httpx.Client(base_url=sim.base_url, headers=headers) as api:
+            assert charge_report(api).status_code == 200
+            refused = charge_report(api)
         assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
         assert httpx.get(sim.origin + "/api/v1/instances/", headers=headers).status_code == 200
 
@@ -574,8 +591,9 @@ def test_it_reports_the_account_as_invoices_and_charge_pages(api, sim):
     assert invoices["current"]["total"] == pytest.approx(total, abs=1e-4)
     credits_only = api.get("/users/me/invoices", params={"inc_charges": "false"}).json()["invoices"]
     assert [r["type"] for r in credits_only] == ["payment"]
-    report = api.get("/charges/", params={"select_filters": '{"type": {"in": ["instance"]}}', "limit": 5}).json()
+    report = charge_report(api, type={"in": ["instance"]}).json()
     assert report["total"] == 1 and report["results"][0]["amount"] == pytest.approx(total)
-    assert api.get("/charges/", params={"select_filters": '{"type": {"in": ["volume"]}}'}).json()["total"] == 0
-    assert "charges" in api.get("/charges/").json()  # the plain form the product's client reads stays
+    assert charge_report(api, type={"in": ["volume"]}).json()["total"] == 0
+    refused = api.get("/charges/")  # as vast.ai: the report needs its day range
+    assert refused.status_code == 400 and "'day' gte and lte" in refused.json()["msg"]
     assert api.get("/users/current").json()["credit"] == pytest.approx(1000 - total, abs=1e-3)

@@ -3,6 +3,7 @@
 import json
 import threading
 from decimal import Decimal
+from urllib.parse import parse_qs, urlparse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -140,9 +141,30 @@ def test_a_destroy_answered_with_a_redirect_is_no_destroy(scripted):
         client.destroy("7")
 
 
+REPORT = {"type": "instance", "source": "instance-7", "amount": 1.5, "start": 1.7e9, "end": 1.7e9 + 3600,
+          "items": [{"type": "gpu", "amount": 1.25, "start": 1.7e9, "end": 1.7e9 + 3600,
+                     "description": "1.000 hours at $1.250/hour"},
+                    {"type": "disk", "amount": 0.25, "start": 1.7e9, "end": 1.7e9 + 3600}]}
+
+
+def test_it_reads_the_charge_report_as_vast_ai_gives_it(scripted):
+    server, client = scripted
+    volume = {"type": "volume", "source": "volume-3", "amount": 0.1, "items": []}
+    server.replies.append((200, json.dumps({"results": [REPORT], "next_token": "p2"}).encode()))
+    server.replies.append((200, json.dumps({"results": [volume, {**REPORT, "source": "instance-9"}],
+                                            "next_token": None}).encode()))
+    lines = client.charges()
+    assert [(c.instance_id, c.kind, str(c.amount_usd)) for c in lines] == [
+        ("7", "gpu", "1.25"), ("7", "disk", "0.25"), ("9", "gpu", "1.25"), ("9", "disk", "0.25")]
+    (_, first), (_, second) = server.requests
+    query = json.loads(parse_qs(urlparse(first).query)["select_filters"][0])
+    assert set(query["day"]) == {"gte", "lte"} and "after_token=p2" in second  # the range it needs, every page
+
+
 def test_it_rejects_a_charge_line_without_times(scripted):
     server, client = scripted
-    server.replies.append((200, b'{"charges": [{"instance_id": 1, "type": "gpu", "amount": 1.0, "quantity": 1}]}'))
+    broken = {**REPORT, "items": [{"type": "gpu", "amount": 1.0}]}
+    server.replies.append((200, json.dumps({"results": [broken], "next_token": None}).encode()))
     with pytest.raises(MalformedResponse, match="charge line"):
         client.charges()
 
