@@ -1,7 +1,7 @@
 import pytest
 from django.contrib.auth.models import Permission
 
-from tests.marketplace import _market_server, celery_worker, frozen_market, market  # noqa: F401
+from tests.marketplace import _market_server, celery_worker, frozen_market, market, runpod_market  # noqa: F401
 
 
 @pytest.fixture

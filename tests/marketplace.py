@@ -79,3 +79,14 @@ def sim_now(market):
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(market.state()["clock"], tz=UTC)
+
+
+@pytest.fixture
+def runpod_market(settings):
+    """The fake RunPod GraphQL server (tests/fleet/runpod_server.py), over HTTP, as the product's configured RunPod."""
+    from tests.fleet.runpod_server import RUNPOD_KEY, FakeRunPod
+
+    server = FakeRunPod(boot_polls=None).start()
+    settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY = server.base_url, RUNPOD_KEY
+    yield server
+    server.stop()

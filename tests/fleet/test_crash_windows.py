@@ -20,7 +20,6 @@ from fleet.providers.registry import get_provider
 from fleet.reaper import sweep
 from tests.waiting import wait_until
 
-from .runpod_server import RUNPOD_KEY, FakeRunPod
 
 State = Instance.State
 
@@ -163,16 +162,8 @@ def test_it_decides_which_unattempted_rents_to_take_up():
 # -- one provider down ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def runpod(settings):
-    server = FakeRunPod(boot_polls=None).start()
-    settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY = server.base_url, RUNPOD_KEY
-    yield server
-    server.stop()
-
-
 @pytest.mark.django_db
-def test_it_syncs_every_provider_while_one_is_down(runpod, settings):
+def test_it_syncs_every_provider_while_one_is_down(runpod_market, settings):
     settings.VAST_API_URL, settings.VAST_API_KEY = "http://127.0.0.1:1/api/v0", "some-key"  # refuses connections
     settings.PROVIDER_MAX_RETRIES = 0
     with get_provider("runpod") as provider:

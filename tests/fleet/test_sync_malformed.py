@@ -13,18 +13,14 @@ from fleet.models import Instance
 from fleet.providers.records import RentRequest
 from fleet.providers.registry import get_provider
 
-from .runpod_server import RUNPOD_KEY, FakeRunPod
 
 pytestmark = pytest.mark.django_db
 State = Instance.State
 
 
 @pytest.fixture
-def fake(settings):
-    server = FakeRunPod(boot_polls=None).start()
-    settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY = server.base_url, RUNPOD_KEY
-    yield server
-    server.stop()
+def fake(runpod_market):
+    return runpod_market
 
 
 def _pod(label: str) -> str:
