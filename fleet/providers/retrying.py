@@ -19,11 +19,14 @@ log = logging.getLogger(__name__)
 class RetryingClient:
     def __init__(self, *, provider: str, key_variable: str, api_key: str, base_url: str = "",
                  timeout_s: float = 20.0, max_retries: int = 4, backoff_s: float = 0.5, max_wait_s: float = 30.0,
-                 sleep=time.sleep, transport: httpx.BaseTransport | None = None):
+                 rate_limit_wait_s: float = 3.0, sleep=time.sleep, transport: httpx.BaseTransport | None = None):
         if not api_key:
             raise AuthenticationFailed(f"No {provider} API key is configured: set {key_variable}.")
         self.provider, self.key_variable = provider, key_variable
         self.max_retries, self.backoff_s, self.max_wait_s = max_retries, backoff_s, max_wait_s
+        # A 429 without Retry-After waits at least this: vast.ai limits each endpoint to a minimum interval (a rent
+        # about 4.5 s, with a 12 s penalty for one too soon) and says nothing of it in the answer.
+        self.rate_limit_wait_s = rate_limit_wait_s
         self._sleep = sleep
         self._http = httpx.Client(
             base_url=base_url,
@@ -65,7 +68,7 @@ class RetryingClient:
                 raise AuthenticationFailed(
                     f"{self.provider} refused the API key (HTTP {status}): check {self.key_variable}.")
             if status == 429:
-                wait_s = retry_after_s(response) or self._backoff(attempt)
+                wait_s = retry_after_s(response) or max(self.rate_limit_wait_s, self._backoff(attempt))
                 if last_attempt or wait_s > self.max_wait_s:
                     raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
                 log.info("%s rate limited; waiting %.1f s", what, wait_s)

@@ -251,6 +251,12 @@ def test_it_keeps_the_key_out_of_its_repr_and_url(fake, runpod, caplog):
 # -- retries and faults ----------------------------------------------------------------------------------------
 
 
+def test_a_429_without_retry_after_waits_the_rate_limit_floor(runpod, fake):
+    fake.inject_faults(http_429=2)
+    assert runpod.search_offers()
+    assert runpod.sleeps == [3.0, 3.0]  # not a 0.25 s backoff that lands inside the provider's own interval
+
+
 def test_it_waits_out_a_429_as_retry_after_says(runpod, fake):
     fake.inject_faults(http_429=2, retry_after_s=3)
     assert runpod.search_offers()
