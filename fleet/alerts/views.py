@@ -16,6 +16,7 @@ from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 RECENT_ALERTS = 50
 RECENT_DELIVERIES = 5
 MANAGE = "fleet.add_webhookendpoint"
+CHANGE = "fleet.change_webhookendpoint"  # testing, disabling or enabling an endpoint someone else may rely on
 State = WebhookDelivery.State
 
 
@@ -57,6 +58,7 @@ def _page(request, *, form=None, created=None, secret=None, status=200):
         "alerts": Alert.objects.select_related("instance")[:RECENT_ALERTS],
         "endpoints": endpoint_rows(),
         "can_manage": can(request.user, MANAGE),
+        "can_change": can(request.user, CHANGE),
         "form": form or EndpointForm(),
         "created": created,
         "secret": secret,
@@ -84,7 +86,7 @@ def add_endpoint(request):
 
 @require_POST
 def send_test(request, pk):
-    require_permission(request.user, MANAGE)
+    require_permission(request.user, CHANGE)
     endpoint = get_object_or_404(WebhookEndpoint, pk=pk)
     if not endpoint.enabled:
         messages.error(request, f"{endpoint.name} is disabled; enable it to send a test.")
@@ -96,7 +98,7 @@ def send_test(request, pk):
 
 @require_POST
 def set_enabled(request, pk):
-    require_permission(request.user, MANAGE)
+    require_permission(request.user, CHANGE)
     endpoint = get_object_or_404(WebhookEndpoint, pk=pk)
     enabled = request.POST.get("enabled") == "1"
     notify.set_enabled(endpoint, enabled, by=request.user)

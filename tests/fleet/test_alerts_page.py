@@ -142,3 +142,18 @@ def test_it_disables_and_enables_an_endpoint(client, staff):
     ops.refresh_from_db()
     assert ops.enabled and ops.disabled_reason == ""
     assert "Disable" in _buttons(client.get(reverse("alerts")).content.decode())
+
+
+def test_leave_to_add_endpoints_is_not_leave_to_silence_anyone_elses(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    ops = _endpoint()
+    adder = django_user_model.objects.create_user("adder", password="adder-pass-123", is_staff=True)
+    adder.user_permissions.set(Permission.objects.filter(codename="add_webhookendpoint"))
+    client.force_login(adder)
+    page = client.get(reverse("alerts")).content.decode()
+    assert "Add an endpoint" in page and "Disable</button>" not in page and "Send test" not in page
+    assert client.post(reverse("enable_webhook_endpoint", args=[ops.pk]), {"enabled": "0"}).status_code == 403
+    assert client.post(reverse("test_webhook_endpoint", args=[ops.pk])).status_code == 403
+    ops.refresh_from_db()
+    assert ops.enabled
