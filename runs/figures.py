@@ -2,6 +2,8 @@
 only: nothing here reads the database. The views encode them with plotly's JSON encoder; the tests check each
 against plotly's own figure schema."""
 
+import html
+
 from runs.downsample import Bucket, envelope, higher, lower, rounded
 from runs.phase_stats import PhaseStats, zero_gradient_phases
 from runs.projection import STEPS_PER_PRICE, cost_curve
@@ -18,6 +20,12 @@ PHASE_COLOURS = ("#2457c5", "#0f8a6c", "#b4690e", "#8e44ad", "#c0392b", "#16a2b8
 
 
 BOX_COLOURS = ("#2457c5", "#d9480f", "#0f8a6c", "#8e44ad", "#b42318", "#16a2b8", "#a15c00")
+
+
+def plain(text) -> str:
+    """Text a host, a marketplace or a recipe wrote, as a hover label shows it: Plotly renders a few tags there
+    (<a href> among them) and fills %{...} in templates, so neither may come from them."""
+    return html.escape(str(text), quote=False).replace("%{", "%\u200b{")
 
 
 def layout(title: str, y_title: str, **extra) -> dict:
@@ -102,7 +110,8 @@ def _per_box(data: RunData, rows, edges, name, chart_id, title, y_title) -> dict
             continue
         xs, ys = envelope(_merged(box_rows, name))
         traces.append(_trace(box.name, xs, ys, BOX_COLOURS[i % len(BOX_COLOURS)],
-                             hovertemplate=f"%{{y:.4g}}<extra>{box.name} (host {box.machine_id or '?'})</extra>"))
+                             hovertemplate=f"%{{y:.4g}}<extra>{plain(box.name)} (host {plain(box.machine_id or '?')})"
+                                           "</extra>"))
     orphans = [r for r in rows if r["instance_id"] not in data.boxes]
     if orphans:
         xs, ys = envelope(_merged(orphans, name))
@@ -219,7 +228,8 @@ def _timeline(data: RunData, restarts: list[tuple]) -> dict:
         traces.append({"type": "scatter", "mode": "lines", "name": f"phase {p.index} · {p.name}",
                        "x": [p.first_at.isoformat(), p.last_at.isoformat()], "y": ["phases", "phases"],
                        "line": {"color": colour, "width": 18},
-                       "hovertemplate": f"{p.name} ({p.kind}): steps {p.first_step}–{p.last_step}<extra></extra>"})
+                       "hovertemplate": f"{plain(p.name)} ({p.kind}): steps {p.first_step}–{p.last_step}"
+                                        "<extra></extra>"})
     for i, box in enumerate(data.boxes.values()):
         if box.started_at is None:
             continue
@@ -227,12 +237,12 @@ def _timeline(data: RunData, restarts: list[tuple]) -> dict:
         traces.append({"type": "scatter", "mode": "lines", "name": f"box · {box.name}",
                        "x": [box.started_at.isoformat(), end.isoformat()], "y": ["boxes", "boxes"],
                        "line": {"color": BOX_COLOURS[i % len(BOX_COLOURS)], "width": 18},
-                       "hovertemplate": f"{box.name}, host {box.machine_id or '?'}: "
-                                        f"{box.end_reason or 'running'}<extra></extra>"})
+                       "hovertemplate": f"{plain(box.name)}, host {plain(box.machine_id or '?')}: "
+                                        f"{plain(box.end_reason or 'running')}<extra></extra>"})
     if restarts:
         traces.append({"type": "scatter", "mode": "markers", "name": "host lost / hung",
                        "x": [at.isoformat() for at, _, _ in restarts], "y": ["boxes"] * len(restarts),
-                       "text": [f"{kind}: {message}" for _, kind, message in restarts],
+                       "text": [plain(f"{kind}: {message}") for _, kind, message in restarts],
                        "hovertemplate": "%{text}<extra></extra>",
                        "marker": {"symbol": "x", "size": 13, "color": "#b42318", "line": {"width": 2}}})
     title = "Timeline: phases, boxes and restarts"

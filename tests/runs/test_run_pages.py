@@ -40,6 +40,20 @@ def test_it_serves_chart_data_with_named_traces(logged_in):
 
 
 @pytest.mark.django_db
+def test_a_hosts_words_reach_the_hover_labels_as_text(logged_in):
+    # Plotly renders <a href> in hover labels and fills %{...} in templates: a host's message may do neither.
+    run = seed_run()
+    run.events.filter(kind="host_lost").update(message='<a href="https://evil.example">re-login</a> %{y}')
+    run.attempts.update(end_reason="<b>host</b> %{x}")
+    body = logged_in.get(reverse("run_chart_data", args=[run.pk])).json()
+    timeline = {t["name"]: t for t in next(f for f in body["figures"] if f["id"] == "timeline")["data"]}
+    (restart,) = timeline["host lost / hung"]["text"]
+    assert "<a" not in restart and "&lt;a href" in restart and "%{y}" not in restart
+    ended = [t["hovertemplate"] for name, t in timeline.items() if name.startswith("box · ")]
+    assert any("&lt;b&gt;host&lt;/b&gt;" in h for h in ended) and not any("%{x}" in h for h in ended)
+
+
+@pytest.mark.django_db
 def test_it_warns_of_the_phase_with_zero_routed_gradients(logged_in):
     run = seed_run(zero_routed_phase=1)
     body = logged_in.get(reverse("run_chart_data", args=[run.pk])).json()
