@@ -149,7 +149,9 @@ def test_it_refuses_sharded_metadata_whose_pickle_would_run_code(tmp_path):
 
     from training.sharded_checkpoint import SafeReader, TensorsOnly
 
-    with pytest.raises(BaseException, match="sharded metadata holds (posix|os|nt).mkdir"):  # DCP's own kind
+    # DCP raises its own kind (a BaseException); torch 2.13 carries the reader's words in it, 2.11 says only that
+    # the metadata is None. Either way nothing of the file ran.
+    with pytest.raises(BaseException, match="sharded metadata holds (posix|os|nt).mkdir|metadata is None"):
         dcp.load(_tensors(), storage_reader=SafeReader(tmp_path), planner=TensorsOnly())
     assert not (tmp_path / "pwned").exists()
 
