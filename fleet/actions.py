@@ -277,7 +277,7 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
 
     for instance in Instance.objects.filter(provider=provider_name, state__in=Instance.LIVE_STATES):
         record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
-        if record is None and instance.provider_instance_id is not None and getattr(records, "unreadable", 0):
+        if record is None and instance.provider_instance_id is not None and records.unreadable:
             # The list held machines it could not name: this one may be among them, so ask for it alone.
             record = _look_up(provider_name, instance, now)
             if record is _UNKNOWN:

@@ -39,21 +39,22 @@ class AttemptToken(HttpBearer):
         return tokens.attempt_for(token)
 
 
+BOX_TOKEN = AttemptToken()
+
+
 def _for_boxes_only(view):
     """The schema is for the agent that calls the API: served to a request with a box's valid token, 401 otherwise
     (it skips the dashboard's login like the rest of this API, so it needs its own check)."""
     @functools.wraps(view)
     def guarded(request, *args, **kwargs):
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or tokens.attempt_for(token.strip()) is None:
+        if BOX_TOKEN(request) is None:
             return JsonResponse({"detail": "Unauthorized"}, status=401)
         return view(request, *args, **kwargs)
 
     return guarded
 
 
-api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=AttemptToken(),
+api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=BOX_TOKEN,
                docs_url=None, docs_decorator=_for_boxes_only)
 
 

@@ -101,8 +101,8 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
     if kind == "log":
         run.events.create(at=now, kind="log", message=message)
         return run.state
-    mine = Run.objects.filter(pk=run.pk, current_instance_id=attempt.instance_id).exists()  # not replaced meanwhile
-    if kind == "finished" and lifecycle.moves(run.state, kind) and mine:
+    if kind == "finished" and lifecycle.moves(run.state, kind) and Run.objects.filter(
+            pk=run.pk, current_instance_id=attempt.instance_id).exists():  # not replaced since its token was read
         missing = checkpoints.missing_outputs(run)
         if missing:
             # Green without its adapters would be a lie, and the box's disk may be the only copy left: keep it.

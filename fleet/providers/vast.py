@@ -24,7 +24,7 @@ MIB_PER_GIB = 1024
 INSTANCE_PAGE = 25  # the most vast.ai's v1 instance list gives a page
 CHARGE_PAGE = 100  # results (instances) a page of the charge report
 CHARGE_DAYS = 60  # how far back the charge report reaches (it needs a day range)
-MAX_INSTANCE_PAGES = 400  # 10,000 machines: past that the list is taken for a server that never ends it
+MAX_PAGES = 400  # of a paged answer: past that it is taken for a server that never ends it
 
 
 class VastClient(HttpProvider):
@@ -77,10 +77,8 @@ class VastClient(HttpProvider):
             body["price"] = float(request.bid_usd_per_hour)
         response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False)
         data = _decode(response, strict=False)
-        _refused_key(response)
-        made = data.get("new_contract")
-        if isinstance(made, int) and not isinstance(made, bool) and made > 0 and (
-                response.status_code >= 400 or data.get("success") is False):
+        made = _contract(data)
+        if made is not None and (response.status_code >= 400 or data.get("success") is False):
             # vast.ai can refuse a rent (a bid under the price) after creating its instance, stopped, billing disk.
             raise RentAnswerUnreadable(f"vast.ai refused the rent of offer {request.offer_id} yet made instance "
                                        f"{made}: reconcile by label.")
@@ -88,40 +86,21 @@ class VastClient(HttpProvider):
             message = data.get("msg") or data.get("error") or f"HTTP {response.status_code}"
             raise OfferUnavailable(f"Offer {request.offer_id} can no longer be rented: {message}")
         _raise_for_status(response)
-        contract = data.get("new_contract")
-        if not isinstance(contract, int) or isinstance(contract, bool) or contract <= 0:
+        if made is None:
             # Accepted, so it may well have rented: the caller finds the machine by its label, not a second rent.
             raise RentAnswerUnreadable(f"vast.ai accepted the rent of offer {request.offer_id} (HTTP "
                                        f"{response.status_code}) but its answer names no instance; it may have "
                                        "rented: reconcile by label.")
-        return str(contract)
+        return str(made)
 
     def list_instances(self) -> InstanceList:
-        """Every machine of ours, from vast.ai's paged list: 25 a page in id order, each page asked for with the
-        previous one's next_token until one comes without it. A page that repeats a token or never ends the list is
-        refused: a list cut short would make the machines past it look gone."""
-        raw_instances, token, tokens = [], None, set()
-        for _ in range(MAX_INSTANCE_PAGES):
-            params = {"limit": INSTANCE_PAGE, "order_by": '[{"col": "id", "dir": "asc"}]'}
-            if token is not None:
-                params["after_token"] = token
-            data = self._json("GET", f"{self.v1_url}/instances/", params=params)
-            page = data.get("instances")
-            if not isinstance(page, list):
-                raise MalformedResponse("vast.ai instance list answered without an 'instances' list.")
-            raw_instances.extend(page)
-            token = data.get("next_token")
-            if token is None or token == "":
-                return instance_list(raw_instances, parse_instance, "vast.ai")
-            if not isinstance(token, str) or token in tokens or not page:
-                raise MalformedResponse("vast.ai instance list gave a page token it had given before, or an empty "
-                                        "page with a token: the list cannot be read to its end.")
-            tokens.add(token)
-        raise MalformedResponse(f"vast.ai instance list did not end after {MAX_INSTANCE_PAGES} pages.")
+        """Every machine of ours, from vast.ai's paged list (/api/v1/instances/), 25 a page in id order."""
+        params = {"limit": INSTANCE_PAGE, "order_by": '[{"col": "id", "dir": "asc"}]'}
+        return instance_list(self._pages(f"{self.v1_url}/instances/", params, "instances", "instance list"),
+                             parse_instance, "vast.ai")
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
         response = self._request("GET", f"/instances/{instance_id}/")
-        _refused_key(response)
         if response.status_code == 404:
             raise InstanceNotFound(f"vast.ai has no instance {instance_id}.")
         _raise_for_status(response)
@@ -133,7 +112,6 @@ class VastClient(HttpProvider):
     def destroy(self, instance_id: str) -> bool:
         """Destroys the instance; False if it was already gone (destroying twice is not an error)."""
         response = self._request("DELETE", f"/instances/{instance_id}/")
-        _refused_key(response)
         if response.status_code == 404:
             return False
         _raise_for_status(response)
@@ -149,27 +127,11 @@ class VastClient(HttpProvider):
     def charges(self, *, days: int = CHARGE_DAYS) -> list[ChargeRecord]:
         """The charge lines of our instances created in the last `days`: vast.ai's report, which requires its day
         range (select_filters day gte/lte), gives a result per instance ("source": "instance-<id>") whose items are
-        its gpu, disk and traffic lines, a page at a time through next_token."""
+        its gpu, disk and traffic lines."""
         now = datetime.now(UTC).timestamp()
         filters = json.dumps({"day": {"gte": int(now - days * 86400), "lte": int(now + 86400)}})
-        lines, token, tokens = [], None, set()
-        for _ in range(MAX_INSTANCE_PAGES):
-            params = {"select_filters": filters, "limit": CHARGE_PAGE}
-            if token is not None:
-                params["after_token"] = token
-            data = self._json("GET", "/charges/", params=params)
-            results = data.get("results")
-            if not isinstance(results, list):
-                raise MalformedResponse("vast.ai charges answered without a 'results' list.")
-            lines += [line for result in results for line in parse_charges(result)]
-            token = data.get("next_token")
-            if token is None or token == "":
-                return lines
-            if not isinstance(token, str) or token in tokens or not results:
-                raise MalformedResponse("vast.ai charges gave a page token it had given before: the report cannot "
-                                        "be read to its end.")
-            tokens.add(token)
-        raise MalformedResponse(f"vast.ai charges did not end after {MAX_INSTANCE_PAGES} pages.")
+        results = self._pages("/charges/", {"select_filters": filters, "limit": CHARGE_PAGE}, "results", "charges")
+        return [line for result in results for line in parse_charges(result)]
 
     # -- HTTP with retries -----------------------------------------------------------------------------------
 
@@ -178,13 +140,42 @@ class VastClient(HttpProvider):
         _raise_for_status(response)
         return _decode(response)
 
+    def _pages(self, path: str, params: dict, key: str, what: str) -> list:
+        """Every entry of a paged answer (its `key` list), each page asked for with the previous one's next_token
+        until one comes without it. One that repeats a token, or gives an empty page with one, or never ends, is
+        refused: a list cut short would make what is past it look gone."""
+        entries, token, tokens = [], None, set()
+        for _ in range(MAX_PAGES):
+            data = self._json("GET", path, params={**params, **({"after_token": token} if token else {})})
+            page = data.get(key)
+            if not isinstance(page, list):
+                raise MalformedResponse(f"vast.ai {what} answered without a '{key}' list.")
+            entries += page
+            token = data.get("next_token")
+            if token is None or token == "":
+                return entries
+            if not isinstance(token, str) or token in tokens or not page:
+                raise MalformedResponse(f"vast.ai {what} gave a page token it had given before, or an empty page "
+                                        "with a token: it cannot be read to its end.")
+            tokens.add(token)
+        raise MalformedResponse(f"vast.ai {what} did not end after {MAX_PAGES} pages.")
+
     def _request(self, method: str, path: str, *, idempotent: bool = True, **kwargs) -> httpx.Response:
-        return self._http.request(method, path, what=f"vast.ai {method} {path}", idempotent=idempotent, **kwargs)
+        response = self._http.request(method, path, what=f"vast.ai {method} {path}", idempotent=idempotent,
+                                      **kwargs)
+        _refused_key(response)
+        return response
+
+
+def _contract(data: dict) -> int | None:
+    """The instance a rent answer names (new_contract), or None where it names none."""
+    made = data.get("new_contract")
+    return made if isinstance(made, int) and not isinstance(made, bool) and made > 0 else None
 
 
 def _refused_key(response: httpx.Response) -> None:
     """vast.ai answers a wrong or revoked key on some paths with HTTP 404 and {"error": "auth_error"}: that is no
-    machine gone, and no offer gone, but a key to fix."""
+    machine gone, and no offer gone, but a key to fix (checked on every answer, in `_request`)."""
     if 400 <= response.status_code < 500:
         data = _decode(response, strict=False)
         if data.get("error") in ("auth_error", "invalid_user_key"):
@@ -194,7 +185,6 @@ def _refused_key(response: httpx.Response) -> None:
 
 
 def _raise_for_status(response: httpx.Response) -> None:
-    _refused_key(response)
     if response.status_code >= 400:
         data = _decode(response, strict=False)
         message = data.get("msg") or data.get("error") or response.reason_phrase

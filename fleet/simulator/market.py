@@ -151,8 +151,8 @@ class Market:
 
     def instances_page(self, query: dict) -> dict:
         """`GET /api/v1/instances/`: select_filters, order_by [{col, dir}], limit (5 a page unless told, 25 at
-        most), after_token,
-        select_cols; answers `instances`, `next_token`, `total_instances` and `label_counts` as vast.ai's v1 does."""
+        most), after_token, select_cols; answers `instances`, `next_token`, `total_instances` and `label_counts` as
+        vast.ai's v1 does."""
         try:
             filters = parse_filters(json_arg(query.get("select_filters"), "select_filters", {}))
             order = _order_by(json_arg(query.get("order_by"), "order_by", [{"col": "id", "dir": "asc"}]))
