@@ -96,17 +96,11 @@ def box_trouble(run: Run, box: Instance | None, now: datetime) -> tuple[str, str
     if silent_since is not None and now - silent_since > timedelta(seconds=settings.AGENT_HEARTBEAT_TIMEOUT_S):
         return f"No heartbeat from {box.label} for {int((now - silent_since).total_seconds())} s.", "host_lost"
     if run.state == lifecycle.TRAINING:
-        policy = policy_from_settings()
         why = hung(progress_at=run.last_step_at, gpu_util_percent=box.gpu_util_percent,
-                   gpu_last_ok_at=box.gpu_last_ok_at, policy=policy, now=now)
+                   gpu_last_ok_at=box.gpu_last_ok_at, policy=policy_from_settings(), now=now,
+                   first_step_since=box.requested_at if run.last_step_at is None else None)
         if why:
             return f"Box {box.label} is hung: {why}.", "hung"
-        if run.last_step_at is None:  # heartbeats say the agent lives, not that anything trains
-            since = box.requested_at
-            idle = box.gpu_util_percent is not None and box.gpu_util_percent < policy.gpu_idle_percent
-            if idle and now - since > timedelta(minutes=settings.RUN_FIRST_STEP_TIMEOUT_MIN):
-                return (f"Box {box.label} is hung: no first step {int((now - since).total_seconds() // 60)} min "
-                        "after it was rented, its GPU idle.", "hung")
     return "", ""
 
 

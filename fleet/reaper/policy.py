@@ -30,6 +30,9 @@ class InstanceSnapshot:
     gpu_last_ok_at: datetime | None = None  # the GPU answered the on-box agent
     gpu_util_percent: float | None = None
     consecutive_probe_failures: int = 0
+    # Asked to stop at this time and not yet seen gone. No rule acts on such a box (its destroy is under way), but
+    # once its destroy is overdue it is known to bill and the spend cap counts it.
+    stopping_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,9 @@ class ReaperPolicy:
     gpu_unresponsive: timedelta = timedelta(minutes=5)
     no_progress: timedelta = timedelta(minutes=30)
     gpu_idle_percent: float = 5.0
+    first_step_timeout: timedelta = timedelta(minutes=120)  # rented, its GPU idle, and no step yet
     spend_cap_usd_per_hour: Decimal | None = Decimal("12")
+    destroy_overdue: timedelta = timedelta(seconds=60)  # a destroy still listed after this is known to bill
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +68,18 @@ def _limit(delta: timedelta) -> str:
 
 
 def hung(*, progress_at: datetime | None, gpu_util_percent: float | None, gpu_last_ok_at: datetime | None,
-         policy: ReaperPolicy, now: datetime) -> str | None:
+         policy: ReaperPolicy, now: datetime, first_step_since: datetime | None = None) -> str | None:
     """Why a training box counts as hung (it bills while nothing trains), or None. The reaper and the run supervisor
-    both judge by this rule: its GPU stopped answering, or it idles with no step progress for too long."""
+    both judge by this rule: its GPU stopped answering, or it idles with no step progress for too long, or, with no
+    step at all since `first_step_since` (its rent), for longer than a first step may take (a model download and
+    the kernels' first compile included); the agent's heartbeats say it lives, not that anything trains."""
     if gpu_last_ok_at is not None and now - gpu_last_ok_at > policy.gpu_unresponsive:
         return f"GPU not responding for {_span(now - gpu_last_ok_at)}"
     idle = gpu_util_percent is not None and gpu_util_percent < policy.gpu_idle_percent
     if progress_at is not None and idle and now - progress_at > policy.no_progress:
         return f"GPU idle {_span(now - progress_at)} and no step progress"
+    if first_step_since is not None and idle and now - first_step_since > policy.first_step_timeout:
+        return f"no first step {_span(now - first_step_since)} after it was rented, its GPU idle"
     return None
 
 
@@ -90,7 +99,8 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
         return None  # still booting: only its age counts
     if box.purpose == "training" and box.last_process_at is not None:
         why = hung(progress_at=box.last_step_at or box.last_process_at, gpu_util_percent=box.gpu_util_percent,
-                   gpu_last_ok_at=box.gpu_last_ok_at, policy=policy, now=now)
+                   gpu_last_ok_at=box.gpu_last_ok_at, policy=policy, now=now,
+                   first_step_since=box.requested_at if box.last_step_at is None else None)
         if why:
             return MOVE, "hung", why
     if box.last_process_at is None and age > policy.idle_grace:
@@ -101,6 +111,8 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
 def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -> list[Decision]:
     decisions = []
     condemned = set()
+    stopping = [b for b in boxes if b.stopping_since is not None]
+    boxes = [b for b in boxes if b.stopping_since is None]
     for box in boxes:
         verdict = rule_for(box, policy, now)
         if verdict is None:
@@ -113,9 +125,16 @@ def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -
     cap = policy.spend_cap_usd_per_hour
     if cap is not None:
         billing = [b for b in boxes if b.pk not in condemned]
-        spend = sum((b.usd_per_hour for b in billing), Decimal(0))
+        # A box whose destroy the provider has not carried out bills all the same: the account pays for it, so the
+        # cap sheds live boxes in its place (it cannot be shed twice).
+        overdue = sum((b.usd_per_hour for b in stopping if now - b.stopping_since >= policy.destroy_overdue),
+                      Decimal(0))
+        spend = overdue + sum((b.usd_per_hour for b in billing), Decimal(0))
         if spend > cap:
             cause = f"spend ${spend:.2f}/h > cap ${cap:.2f}/h: newest first"
+            if overdue:
+                cause = f"spend ${spend:.2f}/h (${overdue:.2f}/h of it in destroys not yet carried out) > " \
+                        f"cap ${cap:.2f}/h: newest first"
             for box in sorted(billing, key=lambda b: (b.requested_at, b.pk), reverse=True):
                 if spend <= cap:
                     break

@@ -8,11 +8,12 @@ box marked reaped that bills outside every rule. A reaped row found still billin
 before this rule) is moved to stopping and handed over again."""
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet import enqueue
@@ -37,12 +38,25 @@ def policy_from_settings() -> ReaperPolicy:
         gpu_unresponsive=timedelta(minutes=settings.REAPER_GPU_UNRESPONSIVE_MIN),
         no_progress=timedelta(minutes=settings.REAPER_NO_PROGRESS_MIN),
         spend_cap_usd_per_hour=cap if cap > 0 else None,
+        destroy_overdue=timedelta(seconds=settings.DESTROY_VERIFY_S),
+        first_step_timeout=timedelta(minutes=settings.RUN_FIRST_STEP_TIMEOUT_MIN),
     )
 
 
 def snapshots() -> list[InstanceSnapshot]:
-    rows = Instance.objects.filter(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
-    return [InstanceSnapshot(*values) for values in rows.values_list(*_SNAPSHOT_FIELDS)]
+    """The rows the rules judge (live, not reaped yet) and, for the spend cap, those being destroyed on a provider."""
+    live = Q(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
+    stopping = Q(state=State.STOPPING, provider_instance_id__isnull=False)
+    rows = Instance.objects.filter(live | stopping).values_list(*_SNAPSHOT_FIELDS, "state", "destroy_requested_at")
+    return [_snapshot(*values) for values in rows]
+
+
+def _snapshot(*values) -> InstanceSnapshot:
+    *fields, state, destroy_requested_at = values
+    box = InstanceSnapshot(*fields)
+    if state != State.STOPPING:
+        return box
+    return replace(box, stopping_since=destroy_requested_at or box.requested_at)
 
 
 @dataclass

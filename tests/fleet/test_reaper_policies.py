@@ -69,6 +69,17 @@ def test_it_moves_training_that_made_no_progress_while_the_gpu_idled():
     assert verdicts(box(last_step_at=NOW - timedelta(minutes=29), gpu_util_percent=0.0)) == []
 
 
+def test_it_moves_training_whose_agent_lives_but_never_made_a_first_step():
+    """Heartbeats every minute keep last_process_at fresh; only the time since the rent tells a stuck start."""
+    rented = NOW - timedelta(hours=2, minutes=5)
+    stuck = dict(last_step_at=None, requested_at=rented, running_at=rented + timedelta(minutes=4))
+    assert verdicts(box(**stuck, gpu_util_percent=0.0)) == [
+        (1, MOVE, "no first step 2h05m after it was rented, its GPU idle")]
+    assert verdicts(box(**stuck, gpu_util_percent=99.0)) == []  # compiling or loading on the GPU: not idle
+    early = dict(stuck, requested_at=NOW - timedelta(minutes=119))
+    assert verdicts(box(**early, gpu_util_percent=0.0)) == []
+
+
 def test_it_skips_a_box_kept_for_debugging_and_says_why():
     kept = box(age=timedelta(hours=13), purpose="manual", keep_until=NOW + timedelta(hours=1))
     (decision,) = decide([kept], POLICY, NOW)
@@ -97,3 +108,23 @@ def test_it_passes_over_a_kept_box_when_shedding_spend():
     policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("2.00"))
     boxes = [box(1, age=timedelta(hours=3)), box(2, age=timedelta(hours=1), keep_until=NOW + timedelta(hours=1))]
     assert [(d.pk, d.action) for d in decide(boxes, policy, NOW)] == [(2, SKIP), (1, DESTROY)]
+
+
+def test_a_destroy_not_carried_out_still_counts_against_the_spend_cap():
+    policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("3.20"), destroy_overdue=timedelta(seconds=60))
+    stuck = box(1, usd_per_hour=Decimal("2.00"), stopping_since=NOW - timedelta(minutes=10))
+    live = [box(pk, age=timedelta(hours=5 - pk), usd_per_hour=Decimal("1.20")) for pk in (2, 3)]
+    decisions = decide([stuck, *live], policy, NOW)
+    # 2.00 still billing + 2.40 live = 4.40 > 3.20: the newest live box goes, the stuck one is never judged again.
+    assert [(d.pk, d.action) for d in decisions] == [(3, DESTROY)]
+    assert decisions[0].reason == ("spend $4.40/h ($2.00/h of it in destroys not yet carried out) > cap $3.20/h: "
+                                   "newest first")
+
+
+def test_a_destroy_just_sent_is_not_counted_twice():
+    """The box the cap shed a minute ago is on its way out: counting it before its destroy is due would shed more."""
+    policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("3.00"), destroy_overdue=timedelta(seconds=60))
+    leaving = box(1, usd_per_hour=Decimal("2.00"), stopping_since=NOW - timedelta(seconds=30),
+                  age=timedelta(hours=30), process=False)
+    live = [box(pk, usd_per_hour=Decimal("1.20")) for pk in (2, 3)]
+    assert decide([leaving, *live], policy, NOW) == []

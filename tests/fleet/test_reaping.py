@@ -114,6 +114,23 @@ def test_it_alerts_once_when_the_spend_cap_is_hit(market, settings):
 
 
 @pytest.mark.django_db
+def test_the_spend_cap_counts_a_box_whose_destroy_the_marketplace_has_not_carried_out(market, settings):
+    refresh_offers()
+    now = timezone.now()
+    stuck, older, newest = [_rented(offer, f"s{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
+                                    requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
+    # Asked to stop ten minutes ago, still on the marketplace: it bills whatever its row says.
+    Instance.objects.filter(pk=stuck.pk).update(state=State.STOPPING, destroy_attempts=2,
+                                                destroy_requested_at=now - timedelta(minutes=10))
+    settings.SPEND_CAP_USD_PER_HOUR = stuck.usd_per_hour + older.usd_per_hour
+    report = sweep.reap(now=now)
+    assert report.acted == [newest.pk]
+    assert "in destroys not yet carried out" in newest.events.get(kind="reaped").message
+    stuck.refresh_from_db()
+    assert stuck.state == State.STOPPING and stuck.reaped_at is None  # not claimed a second time
+
+
+@pytest.mark.django_db
 def test_it_says_once_that_it_spared_a_kept_box(market):
     refresh_offers()
     now = timezone.now()

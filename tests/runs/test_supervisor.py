@@ -203,7 +203,7 @@ def test_a_box_that_never_trains_its_first_step_is_hung_though_it_heartbeats(lau
     agent.post("/heartbeat", beat)
     run = _supervise(run, box.requested_at + timedelta(minutes=121))
     assert run.current_instance != box
-    assert run.events.filter(kind="hung", message__contains="no first step 121 min after it was rented").exists()
+    assert run.events.filter(kind="hung", message__contains="no first step 2h01m after it was rented").exists()
 
 
 def test_it_bootstraps_a_stock_image_with_the_onstart_script(launched, frozen_market, offers, settings):
