@@ -1,11 +1,18 @@
 """Login throttling (django-axes, settings in config/settings.py): failed logins are counted per username and client
 address, on the dashboard's login and the admin's alike; past LOGIN_FAILURE_LIMIT that pair is refused, even with the
-right password, for LOGIN_COOLOFF_MIN minutes. Staff unlock a pair early by deleting its access attempt in the admin.
+right password, for LOGIN_COOLOFF_MIN minutes. Guesses spread over many addresses are bounded per account:
+past LOGIN_ACCOUNT_FAILURE_LIMIT failures for one username from all addresses together within the cool-off, that
+username is refused from everywhere until the failures age out. Staff unlock early by deleting the access attempts
+in the admin.
 """
 
 from axes.backends import AxesStandaloneBackend
+from axes.exceptions import AxesBackendPermissionDenied
+from axes.models import AccessAttempt
 from django.conf import settings
+from django.db.models import Sum
 from django.shortcuts import render
+from django.utils import timezone
 
 
 class LoginThrottleBackend(AxesStandaloneBackend):
@@ -18,7 +25,19 @@ class LoginThrottleBackend(AxesStandaloneBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
         if request is None:
             return None
-        return super().authenticate(request, username=username, password=password, **kwargs)
+        super().authenticate(request, username=username, password=password, **kwargs)  # this address's lock first
+        if username and account_failures(username) >= settings.LOGIN_ACCOUNT_FAILURE_LIMIT:
+            request.axes_locked_out = request.login_account_locked = True
+            raise AxesBackendPermissionDenied("too many failed logins for this username from all addresses")
+        return None
+
+
+def account_failures(username: str) -> int:
+    """Failed logins for this username within the cool-off, from every address together."""
+    since = timezone.now() - settings.AXES_COOLOFF_TIME
+    total = AccessAttempt.objects.filter(username=username, attempt_time__gte=since).aggregate(
+        n=Sum("failures_since_start"))["n"]
+    return total or 0
 
 
 def client_address(request) -> str | None:
@@ -38,5 +57,7 @@ def locked_out(request, response=None, credentials=None):
     return render(request, "registration/locked_out.html", {
         "username": (credentials or {}).get("username") or request.POST.get("username", ""),
         "failure_limit": settings.AXES_FAILURE_LIMIT,
+        "account_limit": settings.LOGIN_ACCOUNT_FAILURE_LIMIT,
+        "everywhere": getattr(request, "login_account_locked", False),
         "cooloff_minutes": round(settings.AXES_COOLOFF_TIME.total_seconds() / 60),
     }, status=429)

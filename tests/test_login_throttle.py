@@ -11,6 +11,7 @@ import pytest
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGIN = "/login/"
@@ -68,6 +69,21 @@ def test_it_locks_only_that_username_from_that_address(client, operator, member)
     assert _post(client, LOGIN, "member", "member-pass-123").status_code == 302
     client.logout()
     assert _post(client, LOGIN, "operator", "operator-pass-123", address="198.51.100.7").status_code == 302
+
+
+@pytest.mark.django_db
+def test_it_bounds_guesses_at_one_account_spread_over_many_addresses(client, operator, member, settings):
+    settings.LOGIN_ACCOUNT_FAILURE_LIMIT = 12
+    for n in range(3):  # four guesses from each address stay under the per-address limit of five
+        _fail(client, LOGIN, "operator", times=4, address=f"198.51.100.{n + 10}")
+    fresh = _post(client, LOGIN, "operator", "operator-pass-123", address="192.0.2.200")
+    assert fresh.status_code == 429 and not _logged_in(client)
+    assert "from many addresses" in fresh.content.decode()
+    # Another account is not touched, and the failures age out like the per-address ones.
+    assert _post(client, LOGIN, "member", "member-pass-123", address="192.0.2.200").status_code == 302
+    client.logout()
+    AccessAttempt.objects.update(attempt_time=timezone.now() - settings.AXES_COOLOFF_TIME - timedelta(seconds=1))
+    assert _post(client, LOGIN, "operator", "operator-pass-123", address="192.0.2.200").status_code == 302
 
 
 @pytest.mark.django_db
