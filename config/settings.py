@@ -293,6 +293,7 @@ REAPER_SECONDS = env_int("REAPER_SECONDS", 60, minimum=5)
 REAPER_DRY_RUN = env_bool("REAPER_DRY_RUN", False)
 REAPER_MAX_AGE_HOURS = env_float("REAPER_MAX_AGE_HOURS", 12.0, minimum=0.1)
 REAPER_IDLE_GRACE_MIN = env_float("REAPER_IDLE_GRACE_MIN", 30.0, minimum=1)
+REAPER_BOOT_TIMEOUT_MIN = env_float("REAPER_BOOT_TIMEOUT_MIN", 60.0, minimum=1)  # never running this long: destroyed
 REAPER_PROBE_FAILURES = env_int("REAPER_PROBE_FAILURES", 3, minimum=1)
 REAPER_GPU_UNRESPONSIVE_MIN = env_float("REAPER_GPU_UNRESPONSIVE_MIN", 5.0, minimum=1)
 REAPER_NO_PROGRESS_MIN = env_float("REAPER_NO_PROGRESS_MIN", 30.0, minimum=1)

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -178,7 +178,8 @@ def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: dateti
                                                    "is withdrawn.", now)
             row.state = State.RUNNING if row.running_at else State.PROVISIONING
             row.destroy_requested_at, row.destroy_reason = None, ""
-            fields += ["state", "destroy_requested_at", "destroy_reason"]
+            row.reaped_at, row.reap_reason = None, ""  # judged again, and counted by the spend cap, once kept
+            fields += ["state", "destroy_requested_at", "destroy_reason", "reaped_at", "reap_reason"]
         row.save(update_fields=fields)
         record_event(row, "kept", f"{who} keeps it for debugging until {row.keep_until:%Y-%m-%d %H:%M} UTC "
                                   "(destroyed then if it has failed)", now)
@@ -202,8 +203,10 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=
             record_event(instance, "cancelled", f"Cancelled before it was rented: {reason}", now)
         instance.refresh_from_db()
         return instance
-    claimed = Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING]
-                                      ).update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now)
+    claimable = Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING])
+    if not force:  # a keep that committed since the check above still wins
+        claimable = claimable.filter(Q(keep_until__isnull=True) | Q(keep_until__lte=now))
+    claimed = claimable.update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now)
     instance.refresh_from_db()
     if not claimed:
         # Already stopping. A reaper pass moves its rows there itself and hands the call over: this may be that call.
@@ -220,9 +223,9 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=
 
 def _call_destroy(instance: Instance, now: datetime, *, first: bool = False) -> None:
     """Asks the provider to destroy the machine; with `first`, only if no destroy was sent yet (claimed, so once)."""
-    attempt = Instance.objects.filter(pk=instance.pk)
+    attempt = Instance.objects.filter(pk=instance.pk, state=State.STOPPING)  # a keep may have withdrawn it
     if first:
-        attempt = attempt.filter(state=State.STOPPING, destroy_attempts=0)
+        attempt = attempt.filter(destroy_attempts=0)
     if not attempt.update(destroy_attempts=F("destroy_attempts") + 1, destroy_requested_at=now):
         return
     try:
@@ -263,41 +266,76 @@ class SyncReport:
 
 
 def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncReport:
-    """Brings every row in line with what the provider lists, adopting our labelled machines it has and we lack."""
+    """Brings every row in line with what the provider lists, adopting our labelled machines it has and we lack.
+
+    One row's trouble (a field the database cannot hold, a failing call) is logged and leaves the others to go on: a
+    sync that stopped at it would retry no destroy and notice no lost host behind it, every pass, while it is listed."""
     now = now or timezone.now()
     with get_provider(provider_name) as provider:
         records = provider.list_instances()
     report = SyncReport(seen=len(records))
     by_id = {r.instance_id: r for r in records}
-    known = set(Instance.objects.filter(provider=provider_name, provider_instance_id__isnull=False)
-                .values_list("provider_instance_id", flat=True))
+    rows = Instance.objects.filter(provider=provider_name, provider_instance_id__isnull=False)
+    known = set(rows.values_list("provider_instance_id", flat=True))
     for record in records:
         if record.instance_id not in known and pk_from_label(record.label) is not None:
-            _adopt(provider_name, record, now, report)
-
+            _isolated(f"instance {record.instance_id}", _adopt, provider_name, record, now, report)
+    for instance in rows.filter(state__in=[State.DESTROYED, State.FAILED], provider_instance_id__in=list(by_id)):
+        _isolated(instance.label, _listed_again, instance, by_id[instance.provider_instance_id], now, report)
     for instance in Instance.objects.filter(provider=provider_name, state__in=Instance.LIVE_STATES):
-        record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
-        if record is None and instance.provider_instance_id is not None and records.unreadable:
-            # The list held machines it could not name: this one may be among them, so ask for it alone.
-            record = _look_up(provider_name, instance, now)
-            if record is _UNKNOWN:
-                continue
-        if record is not None:
-            _apply(instance, record, now, report)
-        elif instance.provider_instance_id is not None:
-            if instance.state == State.STOPPING:
-                _end(instance, State.DESTROYED, now, "Destroy verified: the provider no longer lists it.")
-                report.destroyed.append(instance.label)
-            else:
-                _end(instance, State.FAILED, now, "Gone: the provider no longer lists it (host lost or removed).")
-                fail(instance, "The provider no longer lists it (host lost or removed).", now=now)
-                report.gone.append(instance.label)
-        elif instance.rent_attempted_at is not None and _rent_settled(instance, now):
-            _end(instance, State.FAILED, now,
-                 f"Never rented: no instance labelled {instance.label} appeared within "
-                 f"{settings.RENT_OUTCOME_GRACE_S} s.")
-            report.failed.append(instance.label)
+        _isolated(instance.label, _sync_row, provider_name, instance, by_id, now, report)
     return report
+
+
+def _isolated(what: str, step, *args) -> None:
+    try:
+        step(*args)
+    except Exception:  # noqa: BLE001 - logged with its traceback; the other rows must still be synced
+        log.exception("sync: %s failed for %s; the other rows go on", step.__name__, what)
+
+
+def _sync_row(provider_name: str, instance: Instance, by_id: dict, now: datetime, report: SyncReport) -> None:
+    record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
+    if record is None and instance.provider_instance_id is not None and instance.state != State.STOPPING:
+        if not _rent_settled(instance, now):
+            return  # rented seconds ago: the provider's list may not show it yet
+        # Not in the list: a host lost, or a list cut short or late. Only the machine's own lookup says it is gone.
+        record = _look_up(provider_name, instance, now)
+        if record is _UNKNOWN:
+            return
+    if record is not None:
+        _apply(instance, record, now, report)
+    elif instance.provider_instance_id is not None:
+        if instance.state == State.STOPPING:
+            _end(instance, State.DESTROYED, now, "Destroy verified: the provider no longer lists it.")
+            report.destroyed.append(instance.label)
+        else:
+            _end(instance, State.FAILED, now, "Gone: the provider no longer lists it (host lost or removed).")
+            fail(instance, "The provider no longer lists it (host lost or removed).", now=now)
+            report.gone.append(instance.label)
+    elif instance.rent_attempted_at is not None and _rent_settled(instance, now):
+        _end(instance, State.FAILED, now,
+             f"Never rented: no instance labelled {instance.label} appeared within "
+             f"{settings.RENT_OUTCOME_GRACE_S} s.")
+        report.failed.append(instance.label)
+
+
+def _listed_again(instance: Instance, record: InstanceRecord, now: datetime, report: SyncReport) -> None:
+    """A machine whose row ended (destroyed, or gone from an earlier list) is listed again: it bills, and no rule
+    would ever look at its row again. It is destroyed like any other, with an alert."""
+    was = instance.state
+    if not Instance.objects.filter(pk=instance.pk, state__in=[State.DESTROYED, State.FAILED]).update(
+            state=State.STOPPING, ended_at=None, destroy_requested_at=now,
+            destroy_reason=instance.destroy_reason or instance.failure_reason or "listed again after it ended"):
+        return
+    instance.refresh_from_db()
+    ledger.bill(instance, instance.usd_per_hour, now)
+    message = (f"{instance.label} was {was}, but {instance.provider} lists it again "
+               f"({record.status or 'no status'}): it bills, so it is destroyed now.")
+    record_event(instance, "listed-again", message, now)
+    raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
+    _call_destroy(instance, now)
+    report.destroy_retried.append(instance.label)
 
 
 _UNKNOWN = object()
@@ -325,16 +363,17 @@ def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: Sy
         return
     # A price the provider does not give is not taken as free: the spend cap counts the box at a ceiling until a
     # sync reads its price (the first one read then bills from the start, ledger.reprice_from_start).
-    price = record.usd_per_hour if record.usd_per_hour is not None else settings.UNKNOWN_PRICE_USD_PER_HOUR
+    known_price = record.usd_per_hour == 0 or _plausible_price(record.usd_per_hour)
+    price = record.usd_per_hour if known_price else settings.UNKNOWN_PRICE_USD_PER_HOUR
     adopted = Instance.objects.create(
         provider=provider_name, provider_instance_id=record.instance_id, idempotency_key=f"adopted-{provider_name}-"
-        f"{record.instance_id}", label=record.label, state=State.PROVISIONING, purpose="adopted", offer_id="",
-        gpu_name=record.gpu_name, num_gpus=record.num_gpus or 1, image="", disk_gb=0, is_bid=record.is_bid,
-        usd_per_hour=price, requested_at=now)
+        f"{record.instance_id}", state=State.PROVISIONING, purpose="adopted", offer_id="",
+        num_gpus=min(record.num_gpus or 1, 32767), image="", disk_gb=0, is_bid=record.is_bid,
+        usd_per_hour=price, requested_at=now, **_fitted(label=record.label, gpu_name=record.gpu_name))
     ledger.bill(adopted, price, record.started_at or now)
     message = (f"{provider_name} instance {record.instance_id} carries our label {record.label} but no row knew it: "
                "adopted, so it is reaped like any other.")
-    if record.usd_per_hour is None:
+    if not known_price:
         message += f" Its price is unknown: counted at {per_hour(price)} until the provider gives one."
     record_event(adopted, "adopted", message, now)
     raise_alert(Alert.Kind.INSTANCE_ADOPTED, message, instance=adopted, now=now)
@@ -343,11 +382,13 @@ def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: Sy
 
 def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: SyncReport) -> None:
     status = record.status
-    changes = dict(provider_status=status, status_msg=record.status_msg[:2000],
-                   gpu_util_percent=record.gpu_util_percent,
-                   public_ip=record.public_ip, ports=record.ports, ssh_host=record.ssh_host, ssh_port=record.ssh_port,
+    changes = _fitted(provider_status=status, status_msg=record.status_msg[:2000], public_ip=record.public_ip,
+                      ssh_host=record.ssh_host)
+    changes.update(ports=record.ports, ssh_port=record.ssh_port if _fits_port(record.ssh_port) else None,
                    started_at=record.started_at, last_synced_at=now)
-    if record.usd_per_hour is not None and record.usd_per_hour > 0:
+    if record.gpu_util_percent is not None:  # the provider's silence leaves the agent's reading in place
+        changes["gpu_util_percent"] = record.gpu_util_percent
+    if _plausible_price(record.usd_per_hour):
         changes["usd_per_hour"] = record.usd_per_hour
         if instance.last_synced_at is None:
             ledger.reprice_from_start(instance, record.usd_per_hour)
@@ -384,6 +425,24 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
     if reason:
         fail(instance, reason, now=now)
         report.failed.append(instance.label)
+
+
+# A machine's hourly price beyond this is a misread, not a price (the column holds under a million).
+MAX_USD_PER_HOUR = Decimal(10_000)
+
+
+def _plausible_price(usd_per_hour: Decimal | None) -> bool:
+    return usd_per_hour is not None and 0 < usd_per_hour <= MAX_USD_PER_HOUR
+
+
+def _fits_port(port) -> bool:
+    return port is None or 0 < port < 65536
+
+
+def _fitted(**texts: str) -> dict:
+    """Text fields of a provider's record cut to what their columns hold: a host's 300-character status must not
+    stop the update (PostgreSQL refuses it whole; SQLite would have kept it)."""
+    return {name: (value or "")[:Instance._meta.get_field(name).max_length or None] for name, value in texts.items()}
 
 
 def failure_of(record: InstanceRecord) -> str:

@@ -53,9 +53,11 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
     run = attempt.run
     RunAttempt.objects.filter(pk=attempt.pk).update(token_expires_at=renewed_until(now))
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=now, credentials_renewed_at=now)
-    seen = {}
-    if beat.get("process_alive"):
-        seen["last_process_at"] = now
+    # The agent at work counts as the box's process from its first beat: it checks the install, restores the
+    # checkpoint and downloads the model (over half an hour for 67 GB at 250 Mb/s) before the trainer starts, and the
+    # reaper's idle rule is for boxes where nothing runs at all. A start that never reaches a step is the first-step
+    # rule's (fleet.reaper.policy.hung).
+    seen = {"last_process_at": now}
     if beat.get("gpu_ok"):
         seen["gpu_last_ok_at"] = now
     if beat.get("gpu_util_percent") is not None:

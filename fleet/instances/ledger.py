@@ -2,10 +2,12 @@
 segment per price, closed when the price changes or the instance stops billing. Money is Decimal throughout."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
 from fleet.models import CostSegment, Instance
 
@@ -40,8 +42,17 @@ def committed_usd_per_hour() -> Decimal:
     """What the boxes the reaper's spend cap counts bill per hour, with those asked for and not yet billing (they
     will be counted the moment they are)."""
     live = (Instance.State.REQUESTED, Instance.State.PROVISIONING, Instance.State.RUNNING)
-    prices = Instance.objects.filter(state__in=live, reaped_at__isnull=True).values_list("usd_per_hour", flat=True)
+    counted = Q(state__in=live, reaped_at__isnull=True) | destroy_overdue(timezone.now())
+    prices = Instance.objects.filter(counted).values_list("usd_per_hour", flat=True)
     return sum(prices, Decimal(0))
+
+
+def destroy_overdue(now: datetime) -> Q:
+    """Rows asked to stop whose machine is known to bill still: a destroy sent and found listed afterwards (the sync
+    then sends another, so more than one attempt), or one not sent DESTROY_VERIFY_S after it was asked for."""
+    return Q(state=Instance.State.STOPPING, provider_instance_id__isnull=False) & (
+        Q(destroy_attempts__gte=2) | Q(destroy_attempts=0, destroy_requested_at__lte=now - timedelta(
+            seconds=settings.DESTROY_VERIFY_S)))
 
 
 def over_spend_cap(committed_usd_per_hour: Decimal, usd_per_hour: Decimal, cap_usd_per_hour: Decimal) -> bool:

@@ -1,7 +1,7 @@
 """Reaper policies: which live instances to destroy or move, and why. Pure: plain records in, decisions out.
 
-Every rule was paid for (seed reports): boxes forgotten for days (maximum age), boxes that never started their
-work (no training or serving process after a grace period), a hung vLLM that still looks alive to a process check
+Every rule was paid for (seed reports): boxes forgotten for days (maximum age), boxes that never booted, boxes that
+never started their work (no training or serving process after a grace period), a hung vLLM that still looks alive to a process check
 (failed /v1/models probes), a hung host that bills while nothing trains (GPU not answering, or no step progress
 while the GPU idles: the run moves to a new box), and an account-wide spend cap that sheds the newest boxes first.
 A box kept for debugging is skipped until its keep time passes, and the decision says so.
@@ -30,22 +30,22 @@ class InstanceSnapshot:
     gpu_last_ok_at: datetime | None = None  # the GPU answered the on-box agent
     gpu_util_percent: float | None = None
     consecutive_probe_failures: int = 0
-    # Asked to stop at this time and not yet seen gone. No rule acts on such a box (its destroy is under way), but
-    # once its destroy is overdue it is known to bill and the spend cap counts it.
-    stopping_since: datetime | None = None
+    # Asked to stop, and still listed after a destroy was due to be carried out: no rule acts on it (its destroy is
+    # retried by the sync), but it bills, so the spend cap counts it.
+    destroy_overdue: bool = False
 
 
 @dataclass(frozen=True)
 class ReaperPolicy:
     max_age: timedelta = timedelta(hours=12)
     idle_grace: timedelta = timedelta(minutes=30)
+    boot_timeout: timedelta = timedelta(minutes=60)  # asked for, never reported running
     probe_failures: int = 3
     gpu_unresponsive: timedelta = timedelta(minutes=5)
     no_progress: timedelta = timedelta(minutes=30)
     gpu_idle_percent: float = 5.0
     first_step_timeout: timedelta = timedelta(minutes=120)  # rented, its GPU idle, and no step yet
     spend_cap_usd_per_hour: Decimal | None = Decimal("12")
-    destroy_overdue: timedelta = timedelta(seconds=60)  # a destroy still listed after this is known to bill
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class Decision:
     pk: int
     label: str
     action: str  # DESTROY, MOVE or SKIP
-    rule: str  # max_age, idle, probes, hung, spend_cap
+    rule: str  # max_age, probes, boot, hung, idle, spend_cap
     reason: str
 
 
@@ -96,7 +96,12 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
     if box.purpose == "serving" and box.consecutive_probe_failures >= policy.probe_failures:
         return DESTROY, "probes", f"{box.consecutive_probe_failures} failed probes of /v1/models"
     if box.running_at is None:
-        return None  # still booting: only its age counts
+        # Still booting. An image pull that hangs, or a bid the host refused (the machine made, stopped), never gets
+        # further, and nothing else watches a manual or adopted box.
+        waited = now - box.requested_at
+        if waited > policy.boot_timeout:
+            return DESTROY, "boot", f"not running {_span(waited)} after it was asked for"
+        return None
     if box.purpose == "training" and box.last_process_at is not None:
         why = hung(progress_at=box.last_step_at or box.last_process_at, gpu_util_percent=box.gpu_util_percent,
                    gpu_last_ok_at=box.gpu_last_ok_at, policy=policy, now=now,
@@ -111,8 +116,8 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
 def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -> list[Decision]:
     decisions = []
     condemned = set()
-    stopping = [b for b in boxes if b.stopping_since is not None]
-    boxes = [b for b in boxes if b.stopping_since is None]
+    stopping = [b for b in boxes if b.destroy_overdue]
+    boxes = [b for b in boxes if not b.destroy_overdue]
     for box in boxes:
         verdict = rule_for(box, policy, now)
         if verdict is None:
@@ -127,8 +132,7 @@ def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -
         billing = [b for b in boxes if b.pk not in condemned]
         # A box whose destroy the provider has not carried out bills all the same: the account pays for it, so the
         # cap sheds live boxes in its place (it cannot be shed twice).
-        overdue = sum((b.usd_per_hour for b in stopping if now - b.stopping_since >= policy.destroy_overdue),
-                      Decimal(0))
+        overdue = sum((b.usd_per_hour for b in stopping), Decimal(0))
         spend = overdue + sum((b.usd_per_hour for b in billing), Decimal(0))
         if spend > cap:
             cause = f"spend ${spend:.2f}/h > cap ${cap:.2f}/h: newest first"

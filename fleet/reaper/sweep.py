@@ -8,16 +8,16 @@ box marked reaped that bills outside every rule. A reaped row found still billin
 before this rule) is moved to stopping and handed over again."""
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from fleet import enqueue
 from fleet.alerts.notify import raise_alert
+from fleet.instances import ledger
 from fleet.models import Alert, Instance, InstanceEvent
 from fleet.reaper.policy import DESTROY, MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
 
@@ -34,29 +34,22 @@ def policy_from_settings() -> ReaperPolicy:
     return ReaperPolicy(
         max_age=timedelta(hours=settings.REAPER_MAX_AGE_HOURS),
         idle_grace=timedelta(minutes=settings.REAPER_IDLE_GRACE_MIN),
+        boot_timeout=timedelta(minutes=settings.REAPER_BOOT_TIMEOUT_MIN),
         probe_failures=settings.REAPER_PROBE_FAILURES,
         gpu_unresponsive=timedelta(minutes=settings.REAPER_GPU_UNRESPONSIVE_MIN),
         no_progress=timedelta(minutes=settings.REAPER_NO_PROGRESS_MIN),
         spend_cap_usd_per_hour=cap if cap > 0 else None,
-        destroy_overdue=timedelta(seconds=settings.DESTROY_VERIFY_S),
         first_step_timeout=timedelta(minutes=settings.RUN_FIRST_STEP_TIMEOUT_MIN),
     )
 
 
-def snapshots() -> list[InstanceSnapshot]:
-    """The rows the rules judge (live, not reaped yet) and, for the spend cap, those being destroyed on a provider."""
-    live = Q(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
-    stopping = Q(state=State.STOPPING, provider_instance_id__isnull=False)
-    rows = Instance.objects.filter(live | stopping).values_list(*_SNAPSHOT_FIELDS, "state", "destroy_requested_at")
-    return [_snapshot(*values) for values in rows]
-
-
-def _snapshot(*values) -> InstanceSnapshot:
-    *fields, state, destroy_requested_at = values
-    box = InstanceSnapshot(*fields)
-    if state != State.STOPPING:
-        return box
-    return replace(box, stopping_since=destroy_requested_at or box.requested_at)
+def snapshots(now: datetime | None = None) -> list[InstanceSnapshot]:
+    """The rows the rules judge (live, not reaped yet) and, for the spend cap, those whose destroy is overdue."""
+    now = now or timezone.now()
+    live = Instance.objects.filter(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
+    overdue = Instance.objects.filter(ledger.destroy_overdue(now))
+    return [*(InstanceSnapshot(*values) for values in live.values_list(*_SNAPSHOT_FIELDS)),
+            *(InstanceSnapshot(*values, destroy_overdue=True) for values in overdue.values_list(*_SNAPSHOT_FIELDS))]
 
 
 @dataclass
@@ -75,7 +68,7 @@ def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: Re
     now = now or timezone.now()
     dry_run = settings.REAPER_DRY_RUN if dry_run is None else dry_run
     policy = policy or policy_from_settings()
-    decisions = decide(snapshots(), policy, now)
+    decisions = decide(snapshots(now), policy, now)
     report = ReapReport(dry_run=dry_run, decisions=decisions)
     for line in report.lines():
         log.info("reaper%s: %s", " (dry run)" if dry_run else "", line)

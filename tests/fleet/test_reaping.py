@@ -11,6 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from fleet import actions
+from fleet.instances import ledger
 from fleet.reaper import sweep
 from fleet.models import Alert, Instance, Offer
 from fleet.offers.refresh import refresh_offers
@@ -128,6 +129,21 @@ def test_the_spend_cap_counts_a_box_whose_destroy_the_marketplace_has_not_carrie
     assert "in destroys not yet carried out" in newest.events.get(kind="reaped").message
     stuck.refresh_from_db()
     assert stuck.state == State.STOPPING and stuck.reaped_at is None  # not claimed a second time
+    # The rent page's "over the cap" warning counts what the reaper counts.
+    assert ledger.committed_usd_per_hour() == stuck.usd_per_hour + older.usd_per_hour
+
+
+@pytest.mark.django_db
+def test_a_destroy_just_sent_is_not_counted_while_the_marketplace_carries_it_out(market, settings):
+    """The box the cap shed a pass ago is on its way out: counting it again would shed one more."""
+    refresh_offers()
+    now = timezone.now()
+    leaving, older, newest = [_rented(offer, f"l{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
+                                      requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
+    Instance.objects.filter(pk=leaving.pk).update(state=State.STOPPING, destroy_attempts=1,
+                                                  destroy_requested_at=now - timedelta(seconds=20))
+    settings.SPEND_CAP_USD_PER_HOUR = older.usd_per_hour + newest.usd_per_hour
+    assert sweep.reap(now=now).acted == []
 
 
 @pytest.mark.django_db
@@ -162,8 +178,9 @@ def test_a_keep_after_the_reaper_claimed_a_box_wins_until_it_expires(market, set
     with get_provider() as provider:
         assert box.provider_instance_id in {i.instance_id for i in provider.list_instances()}
 
-    assert sweep.hand_over_again(now=now + timedelta(minutes=59)) == []
-    assert sweep.hand_over_again(now=now + timedelta(minutes=61)) == [box.pk]  # kept no longer: reaped after all
+    # Kept, it is judged again like any box (and counted by the spend cap): spared while the keep lasts, then reaped.
+    assert sweep.reap(now=now + timedelta(minutes=59)).acted == []
+    assert sweep.reap(now=now + timedelta(minutes=61)).acted == [box.pk]
 
 
 @pytest.mark.django_db
@@ -176,3 +193,19 @@ def test_a_box_whose_destroy_was_sent_cannot_be_kept(market):
         actions.keep_for_debugging(box, 1)
     box.refresh_from_db()
     assert box.keep_until is None and box.state == State.STOPPING
+
+
+@pytest.mark.django_db
+def test_a_keep_that_lands_between_a_destroys_claim_and_its_call_wins(market):
+    """The product claimed the row for a destroy (stopping, nothing sent); a person's keep withdrew it before the
+    provider call went out: the call must not be sent behind the keep."""
+    refresh_offers()
+    now = timezone.now()
+    box = _rented(_offers()[0], "raced", running_at=now - timedelta(hours=1), last_process_at=now)
+    Instance.objects.filter(pk=box.pk).update(state=State.STOPPING, destroy_requested_at=now, destroy_reason="done")
+    actions.keep_for_debugging(box, 2, now=now)
+    actions._call_destroy(box, now)  # the claimer's call, arriving late
+    box.refresh_from_db()
+    assert box.state == State.RUNNING and box.destroy_attempts == 0
+    with get_provider() as provider:
+        assert box.provider_instance_id in {i.instance_id for i in provider.list_instances()}

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.instances import ledger
-from fleet.models import Instance
+from fleet.models import Alert, Instance
 from fleet.providers.records import RentRequest
 from fleet.providers.registry import get_provider
 
@@ -93,3 +93,52 @@ def test_a_destroy_is_retried_even_while_another_entry_is_unreadable(fake, setti
     assert report.destroy_retried == ["row-c"] and stuck not in fake.pods
     row.refresh_from_db()
     assert row.destroy_attempts == 2
+
+
+def test_a_machine_missing_from_one_list_is_asked_for_before_it_is_taken_for_gone(fake):
+    pod = _pod("moe-fleet-e")
+    row = _row(pod, "row-e")
+    # The list answers empty, as one cut short in an incident would; the pod's own lookup is left as served.
+    fake.corrupt_answers(lambda data: {**data, "myself": {**data["myself"], "pods": []}} if "myself" in data else data)
+    report = actions.sync("runpod")
+    assert report.gone == []
+    row.refresh_from_db()
+    assert row.state == State.RUNNING and row.failure_reason == ""  # its own lookup still finds it
+
+
+def test_a_machine_listed_again_after_its_row_ended_is_destroyed(fake):
+    """A row marked gone (or destroyed) whose machine the provider lists again: it bills, and no rule looks at an
+    ended row, so the sync destroys it."""
+    pod = _pod("moe-fleet-f")
+    row = _row(pod, "row-f", state=State.FAILED, ended_at=timezone.now(), failure_reason="host lost")
+    ledger.stop_billing(row, timezone.now())
+    report = actions.sync("runpod")
+    assert report.destroy_retried == ["row-f"] and pod not in fake.pods
+    row.refresh_from_db()
+    assert row.state == State.STOPPING and row.destroy_attempts == 1
+    assert "lists it again" in row.events.get(kind="listed-again").message
+    assert Alert.objects.filter(kind=Alert.Kind.DESTROY_UNCONFIRMED, instance=row).exists()
+    actions.sync("runpod")
+    row.refresh_from_db()
+    assert row.state == State.DESTROYED
+
+
+def test_fields_longer_than_their_columns_neither_fail_the_row_nor_stop_the_sync(fake, settings):
+    settings.DESTROY_VERIFY_S = 0
+    odd, stuck = _pod("moe-fleet-g"), _pod("moe-fleet-h")
+    fake.advance(odd)  # booted: its runtime lists its ports
+    odd_row = _row(odd, "row-g")
+    stuck_row = _row(stuck, "row-h", state=State.STOPPING, destroy_attempts=1,
+                     destroy_requested_at=timezone.now() - timedelta(minutes=5))
+
+    def long_fields(pod):
+        if pod["id"] == odd:
+            pod["lastStatusChange"] = "Rented by User: " + "x" * 5000
+            for port in (pod.get("runtime") or {}).get("ports") or []:
+                port["ip"] = "203.0.113." + "9" * 90
+    _mangle(fake, long_fields)
+    report = actions.sync("runpod")
+    assert report.destroy_retried == ["row-h"] and stuck not in fake.pods
+    odd_row.refresh_from_db()
+    assert odd_row.state == State.RUNNING and odd_row.last_synced_at is not None
+    assert len(odd_row.status_msg) == 2000 and odd_row.public_ip.startswith("203.0.113.")

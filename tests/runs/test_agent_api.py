@@ -330,3 +330,22 @@ def test_it_keeps_the_later_of_a_step_sent_twice_in_one_batch(launched):
     response = _post(_client(run), "/metrics", {"points": [_point(1, loss=3.0), _point(1, loss=2.0)]})
     assert response.status_code == 200
     assert list(run.metrics.values_list("step", "loss")) == [(1, 2.0)]
+
+
+def test_an_agent_still_installing_keeps_its_box_off_the_reapers_idle_rule(launched):
+    """Its probe, the checkpoint restore and a 67 GB model download come before the trainer: heartbeats then say
+    the box is at work, and the idle rule (nothing running 30 min after start) must not take it."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.reaper import sweep
+
+    run = launched()
+    token = put_on_a_box(run)
+    box = run.current_instance
+    box.__class__.objects.filter(pk=box.pk).update(running_at=timezone.now() - timedelta(minutes=36))
+    assert _post(_client(run, token), "/heartbeat", {"state": "installing", "gpu_ok": True}).status_code == 200
+    box.refresh_from_db()
+    assert box.last_process_at is not None
+    assert [d for d in sweep.reap(dry_run=True).decisions if d.pk == box.pk] == []
