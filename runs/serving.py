@@ -10,7 +10,7 @@ from pathlib import Path
 from django.db import transaction
 
 from fleet import enqueue
-from fleet.inference.adapters import vllm_files
+from fleet.inference.adapters import MAX_SERVED_RANK, vllm_files
 from fleet.models import InferenceModel
 from fleet.ranking.recipe import PRESETS
 from runs import storage
@@ -36,8 +36,8 @@ class Servable:
 
 def servable(run: Run) -> list[Servable]:
     """The run's adapters vLLM can load, the last phase's first: each phase's final checkpoint, complete, never
-    refused by a box, whose manifest holds the vLLM export."""
-    if run.state != Run.State.FINISHED:
+    refused by a box, whose manifest holds the vLLM export, at a rank vLLM serves."""
+    if run.state != Run.State.FINISHED or lora_rank(run) > MAX_SERVED_RANK:
         return []
     phases = {phase.index: phase for phase in run.phases.all()}
     found = []
@@ -49,9 +49,17 @@ def servable(run: Run) -> list[Servable]:
     return found
 
 
+def lora_rank(run: Run) -> int:
+    rank = (run.recipe.get("lora") or {}).get("r")
+    return rank if isinstance(rank, int) else 0
+
+
 def why_not(run: Run) -> str:
     if run.state != Run.State.FINISHED:
         return f"Run {run.name} #{run.pk} is {run.state}: only a finished run's adapters can be served."
+    if lora_rank(run) > MAX_SERVED_RANK:
+        return (f"Run {run.name} #{run.pk} trained LoRA rank {lora_rank(run)}: vLLM serves ranks up to "
+                f"{MAX_SERVED_RANK} (its --max-lora-rank), so it would refuse this adapter at start.")
     return (f"Run {run.name} #{run.pk} has no adapter in vLLM's layout: no phase's final checkpoint holds vllm/ "
             "(its export failed; python -m training.export_adapter --format vllm makes one by hand).")
 
@@ -78,7 +86,8 @@ def vram_needed_gb(recipe: dict) -> float | None:
 def initial(run: Run, adapter: Servable) -> dict:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", run.name).strip("-._") or "run"
     return {"checkpoint": adapter.checkpoint.pk, "name": f"{stem[:60]}-{run.pk}-{adapter.phase_name}"[:100],
-            "base_model": base_model(run.recipe), "vram_needed_gb": vram_needed_gb(run.recipe)}
+            "base_model": base_model(run.recipe), "base_revision": (run.recipe.get("model") or {}).get("revision") or "",
+            "vram_needed_gb": vram_needed_gb(run.recipe)}
 
 
 def adapter_folder(run: Run, checkpoint: Checkpoint) -> str:
@@ -91,7 +100,8 @@ def adapter_folder(run: Run, checkpoint: Checkpoint) -> str:
 def serve(run: Run, adapter: Servable, data: dict, *, user=None) -> InferenceModel:
     """The inference model serving this adapter; the fleet rents its replicas as soon as it commits."""
     model = InferenceModel.objects.create(
-        name=data["name"], base_model=data["base_model"], image=data["image"], port=data["port"],
+        name=data["name"], base_model=data["base_model"], base_revision=data.get("base_revision") or "",
+        image=data["image"], port=data["port"],
         desired_replicas=data["desired_replicas"], max_replacements_per_day=data["max_replacements_per_day"],
         profile=data["profile"], vram_needed_gb=data["vram_needed_gb"],
         adapter_uri=adapter_folder(run, adapter.checkpoint), adapter_manifest=adapter.files,

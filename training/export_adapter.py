@@ -130,9 +130,13 @@ def check_exportable(peft_config):
     """Refuse what the vLLM layouts cannot say: one rank and one scale lora_alpha / r for every module."""
     for field_name in ("rank_pattern", "alpha_pattern"):
         if peft_config.get(field_name):
-            raise ExportError(f"{field_name} is not exported: vLLM packs every expert at one rank and scale")
-    if peft_config.get("use_rslora") or peft_config.get("use_dora"):
-        raise ExportError("rsLoRA / DoRA adapters are not exported: vLLM scales MoE LoRA by lora_alpha / r")
+            raise ExportError(f"{field_name} is not exported: this export writes every module at one rank and "
+                              "scale, as the trainer trains them")
+    if peft_config.get("use_dora"):
+        raise ExportError("DoRA adapters are not exported: vLLM serves no DoRA")
+    if peft_config.get("use_rslora"):
+        raise ExportError("rsLoRA adapters are not exported: this export scales by lora_alpha / r, as the trainer "
+                          "trains them")
 
 
 def vllm_config(peft_config, tensors):

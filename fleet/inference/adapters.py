@@ -22,6 +22,7 @@ VLLM_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM l
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # an adapter name: a word /v1/models lists as it is
 FETCH_SOURCE = (Path(__file__).with_name("adapter_fetch.py")).read_text()
 FETCH_END = "FLEET_ADAPTER_FETCH_END"
+MAX_SERVED_RANK = 512  # vLLM's largest --max-lora-rank: a higher rank is refused when vLLM starts
 
 
 # -- what /v1/models must say (pure) --------------------------------------------------------------------------------
@@ -58,6 +59,8 @@ def start_script(model) -> str:
     if FETCH_END in FETCH_SOURCE:
         raise ValueError("the fetch program holds its own heredoc end marker")
     name, base = shlex.quote(model.name), shlex.quote(model.base_model)
+    # The hub revision the adapter was trained on: without it vLLM loads the hub's default branch of today.
+    revision = f" --revision {shlex.quote(model.base_revision)}" if model.base_revision else ""
     return "\n".join([
         "set -eu",
         'root="${FLEET_WORKDIR:-/workspace}"',
@@ -67,7 +70,8 @@ def start_script(model) -> str:
         FETCH_SOURCE.rstrip("\n"),
         FETCH_END,
         ")",
-        f"nohup vllm serve {base} --host 0.0.0.0 --port {model.port} --enable-lora --max-lora-rank \"$rank\" "
+        f"nohup vllm serve {base}{revision} --host 0.0.0.0 --port {model.port} --enable-lora "
+        f"--max-lora-rank \"$rank\" "
         f"--lora-modules {name}=\"$adapter\" >> \"$root/vllm.log\" 2>&1 &",
         "",
     ])

@@ -11,6 +11,7 @@ from fleet.models import InferenceModel, OfferProfile
 MAX_DESIRED_REPLICAS = 100
 MAX_REPLACEMENTS_PER_DAY = 100
 IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")  # a registry reference: no spaces, no shell characters
+REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")  # a hub branch, tag or commit
 
 
 class DesiredReplicasForm(forms.Form):
@@ -52,7 +53,13 @@ class InferenceModelForm(forms.ModelForm):
         return image
 
 
-VLLM_IMAGE = "vllm/vllm-openai:v0.11.2"  # the first vLLM that serves MoE LoRA adapters (Qwen3-MoE's per-expert layout)
+# The vLLM whose adapter loading was read against what the trainer exports, both layouts: Qwen3-MoE's per-expert
+# one and Qwen3.5/3.6-MoE's fused 3-D one. Older tags are refused where they are known not to serve the adapter.
+VLLM_IMAGE = "vllm/vllm-openai:v0.34.0"
+VLLM_TAG = re.compile(r"(?:docker\.io/)?vllm/vllm-openai:v(\d+)\.(\d+)\.(\d+)")
+FIRST_MOE_LORA_VLLM = (0, 11, 2)  # the first that loads LoRA on fused MoE experts (per-expert, Qwen3-MoE)
+FIRST_QWEN3_5_MOE_LORA_VLLM = (0, 34, 0)  # the first checked to load the 3-D expert LoRA of Qwen3.5/3.6-MoE
+QWEN3_5_NAMES = re.compile(r"qwen3[._]?[56]", re.IGNORECASE)
 MAX_VRAM_GB = 2000.0
 
 
@@ -65,6 +72,9 @@ class ServeAdapterForm(forms.Form):
                            help_text="what /v1/models lists it as and requests name as their model")
     base_model = forms.CharField(max_length=300, label="Base model",
                                  help_text="the model vLLM loads under it: a hub id (Qwen/Qwen3-30B-A3B) or a path")
+    base_revision = forms.CharField(max_length=200, required=False, label="Base revision",
+                                    help_text="the hub branch, tag or commit the adapter was trained on (vLLM's "
+                                              "--revision); empty: the hub's default branch")
     image = forms.CharField(max_length=300, initial=VLLM_IMAGE, label="Serving image",
                             help_text="a vLLM image; it runs with --enable-lora")
     port = forms.IntegerField(min_value=1, max_value=65535, initial=8000,
@@ -98,9 +108,39 @@ class ServeAdapterForm(forms.Form):
             raise forms.ValidationError("A model id has no spaces: write it as vLLM takes it.")
         return base
 
+    def clean_base_revision(self):
+        revision = self.cleaned_data["base_revision"].strip()
+        if revision and not REVISION.fullmatch(revision):
+            raise forms.ValidationError("A revision is a branch, tag or commit: letters, digits and . _ / - only.")
+        return revision
+
     def clean_image(self):
         image = self.cleaned_data["image"].strip()
         if not IMAGE.fullmatch(image):
             raise forms.ValidationError("An image reference is letters, digits and . _ / : @ + - only, "
                                         f"e.g. {VLLM_IMAGE}.")
         return image
+
+    def clean(self):
+        data = super().clean()
+        problem = serving_image_problem(data.get("image", ""), data.get("base_model", ""))
+        if problem:
+            self.add_error("image", problem)
+        return data
+
+
+def serving_image_problem(image: str, base_model: str) -> str:
+    """Why a vLLM release tag cannot serve this base's adapter ("" when it can or when the image is not a release
+    tag, e.g. a digest or a build of one's own). A box on it would start vLLM, fail to load, and be replaced until
+    the day's budget is spent."""
+    match = VLLM_TAG.fullmatch(image)
+    if not match:
+        return ""
+    version = tuple(int(part) for part in match.groups())
+    if QWEN3_5_NAMES.search(base_model) and version < FIRST_QWEN3_5_MOE_LORA_VLLM:
+        return (f"vLLM {'.'.join(map(str, version))} cannot serve a Qwen3.5/3.6-MoE adapter (its experts' fused "
+                f"LoRA layout): use v{'.'.join(map(str, FIRST_QWEN3_5_MOE_LORA_VLLM))} or later, e.g. {VLLM_IMAGE}.")
+    if version < FIRST_MOE_LORA_VLLM:
+        return (f"vLLM {'.'.join(map(str, version))} loads no LoRA on MoE experts: use "
+                f"v{'.'.join(map(str, FIRST_MOE_LORA_VLLM))} or later, e.g. {VLLM_IMAGE}.")
+    return ""

@@ -16,6 +16,8 @@ class InferenceModel(models.Model):
     # manifest recorded when the checkpoint was declared complete before vLLM starts.
     base_model = models.CharField(max_length=300, blank=True,
                                   help_text="the model vLLM loads under the adapter; empty: the name is the model")
+    base_revision = models.CharField(max_length=200, blank=True,
+                                     help_text="the base's hub branch, tag or commit the adapter was trained on")
     adapter_uri = models.CharField(max_length=600, blank=True,
                                    help_text="the folder of the adapter's files: s3://bucket/prefix/... or a local path")
     adapter_manifest = models.JSONField(default=dict, blank=True,

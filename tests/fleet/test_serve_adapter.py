@@ -49,9 +49,9 @@ def _vllm_export(folder: Path, rank=4) -> dict:
             for p in vllm.iterdir()}
 
 
-def _finished_run(tmp_path, *, export=True, state=Run.State.FINISHED) -> Run:
+def _finished_run(tmp_path, *, export=True, state=Run.State.FINISHED, model=None, rank=4) -> Run:
     now = timezone.now()
-    run = Run.objects.create(name="tool calls", recipe={"model": {"path": BASE}, "lora": {"r": 4}},
+    run = Run.objects.create(name="tool calls", recipe={"model": model or {"path": BASE}, "lora": {"r": rank}},
                              bucket=str(tmp_path / "bucket"), budget_usd=Decimal("5"), state=state, token_nonce="n",
                              created_at=now)
     Phase.objects.create(run=run, index=0, name="sft", kind="sft", steps=4)
@@ -208,6 +208,52 @@ def test_it_serves_the_adapter_the_form_names_with_the_replicas_asked_for(client
                                       for p in folder.iterdir()}
     page = client.get(reverse("inference")).content.decode()
     assert f"adapter on {BASE}, from run tool calls #{run.pk}, sft (phase 1), step 4" in page
+
+
+def _serve_data(client, run, **changes) -> dict:
+    form = client.get(reverse("run_serve", args=[run.pk])).context["form"]
+    return {**{k: v for k, v in form.initial.items() if v is not None}, "image": form.fields["image"].initial,
+            "port": 8000, "desired_replicas": 1, "max_replacements_per_day": 3, **changes}
+
+
+def test_it_serves_the_adapter_on_the_base_revision_it_was_trained_on(client, staff, tmp_path):
+    run = _finished_run(tmp_path, model={"path": BASE, "revision": "a1b2c3d"})
+    client.force_login(staff)
+    data = _serve_data(client, run)
+    assert data["base_revision"] == "a1b2c3d" and data["image"] == "vllm/vllm-openai:v0.34.0"
+    assert client.post(reverse("run_serve", args=[run.pk]), data).status_code == 302
+    model = InferenceModel.objects.get()
+    assert model.base_revision == "a1b2c3d"
+    assert f"vllm serve {BASE} --revision a1b2c3d --host" in replicas.serving_onstart(model)
+    bad = client.post(reverse("run_serve", args=[run.pk]), {**data, "name": "other", "base_revision": "x; rm -rf /"})
+    assert bad.status_code == 400 and "A revision is a branch, tag or commit" in bad.content.decode()
+
+
+@pytest.mark.parametrize("image, base, refused", [
+    ("vllm/vllm-openai:v0.11.2", "Qwen/Qwen3.6-35B-A3B", "cannot serve a Qwen3.5/3.6-MoE adapter"),
+    ("vllm/vllm-openai:v0.24.1", "Qwen/Qwen3.5-122B-A10B", "cannot serve a Qwen3.5/3.6-MoE adapter"),
+    ("vllm/vllm-openai:v0.10.1", BASE, "loads no LoRA on MoE experts"),
+    ("vllm/vllm-openai:v0.11.2", BASE, ""),
+    ("vllm/vllm-openai:v0.34.0", "Qwen/Qwen3.6-35B-A3B", ""),
+    ("registry.example/ours/vllm@sha256:" + "a" * 64, "Qwen/Qwen3.6-35B-A3B", ""),  # not a release tag: the user's
+])
+def test_it_refuses_a_vllm_release_that_cannot_serve_the_base(client, staff, tmp_path, image, base, refused):
+    run = _finished_run(tmp_path)
+    client.force_login(staff)
+    answer = client.post(reverse("run_serve", args=[run.pk]), _serve_data(client, run, image=image, base_model=base))
+    if refused:
+        assert answer.status_code == 400 and refused in answer.content.decode()
+        assert not InferenceModel.objects.exists()
+    else:
+        assert answer.status_code == 302
+
+
+def test_it_says_why_a_rank_vllm_refuses_cannot_be_served(client, staff, tmp_path):
+    run = _finished_run(tmp_path, rank=1024)
+    client.force_login(staff)
+    answer = client.get(reverse("run_serve", args=[run.pk]), follow=True)
+    assert "trained LoRA rank 1024: vLLM serves ranks up to 512" in answer.content.decode()
+    assert serving.servable(run) == []
 
 
 def test_it_says_why_a_run_without_a_vllm_export_cannot_be_served(client, staff, tmp_path):
