@@ -338,6 +338,18 @@ def _listed_again(instance: Instance, record: InstanceRecord, now: datetime, rep
     report.destroy_retried.append(instance.label)
 
 
+def say_sync_failing(provider_name: str, exc: Exception, *, now: datetime | None = None) -> None:
+    """An alert, at most once an hour per provider, that its machines are not being watched: while its sync fails
+    no destroy is verified or retried and no lost host is noticed, and its boxes bill all the same."""
+    now = now or timezone.now()
+    prefix = f"Syncing {provider_name} failed"
+    if Alert.objects.filter(kind=Alert.Kind.PROVIDER_FAILING, message__startswith=prefix,
+                            created_at__gte=now - timedelta(hours=1)).exists():
+        return
+    raise_alert(Alert.Kind.PROVIDER_FAILING, f"{prefix} ({exc}): its machines are not watched until it answers "
+                                             "again (the next sync tries every few seconds).", now=now)
+
+
 _UNKNOWN = object()
 
 

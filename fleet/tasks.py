@@ -72,9 +72,10 @@ def sync_instances() -> dict:
     for provider in configured_providers():
         try:
             report = actions.sync(provider)
-        except Exception as exc:  # said in the result and the log; the other providers go on
+        except Exception as exc:  # said in the result, the log and an alert; the other providers go on
             log.exception("syncing %s instances failed; the next sync tries again", provider)
             reports[provider] = {"error": f"{type(exc).__name__}: {exc}"}
+            actions.say_sync_failing(provider, exc)
             continue
         reports[provider] = {"seen": report.seen, "adopted": report.adopted, "gone": report.gone,
                              "destroyed": report.destroyed, "failed": report.failed}

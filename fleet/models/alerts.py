@@ -11,6 +11,7 @@ class Alert(models.Model):
         INSTANCE_REAPED = "instance.reaped"
         INSTANCE_ADOPTED = "instance.adopted"
         DESTROY_UNCONFIRMED = "instance.destroy_unconfirmed"
+        PROVIDER_FAILING = "provider.failing"  # a marketplace's sync keeps failing: its boxes bill unwatched
         PROBE_FAILING = "probe.failing"
         SPEND_CAP_HIT = "spend_cap.hit"
         RUN_RECOVERING = "run.recovering"  # its box was lost or hung: it resumes on a new one

@@ -19,6 +19,11 @@ class ProviderUnavailable(ProviderError):
     """5xx answers, timeouts or refused connections that outlasted the retries."""
 
 
+class EndpointRetired(ProviderError):
+    """The marketplace answered 410 Gone: the API this client speaks was switched off. Nothing retries past it;
+    the provider's client needs its port to the newer API."""
+
+
 class MalformedResponse(ProviderError):
     """The marketplace answered with something that is not what its API documents."""
 

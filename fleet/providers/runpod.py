@@ -30,6 +30,7 @@ from . import fields
 from .base import HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (
     AuthenticationFailed,
+    EndpointRetired,
     InstanceNotFound,
     MalformedResponse,
     OfferUnavailable,
@@ -64,12 +65,19 @@ _NO_CAPACITY = (
 _AUTH_WORDS = ("unauthorized", "unauthenticated", "forbidden", "invalid api key", "api key is invalid")
 _NOT_FOUND_WORDS = ("not found", "does not exist", "no pod", "could not find")
 
+# lowestPrice once per cloud (without `secureCloud` RunPod merges both): its stockStatus says whether a machine of
+# that count is free there now ("High", "Medium", "Low"; null when none is), and its prices stay set either way.
 _GPU_TYPES_QUERY = """
 query GpuTypes($gpuCount: Int!) {
   gpuTypes {
-    id displayName memoryInGb maxGpuCount secureCloud communityCloud
-    securePrice communityPrice secureSpotPrice communitySpotPrice
-    lowestPrice(input: {gpuCount: $gpuCount}) { minimumBidPrice uninterruptablePrice }
+    id displayName memoryInGb maxGpuCount maxGpuCountSecureCloud maxGpuCountCommunityCloud minPodGpuCount
+    secureCloud communityCloud securePrice communityPrice secureSpotPrice communitySpotPrice
+    secureLowest: lowestPrice(input: {gpuCount: $gpuCount, secureCloud: true}) {
+      minimumBidPrice uninterruptablePrice stockStatus
+    }
+    communityLowest: lowestPrice(input: {gpuCount: $gpuCount, secureCloud: false}) {
+      minimumBidPrice uninterruptablePrice stockStatus
+    }
   }
 }"""
 
@@ -251,6 +259,10 @@ class RunPodClient(HttpProvider):
         """Runs one query or mutation and returns its `data`; GraphQL `errors` become the product's errors."""
         response = self._request(operation, {"query": query, "variables": variables or {}}, idempotent=idempotent)
         what = f"RunPod {operation}"
+        if response.status_code == 410:
+            raise EndpointRetired(f"{what}: RunPod answered 410 Gone, so its GraphQL API is switched off for this "
+                                  "account: its pods can be neither seen nor terminated from here. Terminate them in "
+                                  "RunPod's console, and move this product to a release that speaks RunPod's newer API.")
         if response.status_code >= 400:
             # Refused as sent (GraphQL answers 400 to a query it cannot validate): nothing happened.
             message = _error_text(_decode(response, what, strict=False)) or response.reason_phrase
@@ -339,13 +351,20 @@ def _price(raw: dict, key: str) -> Decimal | None:
     return price if price else None  # RunPod reports 0 where it has no price
 
 
+def in_stock(stock_status: str | None) -> bool:
+    """RunPod's stockStatus as a yes or no: a level ("High", "Medium", "Low") is a machine free; null, empty or
+    "None" is none."""
+    return bool(stock_status) and stock_status.strip().lower() not in ("none", "null", "")
+
+
 def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: bool = False,
                  storage_usd_per_gb_month: Decimal = STORAGE_USD_PER_GB_MONTH) -> list[OfferRecord]:
     """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine.
 
-    The per-cloud list price is used where RunPod gives it, its lowestPrice otherwise. A bid offer is priced at
-    the minimum bid. `rentable` says whether lowestPrice reports a machine for this count at all. Anything the
-    GPU type holds in place of a value raises BadField (a ValueError naming the field).
+    The per-cloud list price is used where RunPod gives it, that cloud's lowestPrice otherwise. A bid offer is
+    priced at the minimum bid. `rentable` says whether that cloud has a machine of this count free now (its
+    lowestPrice's stockStatus). A count over the cloud's maximum or under the type's minimum makes no offer. Anything
+    the GPU type holds in place of a value raises BadField (a ValueError naming the field).
     """
     if not isinstance(raw, dict):
         raise TypeError("GPU type is not an object")
@@ -356,21 +375,24 @@ def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: boo
     if not memory:
         raise fields.BadField("memoryInGb", "is 0")
     max_count = fields.whole(raw, "maxGpuCount", default=None)
-    if max_count is not None and gpu_count > max_count:
+    min_count = fields.whole(raw, "minPodGpuCount", default=None)
+    if (max_count is not None and gpu_count > max_count) or (min_count is not None and gpu_count < min_count):
         return []
-    lowest = raw.get("lowestPrice") or {}
-    if not isinstance(lowest, dict):
-        raise fields.BadField("lowestPrice", f"is {fields.shown(lowest)}, not an object")
-    lowest_on_demand = _price(lowest, "uninterruptablePrice")
-    lowest_bid = _price(lowest, "minimumBidPrice")
     name = fields.text(raw, "displayName", default="") or gpu_type_id
     offers = []
     for cloud in cloud_types:
         key = "secure" if cloud == "SECURE" else "community"
         if not fields.flag(raw, f"{key}Cloud", default=False):
             continue
-        on_demand = _price(raw, f"{key}Price") or lowest_on_demand
-        spot = _price(raw, f"{key}SpotPrice") or lowest_bid
+        cloud_max = fields.whole(raw, f"maxGpuCount{key.title()}Cloud", default=None)
+        if cloud_max is not None and gpu_count > cloud_max:
+            continue
+        lowest = raw.get(f"{key}Lowest") or {}
+        if not isinstance(lowest, dict):
+            raise fields.BadField(f"{key}Lowest", f"is {fields.shown(lowest)}, not an object")
+        stock = fields.text(lowest, "stockStatus", default=None)
+        on_demand = _price(raw, f"{key}Price") or _price(lowest, "uninterruptablePrice")
+        spot = _price(raw, f"{key}SpotPrice") or _price(lowest, "minimumBidPrice")
         per_gpu = spot if bid else on_demand
         if per_gpu is None:
             if bid:
@@ -399,7 +421,7 @@ def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: boo
             min_bid_usd_per_hour=None if spot is None else spot * gpu_count,
             reliability=0.0,
             verified=cloud == "SECURE",  # Secure Cloud is RunPod's vetted data-centre tier
-            rentable=(lowest_bid if bid else lowest_on_demand) is not None,
+            rentable=in_stock(stock),
             is_bid=bid,
             geolocation="",
             dlperf=None,

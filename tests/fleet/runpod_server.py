@@ -13,7 +13,7 @@ after `boot_polls` reads of it (or `advance()`) it is RUNNING with a runtime (pu
 makes it EXITED without a runtime, resume RUNNING again; terminate removes it, as RunPod stops listing terminated pods.
 
 Faults for the next requests: `inject_faults(http_429=, retry_after_s=, http_5xx=, status_5xx=, apply_5xx=,
-non_json=, no_data=)`; lasting ones: `corrupt_answers(mangle)`, `capacity_gone(gpu_type_id)`, `kill_pod(pod_id)` (host died: the pod is gone),
+non_json=, no_data=)`; lasting ones: `retire()` (410 Gone), `corrupt_answers(mangle)`, `capacity_gone(gpu_type_id)`, `kill_pod(pod_id)` (host died: the pod is gone),
 `set_pod(pod_id, ...)` (the host side changes a pod's state).
 """
 
@@ -90,12 +90,13 @@ type User { id: String, pods: [Pod] }
 
 type GpuType {
   id: String, displayName: String, manufacturer: String, memoryInGb: Int, cudaCores: Int, maxGpuCount: Int,
+  maxGpuCountSecureCloud: Int, maxGpuCountCommunityCloud: Int, minPodGpuCount: Int,
   secureCloud: Boolean, communityCloud: Boolean, securePrice: Float, communityPrice: Float,
   secureSpotPrice: Float, communitySpotPrice: Float, oneWeekPrice: Float, oneMonthPrice: Float,
   threeMonthPrice: Float, lowestPrice(input: GpuLowestPriceInput): LowestPrice
 }
 
-type LowestPrice { minimumBidPrice: Float, uninterruptablePrice: Float }
+type LowestPrice { minimumBidPrice: Float, uninterruptablePrice: Float, stockStatus: String }
 
 type Pod {
   id: String!, name: String, desiredStatus: String, lastStatusChange: String, costPerHr: Float,
@@ -216,7 +217,8 @@ class FakeRunPod:
         with self._lock:
             self.gpu_types = {row[0]: row for row in CATALOGUE}
             self.pods: dict[str, FakePod] = {}
-            self.no_capacity: set[str] = set()
+            self.no_capacity: set = set()
+            self.retired = False  # GPU type ids (both clouds) and (id, cloud) pairs
             self.operations: list[str] = []  # every authorised request's operation, in order
             self.http_429 = self.http_5xx = self.non_json = self.no_data = 0
             self.retry_after_s: float | None = None
@@ -240,16 +242,22 @@ class FakeRunPod:
             self.http_5xx, self.status_5xx, self.apply_5xx = http_5xx, status_5xx, apply_5xx
             self.non_json, self.no_data = non_json, no_data
 
+    def retire(self) -> None:
+        """From now on every call answers 410 Gone, as RunPod's GraphQL API does once it is switched off."""
+        with self._lock:
+            self.retired = True
+
     def corrupt_answers(self, mangle) -> None:
         """From now on every answer's `data` goes through `mangle(data)` after execution: an answer that breaks
         the schema (a proxy's rewrite, a server bug) which no typed execution would produce."""
         with self._lock:
             self.corrupt = mangle
 
-    def capacity_gone(self, gpu_type_id: str) -> None:
-        """Deploys of this GPU type fail as RunPod says when it has no machine left; the listing is unchanged."""
+    def capacity_gone(self, gpu_type_id: str, cloud: str | None = None) -> None:
+        """Deploys of this GPU type (in one cloud, or in both) fail as RunPod says when it has no machine left; its
+        prices are listed as before, its stockStatus goes null."""
         with self._lock:
-            self.no_capacity.add(gpu_type_id)
+            self.no_capacity.add(gpu_type_id if cloud is None else (gpu_type_id, cloud))
 
     def advance(self, pod_id: str | None = None) -> None:
         """Boots one CREATED pod, or all of them."""
@@ -298,6 +306,8 @@ class FakeRunPod:
         operations = _operations(document)
         with self._lock:
             self.operations.extend(operations)
+            if self.retired:
+                return 410, {}, _json({"errors": [{"message": "This API has been retired. Use api.runpod.io/v2."}]})
             if self.http_429:
                 self.http_429 -= 1
                 headers = {} if self.retry_after_s is None else {"Retry-After": f"{self.retry_after_s:g}"}
@@ -332,9 +342,9 @@ class FakeRunPod:
 
     def _gpu_type_node(self, row) -> dict:
         """A GPU type whose `lowestPrice` is worked out for the GPU count its own arguments ask for."""
-        node = self.gpu_type_json(row, 1)
-        node["lowestPrice"] = lambda info, input=None: self.gpu_type_json(
-            row, int((input or {}).get("gpuCount") or 1))["lowestPrice"]
+        node = self.gpu_type_json(row)
+        node["lowestPrice"] = lambda info, input=None: self.lowest_price(
+            row, int((input or {}).get("gpuCount") or 1), (input or {}).get("secureCloud"))
         return node
 
     def pod(self, pod_id: str) -> dict | None:
@@ -358,7 +368,7 @@ class FakeRunPod:
         pod = self._existing(pod_id)
         if gpu_count != pod.gpu_count:
             raise _GraphQLError(f"This pod was created with {pod.gpu_count} GPUs; resume it with {pod.gpu_count}.")
-        if pod.gpu_type_id in self.no_capacity:
+        if not self._in_stock(pod.gpu_type_id, pod.cloud_type):
             raise _GraphQLError("There are not enough free GPUs on the host machine to start this pod.")
         self._boot(pod)
         return pod.as_json()
@@ -373,21 +383,33 @@ class FakeRunPod:
             raise _GraphQLError("Pod not found")
         return pod
 
-    def gpu_type_json(self, row, gpu_count: int) -> dict:
+    def gpu_type_json(self, row) -> dict:
         gpu_id, name, memory, max_count, secure, community, s_price, c_price, s_spot, c_spot = row
-        available = gpu_count <= max_count and (secure or community) and gpu_id not in self.no_capacity
-        on_demand = [p for p, ok in ((s_price, secure), (c_price, community)) if ok and p]
-        spot = [p for p, ok in ((s_spot, secure), (c_spot, community)) if ok and p]
         return {
             "id": gpu_id, "displayName": name, "memoryInGb": memory, "maxGpuCount": max_count,
+            "maxGpuCountSecureCloud": max_count if secure else 0,
+            "maxGpuCountCommunityCloud": max_count if community else 0, "minPodGpuCount": 1,
             "secureCloud": secure, "communityCloud": community,
             "securePrice": s_price, "communityPrice": c_price,
             "secureSpotPrice": s_spot, "communitySpotPrice": c_spot, "manufacturer": "Nvidia",
-            "lowestPrice": {
-                "uninterruptablePrice": min(on_demand) if available and on_demand else None,
-                "minimumBidPrice": min(spot) if available and spot else None,
-            },
+            "lowestPrice": self.lowest_price(row, 1, None),
         }
+
+    def lowest_price(self, row, gpu_count: int, secure_cloud: bool | None) -> dict:
+        """As RunPod answers it: the cheapest price of the clouds asked for (both without `secureCloud`), which
+        stays set when no machine is free; whether one is, is `stockStatus` (null when none is)."""
+        gpu_id, _, _, max_count, secure, community, s_price, c_price, s_spot, c_spot = row
+        clouds = [(cloud, price, spot) for cloud, listed, price, spot in (
+            ("SECURE", secure, s_price, s_spot), ("COMMUNITY", community, c_price, c_spot))
+            if listed and secure_cloud in (None, cloud == "SECURE")]
+        on_demand = [price for _, price, _ in clouds if price]
+        spot = [price for _, _, price in clouds if price]
+        stocked = gpu_count <= max_count and any(self._in_stock(gpu_id, cloud) for cloud, _, _ in clouds)
+        return {"uninterruptablePrice": min(on_demand) if on_demand else None,
+                "minimumBidPrice": min(spot) if spot else None, "stockStatus": "High" if stocked else None}
+
+    def _in_stock(self, gpu_type_id: str, cloud: str) -> bool:
+        return not {gpu_type_id, (gpu_type_id, cloud)} & self.no_capacity
 
     def deploy(self, pod_input: dict, *, interruptible: bool) -> FakePod:
         for name in ("gpuTypeId", "imageName", "name"):
@@ -402,10 +424,11 @@ class FakeRunPod:
                   "COMMUNITY": (community, c_spot if interruptible else c_price)}
         clouds = [pod_input.get("cloudType") or "ALL"]
         if clouds == ["ALL"]:  # either cloud: the cheaper one that has it
-            clouds = sorted((c for c in prices if prices[c][0] and prices[c][1]), key=lambda c: prices[c][1])
+            clouds = sorted((c for c in prices if prices[c][0] and prices[c][1] and self._in_stock(gpu_id, c)),
+                            key=lambda c: prices[c][1])
         cloud = clouds[0] if clouds else "SECURE"
         listed, price = prices[cloud]
-        if not listed or not price or count > max_count or gpu_id in self.no_capacity:
+        if not listed or not price or count > max_count or not self._in_stock(gpu_id, cloud):
             raise _GraphQLError(NO_CAPACITY)
         if interruptible:
             bid = float(pod_input.get("bidPerGpu") or 0)

@@ -26,7 +26,7 @@ State = Instance.State
 
 def _unreachable_broker() -> Celery:
     """A Celery app whose broker refuses connections, sending as the product's app does."""
-    app = Celery("unreachable", broker="redis://127.0.0.1:1/0")
+    app = Celery("unreachable", broker="redis://127.0.0.1:1/0", set_as_current=False)  # the suite keeps its own
     app.conf.task_publish_retry_policy = django_settings.CELERY_TASK_PUBLISH_RETRY_POLICY
     return app
 
@@ -173,3 +173,17 @@ def test_it_syncs_every_provider_while_one_is_down(runpod_market, settings):
     assert "ProviderUnavailable" in reports["vast"]["error"]
     assert reports["runpod"]["adopted"] == ["moe-fleet-4242"]
     assert Instance.objects.get(provider="runpod").provider_instance_id == pod
+
+
+@pytest.mark.django_db
+def test_a_marketplace_that_retired_its_api_is_alerted_once_an_hour_not_silently_logged(runpod_market, settings):
+    settings.VAST_API_KEY = ""
+    with get_provider("runpod") as provider:
+        provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
+                                  disk_gb=250, label="moe-fleet-4343", env={}))
+    runpod_market.retire()
+    for _ in range(3):
+        reports = tasks.sync_instances()
+    assert "EndpointRetired" in reports["runpod"]["error"] and "410 Gone" in reports["runpod"]["error"]
+    (alert,) = Alert.objects.filter(kind=Alert.Kind.PROVIDER_FAILING)
+    assert alert.message.startswith("Syncing runpod failed") and "Terminate them in RunPod's console" in alert.message

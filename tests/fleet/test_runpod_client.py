@@ -64,6 +64,31 @@ def test_it_lists_each_gpu_type_per_cloud_with_decimal_prices(runpod):
     assert prices == sorted(prices) and all(isinstance(p, Decimal) for p in prices)
 
 
+def test_it_says_an_offer_is_rentable_only_where_its_cloud_has_a_machine_free(runpod, fake):
+    """RunPod keeps listing a type's prices when none is free; its stockStatus, asked per cloud, says so."""
+    fake.capacity_gone("NVIDIA H200", cloud="SECURE")
+    by_id = {o.offer_id: o for o in runpod.search_offers()}
+    secure, community = by_id[H200_SECURE], by_id["NVIDIA H200:COMMUNITY:1"]
+    assert not secure.rentable and secure.total_usd_per_hour == Decimal("3.99")  # still priced, not free now
+    assert community.rentable
+    fake.capacity_gone("NVIDIA H200")
+    assert not any(o.rentable for o in runpod.search_offers() if o.offer_id.startswith("NVIDIA H200:"))
+
+
+def test_it_makes_no_offer_above_a_clouds_own_gpu_count_limit(runpod, fake):
+    def limits(data):
+        for gpu_type in data.get("gpuTypes") or []:
+            if gpu_type["id"] == "NVIDIA H200":
+                gpu_type["maxGpuCountCommunityCloud"], gpu_type["minPodGpuCount"] = 2, 2
+        return data
+
+    fake.corrupt_answers(limits)
+    ids = {o.offer_id for o in runpod.search_offers({"gpu_counts": [1, 2, 8]})}
+    assert "NVIDIA H200:SECURE:1" not in ids and "NVIDIA H200:COMMUNITY:1" not in ids  # under its minimum
+    assert {"NVIDIA H200:SECURE:2", "NVIDIA H200:COMMUNITY:2", "NVIDIA H200:SECURE:8"} <= ids
+    assert "NVIDIA H200:COMMUNITY:8" not in ids
+
+
 def test_it_fills_what_runpod_does_not_say_with_unknowns(runpod):
     h200 = next(o for o in runpod.search_offers() if o.offer_id == H200_SECURE)
     assert (h200.driver_version, h200.cuda_max, h200.disk_gb) == ("", 0.0, 0.0)
