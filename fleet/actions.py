@@ -159,10 +159,12 @@ class KeepRefused(ValueError):
     """The machine can no longer be kept: the provider was already asked to destroy it, or it is gone."""
 
 
-def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: datetime | None = None) -> Instance:
+def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: datetime | None = None,
+                       then_destroy: str = "") -> Instance:
     """Keeps the machine until now + hours. One the product decided to destroy but has not yet asked the provider to
     (a reaper's or a wind-up's destroy still queued) goes back to running: the keep wins, and the queued destroy
-    then finds it kept. Once a destroy was sent there is nothing left to keep (KeepRefused)."""
+    then finds it kept. Once a destroy was sent there is nothing left to keep (KeepRefused). `then_destroy` is why
+    the box is done with: the sync destroys it for that reason the moment the keep expires (as a failed box)."""
     now = now or timezone.now()
     hours = min(float(hours), settings.MAX_KEEP_FOR_DEBUG_HOURS)
     who = by.get_username() if by else "the product"
@@ -173,6 +175,9 @@ def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: dateti
             raise KeepRefused(f"{row.label} cannot be kept: it is {row.state} (destroy already sent or no machine).")
         row.keep_until = now + timedelta(hours=hours)
         fields = ["keep_until"]
+        if then_destroy and not row.failure_reason:
+            row.failure_reason = then_destroy
+            fields.append("failure_reason")
         if row.state == State.STOPPING:
             record_event(row, "destroy-withdrawn", f"{who} keeps it: the destroy not yet sent ({row.destroy_reason}) "
                                                    "is withdrawn.", now)

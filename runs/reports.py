@@ -110,7 +110,8 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
             # Green without its adapters would be a lie, and the box's disk may be the only copy left: keep it.
             hours = min(settings.RUN_KEEP_BOX_ON_LOST_OUTPUTS_H, settings.MAX_KEEP_FOR_DEBUG_HOURS)
             try:
-                actions.keep_for_debugging(attempt.instance, hours, now=now)
+                actions.keep_for_debugging(attempt.instance, hours, now=now,
+                                           then_destroy=f"run {run.name} #{run.pk} finished with its outputs missing")
                 box = f"Its box is kept for {hours:g} h so that its disk can be read."
             except actions.KeepRefused as exc:  # already being destroyed: nothing left to keep
                 box = str(exc)

@@ -349,3 +349,22 @@ def test_an_agent_still_installing_keeps_its_box_off_the_reapers_idle_rule(launc
     box.refresh_from_db()
     assert box.last_process_at is not None
     assert [d for d in sweep.reap(dry_run=True).decisions if d.pk == box.pk] == []
+
+
+def test_a_run_finished_without_its_adapters_keeps_its_box_then_lets_it_go(launched):
+    """The box's disk may be the only copy: kept for RUN_KEEP_BOX_ON_LOST_OUTPUTS_H, and marked done with, so that
+    the sync destroys it when the keep expires (not the 12 h age rule, billing all the while)."""
+    from django.conf import settings
+
+    run = launched()
+    token = put_on_a_box(run)
+    type(run).objects.filter(pk=run.pk).update(state="training")  # it trained, and its checkpoints never landed
+    assert _post(_client(run, token), "/events", {"kind": "finished"}).status_code == 200
+    run.refresh_from_db()
+    box = run.current_instance
+    box.refresh_from_db()
+    assert run.events.filter(kind="outputs_lost").exists()
+    assert box.keep_until is not None and box.state == "running"
+    kept_h = (box.keep_until - run.events.get(kind="outputs_lost").at).total_seconds() / 3600
+    assert round(kept_h, 3) == min(settings.RUN_KEEP_BOX_ON_LOST_OUTPUTS_H, settings.MAX_KEEP_FOR_DEBUG_HOURS)
+    assert "finished with its outputs missing" in box.failure_reason  # what the sync's keep-expiry destroy reads
