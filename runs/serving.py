@@ -86,7 +86,8 @@ def vram_needed_gb(recipe: dict) -> float | None:
 def initial(run: Run, adapter: Servable) -> dict:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", run.name).strip("-._") or "run"
     return {"checkpoint": adapter.checkpoint.pk, "name": f"{stem[:60]}-{run.pk}-{adapter.phase_name}"[:100],
-            "base_model": base_model(run.recipe), "base_revision": (run.recipe.get("model") or {}).get("revision") or "",
+            "base_model": base_model(run.recipe),
+            "base_revision": (run.recipe.get("model") or {}).get("revision") or "",
             "vram_needed_gb": vram_needed_gb(run.recipe)}
 
 

@@ -262,7 +262,8 @@ class RunPodClient(HttpProvider):
         if response.status_code == 410:
             raise EndpointRetired(f"{what}: RunPod answered 410 Gone, so its GraphQL API is switched off for this "
                                   "account: its pods can be neither seen nor terminated from here. Terminate them in "
-                                  "RunPod's console, and move this product to a release that speaks RunPod's newer API.")
+                                  "RunPod's console, and move this product to a release that speaks RunPod's newer "
+                                  "API.")
         if response.status_code >= 400:
             # Refused as sent (GraphQL answers 400 to a query it cannot validate): nothing happened.
             message = _error_text(_decode(response, what, strict=False)) or response.reason_phrase
