@@ -138,9 +138,14 @@ def serving_image_problem(image: str, base_model: str) -> str:
         return ""
     version = tuple(int(part) for part in match.groups())
     if QWEN3_5_NAMES.search(base_model) and version < FIRST_QWEN3_5_MOE_LORA_VLLM:
-        return (f"vLLM {'.'.join(map(str, version))} cannot serve a Qwen3.5/3.6-MoE adapter (its experts' fused "
-                f"LoRA layout): use v{'.'.join(map(str, FIRST_QWEN3_5_MOE_LORA_VLLM))} or later, e.g. {VLLM_IMAGE}.")
-    if version < FIRST_MOE_LORA_VLLM:
-        return (f"vLLM {'.'.join(map(str, version))} loads no LoRA on MoE experts: use "
-                f"v{'.'.join(map(str, FIRST_MOE_LORA_VLLM))} or later, e.g. {VLLM_IMAGE}.")
-    return ""
+        why, first = "cannot serve a Qwen3.5/3.6-MoE adapter (its experts' fused LoRA layout)", \
+            FIRST_QWEN3_5_MOE_LORA_VLLM
+    elif version < FIRST_MOE_LORA_VLLM:
+        why, first = "loads no LoRA on MoE experts", FIRST_MOE_LORA_VLLM
+    else:
+        return ""
+    return f"vLLM {_dotted(version)} {why}: use v{_dotted(first)} or later, e.g. {VLLM_IMAGE}."
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))

@@ -2,8 +2,9 @@
 
 Every rule was paid for (seed reports): boxes forgotten for days (maximum age), boxes that never booted, boxes that
 never started their work (no training or serving process after a grace period), a hung vLLM that still looks alive
-to a process check (failed /v1/models probes), a hung host that bills while nothing trains (GPU not answering, or no step progress
-while the GPU idles: the run moves to a new box), and an account-wide spend cap that sheds the newest boxes first.
+to a process check (failed /v1/models probes), a hung host that bills while nothing trains (GPU not answering, or no
+step progress while the GPU idles: the run moves to a new box), and an account-wide spend cap that sheds the newest
+boxes first.
 A box kept for debugging is skipped until its keep time passes, and the decision says so.
 """
 

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet import enqueue
@@ -45,11 +46,10 @@ def policy_from_settings() -> ReaperPolicy:
 
 def snapshots(now: datetime | None = None) -> list[InstanceSnapshot]:
     """The rows the rules judge (live, not reaped yet) and, for the spend cap, those whose destroy is overdue."""
-    now = now or timezone.now()
-    live = Instance.objects.filter(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
-    overdue = Instance.objects.filter(ledger.destroy_overdue(now))
-    return [*(InstanceSnapshot(*values) for values in live.values_list(*_SNAPSHOT_FIELDS)),
-            *(InstanceSnapshot(*values, destroy_overdue=True) for values in overdue.values_list(*_SNAPSHOT_FIELDS))]
+    live = Q(state__in=[State.PROVISIONING, State.RUNNING], reaped_at__isnull=True)
+    rows = Instance.objects.filter(live | ledger.destroy_overdue(now or timezone.now()))
+    return [InstanceSnapshot(*values, destroy_overdue=state == State.STOPPING)
+            for *values, state in rows.values_list(*_SNAPSHOT_FIELDS, "state")]
 
 
 @dataclass

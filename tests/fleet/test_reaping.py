@@ -35,6 +35,13 @@ def _rented(offer, key, **fields) -> Instance:
     return instance
 
 
+def _working_boxes(now, key: str, n=3) -> list[Instance]:
+    """n boxes at work, rented an hour apart, the oldest first."""
+    refresh_offers()
+    return [_rented(offer, f"{key}{i}", running_at=now - timedelta(hours=n - i), last_process_at=now,
+                    requested_at=now - timedelta(hours=n - i)) for i, offer in enumerate(_offers(n))]
+
+
 @pytest.mark.django_db
 def test_it_reports_without_destroying_in_a_dry_run(market):
     refresh_offers()
@@ -103,10 +110,8 @@ def test_it_moves_hung_training_to_a_new_box(frozen_market, celery_worker):
 
 @pytest.mark.django_db
 def test_it_alerts_once_when_the_spend_cap_is_hit(market, settings):
-    refresh_offers()
     now = timezone.now()
-    boxes = [_rented(offer, f"b{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
-                     requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
+    boxes = _working_boxes(now, "b")
     settings.SPEND_CAP_USD_PER_HOUR = boxes[0].usd_per_hour + boxes[1].usd_per_hour
     report = sweep.reap(now=now)
     assert report.acted == [boxes[2].pk]  # the newest goes first, and one is enough
@@ -116,10 +121,8 @@ def test_it_alerts_once_when_the_spend_cap_is_hit(market, settings):
 
 @pytest.mark.django_db
 def test_the_spend_cap_counts_a_box_whose_destroy_the_marketplace_has_not_carried_out(market, settings):
-    refresh_offers()
     now = timezone.now()
-    stuck, older, newest = [_rented(offer, f"s{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
-                                    requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
+    stuck, older, newest = _working_boxes(now, "s")
     # Asked to stop ten minutes ago, still on the marketplace: it bills whatever its row says.
     Instance.objects.filter(pk=stuck.pk).update(state=State.STOPPING, destroy_attempts=2,
                                                 destroy_requested_at=now - timedelta(minutes=10))
@@ -136,10 +139,8 @@ def test_the_spend_cap_counts_a_box_whose_destroy_the_marketplace_has_not_carrie
 @pytest.mark.django_db
 def test_a_destroy_just_sent_is_not_counted_while_the_marketplace_carries_it_out(market, settings):
     """The box the cap shed a pass ago is on its way out: counting it again would shed one more."""
-    refresh_offers()
     now = timezone.now()
-    leaving, older, newest = [_rented(offer, f"l{i}", running_at=now - timedelta(hours=3 - i), last_process_at=now,
-                                      requested_at=now - timedelta(hours=3 - i)) for i, offer in enumerate(_offers(3))]
+    leaving, older, newest = _working_boxes(now, "l")
     Instance.objects.filter(pk=leaving.pk).update(state=State.STOPPING, destroy_attempts=1,
                                                   destroy_requested_at=now - timedelta(seconds=20))
     settings.SPEND_CAP_USD_PER_HOUR = older.usd_per_hour + newest.usd_per_hour

@@ -128,8 +128,8 @@ def test_fields_longer_than_their_columns_neither_fail_the_row_nor_stop_the_sync
     odd, stuck = _pod("moe-fleet-g"), _pod("moe-fleet-h")
     fake.advance(odd)  # booted: its runtime lists its ports
     odd_row = _row(odd, "row-g")
-    stuck_row = _row(stuck, "row-h", state=State.STOPPING, destroy_attempts=1,
-                     destroy_requested_at=timezone.now() - timedelta(minutes=5))
+    _row(stuck, "row-h", state=State.STOPPING, destroy_attempts=1,
+         destroy_requested_at=timezone.now() - timedelta(minutes=5))
 
     def long_fields(pod):
         if pod["id"] == odd:

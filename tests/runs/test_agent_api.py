@@ -2,10 +2,14 @@
 nothing."""
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.test import Client
+from django.utils import timezone
 
+from fleet.reaper import sweep
 from runs import events, tokens
 from runs.models import Checkpoint, MetricPoint
 from tests.runs.conftest import put_on_a_box
@@ -335,12 +339,6 @@ def test_it_keeps_the_later_of_a_step_sent_twice_in_one_batch(launched):
 def test_an_agent_still_installing_keeps_its_box_off_the_reapers_idle_rule(launched):
     """Its probe, the checkpoint restore and a 67 GB model download come before the trainer: heartbeats then say
     the box is at work, and the idle rule (nothing running 30 min after start) must not take it."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from fleet.reaper import sweep
-
     run = launched()
     token = put_on_a_box(run)
     box = run.current_instance
@@ -354,8 +352,6 @@ def test_an_agent_still_installing_keeps_its_box_off_the_reapers_idle_rule(launc
 def test_a_run_finished_without_its_adapters_keeps_its_box_then_lets_it_go(launched):
     """The box's disk may be the only copy: kept for RUN_KEEP_BOX_ON_LOST_OUTPUTS_H, and marked done with, so that
     the sync destroys it when the keep expires (not the 12 h age rule, billing all the while)."""
-    from django.conf import settings
-
     run = launched()
     token = put_on_a_box(run)
     type(run).objects.filter(pk=run.pk).update(state="training")  # it trained, and its checkpoints never landed
