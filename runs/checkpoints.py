@@ -73,9 +73,13 @@ def prune(run: Run) -> list[str]:
 
 
 def checkpoint_rejected(attempt: RunAttempt, phase: int, step: int, reason: str, *, now=None) -> bool:
-    """The box refused to load a checkpoint (a file missing or not matching its manifest): it is never offered again."""
+    """The box refused to load a checkpoint (a file missing or not matching its manifest): it is never offered again.
+    A box may refuse only what it is offered to resume from (`resume_points`): a box has no say over the rest of the
+    run's checkpoints, such as an earlier phase's final adapter that no resume offers any more."""
     now = now or timezone.now()
     run = attempt.run
+    if (phase, step) not in {(c.phase, c.step) for c in resume_points(run)}:
+        return False
     found = Checkpoint.objects.filter(run=run, phase=phase, step=step, complete=True, rejected_reason="")
     if not found.update(rejected_reason=reason or "refused by the box"):
         return False
@@ -89,9 +93,16 @@ RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest f
 
 def resume_points(run: Run) -> list[Checkpoint]:
     """The checkpoints a box may resume from, newest first: complete, with a manifest, never refused by a box. A
-    half-written one is never used."""
+    half-written one is never used. Nor is one past a phase's final checkpoint that a box refused: that phase's
+    adapter (an output of the run) must be trained again, from a checkpoint before it."""
     usable = run.checkpoints.filter(complete=True, rejected_reason="", pruned_at=None).exclude(manifest=None)
-    return list(usable.order_by("-phase", "-step")[:RESUME_CANDIDATES])
+    finals = {(phase.index, phase.steps) for phase in run.phases.all()}
+    refused = [(c.phase, c.step) for c in run.checkpoints.filter(complete=True).exclude(rejected_reason="")
+               if (c.phase, c.step) in finals]
+    points = usable.order_by("-phase", "-step")
+    if refused:
+        points = [c for c in points if (c.phase, c.step) < min(refused)]
+    return list(points[:RESUME_CANDIDATES])
 
 
 def missing_outputs(run: Run) -> list[str]:

@@ -1,6 +1,7 @@
 """Which of a run's checkpoints its store keeps: the recipe's `checkpoint.keep` newest complete ones, plus every
-phase's final one (its adapter is an output of the run), and nothing older than the newest that was never finished
-or that a box refused. Pure."""
+phase's final one (its adapter is an output of the run; kept even when a box refused it, since a box's word is no
+proof and the dashboard can check the files itself), and nothing older than the newest that was never finished or
+that a box refused. Pure."""
 
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ def to_prune(stored: list[Stored], *, keep: int, finals: set[tuple[int, int]]) -
     if not usable:
         return []
     newest = usable[0]
-    kept = set(usable[:max(1, keep)]) | (finals & set(usable))
+    complete = {(c.phase, c.step) for c in stored if c.complete}
+    kept = set(usable[:max(1, keep)]) | (finals & complete)
     drop = {(c.phase, c.step) for c in stored if (c.phase, c.step) not in kept and (c.phase, c.step) < newest}
     return sorted(drop)
