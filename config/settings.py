@@ -350,6 +350,8 @@ RUN_INSTALL_TIMEOUT_S = env_int("RUN_INSTALL_TIMEOUT_S", 1800, minimum=60)
 # A box that trains no first step this long after it was rented, its GPU idle, is hung (a trainer stuck loading or
 # in NCCL's start): its heartbeats alone are no progress. Longer than the no-progress rule, for the downloads.
 RUN_FIRST_STEP_TIMEOUT_MIN = env_float("RUN_FIRST_STEP_TIMEOUT_MIN", 120.0, minimum=5)
+# A run that no offer fits this long (its filters, its bad hosts) fails with the reason rather than wait for good.
+RUN_NO_OFFER_TIMEOUT_H = env_float("RUN_NO_OFFER_TIMEOUT_H", 24.0, minimum=0.1)
 SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
 # A box whose heartbeat finds the supervisor silent this long stops its own machine (nothing would reap it).
 SUPERVISOR_STALE_S = env_int("SUPERVISOR_STALE_S", 1800, minimum=60)

@@ -1,8 +1,7 @@
-"""Runs on a serving box before vLLM starts, on the standard library alone (the vLLM image carries nothing of this
-project; the start script sends this file's text): fetches the adapter's files through the read grant in
-FLEET_ADAPTER into the folder it is given, checks each against its manifest entry (size and sha256), and prints the
---max-lora-rank vLLM needs for the adapter's r. A file missing or not matching exits 1 naming it, and leaves nothing
-in the folder for vLLM to load."""
+"""Runs on a serving box before vLLM starts, on the standard library alone (the start script sends this file's
+text): fetches the adapter's files through the read grant in FLEET_ADAPTER_0, _1, ... (FLEET_ADAPTER_PARTS of them,
+joined), checks each against its manifest entry (size and sha256), and prints the --max-lora-rank vLLM needs for the
+adapter's r. A file missing or not matching exits 1 naming it, and leaves nothing in the folder for vLLM to load."""
 
 import hashlib
 import json
@@ -57,7 +56,8 @@ def fetch(folder, grant, manifest):
 def main(argv):
     folder = Path(argv[1])
     try:
-        spec = json.loads(os.environ[GRANT_ENV])
+        parts = int(os.environ[GRANT_ENV + "_PARTS"])
+        spec = json.loads("".join(os.environ[f"{GRANT_ENV}_{i}"] for i in range(parts)))
         rank = fetch(folder, spec["grant"], spec["manifest"])
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a URL is never in these messages, only the file name
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Serving a fine-tuned adapter: what its box runs before vLLM starts, and how a probe tells that vLLM serves it.
 
-A box of an adapter model gets in its environment (FLEET_ADAPTER) a read grant for exactly the adapter's files,
-presigned GETs that expire after STORAGE_GRANT_S (or the folder, on the embedded default), made when the box is
+A box of an adapter model gets in its environment (FLEET_ADAPTER_*, in parts) a read grant for exactly the adapter's
+files, presigned GETs that expire after STORAGE_GRANT_S (or the folder, on the embedded default), made when the box is
 rented by `settings.FLEET_READ_GRANT` (fleet never reads runs, where the store's credentials live), and the files'
 manifest. Its start script fetches every file (fleet/inference/adapter_fetch.py, sent as text), refuses the lot
 unless each has the manifest's size and sha256, and only then starts `vllm serve BASE --enable-lora --lora-modules
@@ -45,11 +45,18 @@ def listing_problem(body: bytes, adapter: str, base: str) -> str:
 # -- what the box gets ----------------------------------------------------------------------------------------------
 
 
+ENV_PART = 200  # characters of the grant in one variable: vast.ai takes at most 256 for a name and its value
+
+
 def box_env(model) -> dict[str, str]:
-    """The adapter's read grant and manifest, made now: a box rented later (a replacement) gets a fresh one."""
+    """The adapter's read grant and manifest, made now: a box rented later (a replacement) gets a fresh one. A grant
+    of presigned URLs runs to thousands of characters, so it goes in parts (FLEET_ADAPTER_0, _1, ... and
+    FLEET_ADAPTER_PARTS, their number), which the fetch program joins."""
     grant = import_string(settings.FLEET_READ_GRANT)(model.adapter_uri, sorted(model.adapter_manifest),
                                                      settings.STORAGE_GRANT_S)
-    return {ENV: json.dumps({"grant": grant, "manifest": model.adapter_manifest}, sort_keys=True)}
+    text = json.dumps({"grant": grant, "manifest": model.adapter_manifest}, sort_keys=True)
+    parts = [text[i:i + ENV_PART] for i in range(0, len(text), ENV_PART)]
+    return {f"{ENV}_PARTS": str(len(parts)), **{f"{ENV}_{i}": part for i, part in enumerate(parts)}}
 
 
 def start_script(model) -> str:

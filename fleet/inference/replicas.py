@@ -142,10 +142,11 @@ def model_states(now: datetime) -> list[tuple[InferenceModel, ModelState]]:
 
 def machines_to_avoid(model: InferenceModel, now: datetime) -> set[str]:
     """Machines where a box of this model failed (or is failing) recently; rows from before instances kept their
-    machine id are looked up through the offer they were rented from."""
+    machine id are looked up through the offer they were rented from. A rent that rented nothing (a rate limit, a
+    refused request, an offer taken first) says nothing of the machine."""
     failed = Instance.objects.filter(serving_model=model, requested_at__gte=now - AVOID_FAILED_MACHINES_FOR).filter(
         Q(consecutive_probe_failures__gte=failing_threshold()) | ~Q(failure_reason="") | ~Q(reap_reason="")
-        | Q(state=State.FAILED))
+        | Q(state=State.FAILED)).exclude(Q(provider_instance_id=None) | Q(provider_instance_id=""))
     machines, unknown = set(), set()
     for provider, offer_id, machine_id in failed.values_list("provider", "offer_id", "machine_id"):
         if machine_id:

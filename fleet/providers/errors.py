@@ -32,6 +32,12 @@ class OfferUnavailable(ProviderError):
     """The offer was rented by someone else or withdrawn between search and rent."""
 
 
+class RequestRefused(ProviderError):
+    """The marketplace refused the request itself (its arguments: an environment value too long, a start script
+    over its limit), not the offer: every other offer would refuse it the same way, and the machine is not to
+    blame."""
+
+
 class InstanceNotFound(ProviderError):
     pass
 

@@ -3,9 +3,11 @@ jittered exponential backoff on 429 (honouring Retry-After), 5xx and network fai
 key, and never a retry of a call that may have rented something."""
 
 import email.utils
+import json
 import logging
 import math
 import random
+import re
 import time
 from datetime import UTC, datetime
 
@@ -39,8 +41,10 @@ class RetryingClient:
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, url: str, *, what: str, idempotent: bool = True, **kwargs) -> httpx.Response:
-        """Sends a request, retrying 429s, 5xx and network failures with backoff.
+    def request(self, method: str, url: str, *, what: str, idempotent: bool = True,
+                rate_limit_wait_s: float | None = None, **kwargs) -> httpx.Response:
+        """Sends a request, retrying 429s, 5xx and network failures with backoff. A 429 waits at least
+        `rate_limit_wait_s` (the client's default when None), the interval its answer names, or its Retry-After.
 
         A call that is not idempotent (a rent) is retried only where the marketplace cannot have acted on it: a
         refused connection or a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and
@@ -64,11 +68,12 @@ class RetryingClient:
                 continue
 
             status = response.status_code
-            if status in (401, 403):
+            if status == 401 or (status == 403 and not _refuses_request(response)):
                 raise AuthenticationFailed(
                     f"{self.provider} refused the API key (HTTP {status}): check {self.key_variable}.")
             if status == 429:
-                wait_s = retry_after_s(response) or max(self.rate_limit_wait_s, self._backoff(attempt))
+                floor = self.rate_limit_wait_s if rate_limit_wait_s is None else rate_limit_wait_s
+                wait_s = retry_after_s(response) or max(floor, threshold_s(response) or 0.0, self._backoff(attempt))
                 if last_attempt or wait_s > self.max_wait_s:
                     raise RateLimited(f"{what}: rate limited (HTTP 429).", retry_after_s=wait_s)
                 log.info("%s rate limited; waiting %.1f s", what, wait_s)
@@ -90,6 +95,33 @@ class RetryingClient:
     def _backoff(self, attempt: int) -> float:
         # Exponential with jitter so that several workers do not retry in step.
         return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+_AUTH_ERRORS = {"auth_error", "invalid_user_key", "unauthorized", "forbidden"}
+
+
+def _refuses_request(response: httpx.Response) -> bool:
+    """A 403 that names an error of the request, not of the key: vast.ai answers {"success": false, "error":
+    "invalid_args", "msg": "... is not your own ..."} for an offer one may not rent. Its caller reads it."""
+    try:
+        data = json.loads(response.content)
+    except ValueError:
+        return False
+    error = data.get("error") if isinstance(data, dict) else None
+    return isinstance(error, str) and bool(error) and error.lower() not in _AUTH_ERRORS
+
+
+_THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
+
+
+def threshold_s(response: httpx.Response) -> float | None:
+    """The minimum interval a 429 names ("API requests too frequent endpoint threshold=4.5", as text or in a JSON
+    field), in seconds; vast.ai sends no Retry-After, only this. None where it names none (or an absurd one)."""
+    found = _THRESHOLD.search(response.text[:1000])
+    if found is None:
+        return None
+    seconds = float(found.group(1))
+    return seconds if 0 < seconds <= 3600 else None
 
 
 def retry_after_s(response: httpx.Response) -> float | None:

@@ -451,7 +451,10 @@ def pod_status(desired_status: str, has_runtime: bool) -> str:
 
 
 def _intended_status(desired_status: str) -> str:
-    return "running" if desired_status.upper() in ("CREATED", "RUNNING", "RESTARTING") else "stopped"
+    """What we want the pod to be doing: always running. RunPod has no intended state apart from desiredStatus, and
+    this product never stops a pod (it terminates), so an EXITED, DEAD or STOPPED pod stopped without being asked
+    (a host down, a spot reclaim, a balance run out): the sync must see that as a failure, not as our stop."""
+    return "running"
 
 
 def _public_ports(runtime: dict) -> tuple[str, dict[str, int], str, int | None]:

@@ -13,7 +13,7 @@ import httpx
 
 from . import fields
 from .base import HttpProvider, InstanceList, OfferSearch, instance_list
-from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable,
+from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable, RequestRefused,
                      RentAnswerUnreadable)
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
@@ -25,6 +25,15 @@ INSTANCE_PAGE = 25  # the most vast.ai's v1 instance list gives a page
 CHARGE_PAGE = 100  # results (instances) a page of the charge report
 CHARGE_DAYS = 60  # how far back the charge report reaches (it needs a day range)
 MAX_PAGES = 400  # of a paged answer: past that it is taken for a server that never ends it
+# vast.ai's documented limits on a rent (create_instance's x-input-validation), checked before it is sent: past them
+# vast.ai answers 400 invalid_args, which says less than these do.
+ENV_ENTRY_MAX = 256  # one environment variable, name and value
+ENV_TOTAL_MAX = 32768  # all of them
+START_MAX = 4096  # onstart, args and args_str together
+LABEL_MAX, IMAGE_MAX = 256, 1024
+BID_RANGE = (0.001, 128.0)  # $/h
+# A rent sent within 4.5 s of the last one is refused with a 12 s penalty, and the 429 carries no Retry-After.
+RENT_RATE_LIMIT_WAIT_S = 12.0
 
 
 class VastClient(HttpProvider):
@@ -64,6 +73,9 @@ class VastClient(HttpProvider):
         return result
 
     def rent(self, request: RentRequest) -> str:
+        problem = rent_request_problem(request)
+        if problem:
+            raise RequestRefused(f"vast.ai would refuse the rent of offer {request.offer_id}: {problem}.")
         body = {
             "client_id": "me",
             "image": request.image,
@@ -75,15 +87,18 @@ class VastClient(HttpProvider):
         }
         if request.bid_usd_per_hour is not None:
             body["price"] = float(request.bid_usd_per_hour)
-        response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False)
+        response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False,
+                                 rate_limit_wait_s=RENT_RATE_LIMIT_WAIT_S)
         data = _decode(response, strict=False)
         made = _contract(data)
         if made is not None and (response.status_code >= 400 or data.get("success") is False):
             # vast.ai can refuse a rent (a bid under the price) after creating its instance, stopped, billing disk.
             raise RentAnswerUnreadable(f"vast.ai refused the rent of offer {request.offer_id} yet made instance "
                                        f"{made}: reconcile by label.")
-        if response.status_code in (400, 404, 410) or data.get("success") is False:
-            message = data.get("msg") or data.get("error") or f"HTTP {response.status_code}"
+        if response.status_code in (400, 403, 404, 410) or data.get("success") is False:
+            message = fields.loose_text(data.get("msg") or data.get("error"), 300) or f"HTTP {response.status_code}"
+            if response.status_code in (400, 403) and data.get("error") == "invalid_args":
+                raise RequestRefused(f"vast.ai refused the rent of offer {request.offer_id}: {message}")
             raise OfferUnavailable(f"Offer {request.offer_id} can no longer be rented: {message}")
         _raise_for_status(response)
         if made is None:
@@ -165,6 +180,24 @@ class VastClient(HttpProvider):
                                       **kwargs)
         _refused_key(response)
         return response
+
+
+def rent_request_problem(request: RentRequest) -> str:
+    """Why vast.ai would refuse this rent for its arguments (its documented limits), or ""."""
+    entries = [len(str(key)) + len(str(value)) + 1 for key, value in request.env.items()]
+    longest = max(request.env, key=lambda key: len(str(key)) + len(str(request.env[key])), default=None)
+    if entries and max(entries) > ENV_ENTRY_MAX:
+        return f"the environment variable {str(longest)[:40]} is {max(entries)} characters, over {ENV_ENTRY_MAX}"
+    if sum(entries) > ENV_TOTAL_MAX:
+        return f"its environment is {sum(entries)} characters, over {ENV_TOTAL_MAX}"
+    if len(request.onstart) > START_MAX:
+        return f"its start script is {len(request.onstart)} characters, over {START_MAX}"
+    if len(request.label) > LABEL_MAX or len(request.image) > IMAGE_MAX:
+        return f"its label or image name is over {LABEL_MAX} or {IMAGE_MAX} characters"
+    bid = request.bid_usd_per_hour
+    if bid is not None and not BID_RANGE[0] <= float(bid) <= BID_RANGE[1]:
+        return f"a bid of ${float(bid):g}/h is outside ${BID_RANGE[0]:g}-{BID_RANGE[1]:g}/h"
+    return ""
 
 
 def _contract(data: dict) -> int | None:

@@ -549,6 +549,7 @@ def _rent_request(offer: Offer, body: dict) -> dict:
     env = body.get("env") or {}
     if not isinstance(env, (dict, str)):
         raise MarketError(400, "invalid_args", "env must be an object or a string")
+    _within_limits(body, env)
     return {
         "image": image,
         "disk_gb": float(disk_gb),
@@ -558,6 +559,29 @@ def _rent_request(offer: Offer, body: dict) -> dict:
         "runtype": str(body.get("runtype") or "ssh"),
         "label": str(body.get("label") or ""),
     }
+
+
+# vast.ai's documented limits on a rent (its create_instance x-input-validation).
+ENV_ENTRY_MAX, ENV_TOTAL_MAX, START_MAX, LABEL_MAX, IMAGE_MAX = 256, 32768, 4096, 256, 1024
+BID_MIN, BID_MAX = 0.001, 128.0
+
+
+def _within_limits(body: dict, env) -> None:
+    # A string env (docker flags) is held to the total only; an object's entries each to the entry limit too.
+    entries = [len(str(k)) + len(str(v)) + 1 for k, v in env.items()] if isinstance(env, dict) else []
+    total = sum(entries) if isinstance(env, dict) else len(env)
+    if max(entries, default=0) > ENV_ENTRY_MAX or total > ENV_TOTAL_MAX:
+        raise MarketError(400, "invalid_args", f"env: each variable at most {ENV_ENTRY_MAX} characters, "
+                                               f"{ENV_TOTAL_MAX} in all")
+    start = sum(len(str(body.get(name) or "")) for name in ("onstart", "args_str")) + sum(
+        len(str(arg)) for arg in body.get("args") or [] if isinstance(body.get("args"), list))
+    if start > START_MAX:
+        raise MarketError(400, "invalid_args", f"onstart, args and args_str: at most {START_MAX} characters together")
+    if len(str(body.get("label") or "")) > LABEL_MAX or len(str(body.get("image"))) > IMAGE_MAX:
+        raise MarketError(400, "invalid_args", f"label at most {LABEL_MAX} characters, image {IMAGE_MAX}")
+    price = body.get("price")
+    if price is not None and not BID_MIN <= price <= BID_MAX:
+        raise MarketError(400, "invalid_args", f"price must be between {BID_MIN} and {BID_MAX} $/h")
 
 
 def _free_local_port() -> int:

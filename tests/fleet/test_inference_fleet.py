@@ -115,12 +115,23 @@ def test_it_rents_a_missing_replica_once_however_often_the_task_runs(offers, mod
 def test_it_replaces_a_failing_replica_on_another_machine(offers, model):
     ranked = rank_stored_offers(*profile_settings(None)).entries
     best = Offer.objects.get(offer_id=ranked[0].offer.offer_id, is_bid=ranked[0].offer.is_bid)
-    failing = _replica(model, best, state=State.RUNNING, consecutive_probe_failures=3,
+    failing = _replica(model, best, state=State.RUNNING, consecutive_probe_failures=3, provider_instance_id="9001",
                        requested_at=timezone.now() - timedelta(hours=1))
     replicas.maintain()
     new = Instance.objects.exclude(pk=failing.pk).get(serving_model=model)
     assert new.replaces_id == failing.pk
     assert Offer.objects.get(offer_id=new.offer_id, is_bid=False).machine_id != best.machine_id
+
+
+def test_a_rent_that_rented_nothing_puts_no_machine_on_the_avoid_list(offers, model):
+    ranked = rank_stored_offers(*profile_settings(None)).entries
+    best = Offer.objects.get(offer_id=ranked[0].offer.offer_id, is_bid=ranked[0].offer.is_bid)
+    _replica(model, best, state=State.FAILED, requested_at=timezone.now() - timedelta(hours=1),
+             failure_reason="Rent failed, nothing was rented: vast.ai GET /asks/: rate limited (HTTP 429).")
+    assert replicas.machines_to_avoid(model, timezone.now()) == set()
+    rented = _replica(model, best, state=State.FAILED, provider_instance_id="9002", machine_id=best.machine_id,
+                      failure_reason="The host exited on its own")
+    assert replicas.machines_to_avoid(model, rented.requested_at + timedelta(hours=1)) == {best.machine_id}
 
 
 def test_it_stops_at_the_budget_and_alerts_once(offers, model):

@@ -5,6 +5,7 @@ from decimal import Decimal
 
 import pytest
 
+from fleet import actions
 from fleet.providers.errors import (
     AuthenticationFailed,
     InstanceNotFound,
@@ -228,7 +229,9 @@ def test_it_speaks_vasts_status_words(runpod, fake):
     fake.advance()
     fake.set_pod(pod_id, desired_status="EXITED", running=False, last_status_change="Exited by Runpod: host down")
     pod = runpod.get_instance(pod_id)
-    assert (pod.status, pod.intended_status, pod.status_msg) == ("exited", "stopped", "Exited by Runpod: host down")
+    assert (pod.status, pod.intended_status, pod.status_msg) == ("exited", "running", "Exited by Runpod: host down")
+    # We never stop a pod: one that exited did so on its own, and the sync takes it for a failed box.
+    assert actions.failure_of(pod) == "The host exited on its own: Exited by Runpod: host down"
     fake.set_pod(pod_id, desired_status="RUNNING", running=False)
     assert runpod.get_instance(pod_id).status == "loading"  # RUNNING but the container is not up yet
     fake.set_pod(pod_id, desired_status="TERMINATED")

@@ -24,6 +24,8 @@ from django.utils import timezone
 
 from fleet.inference import adapters, probes, replicas
 from fleet.models import InferenceModel, Instance, ProbeResult
+from fleet.providers import vast
+from fleet.providers.records import RentRequest
 from fleet.simulator.agents import AgentProcesses
 from runs import serving
 from runs.models import Checkpoint, Phase, Run
@@ -281,8 +283,13 @@ def test_it_grants_a_serving_box_the_adapters_files_only_and_for_a_while(setting
             s3.put_object(Bucket="store", Key=f"team/runs/3/ckpt-p00-s00000004/{name}", Body=name.encode())
         settings.STORAGE_GRANT_S = 600
         env = replicas.serving_env(model)
-        grant = json.loads(env[adapters.ENV])["grant"]
+        parts = int(env[f"{adapters.ENV}_PARTS"])
+        grant = json.loads("".join(env[f"{adapters.ENV}_{i}"] for i in range(parts)))["grant"]
         assert "account-secret" not in json.dumps(env)
+        # Presigned URLs run to thousands of characters; vast.ai takes 256 a variable and 4,096 of start script.
+        assert parts > 4 and not vast.rent_request_problem(RentRequest(
+            offer_id="1", image=model.image, disk_gb=100, label="serve-1", env=env,
+            onstart=replicas.serving_onstart(model)))
         assert grant["kind"] == "s3-get" and sorted(grant["files"]) == ["adapter_config.json",
                                                                           "adapter_model.safetensors"]
         for name, url in grant["files"].items():
@@ -293,3 +300,8 @@ def test_it_grants_a_serving_box_the_adapters_files_only_and_for_a_while(setting
         assert abs(signed_at.replace(tzinfo=UTC) - datetime.now(UTC)) < timedelta(minutes=1)
     finally:
         server.stop()
+
+
+def test_the_longest_start_script_fits_vasts_limit(tmp_path):
+    model = _model(tmp_path, name="a" * 100, base_model="b" * 64 + "/" + "c" * 96, base_revision="f" * 40)
+    assert len(replicas.serving_onstart(model)) <= vast.START_MAX

@@ -254,6 +254,20 @@ def test_it_bills_a_bid_at_the_bid_price(api, sim):
     assert too_low.status_code == 400 and too_low.json()["error"] == "invalid_args"
 
 
+@pytest.mark.parametrize("body", [
+    {"env": {"FLEET_ADAPTER": "x" * 300}},
+    {"env": {f"V{i}": "x" * 200 for i in range(200)}},
+    {"onstart": "x" * 4097},
+    {"label": "l" * 257},
+    {"price": 500.0},
+])
+def test_it_refuses_a_rent_past_vasts_documented_limits_and_rents_nothing(api, sim, body):
+    offer = healthy_offer(api, sim)
+    refused = rent(api, offer["id"], **body)
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_args"
+    assert rent(api, offer["id"]).status_code == 200  # still there to rent
+
+
 def test_it_stops_billing_when_destroyed_and_404s_a_second_destroy(api, sim):
     offer = healthy_offer(api, sim)
     instance_id = rented(api, offer["id"])

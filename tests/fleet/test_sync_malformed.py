@@ -83,6 +83,22 @@ def test_a_machine_the_list_cannot_name_is_looked_up_alone_not_taken_for_gone(fa
     assert rows[unnamed].state == State.FAILED
 
 
+def test_a_stopping_machine_the_list_cannot_name_is_destroyed_not_taken_for_destroyed(fake, settings):
+    # The reaper claimed it and handed the destroy over; the list then could not name it. Marking it destroyed on
+    # that would stop the queued destroy from ever being sent, and it would bill with no rule looking at it.
+    settings.DESTROY_VERIFY_S = 0
+    unnamed = _pod("moe-fleet-e")
+    row = _row(unnamed, "row-e", state=State.STOPPING, destroy_requested_at=timezone.now() - timedelta(minutes=5),
+               destroy_attempts=0)
+    _mangle(fake, lambda pod: pod.update(id=None) if pod["id"] == unnamed else None)
+    actions.sync("runpod")
+    row.refresh_from_db()
+    assert unnamed not in fake.pods and row.destroy_attempts == 1
+    actions.sync("runpod")  # and now its lookup says it is gone: verified
+    row.refresh_from_db()
+    assert row.state == State.DESTROYED
+
+
 def test_a_destroy_is_retried_even_while_another_entry_is_unreadable(fake, settings):
     settings.DESTROY_VERIFY_S = 0
     stuck, odd = _pod("moe-fleet-c"), _pod("moe-fleet-d")

@@ -1,6 +1,7 @@
 """What the vast.ai client does with answers that are not what the API documents, over a real local server."""
 
 import json
+import re
 import threading
 from decimal import Decimal
 from urllib.parse import parse_qs, urlparse
@@ -8,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fleet.providers.errors import AuthenticationFailed, MalformedResponse, OutcomeUnknown, ProviderUnavailable
+from fleet.providers.errors import (AuthenticationFailed, MalformedResponse, OfferUnavailable, OutcomeUnknown,
+                                   ProviderUnavailable, RequestRefused)
 from fleet.providers.records import RentRequest
 from fleet.ranking.filters import country_code
 from fleet.providers.vast import VastClient
@@ -259,3 +261,65 @@ def test_a_refused_rent_that_made_an_instance_is_an_unknown_outcome(scripted):
     server.replies.append((400, b'{"success": false, "error": "bid_too_low", "new_contract": 88}'))
     with pytest.raises(OutcomeUnknown, match="yet made instance 88: reconcile by label"):
         client.rent(RentRequest(offer_id="101", image="img", disk_gb=250, label="fleet-1", env={}))
+
+
+def _rent_request(**changes):
+    return RentRequest(**{"offer_id": "101", "image": "img", "disk_gb": 50, "label": "run1-box0", "env": {},
+                          **changes})
+
+
+def test_a_429_on_a_rent_waits_out_vasts_penalty_though_it_names_no_retry_after(scripted):
+    # vast.ai's 429 carries no Retry-After: a rent within 4.5 s of the last one is refused for 12 s more.
+    server, _ = scripted
+    slept = []
+    client = VastClient(f"http://127.0.0.1:{server.server_port}/api/v0", "key", backoff_s=0.01, sleep=slept.append)
+    server.replies += [(429, b'{"detail": "API requests too frequent endpoint threshold=4.5"}'),
+                       (200, json.dumps({"success": True, "new_contract": 78}).encode())]
+    assert client.rent(_rent_request()) == "78"
+    assert slept and slept[0] >= 12
+
+
+def test_a_429_waits_at_least_the_interval_it_names(scripted):
+    server, _ = scripted
+    slept = []
+    client = VastClient(f"http://127.0.0.1:{server.server_port}/api/v0", "key", backoff_s=0.01, sleep=slept.append)
+    server.replies += [(429, b"API requests too frequent: endpoint threshold=7.5"),
+                       (200, json.dumps({"offers": [GOOD_OFFER]}).encode())]
+    assert len(client.search_offers()) == 1
+    assert slept == [7.5]
+
+
+def test_a_403_that_names_a_refused_request_is_not_a_wrong_key(scripted):
+    server, client = scripted
+    server.replies.append((403, json.dumps({"success": False, "error": "invalid_args", "msg":
+                                            "error 403/3586: Offer 101 is not your own."}).encode()))
+    with pytest.raises(RequestRefused, match="is not your own"):
+        client.rent(_rent_request())
+    server.replies.append((403, json.dumps({"success": False, "error": "auth_error", "msg": "bad key"}).encode()))
+    with pytest.raises(AuthenticationFailed, match="VAST_API_KEY"):
+        client.rent(_rent_request())
+
+
+def test_a_400_invalid_args_is_a_refused_request_and_a_stale_price_an_offer_gone(scripted):
+    server, client = scripted
+    server.replies.append((400, json.dumps({"success": False, "error": "invalid_args",
+                                            "msg": "env value too long"}).encode()))
+    with pytest.raises(RequestRefused, match="env value too long"):
+        client.rent(_rent_request())
+    server.replies.append((400, json.dumps({"success": False, "error": "invalid_price", "msg": "stale"}).encode()))
+    with pytest.raises(OfferUnavailable, match="can no longer be rented: stale"):
+        client.rent(_rent_request())
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"env": {"FLEET_GRANT": "x" * 300}}, "FLEET_GRANT is 312 characters, over 256"),
+    ({"env": {f"V{i}": "x" * 200 for i in range(200)}}, "over 32768"),
+    ({"onstart": "echo hi\n" * 600}, "start script is 4800 characters, over 4096"),
+    ({"label": "l" * 300}, "label or image name"),
+    ({"bid_usd_per_hour": Decimal("200")}, "bid of $200/h"),
+])
+def test_a_rent_past_vasts_documented_limits_is_refused_before_it_is_sent(scripted, changes, words):
+    server, client = scripted
+    with pytest.raises(RequestRefused, match=re.escape(words)):
+        client.rent(_rent_request(**changes))
+    assert server.requests == []
