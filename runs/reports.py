@@ -52,7 +52,9 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
     now = now or timezone.now()
     run = attempt.run
     RunAttempt.objects.filter(pk=attempt.pk).update(token_expires_at=renewed_until(now))
-    Run.objects.filter(pk=run.pk).update(last_heartbeat_at=now, credentials_renewed_at=now)
+    # Only while its box is the run's: a late beat of a box just replaced must not vouch for its replacement.
+    Run.objects.filter(pk=run.pk, current_instance_id=attempt.instance_id).update(last_heartbeat_at=now,
+                                                                                   credentials_renewed_at=now)
     # The agent at work counts as the box's process from its first beat: it checks the install, restores the
     # checkpoint and downloads the model (over half an hour for 67 GB at 250 Mb/s) before the trainer starts, and the
     # reaper's idle rule is for boxes where nothing runs at all. A start that never reaches a step is the first-step
@@ -89,7 +91,10 @@ def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
     MetricPoint.objects.bulk_create(rows, update_conflicts=True, unique_fields=["run", "phase", "step"],
                                     update_fields=["at", "instance", *METRIC_FIELDS])
     last = max(rows, key=lambda r: (r.phase, r.step))
-    Run.objects.filter(pk=run.pk).update(current_phase=last.phase, current_step=last.step, last_step_at=now)
+    # A late batch from a box just replaced (its token read before the switch) keeps its steps but moves nothing of
+    # the run's: its replacement is judged by its own first step, not by the old box's last one.
+    Run.objects.filter(pk=run.pk, current_instance_id=attempt.instance_id).update(
+        current_phase=last.phase, current_step=last.step, last_step_at=now)
     Instance.objects.filter(pk=attempt.instance_id).update(last_step_at=now, last_process_at=now)
     if lifecycle.moves(run.state, "step"):
         events.record(run, "step", f"Training: phase {last.phase} step {last.step}.", now=now,

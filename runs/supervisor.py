@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from fleet import actions, locks
@@ -37,7 +37,9 @@ ONSTART_SCRIPT = Path(settings.BASE_DIR) / "docker" / "onstart.sh"  # for a stoc
 
 
 def supervise(*, now: datetime | None = None) -> int:
-    now = now or timezone.now()
+    """One pass over every run that is active or not yet wound up. Each run is judged at the time its turn comes
+    (unless `now` is given): a pass spends minutes in slow rent calls, and a rent stamped with the pass's start
+    would look long overdue to the sync running beside it, which would give up on a box still being rented."""
     runs = Run.objects.filter(Q(state__in=Run.ACTIVE_STATES) | Q(wound_up_at=None))
     count = 0
     for pk in runs.values_list("pk", flat=True):
@@ -45,7 +47,8 @@ def supervise(*, now: datetime | None = None) -> int:
             with locks.claim(claim_name(pk)) as held:
                 if not held:
                     continue  # another pass is on it right now
-                supervise_run(Run.objects.select_related("current_instance", "profile").get(pk=pk), now)
+                supervise_run(Run.objects.select_related("current_instance", "profile").get(pk=pk),
+                              now or timezone.now())
         except Exception:  # one bad run must not stop the others from being supervised
             log.exception("supervising run %s failed; trying again next pass", pk)
         count += 1
@@ -197,11 +200,24 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
     except _NoLongerWanted:
         return None
     if requested is None:
+        hours = settings.RUN_NO_OFFER_TIMEOUT_H
+        if now - _waiting_since(run) >= timedelta(hours=hours):
+            # Nothing bills meanwhile, but a run left waiting for good is one its user believes is on its way.
+            _end(run, "no_offer", f"No offer passed the run's filters for {hours:g} h ({len(run.bad_machines)} "
+                                  "hosts excluded as bad): widen the filters or the GPU choice and launch it again.",
+                 now)
+            return None
         message = "No offer passes the run's filters (bad hosts excluded); trying again next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
             run.events.create(at=now, kind="waiting", message=message)
         return None
     return requested.instance
+
+
+def _waiting_since(run: Run) -> datetime:
+    """Since when the run has had no box: its launch, or the end of its last attempt."""
+    last_end = run.attempts.exclude(ended_at=None).aggregate(last=Max("ended_at"))["last"]
+    return max(run.created_at, last_end) if last_end else run.created_at
 
 
 def _call_rent(run: Run, box: Instance, now: datetime) -> Instance:

@@ -215,3 +215,46 @@ def test_it_bootstraps_a_stock_image_with_the_onstart_script(launched, frozen_ma
     assert rented["image_uuid"] == settings.WORKER_STOCK_IMAGE
     assert rented["onstart"].startswith("#!/usr/bin/env bash") and "TRAINING_PROBE_OK" in rented["onstart"]
     assert rented["env"]["TRAINING_PACKAGE"] == settings.TRAINING_PACKAGE and rented["env"]["FLEET_AGENT_TOKEN"]
+
+
+def test_a_rent_late_in_a_slow_pass_is_not_given_up_on_while_it_is_in_flight(launched, frozen_market, monkeypatch):
+    # The first run's rent takes 150 s to answer (slow API, 429s); a sync runs while the second run's rent is in
+    # flight. Stamped with the pass's start, the second rent would look 150 s old, "never rented", and the box it
+    # made would be destroyed on arrival.
+    from fleet.providers.vast import VastClient
+
+    refresh_offers()
+    launched(name="a"), launched(name="b")
+    start = timezone.now()
+    clock = {"now": start}
+    monkeypatch.setattr(timezone, "now", lambda: clock["now"])
+    real_rent, calls = VastClient.rent, []
+
+    def slow_rent(self, request):
+        calls.append(request.label)
+        if len(calls) == 1:
+            made = real_rent(self, request)
+            refresh_offers()  # so that the second run ranks another offer
+            clock["now"] = start + timedelta(seconds=150)
+            return made
+        actions.sync("vast")
+        return real_rent(self, request)
+
+    monkeypatch.setattr(VastClient, "rent", slow_rent)
+    supervisor.supervise()
+    rows = list(Instance.objects.order_by("pk"))
+    assert len(rows) == 2 and len(calls) == 2
+    assert [row.state for row in rows] == [Instance.State.PROVISIONING] * 2
+    assert rows[1].rent_attempted_at == start + timedelta(seconds=150)
+
+
+def test_a_run_no_offer_fits_fails_with_the_reason_after_waiting_its_time(launched, settings):
+    settings.RUN_NO_OFFER_TIMEOUT_H = 24
+    run = launched()  # no offers stored: nothing can fit it
+    supervisor.supervise(now=run.created_at + timedelta(hours=1))
+    run.refresh_from_db()
+    assert run.state == "pending" and run.events.filter(kind="waiting").exists()
+    supervisor.supervise(now=run.created_at + timedelta(hours=25))
+    run.refresh_from_db()
+    assert run.state == "failed" and not Instance.objects.exists()
+    assert "No offer passed the run's filters for 24 h" in run.events.get(kind="no_offer").message
