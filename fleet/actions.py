@@ -302,8 +302,8 @@ def _isolated(what: str, step, *args) -> None:
 def _sync_row(provider_name: str, instance: Instance, by_id: dict, now: datetime, report: SyncReport) -> None:
     record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
     if record is None and instance.provider_instance_id is not None:
-        if not _rent_settled(instance, now):
-            return  # rented seconds ago: the provider's list may not show it yet
+        if instance.state != State.STOPPING and instance.last_synced_at is None and not _rent_settled(instance, now):
+            return  # rented seconds ago and never listed yet: the provider's list may not show it yet
         # Not in the list: a host lost, a destroy done, or a list cut short or late (an entry it could not read).
         # Only the machine's own lookup says it is gone; a stopping one still there is destroyed as below.
         record = _look_up(provider_name, instance, now)

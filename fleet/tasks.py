@@ -12,7 +12,7 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
-from fleet import actions, enqueue
+from fleet import actions, enqueue, locks
 from fleet.alerts import notify
 from fleet.inference import probes, replicas
 from fleet.instances import charges
@@ -67,11 +67,17 @@ def destroy_instance(instance_id: int, reason: str, force: bool = False) -> str:
 @shared_task(expires=30, soft_time_limit=240, time_limit=270)
 def sync_instances() -> dict:
     """Each provider on its own: one that is down must not keep the others' rows from their sync. The next beat tick
-    (INSTANCE_SYNC_SECONDS) tries a failed one again."""
+    (INSTANCE_SYNC_SECONDS) tries a failed one again. A provider whose last sync still runs (a slow API: a sync may
+    take minutes, and a tick comes every few seconds) is skipped: two syncs acting on lists read at different times
+    would bill segments twice over and take a machine one of them saw gone for one listed again."""
     reports = {}
     for provider in configured_providers():
         try:
-            report = actions.sync(provider)
+            with locks.claim(f"fleet.sync.{provider}") as held:
+                if not held:
+                    reports[provider] = {"skipped": "its previous sync is still running"}
+                    continue
+                report = actions.sync(provider)
         except Exception as exc:  # said in the result, the log and an alert; the other providers go on
             log.exception("syncing %s instances failed; the next sync tries again", provider)
             reports[provider] = {"error": f"{type(exc).__name__}: {exc}"}

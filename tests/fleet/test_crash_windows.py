@@ -187,3 +187,21 @@ def test_a_marketplace_that_retired_its_api_is_alerted_once_an_hour_not_silently
     assert "EndpointRetired" in reports["runpod"]["error"] and "410 Gone" in reports["runpod"]["error"]
     (alert,) = Alert.objects.filter(kind=Alert.Kind.PROVIDER_FAILING)
     assert alert.message.startswith("Syncing runpod failed") and "Terminate them in RunPod's console" in alert.message
+
+
+@pytest.mark.django_db
+def test_a_sync_tick_skips_a_provider_whose_last_sync_still_runs(runpod_market, settings):
+    import psycopg
+
+    settings.VAST_API_KEY = ""
+    with get_provider("runpod") as provider:
+        provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
+                                  disk_gb=250, label="moe-fleet-4444", env={}))
+    db = settings.DATABASES["default"]
+    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], password=db["PASSWORD"] or None,
+                         dbname=db["NAME"], autocommit=True) as other:  # the slow sync, in another worker
+        other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ["fleet.sync.runpod"])
+        assert tasks.sync_instances()["runpod"] == {"skipped": "its previous sync is still running"}
+        assert not Instance.objects.exists()
+        other.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ["fleet.sync.runpod"])
+    assert tasks.sync_instances()["runpod"]["adopted"] == ["moe-fleet-4444"]
