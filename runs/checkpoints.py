@@ -31,7 +31,11 @@ def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
             manifest = manifests.validated(notice.get("manifest"))
         except manifests.ManifestError as exc:
             raise CheckpointRefused(f"Checkpoint {notice['uri']}: {exc}.") from None
-        stored = storage.stored_files(storage.location(run.bucket, run.pk), notice["uri"])
+        try:
+            stored = storage.stored_files(storage.location(run.bucket, run.pk), notice["uri"])
+        except storage.TooManyObjects as exc:
+            run.events.create(at=now, kind="checkpoint_refused", message=f"Checkpoint {notice['uri']}: {exc}."[:4000])
+            raise CheckpointRefused(f"Checkpoint {notice['uri']}: {exc}.") from None
         problems = manifests.missing_from_store(manifest, stored)
         if problems:
             message = f"Checkpoint {notice['uri']} is not complete in the store: {'; '.join(problems[:5])}."

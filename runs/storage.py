@@ -21,6 +21,10 @@ from training import model_source
 from training.checkpoint_names import MARKER
 
 MAX_POST_BYTES = 5 * 1024**3  # the most one S3 POST upload may carry
+# Objects listed under one checkpoint before it is refused: a manifest names at most runs.manifests.MAX_FILES, and
+# a box's retried uploads may leave a few more. Under a model's prefix: a hub snapshot holds hundreds at most.
+MAX_CHECKPOINT_OBJECTS = 2000
+MAX_MODEL_OBJECTS = 20000
 _RUN_PREFIX = re.compile(r"(^|/)runs/\d+(/|$)")
 
 
@@ -83,11 +87,24 @@ def _s3_client(endpoint_url, region, access_key, secret_key):
                         aws_secret_access_key=secret_key, config=Config(signature_version="s3v4"))
 
 
-def _objects(bucket: str, prefix: str) -> dict[str, int]:
-    """{name relative to the prefix: size} of every object under it."""
-    found = {}
+class TooManyObjects(ValueError):
+    """More objects under a checkpoint's prefix than any checkpoint holds: a box's upload grant covers the run's
+    whole prefix, so it could put millions there, and listing them all would hold a request (and its memory)."""
+
+
+def _pages(bucket: str, prefix: str):
+    """The objects under a prefix, a page (at most 1,000) at a time: [(name relative to the prefix, size)]."""
     for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        found.update({item["Key"][len(prefix):]: item["Size"] for item in page.get("Contents", [])})
+        yield [(item["Key"][len(prefix):], item["Size"]) for item in page.get("Contents", [])]
+
+
+def _objects(bucket: str, prefix: str, *, at_most: int) -> dict[str, int]:
+    """{name relative to the prefix: size} of every object under it; TooManyObjects past `at_most`."""
+    found = {}
+    for page in _pages(bucket, prefix):
+        found.update(page)
+        if len(found) > at_most:
+            raise TooManyObjects(f"the store holds more than {at_most} objects under {prefix}")
     return found
 
 
@@ -129,8 +146,8 @@ def stored_files(where: Location, checkpoint_uri: str) -> dict[str, int]:
             return {}
         return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
                 if p.is_file() and not p.is_symlink() and p.name != MARKER}
-    return {name: size for name, size in _objects(where.bucket, _checkpoint_prefix(where, checkpoint_uri)).items()
-            if name.rsplit("/", 1)[-1] != MARKER}
+    listed = _objects(where.bucket, _checkpoint_prefix(where, checkpoint_uri), at_most=MAX_CHECKPOINT_OBJECTS)
+    return {name: size for name, size in listed.items() if name.rsplit("/", 1)[-1] != MARKER}
 
 
 def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
@@ -142,9 +159,10 @@ def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
         return
     client, prefix = s3_client(), _checkpoint_prefix(where, checkpoint_uri)
     client.delete_object(Bucket=where.bucket, Key=prefix + MARKER)
-    keys = [prefix + name for name in _objects(where.bucket, prefix)]
-    for start in range(0, len(keys), 1000):
-        client.delete_objects(Bucket=where.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
+    for page in _pages(where.bucket, prefix):  # a page deleted as it is read: however many a box put there
+        if page:
+            keys = [{"Key": prefix + name} for name, _ in page]
+            client.delete_objects(Bucket=where.bucket, Delete={"Objects": keys})
 
 
 def read_grant(folder_uri: str, names, expires_s: int) -> dict:
@@ -168,12 +186,13 @@ def model_read_grant(model_uri: str, expires_s: int) -> dict:
 
     bucket, prefix = model_source.s3_parts(model_uri)
     try:
-        sizes = {name: size for name, size in _objects(bucket, prefix).items() if not name.endswith("/")}
+        sizes = {name: size for name, size in _objects(bucket, prefix, at_most=MAX_MODEL_OBJECTS).items()
+                 if not name.endswith("/")}
     except botocore.exceptions.ClientError as exc:
         error = exc.response.get("Error", {})
         raise ModelUnreadable(f"{model_uri} cannot be listed with the dashboard's key: "
                               f"{error.get('Code', '')} {error.get('Message') or exc}".strip()) from None
-    except botocore.exceptions.BotoCoreError as exc:
+    except (botocore.exceptions.BotoCoreError, TooManyObjects) as exc:
         raise ModelUnreadable(f"{model_uri} cannot be listed: {exc}") from None
     if not sizes:
         raise ModelUnreadable(f"{model_uri} holds no files")

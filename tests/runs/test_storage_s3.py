@@ -144,3 +144,15 @@ def test_it_grants_nothing_outside_the_runs_prefix_and_only_for_a_while(s3, tmp_
     expires = datetime.fromisoformat(policy["expiration"].replace("Z", "+00:00"))
     assert timedelta(minutes=9) < expires - datetime.now(UTC) <= timedelta(minutes=10)
     assert grant["fields"]["key"].startswith("team-a/runs/7/")
+
+
+def test_a_checkpoint_holding_more_objects_than_any_checkpoint_is_refused_not_listed_whole(s3, monkeypatch):
+    # A box's upload grant covers the run's whole prefix: it could put millions of objects under one checkpoint.
+    monkeypatch.setattr(storage, "MAX_CHECKPOINT_OBJECTS", 5)
+    where = storage.Location("s3", BUCKET, "team/runs/7/")
+    for i in range(12):
+        s3.put_object(Bucket=BUCKET, Key=f"team/runs/7/ckpt-p00-s00000004/junk-{i}", Body=b"x")
+    with pytest.raises(storage.TooManyObjects, match="more than 5 objects"):
+        storage.stored_files(where, "ckpt-p00-s00000004")
+    storage.delete_checkpoint(where, "ckpt-p00-s00000004")  # pruning it still takes every one away
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix="team/runs/7/").get("KeyCount") == 0
