@@ -2,7 +2,8 @@
 
 Every call carries the box's own token (Authorization: Bearer run_...), which opens that box's attempt of its run and
 nothing else, while the attempt is current and the token unexpired (runs.tokens). Payloads are validated and
-size-limited; bad input gets a 4xx with a message and changes nothing.
+size-limited; bad input gets a 4xx with a message and changes nothing. Numbers and booleans are taken strictly
+(`"step": true`, "7" or 7.0 is no step number) and bodies as JSON only (anything else is answered 415).
 """
 
 import functools
@@ -57,6 +58,27 @@ def _for_boxes_only(view):
 api = NinjaAPI(title="Run agent API", version="1", urls_namespace="agent_api", auth=BOX_TOKEN,
                docs_url=None, docs_decorator=_for_boxes_only)
 
+JSON = "application/json"
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+def _json_bodies_only(run):
+    """Wraps every operation before its body is read: a body declared as anything but JSON (text/plain, a form,
+    multipart) is answered 415, which the API would otherwise parse as JSON whatever its Content-Type says. A
+    request without a box's valid token is answered 401 first, as every call of this API is."""
+    @functools.wraps(run)
+    def checked(request, *args, **kwargs):
+        if request.method in BODY_METHODS and request.content_type != JSON:
+            if BOX_TOKEN(request) is None:
+                return JsonResponse({"detail": "Unauthorized"}, status=401)
+            return JsonResponse({"detail": f"The body must be {JSON}."}, status=415)
+        return run(request, *args, **kwargs)
+
+    return checked
+
+
+api.add_decorator(_json_bodies_only, mode="view")
+
 
 @api.exception_handler(RequestDataTooBig)
 def too_big(request, exc):
@@ -95,13 +117,13 @@ class SpecOut(Schema):
 
 class HeartbeatIn(Schema):
     state: Literal["installing", "training", "uploading", "idle", "stopping"]
-    process_alive: bool = False
-    phase: int | None = Field(None, ge=0, le=100)
-    step: int | None = Field(None, ge=0, le=10_000_000)
-    gpu_util_percent: float | None = Field(None, ge=0, le=100)
-    gpu_mem_gib: float | None = Field(None, ge=0, le=10_000)
-    gpu_ok: bool | None = None
-    upload_queue: int = Field(0, ge=0, le=100_000)
+    process_alive: bool = Field(False, strict=True)
+    phase: int | None = Field(None, ge=0, le=100, strict=True)
+    step: int | None = Field(None, ge=0, le=10_000_000, strict=True)
+    gpu_util_percent: float | None = Field(None, ge=0, le=100, strict=True)
+    gpu_mem_gib: float | None = Field(None, ge=0, le=10_000, strict=True)
+    gpu_ok: bool | None = Field(None, strict=True)
+    upload_queue: int = Field(0, ge=0, le=100_000, strict=True)
 
 
 class HeartbeatOut(Schema):
@@ -112,14 +134,15 @@ class HeartbeatOut(Schema):
 
 
 def _metric_field(field: metric_fields.MetricField):
-    """One field of the metric record as the API validates it, from the record's own table."""
+    """One field of the metric record as the API validates it, from the record's own table: a number strictly (a
+    float field takes an integer, nothing takes a boolean or a string of digits), within its bounds."""
     if field.kind is str:
         return Text, Field("", max_length=field.max_length)
     bounds = {"ge": field.minimum, "le": field.maximum}
     bounds = {k: v for k, v in bounds.items() if v is not None}
     if field.kind is float:
         bounds["allow_inf_nan"] = False
-    return field.kind | None, Field(None, **bounds)
+    return field.kind | None, Field(None, strict=True, **bounds)
 
 
 class _PointBase(Schema):
@@ -139,7 +162,7 @@ class _PointBase(Schema):
 
 PointIn = create_model(
     "PointIn", __base__=_PointBase,
-    **{key: (int, Field(..., ge=0, le=limit)) for key, limit in metric_fields.KEY_LIMITS.items()},
+    **{key: (int, Field(..., ge=0, le=limit, strict=True)) for key, limit in metric_fields.KEY_LIMITS.items()},
     **{metric_fields.AT: (datetime | None, None)},
     **{field.name: _metric_field(field) for field in metric_fields.FIELDS},
 )
@@ -154,12 +177,12 @@ class MetricsOut(Schema):
 
 
 class CheckpointIn(Schema):
-    phase: int = Field(..., ge=0, le=100)
-    step: int = Field(..., ge=0, le=10_000_000)
+    phase: int = Field(..., ge=0, le=100, strict=True)
+    step: int = Field(..., ge=0, le=10_000_000, strict=True)
     uri: str = Field(..., min_length=1, max_length=500, pattern=r"^[A-Za-z0-9._/-]+$",
                      description="the checkpoint's folder in the run's own prefix: ckpt-p<phase>-s<step>, as the "
                                  "trainer names it")
-    complete: bool
+    complete: bool = Field(..., strict=True)
     manifest: dict[str, dict] | None = Field(None, description="{file name: {size, sha256}}; required when complete")
 
     @model_validator(mode="after")
@@ -179,8 +202,8 @@ class CheckpointOut(Schema):
 
 
 class RejectedIn(Schema):
-    phase: int = Field(..., ge=0, le=100)
-    step: int = Field(..., ge=0, le=10_000_000)
+    phase: int = Field(..., ge=0, le=100, strict=True)
+    step: int = Field(..., ge=0, le=10_000_000, strict=True)
     reason: Text = Field(..., min_length=1, max_length=2000)
 
 

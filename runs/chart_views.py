@@ -5,7 +5,7 @@ import csv
 from collections import defaultdict
 from decimal import Decimal
 
-from django.db.models import Avg, Count
+from django.db.models import Count
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
@@ -78,7 +78,8 @@ def comparison_rows() -> list[dict]:
     """Steady-state step time, tokens/s and $ per 1k steps of every box every run trained on, from one GROUP BY."""
     steady = (MetricPoint.objects.filter(step__gte=WARMUP_STEPS, instance__isnull=False)
               .exclude(step_s=None).values("run_id", "instance_id", "kernel_path").order_by()
-              .annotate(step_s=Avg("step_s"), tokens_per_s=Avg("tokens_per_s"), steps=Count("id")))
+              .annotate(step_s=run_data.summable_avg("step_s"), tokens_per_s=run_data.summable_avg("tokens_per_s"),
+                        steps=Count("id")))
     rows = list(steady)
     runs = dict(Run.objects.filter(pk__in={r["run_id"] for r in rows}).values_list("pk", "name"))
     boxes = {b["pk"]: b for b in Instance.objects.filter(pk__in={r["instance_id"] for r in rows})

@@ -23,6 +23,11 @@ def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
     in its place, or the run could never get that step's checkpoint (a phase's final adapter) again."""
     now = now or timezone.now()
     run = attempt.run
+    phase = run.phases.filter(index=notice["phase"]).first()
+    if phase is None or not 0 < notice["step"] <= phase.steps:
+        # Only a step the recipe trains can have a checkpoint: anything else is a row (and a prune) per post.
+        raise CheckpointRefused(f"Checkpoint {notice['uri']}: the recipe has no step {notice['step']} in phase "
+                                f"{notice['phase']}.")
     key = {"run": run, "phase": notice["phase"], "step": notice["step"]}
     values = {"uri": notice["uri"], "complete": False, "manifest": None, "size_bytes": None, "created_at": now,
               "rejected_reason": "", "pruned_at": None}

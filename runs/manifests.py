@@ -12,8 +12,9 @@ from training.checkpoint_names import MARKER
 
 MAX_FILES = 1000
 MAX_FILE_BYTES = 5 * 1024**4  # 5 TiB, S3's largest object
-_NAME = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Applied with fullmatch: `$` would also match before a trailing newline ("trainer.pt\n").
+_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ManifestError(ValueError):
@@ -29,7 +30,7 @@ def validated(manifest) -> dict[str, dict]:
     clean = {}
     for name, entry in manifest.items():
         shown = repr(name)[:80]
-        if not isinstance(name, str) or len(name) > 300 or not _NAME.match(name) \
+        if not isinstance(name, str) or len(name) > 300 or not _NAME.fullmatch(name) \
                 or any(part in (".", "..") for part in name.split("/")):
             raise ManifestError(f"file {shown}: a name is a relative path of letters, digits, '.', '_', '-' and '/'")
         if name == MARKER or name.endswith("/" + MARKER):
@@ -39,7 +40,7 @@ def validated(manifest) -> dict[str, dict]:
         size, digest = entry.get("size"), entry.get("sha256")
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:
             raise ManifestError(f"file {shown}: size must be a whole number of bytes")
-        if not isinstance(digest, str) or not _SHA256.match(digest):
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise ManifestError(f"file {shown}: sha256 must be 64 lowercase hex digits")
         clean[name] = {"size": size, "sha256": digest}
     return clean

@@ -1,6 +1,7 @@
 """What a run's page and charts rest on, read from the database with a fixed number of lean queries: its points
 bucketed in SQL, its boxes and their cost, its projection, its restarts."""
 
+import sys
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -75,6 +76,19 @@ def _boxes(run: Run) -> tuple[dict[int, Box], list[tuple], Decimal]:
     return boxes, segments, sum(traffic.values(), Decimal(0))
 
 
+# No sum of this many values can overflow float8: every point a run can hold (100 phases of 10 million steps).
+SUMMABLE = sys.float_info.max / ((metric_fields.KEY_LIMITS[metric_fields.PHASE] + 1)
+                                 * (metric_fields.KEY_LIMITS[metric_fields.STEP] + 1))
+
+
+def summable_avg(name: str) -> Avg:
+    """The mean of a metric over the points whose value a sum can hold. The agent API bounds every value far below
+    (training/metric_fields.py), but a point stored before those bounds (two step times of 1e308) would overflow
+    PostgreSQL's float8 sum and fail every page that shows the run: it is left out, as NaN and the infinities are.
+    Any other stored value counts as it did."""
+    return Avg(name, filter=Q(**{f"{name}__gte": -SUMMABLE, f"{name}__lte": SUMMABLE}))
+
+
 def recent_step_times(runs: list[Run]) -> dict[int, float | None]:
     """Each run's step time as every page shows it: the mean over the newest RECENT_STEPS steps of the newest phase
     it trained (a checkpoint's slow step does not set the projection alone), for many runs with two queries."""
@@ -86,7 +100,7 @@ def recent_step_times(runs: list[Run]) -> dict[int, float | None]:
     for pk, phase, step in ends:
         if phase is not None:
             recent |= Q(run_id=pk, phase=phase, step__gte=step - RECENT_STEPS)
-    means = (MetricPoint.objects.filter(recent).values("run_id").order_by().annotate(step_s=Avg("step_s"))
+    means = (MetricPoint.objects.filter(recent).values("run_id").order_by().annotate(step_s=summable_avg("step_s"))
              .values_list("run_id", "step_s"))
     return dict(means)
 
@@ -151,7 +165,8 @@ def bucket_rows(run: Run, width: int) -> list[dict]:
 
 
 def _aggregate(points, width: int) -> list[dict]:
-    aggregates = {"points": Count("id"), "x_first": Min("step"), "x_last": Max("step"), "step_s_avg": Avg("step_s"),
+    aggregates = {"points": Count("id"), "x_first": Min("step"), "x_last": Max("step"),
+                  "step_s_avg": summable_avg("step_s"),
                   "grad_norm_routed_points": Count("grad_norm_routed"), "routed_b_zero_points": Count("routed_b_zero")}
     for name in ENVELOPED:
         aggregates[f"{name}_low"] = Min(name)

@@ -1,12 +1,13 @@
 """The on-box agent, the worker image's entry point: `python -m training.agent`.
 
 It proves the install with the import probe, fetches the run's spec with the run's token, restores the newest
-complete checkpoint, fetches each phase's data and checks its sha256, downloads a hub or s3:// base model into the
-box's disk once (resumable), runs the trainer as a child process, and while it trains: forwards the trainer's
-per-step metrics in batches, uploads each complete checkpoint (files first, the completion marker last) on a thread
-of its own so a slow uplink never holds up the heartbeat, and heartbeats. Each heartbeat answer renews its
-credentials; if none renews them for the dead-man window it stops the trainer (which checkpoints on SIGTERM),
-uploads what is left and stops its own machine, so a dead control plane cannot leave a box billing. Imports no Django.
+complete checkpoint (one it cannot download is kept, and the box exits for another to resume from it), fetches each
+phase's data and checks its sha256, downloads a hub or s3:// base model into the box's disk once (resumable), runs
+the trainer as a child process, and while it trains: forwards the trainer's per-step metrics in batches, uploads
+each complete checkpoint (files first, the completion marker last) on a thread of its own so a slow uplink never
+holds up the heartbeat, and heartbeats. Each heartbeat answer renews its credentials; if none renews them for the
+dead-man window it stops the trainer (which checkpoints on SIGTERM), uploads what is left and stops its own machine,
+so a dead control plane cannot leave a box billing. Imports no Django.
 
 Environment: FLEET_API_URL, FLEET_AGENT_TOKEN (the box's own token), FLEET_WORKDIR (default ./fleet-run),
 FLEET_MODEL_TYPE (the run's model type, for the probe),
@@ -121,18 +122,32 @@ def to_point(record: dict) -> dict:
     return wire_point({"time": time.time(), **record})
 
 
-def restore(api: Api, candidates: list[dict], store: Path) -> dict | None:
+RESTORE_TRIES = 4  # a candidate's download, tried this often before the box gives up on it
+
+
+class RestoreFailed(Exception):
+    """A checkpoint could not be fetched though nothing says it is wrong: the network, the store or this box's disk
+    failed. The checkpoint is not rejected, so the box that replaces this one is offered it again."""
+
+
+def restore(api: Api, candidates: list[dict], store: Path, *, tries: int | None = None,
+            sleep=time.sleep) -> dict | None:
     """Puts the newest checkpoint that verifies into the trainer's store, its marker last, and returns it.
 
     Only the files of the manifest the dashboard recorded are fetched, each checked for its size and sha256 before
-    the marker is written; a candidate that fails is removed, reported and skipped for the next older one. Nothing
-    unverified is ever left where the trainer would load it."""
+    the marker is written; a candidate whose files are not what its manifest says (missing, another size or sha256,
+    a name outside its folder) is removed, reported as rejected and skipped for the next older one. A failed download
+    (refused or reset connection, timeout, a 5xx, an expired grant's 403, a full disk) is no evidence against the
+    checkpoint: it is tried `tries` (RESTORE_TRIES) times with a short backoff, then RestoreFailed is raised and
+    nothing is rejected, so the run resumes from it on another box instead of retraining from an older one or from
+    scratch (a rejected checkpoint is never offered again and retention deletes it). Nothing unverified is ever left
+    where the trainer would load it."""
     for candidate in candidates or []:
         target = None
         try:
             target = inside(store, Path(candidate["uri"]).name)
-            fetch_verified(candidate, target)
-        except (CheckpointMismatch, UnsafePath, OSError, httpx.HTTPError) as exc:
+            _fetch_retried(candidate, target, tries or RESTORE_TRIES, sleep)
+        except (CheckpointMismatch, UnsafePath) as exc:
             if target is not None:
                 shutil.rmtree(target, ignore_errors=True)
             reason = model_source.without_query(f"{type(exc).__name__}: {exc}")
@@ -143,6 +158,29 @@ def restore(api: Api, candidates: list[dict], store: Path) -> dict | None:
         (target / MARKER).write_text(f"{time.time()}\n")
         return candidate
     return None
+
+
+def _fetch_retried(candidate: dict, target: Path, tries: int, sleep) -> None:
+    """fetch_verified, tried again after a failure of the transport or the disk; a mismatch is raised at once, and
+    so is a 404 (the store says the file is not there, as a local store's missing file does)."""
+    for attempt in range(1, tries + 1):
+        try:
+            fetch_verified(candidate, target)
+            return
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 404:
+                raise CheckpointMismatch(f"a file is not in the store: {exc}") from None
+            error = exc
+        except (OSError, httpx.HTTPError) as exc:
+            error = exc
+        shutil.rmtree(target, ignore_errors=True)
+        log.warning("checkpoint %s: download %d of %d failed: %s", candidate["uri"], attempt, tries,
+                    model_source.without_query(f"{type(error).__name__}: {error}"))
+        if attempt < tries:
+            sleep(min(30.0, 2.0 * 2 ** (attempt - 1)))
+    raise RestoreFailed(model_source.without_query(
+        f"The checkpoint {candidate['uri']} could not be downloaded after {tries} tries: {type(error).__name__}: "
+        f"{error}"))
 
 
 class CheckpointMismatch(Exception):
@@ -525,7 +563,14 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> int:
               "checkpoint": {**spec["recipe"].get("checkpoint", {}), "store": str(store), "staging": str(staging),
                              "endpoint_url": None, "region": None}}
     store.mkdir(parents=True, exist_ok=True)
-    restore(api, spec.get("resume") or [], store)
+    try:
+        restore(api, spec.get("resume") or [], store)
+    except RestoreFailed as exc:
+        # The box exits without training: its heartbeat stops, the dashboard takes it for lost and rents another,
+        # which is offered the same checkpoint.
+        message = f"{exc} It is kept for the box that replaces this one; this box stops."
+        api.call("POST", "events", {"kind": "log", "message": message[:4000]})
+        return 7
     try:
         recipe["phases"] = fetch_data(spec["phases"], recipe.get("phases") or [], workdir / "data")
     except DataRefused as exc:

@@ -16,23 +16,34 @@ class MetricField:
     name: str
     kind: type  # float, int or str
     label: str  # what a chart axis or a column header says
-    minimum: float | None = 0.0  # None: no bound below (a loss may be negative)
-    maximum: float | None = None
+    minimum: float | None = 0.0  # None: no bound below
+    maximum: float | None = None  # every number of FIELDS has one (below)
     max_length: int = 0  # text only
     enveloped: bool = False  # charted per phase with a min/max envelope when downsampled
 
 
+# Every number has a largest value, so that no sum or mean the pages take over stored points can overflow
+# PostgreSQL's float8 (avg(step_s) over two points of 1e308 fails every page that shows the run). Each is past anything
+# a real run reports, so a point over one comes from a broken or hostile box and is refused with a 422.
+# Losses and norms: above the largest finite float32 (and bfloat16), about 3.4e38, so any finite value a trainer
+# computes in them is taken, however far a run diverges.
+LARGEST_NORM = 1e39
+LARGEST_LR = 10.0  # a recipe's learning rate is at most 1.0 (training/recipe.py LIMITS)
+WEEK_S = 7 * 24 * 3600.0  # one step; a box that takes longer has hung
+LARGEST_TOKENS_PER_S = 1e9  # a hundred times and more what any box of GPUs trains at
 FIELDS = (
-    MetricField("loss", float, "loss", minimum=None, enveloped=True),
-    MetricField("lr", float, "learning rate"),
-    MetricField("step_s", float, "step time (s)", enveloped=True),
-    MetricField("tokens_per_s", float, "tokens per second", enveloped=True),
-    MetricField("grad_norm_routed", float, "routed-expert LoRA gradient norm", enveloped=True),
-    MetricField("grad_norm_attention", float, "attention LoRA gradient norm", enveloped=True),
-    MetricField("grad_norm_linear_attention", float, "linear-attention (DeltaNet) LoRA gradient norm", enveloped=True),
-    MetricField("grad_norm_shared_expert", float, "shared-expert LoRA gradient norm", enveloped=True),
-    MetricField("grad_norm_total", float, "total gradient norm"),
-    MetricField("routed_b_norm", float, "routed-expert LoRA B norm", enveloped=True),
+    MetricField("loss", float, "loss", minimum=-LARGEST_NORM, maximum=LARGEST_NORM, enveloped=True),
+    MetricField("lr", float, "learning rate", maximum=LARGEST_LR),
+    MetricField("step_s", float, "step time (s)", maximum=WEEK_S, enveloped=True),
+    MetricField("tokens_per_s", float, "tokens per second", maximum=LARGEST_TOKENS_PER_S, enveloped=True),
+    MetricField("grad_norm_routed", float, "routed-expert LoRA gradient norm", maximum=LARGEST_NORM, enveloped=True),
+    MetricField("grad_norm_attention", float, "attention LoRA gradient norm", maximum=LARGEST_NORM, enveloped=True),
+    MetricField("grad_norm_linear_attention", float, "linear-attention (DeltaNet) LoRA gradient norm",
+                maximum=LARGEST_NORM, enveloped=True),
+    MetricField("grad_norm_shared_expert", float, "shared-expert LoRA gradient norm", maximum=LARGEST_NORM,
+                enveloped=True),
+    MetricField("grad_norm_total", float, "total gradient norm", maximum=LARGEST_NORM),
+    MetricField("routed_b_norm", float, "routed-expert LoRA B norm", maximum=LARGEST_NORM, enveloped=True),
     MetricField("routed_b_zero", int, "routed-expert LoRA B tensors still zero", maximum=10_000_000, enveloped=True),
     MetricField("gpu_mem_gib", float, "GPU memory the trainer holds (GiB)", maximum=10_000),
     MetricField("kernel_path", str, "experts kernel path", max_length=20),

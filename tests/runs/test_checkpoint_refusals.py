@@ -83,3 +83,13 @@ def test_the_phase_trained_again_makes_its_later_checkpoints_resumable_again(lau
     _declare(second, run, 0, final)  # trained again from the one before it
     _declare(second, run, 1, 1)
     assert _resume(_box(run)) == [(1, 1), (0, final), (0, final - 1)]
+
+
+@pytest.mark.parametrize("phase, step", [(99, 1), (0, 0), (0, 10_000_000)])
+def test_a_notice_for_a_step_the_recipe_does_not_train_is_refused_and_records_nothing(launched, phase, step):
+    run = launched()
+    client = _box(run)
+    answer = _post(client, "/checkpoints", {"phase": phase, "step": step, "complete": False,
+                                            "uri": f"ckpt-p{phase:02d}-s{step:08d}"})
+    assert answer.status_code == 409 and "the recipe has no step" in answer.json()["detail"]
+    assert not run.checkpoints.exists()
