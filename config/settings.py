@@ -356,6 +356,7 @@ SUPERVISOR_SECONDS = env_int("SUPERVISOR_SECONDS", 10, minimum=1)
 # A box whose heartbeat finds the supervisor silent this long stops its own machine (nothing would reap it).
 SUPERVISOR_STALE_S = env_int("SUPERVISOR_STALE_S", 1800, minimum=60)
 AGENT_MAX_METRIC_POINTS = env_int("AGENT_MAX_METRIC_POINTS", 2000, minimum=1)
+AGENT_MAX_LOG_EVENTS_PER_HOUR = env_int("AGENT_MAX_LOG_EVENTS_PER_HOUR", 600, minimum=1)  # a run's, past: dropped
 CELERY_BEAT_SCHEDULE.update({"supervise-runs": {"task": "runs.tasks.supervise_runs",
                                                 "schedule": float(SUPERVISOR_SECONDS)}})
 

@@ -101,9 +101,20 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
         record_event(instance, "rent-unknown", f"{exc} The next sync looks for label {instance.label}.", now)
         return instance
     except ProviderError as exc:
-        return fail(instance, f"Rent failed, nothing was rented: {exc}", now=now, nothing_rented=True)
+        return fail(instance, f"Rent failed, nothing was rented: {without_secrets(str(exc), request.env)}", now=now,
+                    nothing_rented=True)
     _attach(instance, provider_id, now, how=f"rented as {instance.provider} instance {provider_id}")
     return Instance.objects.get(pk=instance_id)
+
+
+def without_secrets(message: str, env: dict[str, str]) -> str:
+    """A provider's error with every environment value the box was to get blanked out: a marketplace may echo the
+    request it refused ("invalid args: {...}"), and the environment holds the run's agent token and presigned URLs,
+    which must reach no row, alert or webhook."""
+    for value in sorted((str(v) for v in env.values()), key=len, reverse=True):
+        if len(value) >= 8:
+            message = message.replace(value, "[redacted]")
+    return message
 
 
 def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) -> None:

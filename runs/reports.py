@@ -106,7 +106,13 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
     now = now or timezone.now()
     run = attempt.run
     if kind == "log":
-        run.events.create(at=now, kind="log", message=message)
+        limit = settings.AGENT_MAX_LOG_EVENTS_PER_HOUR
+        logged = run.events.filter(kind="log", at__gte=now - timedelta(hours=1)).count()
+        if logged < limit:
+            run.events.create(at=now, kind="log", message=message)
+        elif logged == limit:  # a box that logs without end must not grow the database without end: said once
+            run.events.create(at=now, kind="log", message=f"More than {limit} log lines from the box within an "
+                                                          "hour: the rest of this hour's are dropped.")
         return run.state
     if kind == "finished" and lifecycle.moves(run.state, kind) and Run.objects.filter(
             pk=run.pk, current_instance_id=attempt.instance_id).exists():  # not replaced since its token was read
@@ -133,8 +139,11 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
     Run.objects.filter(pk=run.pk).update(credentials_renewed_at=now)
     if candidates:
         newest = candidates[0]
-        run.events.create(at=now, kind="resume", message=f"The box resumes from {newest.uri} (phase {newest.phase}, "
-                                                         f"step {newest.step}), the newest verified checkpoint.")
+        message = (f"The box resumes from {newest.uri} (phase {newest.phase}, step {newest.step}), the newest "
+                   "verified checkpoint.")
+        # Said once however often a box asks for its spec: a box asking in a loop must not grow the run's history.
+        if not run.events.filter(kind="resume", message=message, at__gte=now - timedelta(hours=1)).exists():
+            run.events.create(at=now, kind="resume", message=message)
     return {
         "run_id": run.pk,
         "name": run.name,

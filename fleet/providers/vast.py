@@ -115,7 +115,8 @@ class VastClient(HttpProvider):
                              parse_instance, "vast.ai")
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
-        response = self._request("GET", f"/instances/{instance_id}/")
+        # owner=me as vast.ai's own CLI sends it: the instance looked up among ours, not any the key could see.
+        response = self._request("GET", f"/instances/{instance_id}/", params={"owner": "me"})
         if response.status_code == 404:
             raise InstanceNotFound(f"vast.ai has no instance {instance_id}.")
         _raise_for_status(response)

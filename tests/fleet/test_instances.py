@@ -258,6 +258,24 @@ def test_it_fails_without_destroying_when_the_provider_refuses_the_rent(offer, f
     assert Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED, instance=instance).count() == 1
 
 
+def test_a_refused_rent_that_echoes_its_request_keeps_the_boxs_secrets_out_of_the_row_and_alerts(
+        offer, frozen_market, monkeypatch):
+    from fleet.providers.errors import RequestRefused
+    from fleet.providers.vast import VastClient
+
+    def echoing(self, request):  # as vast.ai's "Invalid args: ..." messages quote what they were sent
+        raise RequestRefused(f"vast.ai refused the rent: Invalid args: {request.env}")
+
+    monkeypatch.setattr(VastClient, "rent", echoing)
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="echo", disk_gb=100)
+    token = "run_1.abcdef0123456789:signature-of-the-box"
+    instance = actions.rent(instance.pk, env={"FLEET_AGENT_TOKEN": token, "FLEET_HEARTBEAT_S": "15"})
+    assert instance.state == State.FAILED and "Invalid args" in instance.failure_reason
+    assert token not in instance.failure_reason and "[redacted]" in instance.failure_reason
+    assert not Alert.objects.filter(message__contains=token).exists()
+    assert not instance.events.filter(message__contains=token).exists()
+
+
 def test_it_never_replaces_a_box_onto_a_host_that_cannot_run_its_image(frozen_market, settings):
     # The worker image is built for CUDA 13.0. The default filters (12.8) would take a cheaper 12.8 host, which
     # rents fine and then fails CUDA init with error 803; no 13.0 host passes the rest of the defaults here.
