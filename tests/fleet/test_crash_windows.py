@@ -162,13 +162,17 @@ def test_it_decides_which_unattempted_rents_to_take_up():
 # -- one provider down ------------------------------------------------------------------------------------------------
 
 
+def _pod(label: str) -> str:
+    with get_provider("runpod") as provider:
+        return provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
+                                         disk_gb=250, label=label, env={}))
+
+
 @pytest.mark.django_db
 def test_it_syncs_every_provider_while_one_is_down(runpod_market, settings):
     settings.VAST_API_URL, settings.VAST_API_KEY = "http://127.0.0.1:1/api/v0", "some-key"  # refuses connections
     settings.PROVIDER_MAX_RETRIES = 0
-    with get_provider("runpod") as provider:
-        pod = provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
-                                        disk_gb=250, label="moe-fleet-4242", env={}))
+    pod = _pod("moe-fleet-4242")
     reports = tasks.sync_instances()
     assert "ProviderUnavailable" in reports["vast"]["error"]
     assert reports["runpod"]["adopted"] == ["moe-fleet-4242"]
@@ -178,9 +182,7 @@ def test_it_syncs_every_provider_while_one_is_down(runpod_market, settings):
 @pytest.mark.django_db
 def test_a_marketplace_that_retired_its_api_is_alerted_once_an_hour_not_silently_logged(runpod_market, settings):
     settings.VAST_API_KEY = ""
-    with get_provider("runpod") as provider:
-        provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
-                                  disk_gb=250, label="moe-fleet-4343", env={}))
+    _pod("moe-fleet-4343")
     runpod_market.retire()
     for _ in range(3):
         reports = tasks.sync_instances()
@@ -194,9 +196,7 @@ def test_a_sync_tick_skips_a_provider_whose_last_sync_still_runs(runpod_market, 
     import psycopg
 
     settings.VAST_API_KEY = ""
-    with get_provider("runpod") as provider:
-        provider.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image="ghcr.io/example/worker:cuda12.8",
-                                  disk_gb=250, label="moe-fleet-4444", env={}))
+    _pod("moe-fleet-4444")
     db = settings.DATABASES["default"]
     with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], password=db["PASSWORD"] or None,
                          dbname=db["NAME"], autocommit=True) as other:  # the slow sync, in another worker

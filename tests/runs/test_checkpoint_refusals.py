@@ -52,12 +52,18 @@ def test_a_box_cannot_refuse_a_checkpoint_it_was_not_offered(launched):
     assert not run.events.filter(kind="checkpoint_rejected").exists()
 
 
-def test_a_refused_final_adapter_stays_stored_and_its_phase_is_trained_again(launched):
+def _phase_zero_finished(launched):
+    """A run whose first box declared phase 0's last two steps, the last its final adapter: (run, box, final)."""
     run = launched()
     final = run.phases.get(index=0).steps
     first = _box(run)
     _declare(first, run, 0, final - 1)
     _declare(first, run, 0, final)
+    return run, first, final
+
+
+def test_a_refused_final_adapter_stays_stored_and_its_phase_is_trained_again(launched):
+    run, first, final = _phase_zero_finished(launched)
     _declare(first, run, 1, 1)
     second = _box(run)
     assert _resume(second) == [(1, 1), (0, final), (0, final - 1)]
@@ -72,11 +78,7 @@ def test_a_refused_final_adapter_stays_stored_and_its_phase_is_trained_again(lau
 
 
 def test_the_phase_trained_again_makes_its_later_checkpoints_resumable_again(launched):
-    run = launched()
-    final = run.phases.get(index=0).steps
-    first = _box(run)
-    _declare(first, run, 0, final - 1)
-    _declare(first, run, 0, final)
+    run, _, final = _phase_zero_finished(launched)
     second = _box(run)
     _post(second, "/checkpoints/rejected", {"phase": 0, "step": final, "reason": "does not match"})
     assert _resume(second) == [(0, final - 1)]
