@@ -9,6 +9,7 @@ alert if a destroy had been sent). Every failure path ends in `fail`, which tear
 machine down unless a person asked to keep it, until a time (`keep_until`), never by the mere presence of a flag.
 """
 
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -111,9 +112,17 @@ def without_secrets(message: str, env: dict[str, str]) -> str:
     """A provider's error with every environment value the box was to get blanked out: a marketplace may echo the
     request it refused ("invalid args: {...}"), and the environment holds the run's agent token and presigned URLs,
     which must reach no row, alert or webhook."""
-    for value in sorted((str(v) for v in env.values()), key=len, reverse=True):
-        if len(value) >= 8:
-            message = message.replace(value, "[redacted]")
+    forms = set()
+    for value in (str(v) for v in env.values()):
+        if len(value) >= 8:  # as sent, as JSON quotes it (a GraphQL error's "got invalid value"), as Python's repr
+            forms |= {value, json.dumps(value)[1:-1], repr(value)[1:-1]}
+    for form in sorted(forms, key=len, reverse=True):
+        message = message.replace(form, "[redacted]")
+    for form in forms:  # a message cut short (to its column, by the client) may end inside a value
+        for cut in range(len(form) - 1, 11, -1):
+            if message.endswith(form[:cut]):
+                message = message[:-cut] + "[redacted]"
+                break
     return message
 
 

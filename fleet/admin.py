@@ -2,6 +2,8 @@
 rents or destroys a box, or decides what a box runs goes through the product's own pages and fleet.actions, which
 validate it and check the permission (fleet.access); the admin's actions lead there or to the same checks."""
 
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -57,8 +59,8 @@ class OfferAdmin(ReadOnlyAdmin):
             return None
         offer = queryset.get()
         # The same confirmation page (and permission check) as the dashboard's Rent button.
-        return redirect(f"{reverse('rent_confirm')}?provider={offer.provider}&offer={offer.offer_id}"
-                        f"&bid={int(offer.is_bid)}")
+        query = urlencode({"provider": offer.provider, "offer": offer.offer_id, "bid": int(offer.is_bid)})
+        return redirect(f"{reverse('rent_confirm')}?{query}")  # a RunPod offer id may hold + & # =: encoded
 
 
 class InstanceEventInline(ReadOnlyInline):
@@ -85,9 +87,18 @@ class InstanceAdmin(ReadOnlyAdmin):
         live = queryset.filter(state__in=Instance.LIVE_STATES)
         if request.POST.get("confirmed") == "yes":
             reason = f"destroyed by {request.user.get_username()} from the admin"
+            sent, unsent = [], []
             for instance in live:
-                enqueue.destroy_instance(instance.pk, reason, True)
-            self.message_user(request, f"Destroying {live.count()} instance(s).", messages.SUCCESS)
+                try:
+                    enqueue.destroy_instance(instance.pk, reason, True)
+                    sent.append(instance.label)
+                except enqueue.QueueUnavailable:  # said, with the rest of the selection still handed over
+                    unsent.append(instance.label)
+            if sent:
+                self.message_user(request, f"Destroying {len(sent)} instance(s).", messages.SUCCESS)
+            if unsent:
+                self.message_user(request, f"Not destroyed, the task queue cannot be reached right now: "
+                                           f"{', '.join(unsent)}. Try again in a moment.", messages.ERROR)
             return None
         return TemplateResponse(request, "admin/fleet/destroy_confirm.html", {
             **self.admin_site.each_context(request), "title": "Destroy instances?", "instances": live,

@@ -119,8 +119,9 @@ def _bar_figure(chart_id: str, title: str, y_title: str, groups: list[dict], fie
     traces = []
     for i, path in enumerate(paths):
         mine = [g for g in groups if g["kernel_path"] == path and g[field] is not None]
-        traces.append({"type": "bar", "name": f"{path} kernels", "x": [f"{g['num_gpus']}× {g['gpu_model']}"
-                                                                        for g in mine],
+        # The kernel path is what a box reported and the GPU model what a marketplace named: plain text.
+        traces.append({"type": "bar", "name": figures.plain(f"{path} kernels"),
+                       "x": [figures.plain(f"{g['num_gpus']}× {g['gpu_model']}") for g in mine],
                        "y": [round(float(g[field]), 6) for g in mine],
                        "marker": {"color": figures.BOX_COLOURS[i % len(figures.BOX_COLOURS)]}})
     # GPU names are long ("1× RTX PRO 6000 Blackwell Server Edition"): tilted, with room made for them below.

@@ -142,8 +142,8 @@ def _capped(errors: list[str]) -> list[str]:
 # -- a launch's data --------------------------------------------------------------------------------------------
 
 def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list[DataSet]:
-    """One stored DataSet per phase of a checked recipe (in order), or DataError with every problem at once.
-    `uploads` maps a file name to a Django uploaded file."""
+    """One stored DataSet per phase of a checked recipe (in order), or DataError with every problem at once (and
+    nothing stored). `uploads` maps a file name to a Django uploaded file."""
     tokenizer = None
     found, problems = [], []
     with tempfile.TemporaryDirectory(prefix="launch-data-") as scratch:
@@ -152,6 +152,11 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
             stored = None if source in uploads else _stored(source, phase["kind"])
             if stored is not None:
                 found.append(stored)
+                continue
+            name = Path(source).name if "://" not in source else source
+            longest = DataSet._meta.get_field("name").max_length
+            if len(name) > longest:
+                problems.append(f"{where}: its name is {len(name)} characters; a data set's is at most {longest}")
                 continue
             try:
                 path = _fetched(source, uploads, Path(scratch) / f"{i}.jsonl", phase["kind"])
@@ -163,12 +168,11 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
             if checked.errors:
                 problems += [f"{where}: {e}" for e in checked.errors]
                 continue
-            found.append(_kept(checked, path, Path(source).name if "://" not in source else source,
-                               phase["kind"], bucket, user, now))
-    if problems:
-        raise DataError("The data is not usable ({} problem(s)):\n  - {}".format(len(problems),
-                                                                                 "\n  - ".join(problems)))
-    return found
+            found.append((checked, path, name, phase["kind"]))
+        if problems:  # nothing is stored unless every phase's data is usable
+            raise DataError("The data is not usable ({} problem(s)):\n  - {}".format(len(problems),
+                                                                                     "\n  - ".join(problems)))
+        return [item if isinstance(item, DataSet) else _kept(*item, bucket, user, now) for item in found]
 
 
 def _stored(name: str, kind: str) -> DataSet | None:

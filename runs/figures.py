@@ -83,7 +83,8 @@ def _edge(data: RunData, edges: dict, p: PhaseStats, which: str, name: str, inst
 
 
 def _trace(name: str, xs: list, ys: list, colour: str, **extra) -> dict:
-    return {"type": "scattergl" if len(xs) > 5000 else "scatter", "mode": "lines", "name": name, "x": xs,
+    """A line; its legend name is plain text (a box's label and GPU name come from the marketplace)."""
+    return {"type": "scattergl" if len(xs) > 5000 else "scatter", "mode": "lines", "name": plain(name), "x": xs,
             "y": rounded(ys), "line": {"color": colour, "width": 1.6}, **extra}
 
 
@@ -225,7 +226,7 @@ def _timeline(data: RunData, restarts: list[tuple]) -> dict:
         if p.first_at is None:
             continue
         colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
-        traces.append({"type": "scatter", "mode": "lines", "name": f"phase {p.index} · {p.name}",
+        traces.append({"type": "scatter", "mode": "lines", "name": plain(f"phase {p.index} · {p.name}"),
                        "x": [p.first_at.isoformat(), p.last_at.isoformat()], "y": ["phases", "phases"],
                        "line": {"color": colour, "width": 18},
                        "hovertemplate": f"{plain(p.name)} ({p.kind}): steps {p.first_step}–{p.last_step}"
@@ -234,7 +235,7 @@ def _timeline(data: RunData, restarts: list[tuple]) -> dict:
         if box.started_at is None:
             continue
         end = box.ended_at or data.now
-        traces.append({"type": "scatter", "mode": "lines", "name": f"box · {box.name}",
+        traces.append({"type": "scatter", "mode": "lines", "name": plain(f"box · {box.name}"),
                        "x": [box.started_at.isoformat(), end.isoformat()], "y": ["boxes", "boxes"],
                        "line": {"color": BOX_COLOURS[i % len(BOX_COLOURS)], "width": 18},
                        "hovertemplate": f"{plain(box.name)}, host {plain(box.machine_id or '?')}: "

@@ -128,3 +128,29 @@ def test_it_still_offers_rent_and_destroy_through_their_checks(client, operator)
     client.force_login(operator)
     assert 'value="rent"' in client.get(_url(Offer, "changelist")).content.decode()
     assert 'value="destroy"' in client.get(_url(Instance, "changelist")).content.decode()
+
+
+def test_an_offer_id_holding_query_characters_reaches_the_rent_page_whole(client, operator):
+    # RunPod's offer ids embed its GPU type id, which may hold + & # =: the Rent links must encode them.
+    offer = _offer()
+    offer.provider, offer.offer_id = "runpod", "NVIDIA A+B&bid=1#x:SECURE:1"
+    offer.save()
+    client.force_login(operator)
+    answer = client.post(reverse("admin:fleet_offer_changelist"), {"action": "rent", "_selected_action": [offer.pk]})
+    page = client.get(answer["Location"])
+    assert page.status_code == 200 and "NVIDIA A+B&amp;bid=1#x:SECURE:1" in page.content.decode()
+
+
+def test_a_destroy_the_queue_cannot_take_is_said_not_a_server_error(client, operator, monkeypatch):
+    from fleet import enqueue
+
+    def unreachable(*args):
+        raise enqueue.QueueUnavailable("fleet.tasks.destroy_instance was not queued: the task queue is unreachable.")
+
+    monkeypatch.setattr(enqueue, "destroy_instance", unreachable)
+    box = _instance()
+    client.force_login(operator)
+    answer = client.post(reverse("admin:fleet_instance_changelist"),
+                         {"action": "destroy", "_selected_action": [box.pk], "confirmed": "yes"}, follow=True)
+    assert answer.status_code == 200
+    assert f"Not destroyed, the task queue cannot be reached right now: {box.label}" in answer.content.decode()

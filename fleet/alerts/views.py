@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import messages
 from django.db.models import Count, Max, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_POST
 
 from fleet.alerts import notify, webhooks
@@ -80,8 +81,10 @@ def add_endpoint(request):
     except ValueError as exc:  # the address guard refused the URL's host
         form.add_error("url", str(exc))
         return _page(request, form=form, status=400)
-    # Rendered, not redirected: the secret is shown in this one response and never again.
-    return _page(request, created=endpoint, secret=endpoint.secret, status=201)
+    # Rendered, not redirected: the secret is shown in this one response and never again (nor kept by a cache).
+    response = _page(request, created=endpoint, secret=endpoint.secret, status=201)
+    patch_cache_control(response, no_store=True, private=True)
+    return response
 
 
 @require_POST

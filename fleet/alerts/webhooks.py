@@ -65,7 +65,7 @@ def body(alert, *, slack: bool) -> bytes:
     """The bytes that are signed and sent: minified JSON, so what is signed is exactly what goes out."""
     if slack:
         where = f" ({alert.instance.label})" if alert.instance_id and alert.instance else ""
-        payload = {"text": f"[{alert.kind}] {alert.message}{where}"}
+        payload = {"text": slack_text(f"[{alert.kind}] {alert.message}{where}")}
     else:
         payload = {
             "type": alert.kind,
@@ -73,6 +73,12 @@ def body(alert, *, slack: bool) -> bytes:
             "data": {"message": alert.message, "instance": instance_record(alert.instance), "alert_id": alert.pk},
         }
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def slack_text(text: str) -> str:
+    """Text as Slack shows it literally: its message format reads <!channel>, <@user> and <url|label> as commands and
+    links, and an alert carries what a box or a marketplace wrote. Slack asks for &, < and > escaped, no more."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def backoff_s(attempts: int, *, base_s: float, factor: float, max_s: float, rand=random.random) -> float:
@@ -155,6 +161,8 @@ def _where(url: str, *, allow_private: bool) -> tuple[str, str]:
 def url_refusal(url: str, *, allow_private: bool) -> str:
     """Why a webhook URL may not be saved, or "": an address the guard refuses, now. A name that does not resolve
     yet is accepted here (each attempt checks it again)."""
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        return "a URL holds no spaces or control characters"
     try:
         _where(url, allow_private=allow_private)
     except Unresolved:
@@ -177,7 +185,7 @@ def post(url: str, headers: dict[str, str], body: bytes, *, timeout_s: float, al
                                               timeout_s))
     except (TimeoutError, httpx.TimeoutException) as exc:
         return Attempt(None, f"timed out: no answer within {timeout_s:g} s in all ({type(exc).__name__})")
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: a control character the form let through
         return Attempt(None, f"{type(exc).__name__}: {exc}"[:500])
     if 200 <= status < 300:
         return Attempt(status, "")

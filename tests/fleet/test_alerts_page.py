@@ -65,7 +65,7 @@ def test_it_needs_a_login(client):
 def test_it_adds_an_endpoint_and_shows_its_secret_once(client, staff):
     client.force_login(staff)
     response = client.post(reverse("add_webhook_endpoint"), NEW)
-    assert response.status_code == 201
+    assert response.status_code == 201 and "no-store" in response["Cache-Control"]  # no cache keeps the secret
     endpoint = WebhookEndpoint.objects.get()
     assert (endpoint.name, endpoint.url, endpoint.events, endpoint.slack, endpoint.created_by) == \
         ("ops", NEW["url"], ["instance.reaped", "run.failed"], False, staff)

@@ -1,5 +1,6 @@
 """Renting, syncing and destroying instances on the simulated marketplace over HTTP, and what a crash leaves."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -274,6 +275,28 @@ def test_a_refused_rent_that_echoes_its_request_keeps_the_boxs_secrets_out_of_th
     assert token not in instance.failure_reason and "[redacted]" in instance.failure_reason
     assert not Alert.objects.filter(message__contains=token).exists()
     assert not instance.events.filter(message__contains=token).exists()
+
+
+@pytest.mark.parametrize("echo", [
+    lambda env: json.dumps({"input": {"env": env}}),  # a GraphQL "got invalid value" quotes its input as JSON
+    lambda env: repr(env),
+    lambda env: json.dumps(env)[:150],  # cut short by the client, inside a value
+])
+def test_no_form_of_a_boxs_environment_survives_in_a_refused_rents_message(offer, frozen_market, monkeypatch, echo):
+    from fleet.providers.errors import RequestRefused
+    from fleet.providers.vast import VastClient
+
+    signed = 'https://store.example/a?X-Amz-Signature=0123456789abcdef0123456789abcdef&X-Amz-Expires=600'
+    env = {"FLEET_ADAPTER_0": json.dumps({"grant": {"files": {"adapter_model.safetensors": signed}}})[:200]}
+
+    def echoing(self, request):
+        raise RequestRefused(f"refused: {echo(request.env)}")
+
+    monkeypatch.setattr(VastClient, "rent", echoing)
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="echo-json", disk_gb=100)
+    instance = actions.rent(instance.pk, env=env)
+    assert instance.state == State.FAILED and "refused" in instance.failure_reason
+    assert "X-Amz-Signature" not in instance.failure_reason and "0123456789abcdef" not in instance.failure_reason
 
 
 def test_it_never_replaces_a_box_onto_a_host_that_cannot_run_its_image(frozen_market, settings):

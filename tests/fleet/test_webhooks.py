@@ -262,8 +262,27 @@ def test_it_sends_a_slack_compatible_body(receiver):
     notify.raise_alert(Kind.INSTANCE_REAPED, "age 12h03m > max 12h")
     notify.deliver(only_delivery().pk)
     [request] = hook.requests
-    assert json.loads(request["body"]) == {"text": "[instance.reaped] age 12h03m > max 12h"}
+    assert json.loads(request["body"]) == {"text": "[instance.reaped] age 12h03m &gt; max 12h"}  # Slack shows ">"
     assert verify(ep.secret, request["headers"], request["body"])
+
+
+@pytest.mark.django_db
+def test_a_slack_body_shows_a_boxs_words_literally(receiver):
+    # Slack reads <!channel> as a ping of everyone and <url|label> as a disguised link; a box's words may do neither.
+    hook = receiver()
+    endpoint(hook.url, slack=True)
+    notify.raise_alert(Kind.RUN_FAILED, "trainer: <!channel> log in at <https://evil.example|vast.ai> & retry")
+    notify.deliver(only_delivery().pk)
+    [request] = hook.requests
+    assert json.loads(request["body"])["text"] == ("[run.failed] trainer: &lt;!channel&gt; log in at "
+                                                   "&lt;https://evil.example|vast.ai&gt; &amp; retry")
+
+
+def test_a_url_with_a_control_character_is_refused_and_never_crashes_an_attempt():
+    url = "https://hooks.example.com/hook\x01"
+    assert webhooks.url_refusal(url, allow_private=False) == "a URL holds no spaces or control characters"
+    attempt = webhooks.post(url, {}, b"{}", timeout_s=1, allow_private=True)
+    assert attempt.status_code is None and attempt.error
 
 
 @pytest.mark.django_db(transaction=True)

@@ -221,3 +221,15 @@ def test_the_agent_starts_no_trainer_on_data_that_does_not_match(launched, tmp_p
     failed = [body for path, body in posts if path == "events" and body["kind"] == "trainer_failed"]
     assert len(failed) == 1 and "the data of phase 2 (dpo), example:dpo.jsonl, does not match its sha256" in \
         failed[0]["message"]
+
+
+def test_a_data_file_name_longer_than_a_data_sets_is_refused_with_the_reason(client, launcher, tmp_path):
+    client.force_login(launcher)
+    form = _launch_form(client)
+    form["bucket"] = str(tmp_path / "bucket")
+    name = "d" * 230 + ".jsonl"
+    form["recipe"] = form["recipe"].replace("data: example:sft.jsonl", f"data: {name}")
+    upload = SimpleUploadedFile(name, jsonl(GOOD["sft"]))
+    response = client.post(reverse("run_launch"), {**form, "data_files": [upload]})
+    assert response.status_code == 200 and "its name is 236 characters" in response.content.decode()
+    assert not Run.objects.exists() and not list((tmp_path / "bucket").rglob("*.jsonl"))

@@ -199,3 +199,21 @@ def test_it_exposes_fleet_and_run_metrics_to_prometheus(client, settings):
     labels = f'run="{run.pk}",name="odd \\"name\\"",gpu="RTX PRO 6000"'
     assert f"fleet_run_step_seconds{{{labels}}} 55.0" in text
     assert f"fleet_run_tokens_per_second{{{labels}}} {65536 / 55.0!r}" in text
+
+
+@pytest.mark.django_db
+def test_a_marketplaces_gpu_name_and_a_boxs_kernel_path_reach_legends_and_axes_as_text(logged_in):
+    # Plotly draws <a href> in legend and tick text too: a GPU name could put a phishing link on the run's charts.
+    from fleet.models import Instance
+    from runs import chart_views
+
+    run = seed_run()
+    link = '<a href="https://evil.example/login">re-login</a>'
+    Instance.objects.filter(pk__in=run.attempts.values("instance_id")).update(gpu_name=link)
+    body = logged_in.get(reverse("run_chart_data", args=[run.pk])).json()
+    names = [t["name"] for f in body["figures"] for t in f["data"]]
+    assert any("&lt;a href" in name for name in names) and not any("<a" in name for name in names)
+    figure = chart_views._bar_figure("c", "Step time", "s", [{"kernel_path": link, "num_gpus": 1, "gpu_model": link,
+                                                            "step_s": 1.0}], "step_s")
+    (bar,) = figure["data"]
+    assert "<a" not in bar["name"] and not any("<a" in x for x in bar["x"])
