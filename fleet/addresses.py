@@ -21,12 +21,15 @@ METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "fd00:ec2::254",  # AWS IMDS over IPv6
     "fd00:ec2::253",
 ))
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 forms whose last 32 bits are an IPv4 address a host may route to: NAT64 (the well-known and the local-use
+# prefix), IPv4-translated (::ffff:0:a.b.c.d) and the deprecated IPv4-compatible (::a.b.c.d).
+_LOW_32_CARRIERS = tuple(ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "::ffff:0:0:0/96",
+                                                           "::/96"))
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
     found = [ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None]
-    if ip in _NAT64:
+    if any(ip in carrier for carrier in _LOW_32_CARRIERS) and int(ip) > 1:  # not :: or ::1, judged as themselves
         found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
     return [a for a in found if a is not None]
 
@@ -49,8 +52,8 @@ def address_refusal(address: str, *, allow_private: bool) -> str:
             return f"{shown} is a multicast address"
         if allow_private:
             continue
-        for kind in ("loopback", "link_local", "reserved", "private"):
-            if getattr(candidate, f"is_{kind}"):
+        for kind in ("loopback", "link_local", "site_local", "reserved", "private"):
+            if getattr(candidate, f"is_{kind}", False):  # site-local: IPv6 only, and not private to every Python
                 return f"{shown} is a {kind.replace('_', '-')} address"
         if not candidate.is_global:
             return f"{shown} is not a public address"

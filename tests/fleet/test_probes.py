@@ -218,6 +218,8 @@ def test_it_refuses_loopback_without_sending_a_request(endpoints, model, probe_s
     ("::ffff:10.0.0.1", "private"),
     ("64:ff9b::a9fe:a9fe", "cloud metadata"),  # NAT64 of 169.254.169.254
     ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+    ("fec0::1", "site-local"),  # deprecated, yet not private to every Python
+    ("::ffff:0:a00:1", "private"),  # IPv4-translated 10.0.0.1
     ("203.0.113.7", "private"),  # documentation range: never routed
     ("localhost", "not a literal IP address"),
     ("metadata.google.internal", "not a literal IP address"),
@@ -232,8 +234,10 @@ def test_it_allows_public_addresses(address):
 
 
 def test_it_refuses_metadata_unspecified_and_multicast_even_when_private_addresses_are_allowed():
-    for address in ("169.254.169.254", "fd00:ec2::254", "0.0.0.0", "239.1.1.1"):
-        assert addresses.address_refusal(address, allow_private=True)
+    for address in ("169.254.169.254", "fd00:ec2::254", "0.0.0.0", "239.1.1.1",
+                    # the metadata address carried in IPv6: IPv4-compatible, -translated, local-use NAT64
+                    "::a9fe:a9fe", "::ffff:0:a9fe:a9fe", "64:ff9b:1::a9fe:a9fe"):
+        assert addresses.address_refusal(address, allow_private=True), address
     for address in ("127.0.0.1", "10.0.0.2", "::1"):
         assert addresses.address_refusal(address, allow_private=True) == ""
 
