@@ -190,6 +190,9 @@ def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
         return dest
     if source.startswith("s3://"):
         parsed = urlparse(source)
+        if "?" in source or "#" in source or not parsed.netloc or not parsed.path.strip("/"):
+            raise DataError("is not an s3://bucket/key this can read as named (a key with ? or # would be read "
+                            "cut short)")
         try:
             client = storage.s3_client()
             size = client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["ContentLength"]
@@ -222,10 +225,22 @@ def _kept(checked: Inspection, path: Path, name: str, kind: str, bucket: str, us
     try:
         with transaction.atomic():
             return DataSet.objects.create(name=name, kind=kind, sha256=checked.sha256, size_bytes=checked.size_bytes,
-                                          rows=checked.rows, bucket=bucket, uri=uri, report=checked.report,
+                                          rows=checked.rows, bucket=bucket, uri=uri, report=_storable(checked.report),
                                           uploaded_by=user, created_at=now)
     except IntegrityError:  # the same file stored by another launch a moment ago
         return DataSet.objects.get(bucket=bucket, sha256=checked.sha256, kind=kind)
+
+
+def _storable(value):
+    """The report with each NUL character shown as U+FFFD: PostgreSQL's jsonb holds no \u0000, and a sample record
+    may contain one (the file itself is stored as it is)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_storable(v) for v in value]
+    return value
 
 
 def _store(path: Path, sha256: str, bucket: str) -> str:

@@ -28,8 +28,10 @@ Relative paths are read from the recipe's folder. `load_recipe` returns a dict w
 raises RecipeError listing every problem at once.
 """
 
+import importlib
 import json
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -85,6 +87,28 @@ PHASE_DEFAULTS = {
     "kto": {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
     "grpo": {"num_generations": 4, "max_new_tokens": 64, "temperature": 1.0},
 }
+
+
+MIN_SEQ_LEN = 16
+PHASE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")  # a phase's name is a column of 40 and a chart label
+REWARD_PACKAGE = "training."  # reward functions are the worker image's own code: no other module is on the box
+
+
+def reward_problem(spec) -> str:
+    """Why a GRPO phase's reward cannot be called on the box, or "": a 'module:function' of this package that
+    imports and is callable (checked at launch, not when the phase starts after hours of the earlier ones)."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        return f"a reward function as 'module:function', got {_shown(spec)}"
+    module, name = spec.split(":")
+    if not module.startswith(REWARD_PACKAGE) or not all(part.isidentifier() for part in module.split(".")) \
+            or not name.isidentifier():
+        return f"a function of a module under {REWARD_PACKAGE.rstrip('.')} (e.g. training.examples.rewards:" \
+               f"contains_answer), got {_shown(spec)}"
+    try:
+        function = getattr(importlib.import_module(module), name, None)
+    except ImportError as exc:
+        return f"{module} cannot be imported: {exc}"
+    return "" if callable(function) else f"{module} has no function {name}"
 
 
 class RecipeError(ValueError):
@@ -257,7 +281,12 @@ def _model(model, base_dir, problems: _Problems) -> dict:
     if isinstance(model["tokenizer"], str) and model["tokenizer"].startswith("s3://"):
         problems.append("model.tokenizer: a folder or a hub id; an s3:// model's tokenizer is its own files (leave "
                         "tokenizer out)")
-    model["tokenizer"] = _resolve(base_dir, model["tokenizer"])
+    tokenizer = model["tokenizer"]
+    if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
+        problems.append(f"model.tokenizer: a folder or a hub id, got {_shown(tokenizer)}")
+    elif tokenizer is not None and not (model_source.kind_of(tokenizer) == "hub"
+                                        and not Path(_resolve(base_dir, tokenizer)).exists()):
+        model["tokenizer"] = _resolve(base_dir, tokenizer)  # a folder here; a hub id (owner/name) stays one
     return model
 
 
@@ -290,6 +319,9 @@ def _training(recipe: dict, problems: _Problems) -> None:
     problems.extend(target_problems(lora["targets"]))
     for key in ("batch_size", "grad_accum", "seq_len"):
         problems.positive_int(key, recipe[key])
+    if isinstance(recipe["seq_len"], int) and 0 < recipe["seq_len"] < MIN_SEQ_LEN:
+        # A piece's first token has no label: a piece this short leaves (almost) nothing to train on.
+        problems.append(f"seq_len: at least {MIN_SEQ_LEN} tokens, got {recipe['seq_len']}")
     problems.positive_number("lr", recipe["lr"])
     problems.positive_int("warmup_steps", recipe["warmup_steps"], zero_ok=True)
     for key in ("min_lr_ratio", "weight_decay", "max_grad_norm"):
@@ -345,6 +377,9 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
     unknown = set(phase) - PHASE_COMMON - set(own)
     if unknown:
         problems.append(f"{where}: unknown setting(s) {', '.join(sorted(unknown))} for a {kind} phase")
+    if not isinstance(phase["name"], str) or not PHASE_NAME.fullmatch(phase["name"]):
+        problems.append(f"phases[{i}].name: 1-40 letters, digits, '.', '_' or '-', got {_shown(phase['name'])}")
+        return None
     if phase["name"] in names:
         problems.append(f"{where}.name: {phase['name']!r} is used twice; phases need distinct names")
     names.add(phase["name"])
@@ -359,12 +394,15 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
     problems.positive_number(f"{where}.lr", phase["lr"])
     if kind in ("dpo", "kto"):
         problems.positive_number(f"{where}.beta", phase["beta"])
+    if kind == "kto":
+        for key in ("desirable_weight", "undesirable_weight"):
+            problems.positive_number(f"{where}.{key}", phase[key])
     if kind == "grpo":
         if recipe["gpus"] != 1:
             problems.append(f"{where}: a grpo phase runs on one GPU (gpus: 1): its ranks would generate "
                             "completions of different lengths, out of step with each other")
-        if not isinstance(phase["reward"], str) or ":" not in phase["reward"]:
-            problems.append(f"{where}.reward: a reward function as 'module:function', got {phase['reward']!r}")
+        if problem := reward_problem(phase["reward"]):
+            problems.append(f"{where}.reward: {problem}")
         problems.positive_int(f"{where}.num_generations", phase["num_generations"])
         if isinstance(phase["num_generations"], int) and phase["num_generations"] < 2:
             problems.append(f"{where}.num_generations: at least 2 (advantages are relative within a group)")

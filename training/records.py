@@ -69,6 +69,10 @@ def record_problems(kind: str, record) -> list[str]:
     """Everything wrong with one parsed JSONL record for a phase of this kind, in words; [] when it is usable."""
     if not isinstance(record, dict):
         return [f"a JSON object, got {type(record).__name__}"]
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # JSON may write "\ud800" alone; no tokenizer can encode it, and the box would stop
+        return ["a string holds a lone UTF-16 surrogate (such as \\ud800), which is no character"]
     if kind == "cpt":
         return _text(record, "text")
     if kind == "sft":
@@ -84,6 +88,8 @@ def record_problems(kind: str, record) -> list[str]:
         problems = _messages(record["prompt"], "prompt", needs_assistant=False)
     if kind == "dpo":
         problems += _text(record, "chosen") + _text(record, "rejected")
+        if not problems and record["chosen"] == record["rejected"]:  # no margin to learn: a constant loss
+            problems.append("chosen and rejected are the same text")
     if kind == "kto":
         problems += _text(record, "completion")
         if not isinstance(record.get("label"), bool):
@@ -163,13 +169,15 @@ def _tools(tools) -> list[str]:
     if not isinstance(tools, list):
         return ["tools: a list of tool definitions"]
     return [f"tools[{i}]: {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}" for i, tool in enumerate(tools)
-            if not isinstance(tool, dict) or not isinstance((tool.get("function") or {}).get("name"), str)]
+            if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict)
+            or not isinstance(tool["function"].get("name"), str)]
 
 
 def read_records(path, kind: str) -> list[dict]:
     """Every record of a phase's JSONL file; the first unusable line raises ValueError with its line number."""
     records = []
-    with open(path, encoding="utf-8") as f:
+    # Lines end at "\n" alone, as the launch check splits them: a "\r" inside a line (JSON whitespace) is no end.
+    with open(path, encoding="utf-8", newline="\n") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -259,7 +267,7 @@ def render_chat(tokenizer, messages, tools=None) -> tuple[list[int], list[int]]:
 
 
 def _assistant_span(tokenizer, messages, tools, i, full) -> tuple[int, int]:
-    start = _common(full, _template(tokenizer, messages[:i], tools, generation_prompt=True)) if i else 0
+    start = _common(full, _opening(tokenizer, messages, tools, i))
     through = _template(tokenizer, messages[: i + 1], tools)
     apart = _common(full, through)
     end = apart if apart == len(through) else _realigned_end(full, through, apart)
@@ -268,6 +276,20 @@ def _assistant_span(tokenizer, messages, tools, i, full) -> tuple[int, int]:
                          "conversation than at its end, so its tokens cannot be told apart (a template with "
                          "{% generation %} marks can say which they are)")
     return start, end
+
+
+def _opening(tokenizer, messages, tools, i) -> list[int]:
+    """What the template renders before assistant turn i, its header included: the conversation before it with the
+    generation prompt. For a conversation that opens with the assistant that is the template's own preamble (a
+    system block with the tools, the header): an empty conversation with the generation prompt, or, where a template
+    cannot render one (it reads messages[0]), the turn itself emptied, whose rendering parts from the whole
+    conversation's where the turn's own words begin."""
+    if i:
+        return _template(tokenizer, messages[:i], tools, generation_prompt=True)
+    try:
+        return _template(tokenizer, [], tools, generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template's own error (jinja's, an index into no messages)
+        return _template(tokenizer, [{"role": "assistant", "content": ""}], tools)
 
 
 def _realigned_end(full, through, apart) -> int | None:

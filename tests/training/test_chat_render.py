@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from training.records import ByteTokenizer, render_chat, render_record, trained_segments
+from training.records import ByteTokenizer, record_problems, render_chat, render_record, trained_segments
 
 SPECIALS = ["<pad>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
             "<tool_response>", "</tool_response>", "<think>", "</think>", "<tools>", "</tools>"]
@@ -109,3 +109,16 @@ def test_prompts_end_where_the_assistant_answers():
     text = tokenizer.decode(ids, skip_special_tokens=False)
     assert text.endswith("<|im_start|>assistant\n72<eos>")
     assert trained_text(tokenizer, ids, labels) == ["72<eos>"]
+
+
+def test_a_conversation_opening_with_the_assistant_trains_neither_the_tools_block_nor_the_header():
+    tokenizer = tiny_tokenizer(QWEN3_LIKE)
+    ids, labels = render_chat(tokenizer, [{"role": "assistant", "content": "the answer is 72 ."}], TOOLS)
+    trained = "".join(trained_text(tokenizer, ids, labels))
+    assert "the answer is 72 ." in trained
+    assert "<tools>" not in trained and "<|im_start|>" not in trained
+
+
+def test_a_preference_pair_of_one_text_twice_is_refused():
+    assert record_problems("dpo", {"prompt": "p", "chosen": "a", "rejected": "a"}) == [
+        "chosen and rejected are the same text"]
