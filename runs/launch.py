@@ -1,5 +1,6 @@
 """Launching and cancelling runs: validate what the user gave, write the run, let the supervisor take it from there."""
 
+import dataclasses
 from decimal import Decimal
 from pathlib import Path
 
@@ -92,6 +93,12 @@ def disk_need(recipe: dict, profile=None, *, listed_weights_gb: float | None = N
     """The disk a box needs for a recipe's model (fleet.instances.disk), from the size figures of the model its
     profile (or the defaults) ranks it as: the same ones the ranking prices the download and uploads with."""
     figures = run_settings(profile)[0]
+    rank = (recipe.get("lora") or {}).get("r") if isinstance(recipe.get("lora"), dict) else None
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank > figures.lora_rank > 0:
+        # A checkpoint is mostly the adapters and their optimizer state, whose size goes with the rank: the
+        # profile's figure is for its own rank (r 1024 instead of 32 is 32 times the disk). Never below it.
+        figures = dataclasses.replace(figures, lora_rank=rank,
+                                      checkpoint_gb=round(figures.checkpoint_gb * rank / figures.lora_rank, 1))
     keep = (recipe.get("checkpoint") or {}).get("keep")
     model = recipe.get("model") if isinstance(recipe.get("model"), dict) else {}
     return disk.needed(figures, keep=keep if isinstance(keep, int) and keep > 0 else DEFAULTS["checkpoint"]["keep"],

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from runs import reports, storage
-from runs.launch import LaunchError, disk_need, launch
+from runs.launch import LaunchError, disk_need, example_recipe, launch
 from tests.runs.conftest import tiny_recipe
 from training import model_source
 from training.agent import fetch_model
@@ -104,3 +104,12 @@ def test_a_launch_sizes_the_disk_by_an_s3_models_files_when_they_outgrow_the_fig
     run = launch(name="big", recipe=recipe, bucket=str(tmp_path / "b"), budget_usd=5, max_restarts=1)
     assert run.disk_gb == disk_need(recipe, listed_weights_gb=400.0).total_gb > 400
     assert Path(run.bucket).is_dir()
+
+
+def test_the_disk_a_run_needs_grows_with_its_lora_rank():
+    recipe = example_recipe()
+    recipe.pop("model")
+    recipe["model"] = {"path": "Qwen/Qwen3-30B-A3B"}
+    small, large = disk_need({**recipe, "lora": {"r": 32}}), disk_need({**recipe, "lora": {"r": 1024}})
+    assert large.checkpoint_gb == round(small.checkpoint_gb * 32, 1)
+    assert large.total_gb > small.total_gb + small.checkpoints * small.checkpoint_gb * 30
