@@ -1,7 +1,13 @@
-import pytest
-from django.contrib.auth.models import Permission
+import os
 
-from tests.marketplace import _market_server, celery_worker, frozen_market, market, runpod_market  # noqa: F401
+# CPU runs of the Triton kernels go through Triton's interpreter, and it must be chosen before anything imports
+# triton: a dashboard test that imports the trainer's modules is collected before tests/training's own conftest.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from django.contrib.auth.models import Permission  # noqa: E402
+
+from tests.marketplace import _market_server, celery_worker, frozen_market, market, runpod_market  # noqa: E402,F401
 
 
 @pytest.fixture
