@@ -350,6 +350,17 @@ def _listed_again(instance: Instance, record: InstanceRecord, now: datetime, rep
     """A machine whose row ended (destroyed, or gone from an earlier list) is listed again: it bills, and no rule
     would ever look at its row again. It is destroyed like any other, with an alert."""
     was = instance.state
+    if was == State.FAILED and instance.keep_until and instance.keep_until > now:
+        # Kept for debugging, and taken for gone on a false answer: a user asked for this box, so it is watched
+        # again (billed, and destroyed when its keep expires) rather than destroyed under them.
+        if Instance.objects.filter(pk=instance.pk, state=State.FAILED).update(state=State.RUNNING, ended_at=None):
+            instance.refresh_from_db()
+            ledger.bill(instance, instance.usd_per_hour, now)
+            until = f"{instance.keep_until:%Y-%m-%d %H:%M} UTC"
+            record_event(instance, "listed-again", f"{instance.label} was failed as gone, but {instance.provider} "
+                                                   f"lists it again; it is kept until {until} as asked, and watched "
+                                                   "again.", now)
+        return
     if not Instance.objects.filter(pk=instance.pk, state__in=[State.DESTROYED, State.FAILED]).update(
             state=State.STOPPING, ended_at=None, destroy_requested_at=now,
             destroy_reason=instance.destroy_reason or instance.failure_reason or "listed again after it ended"):

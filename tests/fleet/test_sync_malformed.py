@@ -139,6 +139,20 @@ def test_a_machine_listed_again_after_its_row_ended_is_destroyed(fake):
     assert row.state == State.DESTROYED
 
 
+def test_a_kept_box_taken_for_gone_and_listed_again_is_watched_again_not_destroyed(fake):
+    pod = _pod("moe-fleet-k")
+    row = _row(pod, "row-k", state=State.FAILED, ended_at=timezone.now(), failure_reason="trainer failed",
+               keep_until=timezone.now() + timedelta(hours=2))
+    ledger.stop_billing(row, timezone.now())
+    actions.sync("runpod")
+    row.refresh_from_db()
+    assert row.state == State.RUNNING and pod in fake.pods and row.cost_segments.filter(ended_at=None).exists()
+    assert "kept until" in row.events.get(kind="listed-again").message
+    actions.sync("runpod", now=timezone.now() + timedelta(hours=3))  # and when the keep expires, it goes
+    row.refresh_from_db()
+    assert row.state == State.STOPPING and pod not in fake.pods
+
+
 def test_fields_longer_than_their_columns_neither_fail_the_row_nor_stop_the_sync(fake, settings):
     settings.DESTROY_VERIFY_S = 0
     odd, stuck = _pod("moe-fleet-g"), _pod("moe-fleet-h")
