@@ -64,7 +64,7 @@ def prune(run: Run) -> list[str]:
     history keeps it); returns the folders deleted. A failed delete is logged and tried again after the next one."""
     rows = list(run.checkpoints.filter(pruned_at=None))
     keep = (run.recipe.get("checkpoint") or {}).get("keep", 3)
-    finals = {(phase.index, phase.steps) for phase in run.phases.all()}
+    finals = _finals(run)
     doomed = set(retention.to_prune([retention.Stored(c.phase, c.step, c.complete, bool(c.rejected_reason))
                                      for c in rows], keep=keep if isinstance(keep, int) else 3, finals=finals))
     where, deleted = storage.location(run.bucket, run.pk), []
@@ -97,6 +97,11 @@ def checkpoint_rejected(attempt: RunAttempt, phase: int, step: int, reason: str,
     return True
 
 
+def _finals(run: Run) -> set[tuple[int, int]]:
+    """(phase, step) of each phase's last step: the checkpoints that hold the run's adapters."""
+    return {(phase.index, phase.steps) for phase in run.phases.all()}
+
+
 RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest first
 
 
@@ -105,7 +110,7 @@ def resume_points(run: Run) -> list[Checkpoint]:
     half-written one is never used. Nor is one past a phase's final checkpoint that a box refused: that phase's
     adapter (an output of the run) must be trained again, from a checkpoint before it."""
     usable = run.checkpoints.filter(complete=True, rejected_reason="", pruned_at=None).exclude(manifest=None)
-    finals = {(phase.index, phase.steps) for phase in run.phases.all()}
+    finals = _finals(run)
     refused = [(c.phase, c.step) for c in run.checkpoints.filter(complete=True).exclude(rejected_reason="")
                if (c.phase, c.step) in finals]
     points = usable.order_by("-phase", "-step")

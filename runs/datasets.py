@@ -32,6 +32,7 @@ EXAMPLE_PREFIX = "example:"
 EXAMPLES = Path(training.__file__).resolve().parent / "examples"
 MAX_ERRORS = 20  # per file: enough to see a pattern, few enough to read
 SAMPLE_RECORDS = 200  # rendered and counted in tokens; every line is checked
+NAME_MAX = DataSet._meta.get_field("name").max_length  # a data set's name: an upload's file name or its s3:// URI
 
 
 class DataError(ValueError):
@@ -154,9 +155,8 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
                 found.append(stored)
                 continue
             name = Path(source).name if "://" not in source else source
-            longest = DataSet._meta.get_field("name").max_length
-            if len(name) > longest:
-                problems.append(f"{where}: its name is {len(name)} characters; a data set's is at most {longest}")
+            if len(name) > NAME_MAX:
+                problems.append(f"{where}: its name is {len(name)} characters; a data set's is at most {NAME_MAX}")
                 continue
             try:
                 path = _fetched(source, uploads, Path(scratch) / f"{i}.jsonl", phase["kind"])

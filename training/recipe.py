@@ -94,6 +94,13 @@ PHASE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")  # a phase's name is
 REWARD_PACKAGE = "training."  # reward functions are the worker image's own code: no other module is on the box
 
 
+def load_reward(spec: str):
+    """The GRPO reward function a recipe names as 'module:function' (the trainer calls it; the launch check loads
+    it the same way, `reward_problem`)."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def reward_problem(spec) -> str:
     """Why a GRPO phase's reward cannot be called on the box, or "": a 'module:function' of this package that
     imports and is callable (checked at launch, not when the phase starts after hours of the earlier ones)."""
@@ -105,10 +112,12 @@ def reward_problem(spec) -> str:
         return f"a function of a module under {REWARD_PACKAGE.rstrip('.')} (e.g. training.examples.rewards:" \
                f"contains_answer), got {_shown(spec)}"
     try:
-        function = getattr(importlib.import_module(module), name, None)
+        function = load_reward(spec)
     except ImportError as exc:
         return f"{module} cannot be imported: {exc}"
-    return "" if callable(function) else f"{module} has no function {name}"
+    except AttributeError:
+        return f"{module} has no function {name}"
+    return "" if callable(function) else f"{module}.{name} is not a function"
 
 
 class RecipeError(ValueError):
@@ -284,9 +293,10 @@ def _model(model, base_dir, problems: _Problems) -> dict:
     tokenizer = model["tokenizer"]
     if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
         problems.append(f"model.tokenizer: a folder or a hub id, got {_shown(tokenizer)}")
-    elif tokenizer is not None and not (model_source.kind_of(tokenizer) == "hub"
-                                        and not Path(_resolve(base_dir, tokenizer)).exists()):
-        model["tokenizer"] = _resolve(base_dir, tokenizer)  # a folder here; a hub id (owner/name) stays one
+    elif tokenizer is not None:
+        resolved = _resolve(base_dir, tokenizer)
+        if Path(resolved).exists() or model_source.kind_of(tokenizer) != "hub":
+            model["tokenizer"] = resolved  # a folder here; a hub id (owner/name) stays one
     return model
 
 

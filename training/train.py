@@ -9,7 +9,6 @@ kill, it continues from the last complete checkpoint.
 
 import argparse
 import functools
-import importlib
 import logging
 import math
 import os
@@ -30,7 +29,7 @@ from training.lora import attach_lora, module_lora_parameters, routed_lora_param
 from training.losses import LOSSES, sequence_logps
 from training.metrics import open_sinks
 from training.packing import with_host_ends
-from training.recipe import RecipeError, load_recipe
+from training.recipe import RecipeError, load_recipe, load_reward
 
 _log = logging.getLogger("training")
 
@@ -216,11 +215,6 @@ def score_reference(model, kind, items, batch_size, pad_id, device):
         logps = sequence_logps(model, _to_device(collate(kind, chunk, pad_id), device)).float().cpu()
         scores.append(torch.stack(logps.split(len(chunk)), dim=-1) if kind == "dpo" else logps)
     return torch.cat(scores)
-
-
-def load_reward(spec):
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def format_line(record):

@@ -97,7 +97,7 @@ class RetryingClient:
         return min(self.max_wait_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
 
 
-_AUTH_ERRORS = {"auth_error", "invalid_user_key", "unauthorized", "forbidden"}
+AUTH_ERROR_CODES = {"auth_error", "invalid_user_key", "unauthorized", "forbidden"}  # an answer's `error` for a bad key
 
 
 def _refuses_request(response: httpx.Response) -> bool:
@@ -108,7 +108,7 @@ def _refuses_request(response: httpx.Response) -> bool:
     except ValueError:
         return False
     error = data.get("error") if isinstance(data, dict) else None
-    return isinstance(error, str) and bool(error) and error.lower() not in _AUTH_ERRORS
+    return isinstance(error, str) and bool(error) and error.lower() not in AUTH_ERROR_CODES
 
 
 _THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")

@@ -450,13 +450,6 @@ def pod_status(desired_status: str, has_runtime: bool) -> str:
     return _STATUS.get(desired, desired.lower())
 
 
-def _intended_status(desired_status: str) -> str:
-    """What we want the pod to be doing: always running. RunPod has no intended state apart from desiredStatus, and
-    this product never stops a pod (it terminates), so an EXITED, DEAD or STOPPED pod stopped without being asked
-    (a host down, a spot reclaim, a balance run out): the sync must see that as a failure, not as our stop."""
-    return "running"
-
-
 def _public_ports(runtime: dict) -> tuple[str, dict[str, int], str, int | None]:
     """(public ip, {"8000/tcp": 41234}, ssh host, ssh port) from the runtime's port list; only public mappings."""
     public_ip, ports, ssh_host, ssh_port = "", {}, "", None
@@ -508,7 +501,10 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
         label=fields.loose_text(raw.get("name"), 200),
         status=pod_status(desired, runtime is not None),
         status_msg=fields.loose_text(raw.get("lastStatusChange")),
-        intended_status=_intended_status(desired),
+        # Always running: RunPod keeps no intended state apart from desiredStatus, and this product never stops a pod
+        # (it terminates), so an EXITED, DEAD or STOPPED one stopped unasked (a host down, a spot reclaim, a balance
+        # run out) and the sync takes it for a failure.
+        intended_status="running",
         is_bid=fields.loose_text(raw.get("podType"), 100).upper() == "INTERRUPTABLE",
         gpu_name=fields.loose_text(machine.get("gpuDisplayName"), 200),
         num_gpus=read(fields.whole, raw, "gpuCount", 0, high=1024, default=0),

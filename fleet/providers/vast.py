@@ -16,7 +16,7 @@ from .base import HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable, RequestRefused,
                      RentAnswerUnreadable)
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
-from .retrying import RetryingClient
+from .retrying import AUTH_ERROR_CODES, RetryingClient
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +185,12 @@ class VastClient(HttpProvider):
 
 def rent_request_problem(request: RentRequest) -> str:
     """Why vast.ai would refuse this rent for its arguments (its documented limits), or ""."""
-    entries = [len(str(key)) + len(str(value)) + 1 for key, value in request.env.items()]
-    longest = max(request.env, key=lambda key: len(str(key)) + len(str(request.env[key])), default=None)
-    if entries and max(entries) > ENV_ENTRY_MAX:
-        return f"the environment variable {str(longest)[:40]} is {max(entries)} characters, over {ENV_ENTRY_MAX}"
-    if sum(entries) > ENV_TOTAL_MAX:
-        return f"its environment is {sum(entries)} characters, over {ENV_TOTAL_MAX}"
+    lengths = {str(key): len(str(key)) + len(str(value)) + 1 for key, value in request.env.items()}
+    longest = max(lengths, key=lengths.get, default=None)
+    if longest is not None and lengths[longest] > ENV_ENTRY_MAX:
+        return f"the environment variable {longest[:40]} is {lengths[longest]} characters, over {ENV_ENTRY_MAX}"
+    if sum(lengths.values()) > ENV_TOTAL_MAX:
+        return f"its environment is {sum(lengths.values())} characters, over {ENV_TOTAL_MAX}"
     if len(request.onstart) > START_MAX:
         return f"its start script is {len(request.onstart)} characters, over {START_MAX}"
     if len(request.label) > LABEL_MAX or len(request.image) > IMAGE_MAX:
@@ -212,7 +212,7 @@ def _refused_key(response: httpx.Response) -> None:
     machine gone, and no offer gone, but a key to fix (checked on every answer, in `_request`)."""
     if 400 <= response.status_code < 500:
         data = _decode(response, strict=False)
-        if data.get("error") in ("auth_error", "invalid_user_key"):
+        if str(data.get("error")).lower() in AUTH_ERROR_CODES:
             raise AuthenticationFailed(f"vast.ai refused the API key (HTTP {response.status_code}: "
                                        f"{fields.loose_text(data.get('msg'), 200) or data['error']}): check "
                                        "VAST_API_KEY.")

@@ -573,8 +573,8 @@ def _within_limits(body: dict, env) -> None:
     if max(entries, default=0) > ENV_ENTRY_MAX or total > ENV_TOTAL_MAX:
         raise MarketError(400, "invalid_args", f"env: each variable at most {ENV_ENTRY_MAX} characters, "
                                                f"{ENV_TOTAL_MAX} in all")
-    start = sum(len(str(body.get(name) or "")) for name in ("onstart", "args_str")) + sum(
-        len(str(arg)) for arg in body.get("args") or [] if isinstance(body.get("args"), list))
+    args = body.get("args") if isinstance(body.get("args"), list) else []
+    start = len(str(body.get("onstart") or "")) + len(str(body.get("args_str") or "")) + sum(len(str(a)) for a in args)
     if start > START_MAX:
         raise MarketError(400, "invalid_args", f"onstart, args and args_str: at most {START_MAX} characters together")
     if len(str(body.get("label") or "")) > LABEL_MAX or len(str(body.get("image"))) > IMAGE_MAX:
