@@ -77,6 +77,7 @@ class Chaos:
         self.market = SimulatedMarketplace(api_key=KEY, seed=seed, speed=0, boot_delay_s=30, port=0,
                                            charges_min_interval_s=0).start()
         settings.VAST_API_URL, settings.VAST_API_KEY = self.market.base_url, KEY
+        settings.LOCAL_BUCKETS = True  # the simulated boxes run on this machine, beside the bucket
         self.counts = Counter()
         self.scenarios = Counter()
         self.failures: list[str] = []

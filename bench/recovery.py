@@ -64,6 +64,7 @@ def measure(dashboard_url: str) -> dict:
     market = SimulatedMarketplace(api_key=KEY, seed=7, speed=1.0, boot_delay_s=30, port=0, hooks=agents).start()
     try:
         settings.VAST_API_URL, settings.VAST_API_KEY, settings.DASHBOARD_URL = market.base_url, KEY, dashboard_url
+        settings.LOCAL_BUCKETS = True  # the simulated boxes run on this machine, beside the bucket
         refresh_offers()
         recipe = example_recipe()
         recipe["phases"] = [dict(phase, steps=STEPS) for phase in recipe["phases"]]

@@ -341,6 +341,9 @@ S3_ENDPOINT_URL = env_str("S3_ENDPOINT_URL", "")
 S3_REGION = env_str("S3_REGION", "")
 S3_ACCESS_KEY = env_str("S3_ACCESS_KEY", "")
 S3_SECRET_KEY = env_str("S3_SECRET_KEY", "")
+# A folder on the dashboard's machine as a run's bucket: only where its boxes run on this machine too (the simulated
+# marketplace's). A rented box cannot write there, so its checkpoints and adapter would be lost with every GPU hour.
+LOCAL_BUCKETS = env_bool("LOCAL_BUCKETS", SIMULATOR_ENABLED)
 # How rented boxes reach the agent API; on the embedded default, the address `manage.py up` serves on.
 DASHBOARD_URL = env_str("DASHBOARD_URL", f"http://127.0.0.1:{env_int('PORT', 8000, minimum=1)}")
 AGENT_HEARTBEAT_TIMEOUT_S = env_int("AGENT_HEARTBEAT_TIMEOUT_S", 60, minimum=5)  # silent longer: host lost

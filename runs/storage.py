@@ -59,6 +59,10 @@ def validate_bucket(bucket_uri: str) -> str:
         return bucket_uri
     if parsed.scheme not in ("", "file"):
         raise ValueError(f"Unsupported bucket scheme {parsed.scheme!r}: use s3://bucket/prefix or a local folder.")
+    if not settings.LOCAL_BUCKETS:
+        raise ValueError("A folder on the dashboard's machine cannot be a run's bucket here: a rented box cannot "
+                         "write its checkpoints there (only the simulated marketplace's boxes, which run on this "
+                         "machine, can: LOCAL_BUCKETS). Name an s3://bucket/prefix.")
     folder = Path(parsed.path if parsed.scheme else bucket_uri)
     if not folder.is_absolute():
         raise ValueError("A local checkpoint folder must be an absolute path.")

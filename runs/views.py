@@ -32,7 +32,8 @@ def run_launch(request):
     require_launch_permission(request.user)
     form = LaunchForm(request.POST or None, request.FILES or None, initial={
         "name": "tiny-demo", "recipe": yaml.safe_dump(launching.demo_recipe(), sort_keys=False, width=110),
-        "bucket": str(settings.DATA_DIR / "checkpoints"), "budget_usd": "5.00", "max_restarts": 3})
+        "bucket": str(settings.DATA_DIR / "checkpoints") if settings.LOCAL_BUCKETS else "",
+        "budget_usd": "5.00", "max_restarts": 3})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:

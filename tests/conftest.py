@@ -30,6 +30,15 @@ def staff(django_user_model):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _local_buckets():
+    # The tests' boxes run on this machine (the simulated marketplace's, or the agent in a test), so a temporary
+    # folder serves as their bucket; tests/runs/test_run_outputs.py checks the refusal where they would not.
+    from django.conf import settings
+
+    settings.LOCAL_BUCKETS = True
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _plain_static_storage():
     # The hashed-manifest storage needs collectstatic first; tests render pages from the source folders.
     from django.conf import settings

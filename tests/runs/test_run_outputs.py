@@ -1,5 +1,6 @@
 """A run is green only with its outputs: each phase's final adapter verified in the run's store. Its store keeps the
-recipe's `keep` newest checkpoints and every phase's final one, and a folder no upload can reach is refused at launch."""
+recipe's `keep` newest checkpoints and every phase's final one, and a folder no upload can reach is refused at
+launch."""
 
 from pathlib import Path
 
@@ -94,3 +95,33 @@ def test_retention_drops_refused_and_unfinished_ones_older_than_the_newest():
 def test_a_folder_no_upload_can_reach_is_refused_at_launch(folder):
     with pytest.raises(ValueError, match="cannot be written"):
         storage.validate_bucket(folder)
+
+
+
+def test_where_boxes_are_rented_machines_a_local_folder_is_refused_before_anything_is_stored(client, staff, settings,
+                                                                                               tmp_path):
+    import yaml
+    from django.contrib.auth.models import Permission
+    from django.urls import reverse
+
+    from runs.launch import LaunchError, demo_recipe, launch
+    from runs.models import DataSet, Run
+
+    settings.LOCAL_BUCKETS = False  # vast.ai or RunPod: a box cannot write to the dashboard's disk
+    folder = tmp_path / "bucket"
+    with pytest.raises(LaunchError, match="a rented box cannot write its checkpoints there"):
+        launch(name="lost", recipe=demo_recipe(), bucket=str(folder), budget_usd=5, max_restarts=1)
+
+    staff.user_permissions.add(Permission.objects.get(codename="launch_run"))
+    client.force_login(staff)
+    page = client.get(reverse("run_launch")).content.decode()
+    assert 'name="bucket"' in page and 'name="bucket" value=' not in page  # no local folder offered as the default
+    response = client.post(reverse("run_launch"), {
+        "name": "lost", "recipe": yaml.safe_dump(demo_recipe()), "bucket": str(folder), "budget_usd": "5",
+        "max_restarts": 1})
+    assert response.status_code == 200 and "Name an s3://bucket/prefix" in response.content.decode()
+    assert not Run.objects.exists() and not DataSet.objects.exists() and not folder.exists()
+
+    settings.LOCAL_BUCKETS = True  # the simulated marketplace: its boxes share this machine's disk
+    default = settings.DATA_DIR / "checkpoints"
+    assert f'name="bucket" value="{default}"' in client.get(reverse("run_launch")).content.decode()
