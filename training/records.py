@@ -5,7 +5,8 @@ upload with it before anything is rented.
     cpt   {"text": "..."}
     sft   {"messages": [...], "tools"?: [...]}          OpenAI's chat format: roles system, developer, user,
           assistant (content, and/or tool_calls: [{"type": "function", "function": {"name", "arguments"}}], the
-          arguments a JSON object or a string of one) and tool (content, tool_call_id?)
+          arguments a JSON object or a string of one) and tool (content, tool_call_id?); a content is a string or
+          a list of text parts ([{"type": "text", "text": "..."}], joined as one string: the model reads text)
     dpo   {"prompt": str | messages, "chosen": str, "rejected": str}
     kto   {"prompt": str | messages, "completion": str, "label": true | false}
     grpo  {"prompt": str | messages, ...anything the reward function reads (e.g. "answer")}
@@ -127,9 +128,7 @@ def _message(message, where: str) -> list[str]:
     if role not in ROLES:
         return [f"{where}.role: one of {', '.join(ROLES)}, got {role!r}"]
     content, calls = message.get("content"), message.get("tool_calls")
-    problems = []
-    if content is not None and not isinstance(content, str):
-        problems.append(f"{where}.content: a string, got {type(content).__name__}")
+    problems = [] if content is None or isinstance(content, str) else _parts(content, f"{where}.content")
     if calls is not None and role != "assistant":
         problems.append(f"{where}.tool_calls: only an assistant message calls tools")
     elif calls is not None:
@@ -141,6 +140,30 @@ def _message(message, where: str) -> list[str]:
     if content is None and not (role == "assistant" and calls):
         problems.append(f"{where}.content: missing (only an assistant message with tool_calls may leave it out)")
     return problems
+
+
+def _parts(content, where: str) -> list[str]:
+    """Problems of a content given as parts (OpenAI's [{"type": "text", "text": ...}]): text parts only."""
+    if not isinstance(content, list):
+        return [f"{where}: a string or a list of text parts, got {type(content).__name__}"]
+    problems = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            continue
+        if isinstance(kind, str) and kind != "text":
+            problems.append(f"{where}[{j}]: a {kind[:40]!r} part; only text parts are trained on (the model reads "
+                            "text)")
+        else:
+            problems.append(f"{where}[{j}]: a text part {{\"type\": \"text\", \"text\": \"...\"}}")
+    return problems
+
+
+def _text_of(content) -> str:
+    """A content as one string: its text parts joined as chat templates join them (nothing between)."""
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content)
+    return content or ""
 
 
 def _tool_call(call, where: str) -> list[str]:
@@ -202,10 +225,11 @@ def encode(tokenizer, text) -> list[int]:
 
 def openai_messages(messages: list[dict]) -> list[dict]:
     """Messages as chat templates read them: a tool call's arguments as an object (OpenAI sends a JSON string;
-    Qwen's templates iterate the object, others write it with tojson), content never missing."""
+    Qwen's templates iterate the object, others write it with tojson), content a string, never missing (Qwen3's
+    template would drop a list of parts)."""
     out = []
     for message in messages:
-        message = {**message, "content": message.get("content") or ""}
+        message = {**message, "content": _text_of(message.get("content"))}
         if message.get("tool_calls"):
             message["tool_calls"] = [_call_with_object_arguments(call) for call in message["tool_calls"]]
         out.append(message)

@@ -122,3 +122,26 @@ def test_a_conversation_opening_with_the_assistant_trains_neither_the_tools_bloc
 def test_a_preference_pair_of_one_text_twice_is_refused():
     assert record_problems("dpo", {"prompt": "p", "chosen": "a", "rejected": "a"}) == [
         "chosen and rejected are the same text"]
+
+
+def test_content_given_as_text_parts_trains_as_the_same_text():
+    tokenizer = tiny_tokenizer(QWEN3_LIKE)
+    parted = [dict(m) for m in CONVERSATION]
+    parted[1]["content"] = [{"type": "text", "text": "what is 41 "}, {"type": "text", "text": "plus 31 ?"}]
+    parted[4]["content"] = [{"type": "text", "text": "the answer is 72 ."}]
+    assert record_problems("sft", {"messages": parted, "tools": TOOLS}) == []
+    assert render_chat(tokenizer, parted, TOOLS) == render_chat(tokenizer, CONVERSATION, TOOLS)
+    prompt = {"prompt": parted[:2], "chosen": "72", "rejected": "71"}
+    assert render_record("dpo", prompt, tokenizer) == render_record("dpo", {**prompt, "prompt": CONVERSATION[:2]},
+                                                                   tokenizer)
+
+
+def test_a_part_the_model_cannot_read_is_said_with_its_place():
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this ?"}, image]},
+                {"role": "assistant", "content": [{"type": "text"}]}]
+    assert record_problems("sft", {"messages": messages}) == [
+        "messages[0].content[1]: a 'image_url' part; only text parts are trained on (the model reads text)",
+        'messages[1].content[0]: a text part {"type": "text", "text": "..."}']
+    assert record_problems("sft", {"messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "x"}]}
+                           ) == ["messages[0].content: a string or a list of text parts, got int"]
