@@ -120,13 +120,16 @@ def _leave_box(run: Run, kind: str, reason: str, now: datetime) -> None:
 
 
 def _abandon_box(run: Run, reason: str, now: datetime) -> None:
-    """The run is done with this box: it is destroyed and its host is not rented for the run again."""
+    """The run is done with this box: it is destroyed and its host is not rented for the run again. The destroy
+    comes before the run lets go of the box: a pass that dies in between leaves it the run's current box, which the
+    next pass abandons again (the destroy is idempotent), never a box no run points at that bills on."""
     box = run.current_instance
+    if box is not None:
+        actions.destroy(box, reason=f"run {run.name}: {reason}", now=now)
     RunAttempt.objects.filter(run=run, ended_at=None).update(ended_at=now, end_reason=reason)
     if box is not None:
         Run.objects.filter(pk=run.pk).update(bad_machines=[*run.bad_machines, box.machine_id] if box.machine_id
                                              else run.bad_machines, current_instance=None)
-        actions.destroy(box, reason=f"run {run.name}: {reason}", now=now)
     run.refresh_from_db()
 
 
@@ -257,13 +260,15 @@ def _end(run: Run, kind: str, reason: str, now: datetime) -> None:
 
 
 def _wind_up(run: Run, now: datetime) -> None:
-    """A run that ended: destroy its box, alert, and feed the calibration table; claimed, so done once."""
-    if not Run.objects.filter(pk=run.pk, wound_up_at=None).update(wound_up_at=now, current_instance=None):
-        return
+    """A run that ended: destroy its box, alert, and feed the calibration table; claimed, so done once. The box is
+    destroyed before the claim: a pass that dies in between leaves a run the next pass winds up (destroying again is
+    a no-op), whereas a claim taken first would leave the box billing with no pass ever coming back to it."""
     box = run.current_instance
-    RunAttempt.objects.filter(run=run, ended_at=None).update(ended_at=now, end_reason=f"run {run.state}")
     if box is not None:
         actions.destroy(box, reason=f"run {run.name} {run.state}: {run.state_reason}", now=now)
+    if not Run.objects.filter(pk=run.pk, wound_up_at=None).update(wound_up_at=now, current_instance=None):
+        return
+    RunAttempt.objects.filter(run=run, ended_at=None).update(ended_at=now, end_reason=f"run {run.state}")
     kind = {lifecycle.FINISHED: Alert.Kind.RUN_FINISHED, lifecycle.CANCELLED: Alert.Kind.RUN_CANCELLED}.get(
         run.state, Alert.Kind.RUN_FAILED)
     raise_alert(kind, f"Run {run.name} {run.state}: {run.state_reason} (cost ${run_cost(run, now):.2f})",
