@@ -1,8 +1,9 @@
 """Data sets: each phase's JSONL checked before anything is rented, stored once in the run's bucket, kept for reuse.
 
 A launch turns each phase's `data` into a DataSet:
-    sft.jsonl           a file uploaded with the launch, by its name; else the newest stored data set of that name
-                        and the phase's kind
+    sft.jsonl           a file uploaded with the launch, by its name; else the newest data set of the phase's kind
+                        that the launching user stored under that name in the run's bucket (never someone else's,
+                        never one in another bucket: the run's boxes are granted its own bucket)
     s3://bucket/key     an object the dashboard reads with its own key
     example:sft.jsonl   the product's example data (training/examples)
 A new file is checked line by line for its phase kind (every error with its line number), its first records are
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from runs import storage
-from runs.models import DataSet
+from runs.models import DataSet, DataSetName
 import training
 from training import records
 
@@ -144,15 +145,19 @@ def _capped(errors: list[str]) -> list[str]:
 
 def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list[DataSet]:
     """One stored DataSet per phase of a checked recipe (in order), or DataError with every problem at once (and
-    nothing stored). `uploads` maps a file name to a Django uploaded file."""
+    nothing stored). `uploads` maps a file name to a Django uploaded file; `user` is who launches (None: the
+    product), whose own stored data sets in `bucket` are the only ones a name finds (_stored)."""
     tokenizer = None
     found, problems = [], []
     with tempfile.TemporaryDirectory(prefix="launch-data-") as scratch:
         for i, phase in enumerate(recipe["phases"]):
             where, source = f"phases[{i}] ({phase['name']}).data {phase['data']}", phase["data"]
-            stored = None if source in uploads else _stored(source, phase["kind"])
+            stored = None if source in uploads else _stored(source, phase["kind"], bucket, user)
             if stored is not None:
                 found.append(stored)
+                continue
+            if source not in uploads and _is_a_name(source):
+                problems.append(f"{where}: {_not_stored(source, phase['kind'], bucket, user)}")
                 continue
             name = Path(source).name if "://" not in source else source
             if len(name) > NAME_MAX:
@@ -175,10 +180,38 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
         return [item if isinstance(item, DataSet) else _kept(*item, bucket, user, now) for item in found]
 
 
-def _stored(name: str, kind: str) -> DataSet | None:
-    if name.startswith(EXAMPLE_PREFIX) or "://" in name or name.startswith("/"):
+def _is_a_name(source: str) -> bool:
+    """A phase's data that names a stored data set: no example, no s3:// object, no path."""
+    return not source.startswith(EXAMPLE_PREFIX) and "://" not in source and "/" not in source
+
+
+def _stored(name: str, kind: str, bucket: str, user) -> DataSet | None:
+    """The newest data set of this kind that `user` stored under `name` in `bucket` (DataSetName), or None.
+
+    Only the launching user's own names count: another user's file of that name is other data, and may be theirs
+    alone. Only the run's bucket counts: a box's grant (box_grant) reaches that bucket, and a set stored elsewhere
+    is uploaded again. A launch by no one (user None: a command, a test) finds only names stored with user None."""
+    if not _is_a_name(name):
         return None
-    return DataSet.objects.filter(name=name, kind=kind).first()
+    named = DataSetName.objects.filter(name=name, user=user, dataset__bucket=bucket, dataset__kind=kind)
+    found = named.select_related("dataset").order_by("-stored_at", "-id").first()
+    return found.dataset if found is not None else None
+
+
+def _not_stored(name: str, kind: str, bucket: str, user) -> str:
+    """Why a name found nothing, saying what the user's own names hold and nothing of anyone else's."""
+    own = DataSetName.objects.filter(name=name, user=user).select_related("dataset")
+    elsewhere = sorted({n.dataset.bucket for n in own if n.dataset.kind == kind and n.dataset.bucket != bucket})
+    kinds = sorted({n.dataset.kind for n in own if n.dataset.bucket == bucket and n.dataset.kind != kind})
+    seen = []
+    if elsewhere:
+        seen.append(f"yours of that name is stored in {', '.join(elsewhere)}, which this run's boxes are not granted")
+    if kinds:
+        seen.append(f"yours of that name in this bucket was checked as {', '.join(kinds)} data, not {kind}")
+    return (f"is neither a file uploaded with this launch nor a {kind} data set you stored under that name in this "
+            f"run's bucket{' (' + '; '.join(seen) + ')' if seen else ''}: a data set is reused by name only by the "
+            "user who stored it, in its own bucket, and no one else's is used. Upload the file with this launch, or "
+            "name an s3://bucket/key object")
 
 
 def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
@@ -217,18 +250,25 @@ def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
 
 
 def _kept(checked: Inspection, path: Path, name: str, kind: str, bucket: str, user, now) -> DataSet:
-    """The checked file stored in the bucket (once per content) and its row, new or the one already there."""
-    existing = DataSet.objects.filter(bucket=bucket, sha256=checked.sha256, kind=kind).first()
-    if existing is not None:
-        return existing
-    uri = _store(path, checked.sha256, bucket)
-    try:
-        with transaction.atomic():
-            return DataSet.objects.create(name=name, kind=kind, sha256=checked.sha256, size_bytes=checked.size_bytes,
-                                          rows=checked.rows, bucket=bucket, uri=uri, report=_storable(checked.report),
-                                          uploaded_by=user, created_at=now)
-    except IntegrityError:  # the same file stored by another launch a moment ago
-        return DataSet.objects.get(bucket=bucket, sha256=checked.sha256, kind=kind)
+    """The checked file stored in the bucket and its row, new or the one already there, recorded under this name for
+    this user (DataSetName, what _stored finds later).
+
+    The file and its row are kept once per content (bucket, sha256, kind), whoever uploads it: a second user who
+    uploads the same bytes shares the row, which shows them nothing they did not just upload, and gets a name of
+    their own on it; the row's own name and uploader stay its first upload's."""
+    dataset = DataSet.objects.filter(bucket=bucket, sha256=checked.sha256, kind=kind).first()
+    if dataset is None:
+        uri = _store(path, checked.sha256, bucket)
+        try:
+            with transaction.atomic():
+                dataset = DataSet.objects.create(name=name, kind=kind, sha256=checked.sha256,
+                                                 size_bytes=checked.size_bytes, rows=checked.rows, bucket=bucket,
+                                                 uri=uri, report=_storable(checked.report), uploaded_by=user,
+                                                 created_at=now)
+        except IntegrityError:  # the same file stored by another launch a moment ago
+            dataset = DataSet.objects.get(bucket=bucket, sha256=checked.sha256, kind=kind)
+    DataSetName.objects.update_or_create(dataset=dataset, user=user, name=name, defaults={"stored_at": now})
+    return dataset
 
 
 def _storable(value):

@@ -63,7 +63,9 @@ class Run(models.Model):
 
 
 class DataSet(models.Model):
-    """A phase's JSONL as it was checked and stored: kept, and reused by any run that names it."""
+    """A phase's JSONL as it was checked and stored: kept once per content in its bucket, and reused by name only by
+    a launch of someone who stored it there under that name (DataSetName). `name` and `uploaded_by` are its first
+    upload's."""
 
     name = models.CharField(max_length=200, help_text="the uploaded file's name, or the s3:// object it came from")
     kind = models.CharField(max_length=10, help_text="the phase kind it was checked for: cpt, sft, dpo, kto, grpo")
@@ -86,6 +88,25 @@ class DataSet(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.kind}, {self.sha256[:12]})"
+
+
+class DataSetName(models.Model):
+    """A name one user stored a data set under: what a later launch of theirs finds by `data: <name>`, and no one
+    else's. A data set is one row per content (its bucket, sha256 and kind), so two users who upload the same bytes
+    share it, each under the name they gave it; a launch by no one (a command, a test) has names with user None."""
+
+    dataset = models.ForeignKey(DataSet, on_delete=models.CASCADE, related_name="names")
+    user = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.CASCADE,
+                             help_text="who stored it under this name; none: a launch by the product")
+    name = models.CharField(max_length=200, help_text="the uploaded file's name, or the s3:// object it came from")
+    stored_at = models.DateTimeField(help_text="the last launch that stored it under this name")
+
+    class Meta:
+        ordering = ["-stored_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["dataset", "user", "name"], name="one_name_per_user")]
+
+    def __str__(self):
+        return f"{self.name} ({self.dataset_id}, {self.user_id})"
 
 
 class Phase(models.Model):
