@@ -246,6 +246,23 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=
     return Instance.objects.get(pk=instance.pk)
 
 
+def request_destroy(instance: Instance, *, reason: str, by=None, now: datetime | None = None) -> Instance:
+    """A person's destroy, recorded before its provider call is queued (`destroy` on a worker sends it): the row is
+    stopping at once and the keep for debugging it overrides is cleared, so a task lost with its broker is sent by
+    the next sync (DESTROY_VERIFY_S), and a keep asked for after it still withdraws it while the call is unsent (the
+    queued destroy then finds the box kept). A row nothing was rented for is cancelled here and then."""
+    now = now or timezone.now()
+    instance.refresh_from_db()
+    if instance.provider_instance_id is None and instance.rent_attempted_at is None:
+        return destroy(instance, reason=reason, now=now, by=by, force=True)
+    if Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING]).update(
+            state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now, keep_until=None):
+        who = f" by {by.get_username()}" if by else ""
+        record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
+    instance.refresh_from_db()
+    return instance
+
+
 def _call_destroy(instance: Instance, now: datetime, *, first: bool = False) -> None:
     """Asks the provider to destroy the machine; with `first`, only if no destroy was sent yet (claimed, so once)."""
     attempt = Instance.objects.filter(pk=instance.pk, state=State.STOPPING)  # a keep may have withdrawn it

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django_celery_beat import admin as beat_admin
 from django_celery_beat.models import ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, SolarSchedule
 
-from fleet import enqueue
+from fleet import actions as fleet_actions, enqueue
 from fleet.access import can
 from fleet.models import Alert, Instance, InstanceEvent, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
 
@@ -89,16 +89,18 @@ class InstanceAdmin(ReadOnlyAdmin):
             reason = f"destroyed by {request.user.get_username()} from the admin"
             sent, unsent = [], []
             for instance in live:
+                instance = fleet_actions.request_destroy(instance, reason=reason, by=request.user)  # recorded first
                 try:
-                    enqueue.destroy_instance(instance.pk, reason, True)
+                    if instance.state == Instance.State.STOPPING:
+                        enqueue.destroy_instance(instance.pk, reason)
                     sent.append(instance.label)
                 except enqueue.QueueUnavailable:  # said, with the rest of the selection still handed over
                     unsent.append(instance.label)
             if sent:
                 self.message_user(request, f"Destroying {len(sent)} instance(s).", messages.SUCCESS)
             if unsent:
-                self.message_user(request, f"Not destroyed, the task queue cannot be reached right now: "
-                                           f"{', '.join(unsent)}. Try again in a moment.", messages.ERROR)
+                self.message_user(request, f"Destroying, but the task queue cannot be reached right now, so the next "
+                                           f"instance sync sends the destroy: {', '.join(unsent)}.", messages.WARNING)
             return None
         return TemplateResponse(request, "admin/fleet/destroy_confirm.html", {
             **self.admin_site.each_context(request), "title": "Destroy instances?", "instances": live,

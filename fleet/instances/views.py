@@ -143,13 +143,15 @@ def destroy_confirm(request, pk):
     instance = get_object_or_404(Instance, pk=pk)
     if request.method == "POST":
         reason = f"destroyed by {request.user.get_username()} from the dashboard"
-        # The provider call runs on a worker; the page shows "stopping" as soon as it has claimed the row.
-        try:
-            enqueue.destroy_instance(instance.pk, reason, True)
-        except enqueue.QueueUnavailable:
-            messages.error(request, f"{instance.label} was not destroyed: the task queue cannot be reached right now. "
-                                    "Try again in a moment.")
-            return redirect("instance_detail", pk=pk)
+        # Recorded here (the page shows "stopping"); the provider call runs on a worker.
+        instance = actions.request_destroy(instance, reason=reason, by=request.user)
+        if instance.state == Instance.State.STOPPING:
+            try:
+                enqueue.destroy_instance(instance.pk, reason)
+            except enqueue.QueueUnavailable:
+                messages.warning(request, f"Destroying {instance.label}: the task queue cannot be reached right now, "
+                                          "so the next instance sync sends the destroy.")
+                return redirect("instance_detail", pk=pk)
         messages.success(request, f"Destroying {instance.label}.")
         return redirect("instance_detail", pk=pk)
     return render(request, "fleet/destroy_confirm.html", {"instance": instance})

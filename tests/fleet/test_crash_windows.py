@@ -119,7 +119,8 @@ def test_it_keeps_a_rent_asked_for_while_the_broker_is_down_and_rents_it_once(st
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_says_a_destroy_was_not_queued_while_the_broker_is_down(staff, frozen_market, monkeypatch):
+def test_a_destroy_asked_for_while_the_broker_is_down_is_recorded_and_sent_by_the_sync(staff, frozen_market,
+                                                                                        monkeypatch, settings):
     refresh_offers()
     box = _running(_offer(), "to-destroy")
     client = Client()
@@ -127,9 +128,36 @@ def test_it_says_a_destroy_was_not_queued_while_the_broker_is_down(staff, frozen
     monkeypatch.setattr(enqueue, "current_app", _unreachable_broker())
     response = client.post(reverse("destroy_confirm", args=[box.pk]))
     assert response.status_code == 302
-    assert "was not destroyed: the task queue cannot be reached" in client.get(response["Location"]).content.decode()
+    page = client.get(response["Location"]).content.decode()
+    assert "the task queue cannot be reached right now, so the next instance sync sends the destroy" in page
     box.refresh_from_db()
-    assert box.state == State.RUNNING  # nothing was recorded as done that was not
+    assert box.state == State.STOPPING and box.destroy_attempts == 0  # asked for, and no call got out
+    assert box.destroy_reason == "destroyed by staff from the dashboard" and _listed(box.label)
+    later = box.destroy_requested_at + timedelta(seconds=settings.DESTROY_VERIFY_S)
+    actions.sync(now=later)
+    actions.sync(now=later + timedelta(seconds=15))
+    box.refresh_from_db()
+    assert box.state == State.DESTROYED and _listed(box.label) == []
+    assert box.events.filter(kind="destroy-unsent").exists()
+
+
+@pytest.mark.django_db
+def test_a_keep_asked_for_after_a_destroy_still_queued_wins(staff, frozen_market, monkeypatch):
+    refresh_offers()
+    box = _running(_offer(), "kept-after-all", running_at=timezone.now())
+    client = Client()
+    client.force_login(staff)
+    queued = []
+    monkeypatch.setattr(enqueue, "destroy_instance", lambda *args: queued.append(args))  # the task not yet run
+    client.post(reverse("destroy_confirm", args=[box.pk]))
+    box.refresh_from_db()
+    assert box.state == State.STOPPING and len(queued) == 1
+    client.post(reverse("keep_for_debugging", args=[box.pk]), {"hours": "2"})
+    tasks.destroy_instance(*queued[0])  # the worker runs the destroy queued before the keep
+    box.refresh_from_db()
+    assert box.state == State.RUNNING and box.keep_until is not None and box.destroy_attempts == 0
+    assert _listed(box.label)  # still there to debug
+    assert box.events.filter(kind="destroy-withdrawn").exists()
 
 
 @pytest.mark.django_db

@@ -11,6 +11,7 @@ from fleet import actions
 from fleet.models import Instance, Offer
 from fleet.offers.refresh import refresh_offers
 from fleet.ranking.price import per_hour, rental_price
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -106,8 +107,10 @@ def test_it_destroys_from_the_dashboard(staff, offer, celery_worker):
     confirm = client.get(reverse("destroy_confirm", args=[instance.pk])).content.decode()
     assert f"Destroy {instance.label}?" in confirm
     client.post(reverse("destroy_confirm", args=[instance.pk]))
-    instance = _wait_for_state(instance, Instance.State.STOPPING)
+    instance.refresh_from_db()
+    assert instance.state == Instance.State.STOPPING  # recorded before the worker's call
     assert "by staff from the dashboard" in instance.destroy_reason
+    wait_until(lambda: Instance.objects.get(pk=instance.pk).destroy_attempts == 1, "the worker's destroy call")
     actions.sync()
     assert _wait_for_state(instance, Instance.State.DESTROYED)
 
