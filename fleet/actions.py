@@ -27,6 +27,7 @@ from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
 from fleet.offers.ranked import rank_stored_offers, rent_settings
 from fleet.providers.registry import get_provider
+from fleet.providers.base import InstanceList
 from fleet.providers.errors import InstanceNotFound, OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
 from fleet.ranking import OfferFilters, Recipe, best_offer
@@ -325,7 +326,7 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
     for instance in rows.filter(state__in=[State.DESTROYED, State.FAILED], provider_instance_id__in=list(by_id)):
         _isolated(instance.label, _listed_again, instance, by_id[instance.provider_instance_id], now, report)
     for instance in Instance.objects.filter(provider=provider_name, state__in=Instance.LIVE_STATES):
-        _isolated(instance.label, _sync_row, provider_name, instance, by_id, now, report)
+        _isolated(instance.label, _sync_row, provider_name, instance, records, by_id, now, report)
     return report
 
 
@@ -336,7 +337,8 @@ def _isolated(what: str, step, *args) -> None:
         log.exception("sync: %s failed for %s; the other rows go on", step.__name__, what)
 
 
-def _sync_row(provider_name: str, instance: Instance, by_id: dict, now: datetime, report: SyncReport) -> None:
+def _sync_row(provider_name: str, instance: Instance, records: InstanceList, by_id: dict, now: datetime,
+              report: SyncReport) -> None:
     record = by_id.get(instance.provider_instance_id) if instance.provider_instance_id else None
     if record is None and instance.provider_instance_id is not None:
         if instance.state != State.STOPPING and instance.last_synced_at is None and not _rent_settled(instance, now):
@@ -357,6 +359,12 @@ def _sync_row(provider_name: str, instance: Instance, by_id: dict, now: datetime
             fail(instance, "The provider no longer lists it (host lost or removed).", now=now)
             report.gone.append(instance.label)
     elif instance.rent_attempted_at is not None and _rent_settled(instance, now):
+        if records.may_hide(instance.label):
+            # Its machine may be the entry the list could not read: taken for never rented, it would bill unseen
+            # and its work would rent another box. It waits for a list that reads whole.
+            log.error("sync: %s (rent outcome unknown) left as it was: %s listed a machine it could not read, which "
+                      "may be this one", instance.label, provider_name)
+            return
         _end(instance, State.FAILED, now,
              f"Never rented: no instance labelled {instance.label} appeared within "
              f"{settings.RENT_OUTCOME_GRACE_S} s.")

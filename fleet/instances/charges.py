@@ -1,22 +1,31 @@
 """Reconciling the ledger with what the provider says it charged (vast.ai /charges/)."""
 
+import logging
 from collections import defaultdict
 from decimal import Decimal
 
 from django.utils import timezone
 
 from fleet.models import Instance
+from fleet.providers import fields
 from fleet.providers.registry import get_provider
+
+log = logging.getLogger(__name__)
 
 TRAFFIC_KINDS = ("bwu", "bwd")
 
 
 def reconcile(provider_name: str = "vast", *, now=None) -> int:
     """Stores each instance's traffic charges and the provider's total, so its page can show our ledger against the
-    provider's bill. Returns how many instances were matched."""
+    provider's bill. Returns how many instances were matched.
+
+    An instance whose charges could not all be read (or whose sums its columns cannot hold) is left as it was, with
+    the reason logged: a part of its bill taken for the whole would understate what it cost. It is not marked
+    reconciled, so the next pass tries it again; the other instances are reconciled all the same."""
     now = now or timezone.now()
     with get_provider(provider_name) as provider:
         lines = provider.charges()
+    unreadable = lines.unreadable
     totals: dict[str, Decimal] = defaultdict(Decimal)
     traffic: dict[str, Decimal] = defaultdict(Decimal)
     for line in lines:
@@ -24,10 +33,29 @@ def reconcile(provider_name: str = "vast", *, now=None) -> int:
         if line.kind in TRAFFIC_KINDS:
             traffic[line.instance_id] += line.amount_usd
     matched = 0
-    for instance in Instance.objects.filter(provider=provider_name, provider_instance_id__in=list(totals)):
-        instance.traffic_usd = traffic[instance.provider_instance_id]
-        instance.provider_charged_usd = totals[instance.provider_instance_id]
+    for instance in Instance.objects.filter(provider=provider_name,
+                                            provider_instance_id__in=list(totals) + list(unreadable)):
+        provider_id = instance.provider_instance_id
+        values = {"traffic_usd": traffic[provider_id], "provider_charged_usd": totals[provider_id]}
+        problem = unreadable.get(provider_id) or _storage_problem(values)
+        if problem:
+            log.error("%s: %s charges not reconciled, tried again next time: %s", instance.label, provider_name,
+                      problem)
+            continue
+        for name, value in values.items():
+            setattr(instance, name, value)
         instance.charges_reconciled_at = now
-        instance.save(update_fields=["traffic_usd", "provider_charged_usd", "charges_reconciled_at"])
+        instance.save(update_fields=[*values, "charges_reconciled_at"])
         matched += 1
     return matched
+
+
+def _storage_problem(values: dict[str, Decimal]) -> str | None:
+    for name, value in values.items():
+        model_field = Instance._meta.get_field(name)
+        column = fields.Column("decimal", null=model_field.null, max_digits=model_field.max_digits,
+                               decimal_places=model_field.decimal_places)
+        problem = fields.column_problem(value, column)
+        if problem:
+            return f"its {name} {problem}"
+    return None

@@ -3,8 +3,9 @@
 import logging
 from typing import Protocol
 
+from . import fields
 from .errors import MalformedResponse
-from .records import ChargeRecord, InstanceRecord, RentRequest
+from .records import InstanceRecord, RentRequest
 
 log = logging.getLogger(__name__)
 
@@ -19,27 +20,44 @@ class OfferSearch(list):
 
 class InstanceList(list):
     """A provider's list of our machines. `unreadable` counts the entries it listed whose id could not be read: with
-    any, the list does not prove that a machine missing from it is gone."""
+    any, the list does not prove that a machine missing from it is gone. `unreadable_labels` holds each such entry's
+    label ("" where that could not be read either)."""
 
-    def __init__(self, records=(), unreadable: int = 0):
+    def __init__(self, records=(), unreadable: int = 0, unreadable_labels=()):
         super().__init__(records)
         self.unreadable = unreadable
+        self.unreadable_labels = tuple(unreadable_labels)
+
+    def may_hide(self, label: str) -> bool:
+        """Whether an entry it could not read may be the machine labelled `label`."""
+        return any(not unread or unread == label for unread in self.unreadable_labels)
 
 
-def instance_list(raw_entries: list, parse, provider: str) -> InstanceList:
+def instance_list(raw_entries: list, parse, provider: str, label_key: str = "label") -> InstanceList:
     """Each listed machine through `parse`; one that cannot be read is logged and counted, and stops nothing."""
-    records, unreadable = [], 0
+    records, unreadable_labels = [], []
     for raw in raw_entries:
         try:
             record = parse(raw)
         except MalformedResponse as exc:
             log.warning("%s listed a machine the sync cannot follow: %s", provider, exc)
-            unreadable += 1
+            unreadable_labels.append(fields.loose_text(raw.get(label_key), 200) if isinstance(raw, dict) else "")
             continue
         if record.problems:
             log.warning("%s instance %s: %s", provider, record.instance_id, "; ".join(record.problems))
         records.append(record)
-    return InstanceList(records, unreadable)
+    return InstanceList(records, len(unreadable_labels), unreadable_labels)
+
+
+class ChargeReport(list):
+    """A provider's charge lines that could be read, and the instances whose lines could not all be: their totals
+    would come out short, so `unreadable` (instance id -> why) keeps them from being reconciled until they read.
+    `skipped` says what was left out, a note each, those that name no instance too."""
+
+    def __init__(self, lines=(), unreadable=None, skipped=()):
+        super().__init__(lines)
+        self.unreadable: dict[str, str] = dict(unreadable or {})
+        self.skipped: list[str] = list(skipped)
 
 
 class Provider(Protocol):
@@ -55,7 +73,7 @@ class Provider(Protocol):
 
     def destroy(self, instance_id: str) -> bool: ...
 
-    def charges(self) -> list[ChargeRecord]: ...
+    def charges(self) -> ChargeReport: ...
 
 
 class HttpProvider:

@@ -27,7 +27,7 @@ from decimal import Decimal
 import httpx
 
 from . import fields
-from .base import HttpProvider, InstanceList, OfferSearch, instance_list
+from .base import ChargeReport, HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (
     AuthenticationFailed,
     EndpointRetired,
@@ -37,7 +37,7 @@ from .errors import (
     ProviderError,
     RentAnswerUnreadable,
 )
-from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
+from .records import InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class RunPodClient(HttpProvider):
             raise MalformedResponse("RunPod myself answered without a list of pods.")
         # A terminated pod is gone for good; vast.ai simply stops listing such instances, and so do we.
         return instance_list([raw for raw in pods if not (isinstance(raw, dict) and _is_terminated(raw))],
-                             parse_pod, "RunPod")
+                             parse_pod, "RunPod", label_key="name")
 
     def get_instance(self, instance_id: str) -> InstanceRecord:
         try:
@@ -249,9 +249,9 @@ class RunPodClient(HttpProvider):
             raise
         return True
 
-    def charges(self) -> list[ChargeRecord]:
+    def charges(self) -> ChargeReport:
         """RunPod's GraphQL subset has no per-pod charge lines: the ledger accrues from costPerHr alone."""
-        return []
+        return ChargeReport()
 
     # -- GraphQL over HTTP with retries ----------------------------------------------------------------------
 

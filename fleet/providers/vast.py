@@ -12,7 +12,7 @@ from decimal import Decimal
 import httpx
 
 from . import fields
-from .base import HttpProvider, InstanceList, OfferSearch, instance_list
+from .base import ChargeReport, HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable, RequestRefused,
                      RentAnswerUnreadable)
 from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
@@ -140,14 +140,27 @@ class VastClient(HttpProvider):
                                     f"{fields.loose_text(data.get('msg') or data.get('error'), 300) or 'no reason'}")
         return True
 
-    def charges(self, *, days: int = CHARGE_DAYS) -> list[ChargeRecord]:
+    def charges(self, *, days: int = CHARGE_DAYS) -> ChargeReport:
         """The charge lines of our instances created in the last `days`: vast.ai's report, which requires its day
         range (select_filters day gte/lte), gives a result per instance ("source": "instance-<id>") whose items are
-        its gpu, disk and traffic lines."""
+        its gpu, disk and traffic lines. A result with a line that cannot be read gives none of its lines and names
+        its instance in the report's `unreadable` (its total would be short); the other instances' lines stand."""
         now = datetime.now(UTC).timestamp()
         filters = json.dumps({"day": {"gte": int(now - days * 86400), "lte": int(now + 86400)}})
         results = self._pages("/charges/", {"select_filters": filters, "limit": CHARGE_PAGE}, "results", "charges")
-        return [line for result in results for line in parse_charges(result)]
+        report = ChargeReport()
+        for result in results:
+            try:
+                report.extend(parse_charges(result))
+            except MalformedResponse as exc:
+                instance_id = charged_instance(result)
+                if instance_id is not None:
+                    report.unreadable.setdefault(instance_id, str(exc))
+                report.skipped.append(str(exc))
+        if report.skipped:
+            log.error("vast.ai charge report: left out %d unreadable results, their instances not reconciled: %s",
+                      len(report.skipped), "; ".join(report.skipped[:5]))
+        return report
 
     # -- HTTP with retries -----------------------------------------------------------------------------------
 
@@ -357,15 +370,26 @@ def parse_charges(result: dict) -> list[ChargeRecord]:
         raise MalformedResponse(f"vast.ai charge result {fields.shown(result)} is not an object.")
     if result.get("type") not in (None, "instance"):
         return []
-    match = re.fullmatch(r"instance-(\d+)", str(result.get("source") or ""))
-    metadata = result.get("metadata") if isinstance(result.get("metadata"), dict) else {}
-    instance_id = match.group(1) if match else metadata.get("instance_id")
-    if not isinstance(instance_id, str | int) or isinstance(instance_id, bool) or not str(instance_id).isdigit():
+    instance_id = charged_instance(result)
+    if instance_id is None:
         raise MalformedResponse(f"vast.ai charge result {fields.shown(result.get('source'))} names no instance.")
     items = result.get("items")
     if not isinstance(items, list):
         raise MalformedResponse(f"vast.ai charges of instance {instance_id} come without their items.")
-    return [parse_charge(item, str(instance_id)) for item in items]
+    return [parse_charge(item, instance_id) for item in items]
+
+
+def charged_instance(result) -> str | None:
+    """The instance a result of the charge report is for ("source": "instance-<id>", or its metadata's
+    instance_id), or None where it names none."""
+    if not isinstance(result, dict):
+        return None
+    match = re.fullmatch(r"instance-(\d+)", str(result.get("source") or ""))
+    metadata = result.get("metadata") if isinstance(result.get("metadata"), dict) else {}
+    instance_id = match.group(1) if match else metadata.get("instance_id")
+    if not isinstance(instance_id, str | int) or isinstance(instance_id, bool) or not str(instance_id).isdigit():
+        return None
+    return str(instance_id)
 
 
 def parse_charge(raw: dict, instance_id: str) -> ChargeRecord:

@@ -172,3 +172,70 @@ def test_fields_longer_than_their_columns_neither_fail_the_row_nor_stop_the_sync
     odd_row.refresh_from_db()
     assert odd_row.state == State.RUNNING and odd_row.last_synced_at is not None
     assert len(odd_row.status_msg) == 2000 and odd_row.public_ip.startswith("203.0.113.")
+
+
+def test_a_machine_neither_its_entry_nor_its_lookup_can_name_is_left_as_it_was_and_the_rest_sync(fake, caplog):
+    junk, fine = _pod("moe-fleet-m"), _pod("moe-fleet-n")
+    fake.advance()
+    junk_row, fine_row = _row(junk, "row-m"), _row(fine, "row-n")
+
+    def mangle(data):
+        pods = (data.get("myself") or {}).get("pods") or []
+        for pod in pods + [data.get("pod") or {}]:  # the list, and the pod's own lookup
+            if pod.get("id") == junk:
+                pod["id"] = None
+        return data
+    fake.corrupt_answers(mangle)
+    report = actions.sync("runpod")
+    assert report.seen == 1 and report.gone == [] and report.failed == []
+    junk_row.refresh_from_db()
+    fine_row.refresh_from_db()
+    assert (junk_row.state, junk_row.last_synced_at, junk_row.failure_reason, junk_row.provider_status) == (
+        State.RUNNING, None, "", "")  # as it was: not gone, not failed
+    assert junk_row.cost_segments.filter(ended_at=None).exists() and junk in fake.pods  # still billed, not destroyed
+    assert fine_row.last_synced_at is not None and fine_row.provider_status == "running"
+    assert Instance.objects.count() == 2 and not Alert.objects.filter(kind=Alert.Kind.INSTANCE_FAILED).exists()
+    assert "left for the next sync" in caplog.text
+
+    fake.corrupt_answers(None)
+    actions.sync("runpod")
+    junk_row.refresh_from_db()
+    assert junk_row.state == State.RUNNING and junk_row.last_synced_at is not None
+
+
+def _lost_rent(label_of_pod: str | None = None) -> Instance:
+    """A row whose rent reached RunPod but whose answer was lost (it waits to be found by its label), an hour ago."""
+    now = timezone.now()
+    row = Instance.objects.create(
+        provider="runpod", idempotency_key="lost", offer_id="NVIDIA H200:SECURE:1", gpu_name="H200", image="img",
+        disk_gb=100, usd_per_hour=Decimal("3.99"), requested_at=now - timedelta(hours=1),
+        rent_attempted_at=now - timedelta(hours=1))
+    row.label = actions.label_for(row)
+    row.save(update_fields=["label"])
+    return row
+
+
+def test_a_lost_rent_is_not_taken_for_never_rented_while_an_entry_that_may_be_it_cannot_be_read(fake, caplog):
+    row = _lost_rent()
+    pod = _pod(row.label)  # rented after all: it bills
+    _mangle(fake, lambda listed: listed.update(id=None) if listed["id"] == pod else None)
+    report = actions.sync("runpod")
+    row.refresh_from_db()
+    assert report.failed == [] and row.state == State.REQUESTED and row.ended_at is None
+    assert not row.events.filter(kind=State.FAILED).exists()  # no "never rented", so nothing rents its work again
+    assert f"{row.label} (rent outcome unknown) left as it was" in caplog.text
+
+    fake.corrupt_answers(None)  # the entry reads again: the machine is found by its label
+    report = actions.sync("runpod")
+    row.refresh_from_db()
+    assert report.adopted == [row.label] and row.provider_instance_id == pod and row.state == State.PROVISIONING
+
+
+def test_an_unreadable_entry_that_is_plainly_another_machine_holds_no_lost_rent(fake):
+    row = _lost_rent()
+    other = _pod("someone-else")
+    _mangle(fake, lambda listed: listed.update(id=None) if listed["id"] == other else None)
+    report = actions.sync("runpod")
+    row.refresh_from_db()
+    assert report.failed == [row.label] and row.state == State.FAILED  # its label was readable, and not this row's
+    assert "Never rented" in row.events.get(kind=State.FAILED).message

@@ -128,6 +128,8 @@ def test_one_unreadable_instance_neither_hides_nor_stops_the_others(scripted):
     server.replies.append((200, json.dumps({"instances": [INSTANCE, odd, nameless, "junk"]}).encode()))
     listed = client.list_instances()
     assert [i.instance_id for i in listed] == ["7", "8"] and listed.unreadable == 2
+    assert listed.unreadable_labels == ("moe-fleet-1", "")  # what an entry without an id may still be told by
+    assert listed.may_hide("moe-fleet-3")  # the junk entry could be any machine
     good, kept = listed
     assert good.usd_per_hour == Decimal("0.52") and good.problems == ()
     assert (kept.label, kept.status, kept.usd_per_hour, kept.is_bid, kept.ssh_port) == (
@@ -163,12 +165,16 @@ def test_it_reads_the_charge_report_as_vast_ai_gives_it(scripted):
     assert set(query["day"]) == {"gte", "lte"} and "after_token=p2" in second  # the range it needs, every page
 
 
-def test_it_rejects_a_charge_line_without_times(scripted):
+def test_a_charge_line_it_cannot_read_leaves_out_its_instance_not_the_report(scripted):
     server, client = scripted
-    broken = {**REPORT, "items": [{"type": "gpu", "amount": 1.0}]}
-    server.replies.append((200, json.dumps({"results": [broken], "next_token": None}).encode()))
-    with pytest.raises(MalformedResponse, match="charge line"):
-        client.charges()
+    broken = {**REPORT, "items": [REPORT["items"][0], {"type": "gpu", "amount": 1.0}]}  # a line without times
+    nameless = {**REPORT, "source": "volume?", "metadata": None}
+    good = {**REPORT, "source": "instance-9"}
+    server.replies.append((200, json.dumps({"results": [broken, nameless, good, "junk"], "next_token": None}).encode()))
+    report = client.charges()
+    assert [(c.instance_id, c.kind) for c in report] == [("9", "gpu"), ("9", "disk")]  # none of 7's, not even one
+    assert list(report.unreadable) == ["7"] and "charge line" in report.unreadable["7"]
+    assert len(report.skipped) == 3 and "names no instance" in report.skipped[1]
 
 
 def test_it_keeps_the_key_out_of_its_repr():
