@@ -138,6 +138,19 @@ else:
     # Persistent connections are checked before reuse, so a database restart costs a reconnect, not failed tasks.
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
                                                   conn_health_checks=True)}
+    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        # The claims (fleet.locks) are advisory locks held by a worker's session: when its machine vanishes without
+        # closing the connection, the server holds them until TCP says the peer is dead, two hours by the kernel's
+        # defaults, and that provider's sync or that run's supervision waits as long. The server probes an idle
+        # session after DB_TCP_KEEPALIVE_S and drops it within as long again; the client does the same the other way.
+        _keepalive_s = env_int("DB_TCP_KEEPALIVE_S", 60, minimum=1)
+        _probe_s = max(_keepalive_s // 6, 1)
+        _options = DATABASES["default"].setdefault("OPTIONS", {})
+        _options["options"] = " ".join(filter(None, [
+            _options.get("options", ""), f"-c tcp_keepalives_idle={_keepalive_s}",
+            f"-c tcp_keepalives_interval={_probe_s}", "-c tcp_keepalives_count=6"]))
+        _options.update({"keepalives": 1, "keepalives_idle": _keepalive_s, "keepalives_interval": _probe_s,
+                         "keepalives_count": 6})
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -142,3 +142,19 @@ def test_renting_destroying_and_recovery_run_on_the_slow_queue(name):
                                   "fleet.tasks.refresh_offers", "fleet.tasks.deliver_webhook"])
 def test_probes_syncs_and_webhooks_run_on_the_fast_queue(name):
     assert settings.CELERY_TASK_ROUTES[name]["queue"] == "fast"
+
+
+@pytest.mark.django_db
+def test_a_vanished_workers_postgresql_session_is_probed_within_minutes():
+    # Its claims are advisory locks of its session: the server must find a dead peer long before TCP's two hours.
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the embedded default's SQLite has no sessions to outlive a worker")
+    with connection.cursor() as cursor:
+        shown = {}
+        for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"):
+            cursor.execute(f"SHOW {name}")
+            shown[name] = int(cursor.fetchone()[0])
+    assert shown == {"tcp_keepalives_idle": 60, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 6}
+    assert shown["tcp_keepalives_idle"] + shown["tcp_keepalives_interval"] * shown["tcp_keepalives_count"] <= 300
