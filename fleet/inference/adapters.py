@@ -59,6 +59,14 @@ def box_env(model) -> dict[str, str]:
     return {f"{ENV}_PARTS": str(len(parts)), **{f"{ENV}_{i}": part for i, part in enumerate(parts)}}
 
 
+# The box's GPUs as vLLM's tensor-parallel size ($tp): a model ranked onto a box of several GPUs because one card
+# cannot hold it would not load on one. The largest power of two of them, so that it divides the heads.
+TENSOR_PARALLEL = (
+    "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)",
+    'tp=1; while [ $((tp * 2)) -le "${gpus:-0}" ]; do tp=$((tp * 2)); done',
+)
+
+
 def start_script(model) -> str:
     """The box's start script: the adapter fetched and checked into its work folder, then vLLM in the background with
     it (an ssh-type box does not run the image's entrypoint). A failed fetch ends the script before vLLM starts, so
@@ -77,8 +85,9 @@ def start_script(model) -> str:
         FETCH_SOURCE.rstrip("\n"),
         FETCH_END,
         ")",
+        *TENSOR_PARALLEL,
         f"nohup vllm serve {base}{revision} --host 0.0.0.0 --port {model.port} --enable-lora "
-        f"--max-lora-rank \"$rank\" "
+        f"--max-lora-rank \"$rank\" --tensor-parallel-size \"$tp\" "
         f"--lora-modules {name}=\"$adapter\" >> \"$root/vllm.log\" 2>&1 &",
         "",
     ])

@@ -174,8 +174,9 @@ def serving_onstart(model: InferenceModel) -> str:
     if model.serves_adapter:
         return adapters.start_script(model)
     # An ssh-type box does not run the image's entrypoint, so the serving command is the box's start script.
-    return (f"nohup vllm serve {shlex.quote(model.name)} --host 0.0.0.0 --port {model.port} "
-            ">> /var/log/vllm.log 2>&1 &")
+    return "\n".join([*adapters.TENSOR_PARALLEL,
+                      f"nohup vllm serve {shlex.quote(model.name)} --host 0.0.0.0 --port {model.port} "
+                      '--tensor-parallel-size "$tp" >> /var/log/vllm.log 2>&1 &', ""])
 
 
 def rank_settings(model: InferenceModel):

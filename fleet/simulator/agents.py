@@ -3,9 +3,10 @@ on-box agent, `python -m training.agent`) starts as a local process with the ins
 its own (its "local disk"). The marketplace's faults act on that process: a dead host kills it and loses its
 folder, a hung host freezes it (SIGSTOP: alive to a process check, making no progress), a destroy kills it.
 
-A command that is not a plain `python ...` line (a serving box's start script) runs under `sh -c`, with `python3`
-and `vllm` on its PATH standing for this Python and the simulated vLLM (fleet/simulator/vllm.py), and the ports the
-marketplace mapped in FLEET_SIM_PORTS, so a serving box fetches its adapter and answers /v1/models for real.
+A command that is not a plain `python ...` line (a serving box's start script) runs under `sh -c`, with `python3` and
+`vllm` on its PATH standing for this Python and the simulated vLLM (fleet/simulator/vllm.py), an `nvidia-smi -L` that
+lists the box's GPUs (FLEET_SIM_NUM_GPUS), and the ports the marketplace mapped in FLEET_SIM_PORTS, so a serving box
+fetches its adapter and answers /v1/models for real.
 
 A box's processes see none of this machine's GPUs (CUDA_VISIBLE_DEVICES is empty unless the caller's extra_env sets
 it), so whatever GPUs its offer lists, it trains on the CPU: a box of several GPUs runs the same agent, which starts
@@ -47,6 +48,11 @@ class AgentProcesses(InstanceHooks):
             shim = folder / name
             shim.write_text(f'#!/bin/sh\nexec {shlex.quote(self.python)}{target} "$@"\n')
             shim.chmod(0o755)
+        # `nvidia-smi -L` lists the GPUs the box was rented with (none of them real), as a start script counts them.
+        shim = folder / "nvidia-smi"
+        shim.write_text('#!/bin/sh\ni=0\nwhile [ "$i" -lt "${FLEET_SIM_NUM_GPUS:-1}" ]; do\n'
+                        '  echo "GPU $i: NVIDIA Simulated (UUID: GPU-simulated-$i)"; i=$((i + 1))\ndone\n')
+        shim.chmod(0o755)
         return folder
 
     def folder(self, instance_id: int) -> Path:
@@ -66,6 +72,8 @@ class AgentProcesses(InstanceHooks):
                    "FLEET_WORKDIR": str(folder / "work"), "CONTAINER_ID": str(instance["id"]),
                    "FLEET_SIM_PORTS": json.dumps({port: mapped[0]["HostPort"]
                                                   for port, mapped in (instance.get("ports") or {}).items()})}
+            if instance.get("num_gpus"):
+                env["FLEET_SIM_NUM_GPUS"] = str(instance["num_gpus"])
             argv = shlex.split(command) if "\n" not in command else []
             if argv and argv[0] in ("python", "python3"):
                 argv[0] = self.python

@@ -3,9 +3,10 @@ library only.
 
 It takes vLLM's own arguments (the ones the product sends; others are ignored), refuses what vLLM refuses at start
 (LoRA modules without --enable-lora, an adapter folder without adapter_config.json and adapter_model.safetensors, an
-adapter rank above --max-lora-rank), and answers GET /v1/models as vLLM's OpenAI server does: the base model, then
-each `--lora-modules name=path` (or its JSON form) as an entry of its own whose `parent` is the base. It listens on
-the host port the simulated marketplace maps to --port (FLEET_SIM_PORTS, {"8000/tcp": "41234"}), on loopback.
+adapter rank above --max-lora-rank, a --tensor-parallel-size above the box's GPUs), and answers GET /v1/models as
+vLLM's OpenAI server does: the base model, then each `--lora-modules name=path` (or its JSON form) as an entry of its
+own whose `parent` is the base. It listens on the host port the simulated marketplace maps to --port
+(FLEET_SIM_PORTS, {"8000/tcp": "41234"}), on loopback.
 """
 
 import argparse
@@ -51,6 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     serve.add_argument("--enable-lora", action="store_true")
     serve.add_argument("--max-lora-rank", type=int, default=16, choices=RANKS)
     serve.add_argument("--lora-modules", nargs="+", type=lora_module, default=[])
+    serve.add_argument("--tensor-parallel-size", type=int, default=1)
     args, _ = parser.parse_known_args(argv)
     return args
 
@@ -88,9 +90,18 @@ def bound_port(container_port: int) -> int:
     return int(ports.get(f"{container_port}/tcp", container_port))
 
 
+def check_gpus(args: argparse.Namespace) -> None:
+    """vLLM's own refusal of a tensor-parallel size larger than the GPUs it sees (the box's, FLEET_SIM_NUM_GPUS)."""
+    gpus = int(os.environ.get("FLEET_SIM_NUM_GPUS") or 1)
+    if not 1 <= args.tensor_parallel_size <= gpus:
+        raise StartError(f"World size ({args.tensor_parallel_size}) is larger than the number of available GPUs "
+                         f"({gpus}) in this node")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
+        check_gpus(args)
         check_adapters(args)
     except (StartError, OSError, ValueError, KeyError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
@@ -112,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", bound_port(args.port)), Handler)
-    print(f"INFO: serving {base} with {len(args.lora_modules)} LoRA adapter(s) on http://127.0.0.1:"
-          f"{server.server_address[1]}", flush=True)
+    print(f"INFO: serving {base} with {len(args.lora_modules)} LoRA adapter(s), tensor-parallel over "
+          f"{args.tensor_parallel_size} GPU(s), on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
     return 0
 

@@ -86,11 +86,11 @@ def _box_answers(port: int, timeout_s=30) -> dict:
     raise AssertionError(f"nothing answered on port {port}")
 
 
-def _start_box(model, tmp_path, port) -> AgentProcesses:
+def _start_box(model, tmp_path, port, gpus=1) -> AgentProcesses:
     """The box as the simulated marketplace runs it: the start script and environment the fleet rents it with."""
     boxes = AgentProcesses(tmp_path / "boxes")
     boxes.on_running({"id": 1, "onstart": replicas.serving_onstart(model), "env": replicas.serving_env(model),
-                      "ports": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}})
+                      "num_gpus": gpus, "ports": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}})
     return boxes
 
 
@@ -111,6 +111,20 @@ def test_it_fetches_the_adapter_checks_it_and_serves_it_as_vllm_lists_it(tmp_pat
     assert (fetched / "adapter_model.safetensors").read_bytes() == \
         (tmp_path / "store" / "vllm" / "adapter_model.safetensors").read_bytes()
     assert adapters.listing_problem(json.dumps(listing).encode(), ADAPTER, BASE) == ""
+
+
+@pytest.mark.parametrize("gpus, parallel", [(1, 1), (3, 2), (8, 8)])
+def test_it_serves_over_the_boxs_gpus(tmp_path, gpus, parallel):
+    # A model ranked onto several GPUs because one card cannot hold it loads only split over them (and vLLM wants a
+    # size that divides the heads: the largest power of two of them).
+    model, port = _model(tmp_path), _free_port()
+    boxes = _start_box(model, tmp_path, port, gpus=gpus)
+    try:
+        assert [m["id"] for m in _box_answers(port)["data"]] == [BASE, ADAPTER]
+    finally:
+        boxes.stop_all()
+    log = (boxes.folder(1) / "work" / "vllm.log").read_text()
+    assert f"tensor-parallel over {parallel} GPU(s)" in log
 
 
 def test_it_never_starts_vllm_on_an_adapter_file_that_does_not_match_its_manifest(tmp_path):
