@@ -26,10 +26,11 @@ from fleet.models import Alert, Instance
 from fleet.offers.ranked import run_settings
 from fleet.reaper.policy import hung
 from fleet.reaper.sweep import policy_from_settings
-from fleet.ranking import Recipe
+from fleet.ranking import Recipe, micro_step_vram_gb
 from runs import events, lifecycle, pulse, reports, tokens
 from runs.costs import run_cost
 from runs.models import Run, RunAttempt
+from training.recipe import DEFAULTS as TRAINING_DEFAULTS
 
 log = logging.getLogger(__name__)
 AGENT_COMMAND = "python -m training.agent"  # the worker image's own entry point
@@ -195,6 +196,9 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
     if run.disk_gb:  # ranked by the price of that disk, on hosts that have it (runs launched before: RENT_DISK_GB)
         recipe = dataclasses.replace(recipe, rent_disk_gb=float(run.disk_gb))
         filters = dataclasses.replace(filters, min_disk_gb=max(filters.min_disk_gb, float(run.disk_gb)))
+    vram_gb = run_vram_gb(run, recipe)
+    if vram_gb != recipe.vram_gb:  # a bigger micro-step or rank than the profile's: its card must hold more
+        recipe = dataclasses.replace(recipe, vram_needed_gb=vram_gb)
     try:
         requested = actions.request_best(recipe, filters, idempotency_key=f"run-{run.pk}-attempt-"
                                          f"{run.attempts.count()}", purpose="training", image=image,
@@ -207,14 +211,34 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
         if now - _waiting_since(run) >= timedelta(hours=hours):
             # Nothing bills meanwhile, but a run left waiting for good is one its user believes is on its way.
             _end(run, "no_offer", f"No offer passed the run's filters for {hours:g} h ({len(run.bad_machines)} "
-                                  "hosts excluded as bad): widen the filters or the GPU choice and launch it again.",
-                 now)
+                                  f"hosts excluded as bad; {_vram_words(recipe)}): widen the filters or the GPU "
+                                  "choice and launch it again.", now)
             return None
-        message = "No offer passes the run's filters (bad hosts excluded); trying again next pass."
+        message = f"No offer passes the run's filters (bad hosts excluded; {_vram_words(recipe)}); trying again " \
+                  "next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
             run.events.create(at=now, kind="waiting", message=message)
         return None
     return requested.instance
+
+
+def run_vram_gb(run: Run, recipe: Recipe) -> float:
+    """The VRAM each GPU of the run's box needs: what `recipe` (its profile's, or the defaults, on the run's GPUs)
+    needs at the run's own micro-step (batch_size x seq_len per rank) and LoRA rank, those the trainer takes when
+    the run's recipe leaves them out (training.recipe.DEFAULTS). The run's recipe has no VRAM figure of its own:
+    the profile's vram_needed_gb is the one a user states, and it grows the same way."""
+    def whole(value, default: int) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else default
+
+    lora = run.recipe.get("lora") if isinstance(run.recipe.get("lora"), dict) else {}
+    return micro_step_vram_gb(recipe, batch_size=whole(run.recipe.get("batch_size"), TRAINING_DEFAULTS["batch_size"]),
+                              seq_len=whole(run.recipe.get("seq_len"), TRAINING_DEFAULTS["seq_len"]),
+                              lora_rank=whole(lora.get("r"), TRAINING_DEFAULTS["lora"]["r"]))
+
+
+def _vram_words(recipe: Recipe) -> str:
+    each = f"{recipe.vram_gb:g} GB of VRAM"
+    return f"it needs {each} per GPU" if recipe.gpus == 1 else f"it needs {recipe.gpus} GPUs with {each} each"
 
 
 def _waiting_since(run: Run) -> datetime:

@@ -7,15 +7,17 @@ start-up minutes and download traffic), and how many GPUs of one box it trains o
 model's weights sharded over them).
 """
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from .values import number, whole
 
 KERNEL_PATHS = ("auto", "grouped_mm", "triton")
 MAX_GPUS = 16  # the GPUs of one box, as the trainer's recipe allows (training/recipe.py)
-# What each rank holds beside its share of the BF16 weights: its activations at these batch sizes, the adapters with
-# their optimizer state, and the allocator's headroom. One GPU with 35B gives 85 GB, what the seed report measured for
-# a 30B vanilla-peft run that OOMed on an 80 GB card.
+# What each rank holds beside its share of the BF16 weights: its activations at the recipe's own micro-step (2 x 2048
+# tokens by default), the adapters with their optimizer state, and the allocator's headroom. One GPU with 35B gives
+# 85 GB, what the seed report measured for a 30B vanilla-peft run that OOMed on an 80 GB card. A run whose micro-step
+# or LoRA rank differs from its profile's needs more: micro_step_vram_gb.
 RANK_OVERHEAD_GB = 15.0
 
 # Compute capabilities where torch._grouped_mm takes its CUTLASS path (sm_90 Hopper, sm_100 B200). Elsewhere it falls
@@ -91,7 +93,8 @@ class Recipe:
     @property
     def vram_gb(self) -> float:
         """What each GPU must hold: its share of the BF16 base (2 bytes a parameter, sharded over the recipe's GPUs)
-        and what one rank needs beside it (RANK_OVERHEAD_GB), or the recipe's own figure per GPU."""
+        and what one rank needs beside it (RANK_OVERHEAD_GB), or the recipe's own figure per GPU. For this recipe's
+        own micro-step and LoRA rank; a run training with others: micro_step_vram_gb."""
         if self.vram_needed_gb is not None:
             return self.vram_needed_gb
         return 2.0 * self.total_params_b / self.gpus + RANK_OVERHEAD_GB
@@ -165,10 +168,64 @@ class MoeShape:
 SHAPES = {
     "Qwen3.6-35B-A3B": MoeShape(hidden=2048, layers=40, experts=256, top_k=8, moe_intermediate=512,
                                 shared_intermediate=512, vocab=248_320),
+    "Qwen3-30B-A3B": MoeShape(hidden=2048, layers=48, experts=128, top_k=8, moe_intermediate=768,
+                              shared_intermediate=0, vocab=151_936),
     "Qwen3-235B-A22B": MoeShape(hidden=4096, layers=94, experts=128, top_k=8, moe_intermediate=1536,
                                 shared_intermediate=0, vocab=151_936),
 }
 SHAPES["Qwen3.5-35B-A3B"] = SHAPES["Qwen3.6-35B-A3B"]  # one family: the same text shape
+
+# What a rank's memory grows by with its micro-step and its LoRA rank, measured once (micro_step_vram_gb says how):
+# one H200, the Qwen3-30B-A3B shape, LoRA r=32 on attention and the routed experts, 2 x 2048 tokens a micro-step, no
+# gradient checkpointing, the project's trainer: peak reserved 89.2 GiB (peak allocated 76.2 GiB).
+CALIBRATION_MODEL = "Qwen3-30B-A3B"
+CALIBRATION_RESERVED_GB = 89.2 * 2**30 / 1e9  # 95.8 GB
+CALIBRATION_WEIGHTS_GB = 2.0 * 30.5  # BF16 base
+CALIBRATION_TOKENS = 2 * 2048  # per micro-step
+CALIBRATION_RANK = 32
+# Per LoRA parameter: its float32 value (peft keeps adapters in float32 over a BF16 base), its gradient, AdamW's two
+# moments. Does not grow with tokens.
+ADAPTER_STATE_BYTES = 16
+# The rest of the measured peak, per token of a micro-step, per layer and per hidden unit: the activations kept for
+# the backward pass and the allocator's cache around them, which grow with the tokens (and the attention adapters'
+# state, 0.4 GB at r=32, too small to split out). 95.8 - 61.0 - 20.1 (routed adapter state) = 14.6 GB over
+# 4096 tokens x 48 layers x 2048 hidden: about 36 bytes.
+ACTIVATION_BYTES = (CALIBRATION_RESERVED_GB - CALIBRATION_WEIGHTS_GB - SHAPES[CALIBRATION_MODEL].routed_adapter_gb(
+    CALIBRATION_RANK, ADAPTER_STATE_BYTES)) * 1e9 / (
+    CALIBRATION_TOKENS * SHAPES[CALIBRATION_MODEL].layers * SHAPES[CALIBRATION_MODEL].hidden)
+
+
+def micro_step_vram_gb(recipe: Recipe, *, batch_size: int, seq_len: int, lora_rank: int) -> float:
+    """What each GPU must hold for a run that trains `recipe`'s model on its GPUs with its own micro-step (batch_size
+    x seq_len tokens per rank) and LoRA rank: `recipe.vram_gb`, the figure for the recipe's own micro-step and rank,
+    plus what the run's rank holds beyond that, never less.
+
+    The per-rank overhead has a part that grows with the tokens of a micro-step (activations kept for the backward
+    pass, and the allocator's cache around them) and one that grows with the LoRA rank (the adapters' float32 values,
+    gradients and AdamW moments: ADAPTER_STATE_BYTES per parameter, the routed experts' parameters sharded over the
+    GPUs by expert parallelism); each is scaled by the run's figure over the recipe's:
+
+        overhead = RANK_OVERHEAD_GB + A x (tokens / recipe tokens - 1) + D x (rank / recipe rank - 1)
+
+    where A = ACTIVATION_BYTES x recipe tokens x layers x hidden (the model's shape, SHAPES; the calibration's when
+    unknown) and D = the routed adapter's state at the recipe's rank over its GPUs. So a run whose micro-step and rank
+    are the recipe's gets today's figure exactly, and a bigger micro-step or rank gets more, by what the calibration
+    measured (ACTIVATION_BYTES: one H200, Qwen3-30B-A3B, r=32, 2 x 2048 tokens, no gradient checkpointing, peak
+    reserved 89.2 GiB; 36 bytes per token, layer and hidden unit). A and D are absolute figures, not shares of
+    RANK_OVERHEAD_GB: that constant (a practitioner's 85 GB for 35B on one GPU) is below what the calibration holds
+    beside the weights (34.8 GB for 30B at 2 x 2048), so shares of it would under-state the growth. The result is
+    never below `recipe.vram_gb`: a smaller micro-step or rank does not lower it, since the constant is already short;
+    a larger figure is rounded up to a tenth of a GB.
+    A recipe's own vram_needed_gb is taken as its figure at its micro-step and rank and grows the same way. Gradient
+    checkpointing is not counted: it only needs less."""
+    shape = SHAPES.get(recipe.model, SHAPES[CALIBRATION_MODEL])
+    per_token_gb = ACTIVATION_BYTES * shape.layers * shape.hidden / 1e9
+    activations_gb = per_token_gb * (batch_size * seq_len - recipe.batch_size * recipe.seq_len)
+    adapter_gb = (shape.routed_adapter_gb(lora_rank, ADAPTER_STATE_BYTES)
+                  - shape.routed_adapter_gb(recipe.lora_rank, ADAPTER_STATE_BYTES)) / recipe.gpus
+    if activations_gb + adapter_gb <= 0:
+        return recipe.vram_gb
+    return math.ceil((recipe.vram_gb + activations_gb + adapter_gb) * 10) / 10  # up to a tenth: as pages say it
 
 # Starting points the Offers page offers; a user edits and saves their own. Per model: total parameters (the VRAM
 # need and, at 2 bytes each, the BF16 download), active parameters (the FLOPs a token costs: 6 per active parameter)
