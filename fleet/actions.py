@@ -213,8 +213,10 @@ def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: dateti
     return instance
 
 
-def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=None, force: bool = False) -> Instance:
-    """Idempotent. A person's destroy (`force`) overrides keep-for-debugging; the product's own does not."""
+def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=None, force: bool = False,
+            send: bool = True) -> Instance:
+    """Idempotent. A person's destroy (`force`) overrides keep-for-debugging, and clears it; the product's own does
+    not. Without `send` the row is only claimed (stopping): a queued `destroy` or the sync makes the call."""
     now = now or timezone.now()
     instance.refresh_from_db()
     if instance.state in (State.DESTROYED, State.FAILED):
@@ -232,17 +234,18 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=
     claimable = Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING])
     if not force:  # a keep that committed since the check above still wins
         claimable = claimable.filter(Q(keep_until__isnull=True) | Q(keep_until__lte=now))
-    claimed = claimable.update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now)
+    claimed = claimable.update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now,
+                               **({"keep_until": None} if force else {}))
     instance.refresh_from_db()
     if not claimed:
         # Already stopping. A reaper pass moves its rows there itself and hands the call over: this may be that call.
-        if instance.state == State.STOPPING and instance.provider_instance_id is not None:
+        if send and instance.state == State.STOPPING and instance.provider_instance_id is not None:
             _call_destroy(instance, now, first=True)
             instance.refresh_from_db()
         return instance  # otherwise the sync verifies and retries
     who = f" by {by.get_username()}" if by else ""
     record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
-    if instance.provider_instance_id is not None:
+    if send and instance.provider_instance_id is not None:
         _call_destroy(instance, now)
     return Instance.objects.get(pk=instance.pk)
 
@@ -252,16 +255,7 @@ def request_destroy(instance: Instance, *, reason: str, by=None, now: datetime |
     stopping at once and the keep for debugging it overrides is cleared, so a task lost with its broker is sent by
     the next sync (DESTROY_VERIFY_S), and a keep asked for after it still withdraws it while the call is unsent (the
     queued destroy then finds the box kept). A row nothing was rented for is cancelled here and then."""
-    now = now or timezone.now()
-    instance.refresh_from_db()
-    if instance.provider_instance_id is None and instance.rent_attempted_at is None:
-        return destroy(instance, reason=reason, now=now, by=by, force=True)
-    if Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING]).update(
-            state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now, keep_until=None):
-        who = f" by {by.get_username()}" if by else ""
-        record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
-    instance.refresh_from_db()
-    return instance
+    return destroy(instance, reason=reason, now=now, by=by, force=True, send=False)
 
 
 def _call_destroy(instance: Instance, now: datetime, *, first: bool = False) -> None:

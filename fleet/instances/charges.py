@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from fleet.columns import column_of
 from fleet.models import Instance
 from fleet.providers import fields
 from fleet.providers.registry import get_provider
@@ -52,10 +53,7 @@ def reconcile(provider_name: str = "vast", *, now=None) -> int:
 
 def _storage_problem(values: dict[str, Decimal]) -> str | None:
     for name, value in values.items():
-        model_field = Instance._meta.get_field(name)
-        column = fields.Column("decimal", null=model_field.null, max_digits=model_field.max_digits,
-                               decimal_places=model_field.decimal_places)
-        problem = fields.column_problem(value, column)
+        problem = fields.column_problem(value, column_of(Instance._meta.get_field(name)))
         if problem:
             return f"its {name} {problem}"
     return None

@@ -9,9 +9,10 @@ import functools
 import logging
 from dataclasses import dataclass, field, fields
 
-from django.db import connection, models, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from fleet.columns import column_of
 from fleet.models import Offer, OfferRefresh
 from fleet.models.offers import PRICE_FLOAT_FIELDS
 from fleet.providers import fields as offer_fields
@@ -33,27 +34,10 @@ class StoredOffers:
     skipped: list[str] = field(default_factory=list)  # one reason per record not stored, naming the field
 
 
-def _column(model_field: models.Field) -> offer_fields.Column:
-    null = model_field.null
-    if isinstance(model_field, models.BooleanField):
-        return offer_fields.Column("flag", null=null)
-    if isinstance(model_field, models.DecimalField):
-        return offer_fields.Column("decimal", null=null, max_digits=model_field.max_digits,
-                                   decimal_places=model_field.decimal_places)
-    if isinstance(model_field, models.IntegerField):
-        low, high = connection.ops.integer_field_range(model_field.get_internal_type())
-        return offer_fields.Column("whole", null=null, low=low, high=high)
-    if isinstance(model_field, models.FloatField):
-        return offer_fields.Column("real", null=null)
-    if isinstance(model_field, models.CharField):
-        return offer_fields.Column("text", null=null, max_length=model_field.max_length)
-    raise TypeError(f"Offer.{model_field.name}: no check for a {type(model_field).__name__}")
-
-
 @functools.cache
 def offer_columns() -> dict[str, offer_fields.Column]:
     """What each Offer column a record fills can hold, read from the model and the database's integer ranges."""
-    return {name: _column(Offer._meta.get_field(name)) for name in _RECORD_FIELDS}
+    return {name: column_of(Offer._meta.get_field(name)) for name in _RECORD_FIELDS}
 
 
 def storage_problem(record: OfferRecord) -> str | None:

@@ -23,10 +23,13 @@ class InstanceList(list):
     any, the list does not prove that a machine missing from it is gone. `unreadable_labels` holds each such entry's
     label ("" where that could not be read either)."""
 
-    def __init__(self, records=(), unreadable: int = 0, unreadable_labels=()):
+    def __init__(self, records=(), unreadable_labels=()):
         super().__init__(records)
-        self.unreadable = unreadable
         self.unreadable_labels = tuple(unreadable_labels)
+
+    @property
+    def unreadable(self) -> int:
+        return len(self.unreadable_labels)
 
     def may_hide(self, label: str) -> bool:
         """Whether an entry it could not read may be the machine labelled `label`."""
@@ -46,7 +49,7 @@ def instance_list(raw_entries: list, parse, provider: str, label_key: str = "lab
         if record.problems:
             log.warning("%s instance %s: %s", provider, record.instance_id, "; ".join(record.problems))
         records.append(record)
-    return InstanceList(records, len(unreadable_labels), unreadable_labels)
+    return InstanceList(records, unreadable_labels)
 
 
 class ChargeReport(list):
