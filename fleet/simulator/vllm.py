@@ -22,6 +22,7 @@ RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MAX_MODEL_LEN = 256
 PORTS_ENV = "FLEET_SIM_PORTS"  # set by fleet/simulator/agents.py for each box
+GPUS_ENV = "FLEET_SIM_NUM_GPUS"  # likewise: the GPUs the box was rented with
 
 
 class StartError(Exception):
@@ -91,8 +92,8 @@ def bound_port(container_port: int) -> int:
 
 
 def check_gpus(args: argparse.Namespace) -> None:
-    """vLLM's own refusal of a tensor-parallel size larger than the GPUs it sees (the box's, FLEET_SIM_NUM_GPUS)."""
-    gpus = int(os.environ.get("FLEET_SIM_NUM_GPUS") or 1)
+    """vLLM's own refusal of a tensor-parallel size larger than the GPUs it sees (the box's, GPUS_ENV)."""
+    gpus = int(os.environ.get(GPUS_ENV) or 1)
     if not 1 <= args.tensor_parallel_size <= gpus:
         raise StartError(f"World size ({args.tensor_parallel_size}) is larger than the number of available GPUs "
                          f"({gpus}) in this node")
