@@ -1,37 +1,13 @@
-"""The recipe: one YAML (or JSON) file of plain values that says everything a run does.
-
-    model:            {path: Qwen/Qwen3-30B-A3B}  or  {config: {model_type: qwen3_moe, ...}, seed: 0}
-                      path: a folder, a hub id (revision: a branch, tag or commit) or s3://bucket/prefix; the
-                      on-box agent downloads a hub or s3:// model into its disk first (training/model_source.py)
-                      dtype: bfloat16 (default) | float32; tokenizer: a path (default: the model path; a byte
-                      tokenizer for a config with random weights)
-    lora:             {r: 32, alpha: 64, attention: true, targets: null}   (routed experts always; routers frozen;
-                      the modules per model family in training/families.py; attention: false drops attention and
-                      linear attention; targets: {group: [module paths within a decoder layer]} replaces a group's,
-                      e.g. {shared_expert: []} to leave the shared expert frozen)
-    batch_size: 2     grad_accum: 8     seq_len: 2048
-    lr: 2.0e-4        schedule: cosine | linear | constant     warmup_steps: 0     min_lr_ratio: 0.1
-    weight_decay: 0.0 max_grad_norm: 1.0    gradient_checkpointing: false    seed: 0
-    cuda_graphs: true (on a GPU, CPT/SFT/DPO/KTO micro-steps of one shape are captured once and replayed; DPO/KTO
-                      rows are then padded to a few lengths, training/data.py)
-    gpus: 1           the GPUs of one box to train on, one rank each (torchrun: training/distributed.py); batch_size
-                      is per rank; not for GRPO yet
-    checkpoint:       {store: ./checkpoints | s3://bucket/prefix, endpoint_url:, region:, keep: 3, every: 50,
-                       staging: ./checkpoint-staging (local snapshots waiting for upload)}
-    metrics:          {jsonl: ./metrics.jsonl}   (the on-box agent tails it and posts each step to the dashboard)
-    phases:           a list; each {name, kind: cpt|sft|dpo|kto|grpo, data: file.jsonl (records: training/records.py;
-                      on the dashboard a data set's name, an upload's, s3://bucket/key or example:NAME), steps,
-                      checkpoint_every (default checkpoint.every), lr (default the run's), beta (dpo, kto),
-                      reward: module:function, num_generations, max_new_tokens, temperature (grpo)}
-
-Relative paths are read from the recipe's folder. `load_recipe` returns a dict with every default filled in, or
-raises RecipeError listing every problem at once.
-"""
+"""The recipe: one YAML (or JSON) file of plain values that says everything a run does. Its settings and their
+defaults are the dataclasses on top; relative paths are read from the recipe's folder. `load_recipe` returns a dict
+with every default filled in (or raises RecipeError listing every problem at once), `RunRecipe.from_dict` that dict
+as typed values, and `RunRecipe.from_stored` a run's recipe as the dashboard stored it."""
 
 import importlib
 import json
 import math
 import re
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
@@ -39,32 +15,186 @@ import yaml
 from training import model_source
 from training.families import target_problems
 
-PHASE_KINDS = ("cpt", "sft", "dpo", "kto", "grpo")
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """Exactly one of path or config."""
+
+    # A folder, a hub id or s3://bucket/prefix; the on-box agent downloads a hub or s3:// model into its disk first
+    # (training/model_source.py).
+    path: str | None = None
+    config: dict | None = None  # {model_type: qwen3_moe, ...}: a transformers config, random weights
+    dtype: str = "bfloat16"  # or float32, float16
+    seed: int = 0  # the random weights' seed
+    tokenizer: str | None = None  # a folder or hub id; none: the model's own (a byte tokenizer for a config)
+    revision: str | None = None  # a hub model's branch, tag or commit
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSettings:
+    """Routed experts always; routers frozen; the modules per model family are in training/families.py."""
+
+    r: int = 32
+    alpha: float = 64
+    attention: bool = True  # false drops attention and linear attention
+    # {group: [module paths within a decoder layer]} replaces a group's, e.g. {shared_expert: []} leaves it frozen.
+    targets: dict | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSettings:
+    store: str = "checkpoints"  # a folder or s3://bucket/prefix
+    endpoint_url: str | None = None
+    region: str | None = None
+    keep: int = 3
+    every: int = 50  # steps; a phase's checkpoint_every by default
+    staging: str = "checkpoint-staging"  # local snapshots waiting for upload
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsSettings:
+    jsonl: str = "metrics.jsonl"  # the on-box agent tails it and posts each step to the dashboard
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseSpec:
+    """One phase; a kind reads only the settings PHASE_SETTINGS gives it beside the common ones."""
+
+    kind: str  # cpt | sft | dpo | kto | grpo
+    # A JSONL file (records: training/records.py); on the dashboard a data set's name, an upload's, s3://bucket/key
+    # or example:NAME.
+    data: str
+    steps: int
+    name: str  # default: the kind
+    checkpoint_every: int  # default: checkpoint.every
+    lr: float  # default: the run's
+    reward: str | None = None  # grpo: module:function
+    beta: float = 0.1
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    num_generations: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+
+
+PHASE_SETTINGS = {  # each kind's own settings, beside the common ones
+    "cpt": (), "sft": (), "dpo": ("beta",), "kto": ("beta", "desirable_weight", "undesirable_weight"),
+    "grpo": ("num_generations", "max_new_tokens", "temperature"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecipe:
+    """Everything a run does, as the trainer and the dashboard read it."""
+
+    model: ModelSettings
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    batch_size: int = 2  # per rank and micro-step
+    grad_accum: int = 8
+    seq_len: int = 2048
+    lr: float = 2.0e-4
+    schedule: str = "cosine"  # or linear, constant
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    gradient_checkpointing: bool = False
+    # On a GPU, CPT/SFT/DPO/KTO micro-steps of one shape are captured once and replayed (DPO/KTO rows are then padded
+    # to a few lengths, training/data.py).
+    cuda_graphs: bool = True
+    seed: int = 0
+    gpus: int = 1  # the GPUs of one box, one rank each (torchrun: training/distributed.py); not for GRPO yet
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    phases: tuple[PhaseSpec, ...]
+
+    @classmethod
+    def from_dict(cls, recipe: dict) -> "RunRecipe":
+        """A recipe as `validate` (or `load_recipe`) filled it in, as typed values."""
+        plain = {key: value for key, value in recipe.items() if key not in _NESTED}
+        return cls(model=ModelSettings(**recipe["model"]), lora=LoraSettings(**recipe["lora"]),
+                   checkpoint=CheckpointSettings(**recipe["checkpoint"]), metrics=MetricsSettings(**recipe["metrics"]),
+                   phases=tuple(PhaseSpec(**phase) for phase in recipe["phases"]), **plain)
+
+    @classmethod
+    def from_stored(cls, stored) -> "RunRecipe":
+        """A run's recipe as the dashboard stored it (checked at its launch): what it leaves out, or holds in a shape
+        no launch passes, is the default; a phase that cannot be read is left out."""
+        stored = stored if isinstance(stored, dict) else {}
+        checkpoint = _read(CheckpointSettings, stored.get("checkpoint"))
+        run = _read(cls, stored, model=_read(ModelSettings, stored.get("model")),
+                    lora=_read(LoraSettings, stored.get("lora")), checkpoint=checkpoint,
+                    metrics=_read(MetricsSettings, stored.get("metrics")), phases=())
+        phases = stored.get("phases") if isinstance(stored.get("phases"), list) else []
+        return replace(run, phases=tuple(p for p in (_stored_phase(p, run) for p in phases) if p is not None))
+
+    def to_dict(self) -> dict:
+        """The filled-in dict `validate` returns for this recipe: the model's path or config, each phase's kind's own
+        settings."""
+        recipe = asdict(self)
+        model = {key: value for key, value in recipe["model"].items() if key in MODEL_DEFAULTS or value is not None}
+        return {**{key: recipe[key] for key in DEFAULTS}, "model": model,
+                "phases": [_phase_dict(phase) for phase in recipe["phases"]]}
+
+
+_NESTED = ("model", "lora", "checkpoint", "metrics", "phases")
+
+
+def _default(f: Field):
+    value = f.default_factory() if f.default is MISSING else f.default
+    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
+
+
+# The defaults as the validator fills them in, taken from the dataclasses above.
+DEFAULTS = {f.name: _default(f) for f in fields(RunRecipe) if f.name not in ("model", "phases")}
+MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelSettings) if f.name not in ("path", "config")}
+PHASE_KINDS = tuple(PHASE_SETTINGS)
+PHASE_COMMON = {f.name for f in fields(PhaseSpec)} - {name for own in PHASE_SETTINGS.values() for name in own}
+_PHASE_FIELDS = {f.name: f for f in fields(PhaseSpec)}
+PHASE_DEFAULTS = {kind: {name: _PHASE_FIELDS[name].default for name in own} for kind, own in PHASE_SETTINGS.items()
+                  if own}
+
+
+def _phase_dict(phase: dict) -> dict:
+    own = PHASE_SETTINGS[phase["kind"]]
+    return {key: value for key, value in phase.items() if key in PHASE_COMMON or key in own}
+
+
+def _fits(value, f: Field) -> bool:
+    """Whether a stored value has the shape its setting takes; a setting whose default is none is taken as stored."""
+    if f.type is bool:
+        return isinstance(value, bool)
+    if f.type is int:  # a count, or (where the default is 0) a seed or offset
+        return isinstance(value, int) and not isinstance(value, bool) and value >= (0 if f.default == 0 else 1)
+    if f.type is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if f.type is str:
+        return isinstance(value, str) and bool(value)
+    return True
+
+
+def _read(cls, stored, **given):
+    """`cls` from a stored mapping, each setting that fits it taken and the rest left to their defaults."""
+    stored = stored if isinstance(stored, dict) else {}
+    taken = {f.name: stored[f.name] for f in fields(cls)
+             if f.name not in given and f.name in stored and _fits(stored[f.name], f)}
+    return cls(**taken, **given)
+
+
+def _stored_phase(stored, run: RunRecipe) -> PhaseSpec | None:
+    if not isinstance(stored, dict) or stored.get("kind") not in PHASE_SETTINGS:
+        return None
+    if not _fits(stored.get("data"), _PHASE_FIELDS["data"]) or not _fits(stored.get("steps"), _PHASE_FIELDS["steps"]):
+        return None
+    own = {key: stored[key] for key in ("name", "checkpoint_every", "lr") if _fits(stored.get(key), _PHASE_FIELDS[key])}
+    return _read(PhaseSpec, stored, **{"name": stored["kind"], "checkpoint_every": run.checkpoint.every,
+                                       "lr": run.lr, **own})
+
+
 SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("bfloat16", "float32", "float16")
 MAX_GPUS = 16
 
-DEFAULTS = {
-    "lora": {"r": 32, "alpha": 64, "attention": True, "targets": None},
-    "batch_size": 2,
-    "grad_accum": 8,
-    "seq_len": 2048,
-    "lr": 2.0e-4,
-    "schedule": "cosine",
-    "warmup_steps": 0,
-    "min_lr_ratio": 0.1,
-    "weight_decay": 0.0,
-    "max_grad_norm": 1.0,
-    "gradient_checkpointing": False,
-    "cuda_graphs": True,
-    "seed": 0,
-    "gpus": 1,
-    "checkpoint": {"store": "checkpoints", "endpoint_url": None, "region": None, "keep": 3, "every": 50,
-                   "staging": "checkpoint-staging"},
-    "metrics": {"jsonl": "metrics.jsonl"},
-}
-MODEL_DEFAULTS = {"dtype": "bfloat16", "seed": 0, "tokenizer": None, "revision": None}  # and one of path or config
-# What every phase takes; name defaults to the kind, checkpoint_every and lr to the run's, reward to none (grpo only).
 # The largest value each number may take: past these a run is a typing slip (steps: 10**15 would never end, and its
 # phase row could not even be stored), not a plan.
 LIMITS = {
@@ -79,14 +209,6 @@ LIMITS = {
 def _shown(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-PHASE_COMMON = {"name", "kind", "data", "steps", "checkpoint_every", "lr", "reward"}
-PHASE_DEFAULTS = {
-    "dpo": {"beta": 0.1},
-    "kto": {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
-    "grpo": {"num_generations": 4, "max_new_tokens": 64, "temperature": 1.0},
-}
 
 
 MIN_SEQ_LEN = 16
