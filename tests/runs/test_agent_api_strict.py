@@ -14,7 +14,8 @@ from django.test import Client
 from config.wsgi import application
 from runs.models import Checkpoint, MetricPoint
 from tests.runs.conftest import put_on_a_box
-from training import agent
+from training.agent.dashboard import Api
+from training.agent.metrics import to_point
 
 pytestmark = pytest.mark.django_db
 API = "/api/agent/v1"
@@ -122,7 +123,7 @@ def _wsgi_connections_kept():
 
 def test_the_agents_own_posts_are_taken(launched):
     run = launched()
-    api = agent.Api("http://testserver/api/agent/v1/", put_on_a_box(run), attempts=1)
+    api = Api("http://testserver/api/agent/v1/", put_on_a_box(run), attempts=1)
     api.http = httpx.Client(base_url=api.http.base_url, headers=api.http.headers,
                             transport=httpx.WSGITransport(app=application))
     record = {"phase": 0, "step": 3, "time": time.time(), "loss": 2.0, "lr": 1e-4, "step_s": 0.7,
@@ -130,6 +131,6 @@ def test_the_agents_own_posts_are_taken(launched):
     with _wsgi_connections_kept():
         api.call("POST", "heartbeat", {"state": "training", "process_alive": True, "upload_queue": 0,
                                        "gpu_ok": True, "gpu_util_percent": 90.0})
-        assert api.call("POST", "metrics", {"points": [agent.to_point(record)]}) == {"stored": 1}
+        assert api.call("POST", "metrics", {"points": [to_point(record)]}) == {"stored": 1}
         api.call("POST", "events", {"kind": "log", "message": "from the agent"})
     assert MetricPoint.objects.get().routed_b_zero == 4 and run.events.filter(kind="log").exists()

@@ -9,7 +9,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from runs.api import PointIn
-from training import agent
+from training.agent.dashboard import Api, Refused
+from training.agent.exit_codes import Exit
+from training.agent.gpu import gpu_status
+from training.agent.heartbeat import Heartbeat
+from training.agent.install_probe import probe
+from training.agent.metrics import forward_metrics, to_point
+from training.agent.retry import JITTER, backoff_s, retried
+from training.agent.self_stop import stop_machine
+from training.agent.uploads import Uploader
 
 
 class _Dashboard(BaseHTTPRequestHandler):
@@ -39,7 +47,7 @@ def dashboard():
 
 
 def _api(server):
-    return agent.Api(f"http://127.0.0.1:{server.server_port}/api/agent/v1/", "run_token", attempts=1)
+    return Api(f"http://127.0.0.1:{server.server_port}/api/agent/v1/", "run_token", attempts=1)
 
 
 def test_it_maps_every_trainer_metric_onto_the_api():
@@ -48,7 +56,7 @@ def test_it_maps_every_trainer_metric_onto_the_api():
               "grad_norm_linear_attention": 0.2, "grad_norm_shared_expert": 0.1,
               "grad_norm_total": 0.5, "routed_b_norm": 2.0, "routed_b_zero": 0, "routed_b_count": 96,
               "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton"}
-    point = agent.to_point(record)
+    point = to_point(record)
     assert set(point) == set(PointIn.model_fields)  # nothing the dashboard stores is left unsent
     assert point["phase"] == 1 and point["step_s"] == 2.0 and point["gpu_mem_gib"] == 70.0
     PointIn(**point)
@@ -58,18 +66,18 @@ def test_it_keeps_a_half_written_line_for_the_next_round(dashboard, tmp_path):
     path = tmp_path / "metrics.jsonl"
     line = {"phase": 0, "step": 1, "time": 1_800_000_000.0, "loss": 2.0}
     path.write_text(json.dumps(line) + "\n" + '{"phase": 0, "st')
-    position = agent.forward_metrics(_api(dashboard), path, 0, max_points=100)
+    position = forward_metrics(_api(dashboard), path, 0, max_points=100)
     assert [body["points"][0]["step"] for _, body, _ in dashboard.posts] == [1]
     with open(path, "a") as f:
         f.write('ep": 2, "time": 1800000001.0}\n')
-    agent.forward_metrics(_api(dashboard), path, position, max_points=100)
+    forward_metrics(_api(dashboard), path, position, max_points=100)
     assert [body["points"][0]["step"] for _, body, _ in dashboard.posts] == [1, 2]
     assert dashboard.posts[0][2] == "Bearer run_token"
 
 
 def test_it_stops_when_its_credentials_are_not_renewed(tmp_path):
-    dead = agent.Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
-    beat = agent.Heartbeat(dead, interval_s=0.01, window_s=0.0)
+    dead = Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
+    beat = Heartbeat(dead, interval_s=0.01, window_s=0.0)
     beat.beat()
     assert beat.stop.is_set() and beat.self_stop
     assert "dead-man switch" in beat.stop_reason
@@ -77,21 +85,21 @@ def test_it_stops_when_its_credentials_are_not_renewed(tmp_path):
 
 def test_it_stops_when_the_dashboard_says_so(dashboard):
     dashboard.answers["heartbeat"] = {"command": "stop"}
-    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat = Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.beat()
     assert beat.stop.is_set() and not beat.self_stop
 
 
 def test_it_stops_its_machine_when_the_dashboard_says_nothing_watches_it(dashboard):
     dashboard.answers["heartbeat"] = {"command": "stop_machine", "reason": "the supervisor is silent"}
-    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat = Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.beat()
     assert beat.stop.is_set() and beat.self_stop and "the supervisor is silent" in beat.stop_reason
 
 
 def test_it_stops_its_machine_when_its_token_is_refused(dashboard):
     dashboard.status = 401
-    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat = Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.beat()
     assert beat.stop.is_set() and beat.self_stop and "no longer accepts" in beat.stop_reason
 
@@ -99,7 +107,7 @@ def test_it_stops_its_machine_when_its_token_is_refused(dashboard):
 @pytest.mark.parametrize("answer", [{}, {"command": None}, {"command": "reboot"}, [], "ok", {"upload": "x"}])
 def test_an_odd_answer_neither_stops_the_box_nor_ends_its_heartbeat(dashboard, answer):
     dashboard.answers["heartbeat"] = answer
-    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat = Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.start()
     time.sleep(0.1)
     assert beat.is_alive() and not beat.stop.is_set()
@@ -117,7 +125,7 @@ def test_it_reads_what_nvidia_smi_can_say(tmp_path, monkeypatch, printed, expect
     fake.write_text(f"#!/bin/sh\nprintf '{printed}'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    status = agent.gpu_status()
+    status = gpu_status()
     assert set(status) == set(expected)
     for key, value in expected.items():
         assert status[key] == pytest.approx(value, abs=0.05)
@@ -135,7 +143,7 @@ def test_it_stops_its_own_runpod_pod_with_the_pods_key(monkeypatch):
         monkeypatch.setenv("RUNPOD_POD_ID", pod.id)
         monkeypatch.setenv("RUNPOD_API_KEY", RUNPOD_KEY)
         monkeypatch.setenv("FLEET_RUNPOD_API_URL", fake.base_url)
-        agent.stop_machine()
+        stop_machine()
         assert fake.count("podStop") == 1 and fake.pod(pod.id)["desiredStatus"] == "EXITED"
     finally:
         fake.stop()
@@ -143,17 +151,17 @@ def test_it_stops_its_own_runpod_pod_with_the_pods_key(monkeypatch):
 
 @pytest.mark.slow
 def test_it_trusts_the_probe_only_with_its_sentinel(monkeypatch):
-    ok, output = agent.probe(sys.executable)
+    ok, output = probe(sys.executable)
     assert ok, output
     monkeypatch.setenv("TRAINING_PROBE_EXTRA", "no_such_module_anywhere")
-    ok, output = agent.probe(sys.executable)
+    ok, output = probe(sys.executable)
     assert not ok and "no_such_module_anywhere" in output
 
 
 def test_it_stops_its_machine_with_the_configured_command(tmp_path, monkeypatch):
     flag = tmp_path / "stopped"
     monkeypatch.setenv("FLEET_SELF_STOP", f"touch {flag}")
-    agent.stop_machine()
+    stop_machine()
     assert flag.exists()
 
 
@@ -170,15 +178,15 @@ def test_it_stops_its_own_vast_instance_with_the_container_key(market, monkeypat
         monkeypatch.setenv("CONTAINER_ID", instance_id)
         monkeypatch.setenv("CONTAINER_API_KEY", MARKET_KEY)
         monkeypatch.setenv("FLEET_VAST_API_URL", market.base_url)
-        agent.stop_machine()
+        stop_machine()
         assert provider.get_instance(instance_id).status == "stopped"
 
 
 def test_it_uploads_with_the_grant_each_heartbeat_renews(dashboard, tmp_path):
     # Presigned uploads expire after STORAGE_GRANT_S; a multi-day run keeps uploading with the renewed grant.
-    uploader = agent.Uploader(_api(dashboard), {"kind": "local", "path": str(tmp_path / "old")}, tmp_path / "out")
+    uploader = Uploader(_api(dashboard), {"kind": "local", "path": str(tmp_path / "old")}, tmp_path / "out")
     dashboard.answers["heartbeat"] = {"command": "continue", "upload": {"kind": "local", "path": str(tmp_path / "new")}}
-    beat = agent.Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
+    beat = Heartbeat(_api(dashboard), interval_s=0.01, window_s=3600)
     beat.on_upload_grant = uploader.renew
     beat.beat()
     (tmp_path / "file").write_text("x")
@@ -207,7 +215,7 @@ def test_it_skips_checkpoints_a_slow_uplink_cannot_keep_up_with_but_never_a_phas
     names = [checkpoint_name(0, step) for step in (2, 4, 6)] + [checkpoint_name(1, step) for step in (2, 4)]
     finals = frozenset({checkpoint_name(0, 6)})
     api = _HeldApi()
-    uploader = agent.Uploader(api, {"kind": "local", "path": str(tmp_path / "bucket")}, tmp_path / "outbox",
+    uploader = Uploader(api, {"kind": "local", "path": str(tmp_path / "bucket")}, tmp_path / "outbox",
                               protected=finals)
     uploader.start()
     for name in names:
@@ -228,8 +236,56 @@ def test_the_probe_checks_the_runs_model_family_when_it_knows_it(tmp_path, monke
     fake.write_text(f"#!/bin/sh\necho \"$@\" > {seen}\necho TRAINING_PROBE_OK\n")
     fake.chmod(0o755)
     monkeypatch.setenv("FLEET_MODEL_TYPE", "qwen3_5_moe")
-    assert agent.probe(str(fake))[0]
+    assert probe(str(fake))[0]
     assert seen.read_text().split() == ["-m", "training.probe", "--family", "qwen3_5_moe"]
     monkeypatch.delenv("FLEET_MODEL_TYPE")
-    agent.probe(str(fake))
+    probe(str(fake))
     assert seen.read_text().split() == ["-m", "training.probe"]
+
+
+def test_one_backoff_doubles_to_its_cap_with_jitter():
+    for attempt, nominal in ((1, 2.0), (2, 4.0), (3, 8.0), (5, 30.0), (9, 30.0)):
+        waits = [backoff_s(attempt, 2.0, 30.0) for _ in range(50)]
+        assert all(nominal * (1 - JITTER) <= w <= nominal * (1 + JITTER) for w in waits)
+    assert len(set(waits)) > 1  # jittered, so boxes that failed together do not retry together
+
+
+def test_retried_tries_again_only_what_it_is_told_to():
+    calls, heard, waits = [], [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError("reset")
+        return "done"
+
+    assert retried(flaky, tries=3, first_s=1.0, cap_s=8.0, retry_on=(OSError,),
+                   on_failure=lambda attempt, error: heard.append(attempt), sleep=waits.append) == "done"
+    assert heard == [1, 2] and len(waits) == 2
+    calls.clear()
+    with pytest.raises(OSError):
+        retried(flaky, tries=2, first_s=1.0, cap_s=8.0, retry_on=(OSError,), sleep=waits.append)
+    assert len(calls) == 2 and len(waits) == 3  # no wait after the last try
+    calls.clear()
+    with pytest.raises(OSError):
+        retried(flaky, tries=3, first_s=1.0, cap_s=8.0, retry_on=(ValueError,), sleep=waits.append)
+    assert len(calls) == 1
+
+
+def test_the_api_tries_a_5xx_again_but_not_a_4xx(dashboard):
+    dashboard.status = 503
+    api = Api(f"http://127.0.0.1:{dashboard.server_port}/api/agent/v1/", "run_token", attempts=2)
+    with pytest.raises(ConnectionError, match="HTTP 503 after 2 tries"):
+        api.call("POST", "events", {"kind": "log", "message": "x"})
+    assert len(dashboard.posts) == 2
+    dashboard.status, dashboard.posts[:] = 400, []
+    with pytest.raises(Refused) as refused:
+        api.call("POST", "events", {"kind": "log", "message": "x"})
+    assert refused.value.status == 400 and len(dashboard.posts) == 1
+
+
+def test_the_exit_codes_keep_their_numbers():
+    # Boxes have exited with these since before they had names; logs and people read them.
+    assert {code.name: int(code) for code in Exit} == {
+        "OK": 0, "PROBE_FAILED": 1, "TRAINER_FAILED": 3, "MACHINE_STOPPED": 4, "DATA_REFUSED": 5,
+        "MODEL_REFUSED": 6, "CHECKPOINT_UNREACHABLE": 7}

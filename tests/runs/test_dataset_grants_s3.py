@@ -12,7 +12,7 @@ import pytest
 from runs import datasets, reports
 from runs.launch import LaunchError, example_recipe, launch
 from runs.models import Run
-from training.agent import fetch_data
+from training.agent.inputs import fetch_data
 
 from .conftest import put_on_a_box
 from .test_datasets import GOOD, jsonl

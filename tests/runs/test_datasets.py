@@ -16,8 +16,10 @@ from django.urls import reverse
 from runs import datasets, reports
 from runs.launch import LaunchError, example_recipe, launch
 from runs.models import DataSet, Run
-from training import agent
-from training.agent import DataRefused, fetch_data
+from training.agent import run as agent_run
+from training.agent.dashboard import Api
+from training.agent.heartbeat import Heartbeat
+from training.agent.inputs import DataRefused, fetch_data
 from training.records import ByteTokenizer
 
 from .conftest import put_on_a_box
@@ -205,7 +207,7 @@ def test_the_agent_starts_no_trainer_on_data_that_does_not_match(launched, tmp_p
     spec["phases"][2]["data"]["sha256"] = spec["phases"][2]["data"]["manifest"]["data.jsonl"]["sha256"] = "0" * 64
     posts, started = [], []
 
-    class Dashboard(agent.Api):
+    class Dashboard(Api):
         def __init__(self):
             pass
 
@@ -213,10 +215,10 @@ def test_the_agent_starts_no_trainer_on_data_that_does_not_match(launched, tmp_p
             posts.append((path, body))
             return spec if path == "spec" else {}
 
-    monkeypatch.setattr(agent, "probe", lambda python: (True, "probe ok"))
-    monkeypatch.setattr(agent.subprocess, "Popen", lambda *a, **k: started.append(a))
-    heartbeat = agent.Heartbeat(Dashboard(), 60, 3600)
-    assert agent.run(Dashboard(), heartbeat, tmp_path / "work", "python") == 5
+    monkeypatch.setattr(agent_run, "probe", lambda python: (True, "probe ok"))
+    monkeypatch.setattr(agent_run.subprocess, "Popen", lambda *a, **k: started.append(a))
+    heartbeat = Heartbeat(Dashboard(), 60, 3600)
+    assert agent_run.run(Dashboard(), heartbeat, tmp_path / "work", "python") == 5
     assert started == [] and not (tmp_path / "work" / "recipe.json").exists()
     failed = [body for path, body in posts if path == "events" and body["kind"] == "trainer_failed"]
     assert len(failed) == 1 and "the data of phase 2 (dpo), example:dpo.jsonl, does not match its sha256" in \

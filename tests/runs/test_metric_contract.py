@@ -6,7 +6,8 @@ import time
 from runs import reports, run_data
 from runs.api import PointIn
 from runs.models import MetricPoint
-from training import agent, metric_fields
+from training import metric_fields
+from training.agent.metrics import to_point
 
 KEY = {metric_fields.PHASE, metric_fields.STEP, metric_fields.AT}
 
@@ -31,7 +32,7 @@ def test_the_agent_forwards_a_trainer_record_as_one_valid_point(tmp_path):
     record = {"phase": 2, "phase_name": "dpo", "kind": "dpo", "step": 9, "steps": 10, "time": time.time() - 60,
               "routed_b_count": 96, "gpu_peak_gib": 80.0, "tokens": 4096, "signal": True,
               **{f.name: ("triton" if f.kind is str else f.kind(1)) for f in metric_fields.FIELDS}}
-    point = json.loads(json.dumps(agent.to_point(record)))
+    point = json.loads(json.dumps(to_point(record)))
     assert set(point) == set(PointIn.model_fields)  # nothing the dashboard stores is left unsent, nothing extra
     parsed = PointIn(**point)
     assert (parsed.phase, parsed.step, parsed.gpu_mem_gib, parsed.kernel_path) == (2, 9, 1.0, "triton")

@@ -13,7 +13,7 @@ from runs import reports, storage
 from runs.launch import LaunchError, disk_need, example_recipe, launch
 from tests.runs.conftest import tiny_recipe
 from training import model_source
-from training.agent import fetch_model
+from training.agent.inputs import fetch_model
 
 from .test_storage_s3 import BUCKET, _Recorder, s3  # noqa: F401
 

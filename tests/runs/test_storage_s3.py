@@ -11,7 +11,8 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from runs import storage
-from training.agent import Api, Uploader, manifest_of, restore
+from training.agent import Api, manifest_of, restore
+from training.agent.uploads import Uploader
 
 BUCKET = "checkpoints"
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training import agent, checkpoint
+from training import checkpoint
+from training.agent.resume import restore
 from training.checkpoint_names import UnsafePath, inside
 
 NAME = "ckpt-p00-s00000002"
@@ -93,7 +94,7 @@ def test_the_agent_restores_no_file_outside_the_store(tmp_path):
     escaping_folder = {"phase": 0, "step": 1, "uri": "s3://runs/team/..", "manifest": {"a": entry},
                        "download": {"kind": "s3-get", "files": {}}}
     api = _Recorder()
-    assert agent.restore(api, [escaping_file, escaping_folder], tmp_path / "store") is None
+    assert restore(api, [escaping_file, escaping_folder], tmp_path / "store") is None
     assert not (tmp_path / "escaped").exists() and not any((tmp_path / "store").glob("*"))
     assert [(path, body["step"]) for path, body in api.posts] == [("checkpoints/rejected", 2),
                                                                    ("checkpoints/rejected", 1)]
