@@ -128,7 +128,8 @@ class Chaos:
     def tear_down(self) -> None:
         """Everything rented is destroyed the way a person would (forced), then the passes make it so."""
         for row in Instance.objects.filter(state__in=Instance.LIVE_STATES):
-            actions.destroy(row, reason="chaos: end of scenario", force=True, now=self.now())
+            actions.request_destroy(row, reason="chaos: end of scenario", now=self.now())
+            actions.destroy(row, reason="chaos: end of scenario", now=self.now())
         Run.objects.filter(state__in=Run.ACTIVE_STATES).update(state="cancelled", state_reason="end of scenario")
         self.passes(rounds=2)
         # Each scenario starts from nothing: the marketplace back to its catalogue, the database's rows gone.

@@ -77,17 +77,6 @@ INSTALLED_APPS = [
     "runs",
 ]
 
-# Work that knows how to move itself off a box the reaper found hung: each handler gets (instance, reason, now) and
-# returns True when it took the move over (a training run resumes from its checkpoint on a box it rents itself);
-# otherwise fleet.actions.replace rents a like box for the same work.
-FLEET_MOVE_HANDLERS = ["runs.supervisor.on_move"]
-# Work that wants to know the moment its box is attached to a machine: each handler gets (instance, now) in the
-# transaction that links the row to the machine (a run moves to "provisioning" on it in the same commit).
-FLEET_ATTACH_HANDLERS = ["runs.supervisor.on_box_attached"]
-# How a box serving an adapter reads it: (folder URI, file names, expires_s) -> a read grant for exactly those files
-# (fleet/inference/adapters.py); the store's credentials stay with runs.
-FLEET_READ_GRANT = "runs.serving.adapter_grant"
-
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

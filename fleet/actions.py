@@ -5,7 +5,7 @@ labelling the machine with the row's own id. A worker that dies between the two 
 `rent_waiting` rents or gives up on; a call that fails after the provider acted leaves a row that `sync` reconciles by
 that label, so nothing bills without a row. Destroying moves the row to "stopping"; only a sync that no longer sees
 the machine marks it destroyed, and one that still sees it after DESTROY_VERIFY_S destroys it again (and raises an
-alert if a destroy had been sent). Every failure path ends in `fail`, which tears the
+alert if a destroy had been sent). Every failure of a box ends in `fail`, which tears the
 machine down unless a person asked to keep it, until a time (`keep_until`), never by the mere presence of a flag.
 """
 
@@ -15,13 +15,14 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import TypeGuard
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
+from fleet import hooks
 from fleet.instances import ledger, waiting
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
@@ -103,8 +104,8 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
         record_event(instance, "rent-unknown", f"{exc} The next sync looks for label {instance.label}.", now)
         return instance
     except ProviderError as exc:
-        return fail(instance, f"Rent failed, nothing was rented: {without_secrets(str(exc), request.env)}", now=now,
-                    nothing_rented=True)
+        _fail_refused_rent(instance, f"Rent failed, nothing was rented: {without_secrets(str(exc), request.env)}", now)
+        return Instance.objects.get(pk=instance_id)
     _attach(instance, provider_id, now, how=f"rented as {instance.provider} instance {provider_id}")
     return Instance.objects.get(pk=instance_id)
 
@@ -129,44 +130,55 @@ def without_secrets(message: str, env: dict[str, str]) -> str:
 
 def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) -> None:
     """Links a row to the machine the provider made for it and starts billing it; destroys it at once if the row was
-    cancelled or failed meanwhile (teardown wins over a late rent). The FLEET_ATTACH_HANDLERS run in the same
+    cancelled or failed meanwhile (teardown wins over a late rent). The attach hooks (`fleet.hooks`) run in the same
     transaction, so the work the box is for (a run) learns of it whichever path attached it, or not at all."""
     with transaction.atomic():
         Instance.objects.filter(pk=instance.pk).update(provider_instance_id=provider_id)
         Instance.objects.filter(pk=instance.pk, state=State.REQUESTED).update(state=State.PROVISIONING)
-        instance.refresh_from_db()
+        instance.refresh_from_db()  # a person's destroy or a give-up may have landed while the rent call was out
         ledger.bill(instance, instance.usd_per_hour, now)
         record_event(instance, "rented", how, now)
         raise_alert(Alert.Kind.INSTANCE_RENTED, f"{instance.label}: {how} ({instance.num_gpus}x {instance.gpu_name}, "
                     f"${instance.usd_per_hour:.3f}/h)", instance=instance, now=now)
         if instance.state == State.PROVISIONING:
-            for path in settings.FLEET_ATTACH_HANDLERS:
-                import_string(path)(instance, now)
+            hooks.attached(instance, now)
     if instance.state in (State.STOPPING, State.FAILED):
         # Cancelled or given up on while the rent was in flight: it must not bill.
         Instance.objects.filter(pk=instance.pk).update(
             state=State.STOPPING, destroy_requested_at=now,
             destroy_reason=instance.destroy_reason or "it appeared after its rent had been cancelled or given up on")
-        _call_destroy(instance, now)
+        _send_destroy(instance, now)
 
 
 # -- failing and destroying --------------------------------------------------------------------------------------------
+# One function per path: `request_destroy` (a person's: recorded at once, its call queued), `destroy` (the product's
+# own, and the queued call behind a person's or a reaper's claim), `fail` (a failure, then the product's destroy),
+# `_cancel_unrented` (nothing was rented), `_finish_destroy` (the sync's, for a destroy unsent or not carried out).
+# Each claims the row with a conditional UPDATE and acts only if the count says it won.
+
+CLAIMABLE = (State.REQUESTED, State.PROVISIONING, State.RUNNING)  # live, and no destroy asked for yet
+ENDED = (State.DESTROYED, State.FAILED)
 
 
-def fail(instance: Instance, reason: str, *, now: datetime | None = None, nothing_rented: bool = False) -> Instance:
-    """Every failure path ends here: the reason is recorded and alerted once, and the machine is torn down unless a
-    person asked to keep it for debugging and that time has not passed. `nothing_rented` is for a rent the provider
-    refused outright; a rent whose outcome is unknown is torn down like a machine, once a sync finds it."""
+def fail(instance: Instance, reason: str, *, now: datetime | None = None) -> Instance:
+    """Every failure of a box ends here: the reason is recorded and alerted once, and the machine is destroyed unless
+    a person asked to keep it for debugging and that time has not passed. A rent whose outcome is unknown is torn
+    down like a machine, once a sync finds it."""
     now = now or timezone.now()
-    first_time = Instance.objects.filter(pk=instance.pk, failure_reason="").update(failure_reason=reason)
-    instance.refresh_from_db()
-    if first_time:
+    _record_failure(instance, reason, now)
+    return destroy(instance, reason=reason, now=now)
+
+
+def _fail_refused_rent(instance: Instance, reason: str, now: datetime) -> None:
+    """A rent the provider refused outright: failed with its reason, and no machine to destroy."""
+    _record_failure(instance, reason, now)
+    _end(instance, State.FAILED, now)
+
+
+def _record_failure(instance: Instance, reason: str, now: datetime) -> None:
+    if Instance.objects.filter(pk=instance.pk, failure_reason="").update(failure_reason=reason):  # said once
         record_event(instance, "failed", reason, now)
         raise_alert(Alert.Kind.INSTANCE_FAILED, f"{instance.label}: {reason}", instance=instance, now=now)
-    if instance.provider_instance_id is None and (nothing_rented or instance.rent_attempted_at is None):
-        _end(instance, State.FAILED, now)
-        return instance
-    return destroy(instance, reason=reason, now=now)
 
 
 def _rent_settled(instance: Instance, now: datetime) -> bool:
@@ -182,16 +194,16 @@ class KeepRefused(ValueError):
 
 def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: datetime | None = None,
                        then_destroy: str = "") -> Instance:
-    """Keeps the machine until now + hours. One the product decided to destroy but has not yet asked the provider to
-    (a reaper's or a wind-up's destroy still queued) goes back to running: the keep wins, and the queued destroy
-    then finds it kept. Once a destroy was sent there is nothing left to keep (KeepRefused). `then_destroy` is why
-    the box is done with: the sync destroys it for that reason the moment the keep expires (as a failed box)."""
+    """Keeps the machine until now + hours; returns the row as kept. One the product decided to destroy but has not
+    yet asked the provider to (a reaper's or a wind-up's destroy still queued) goes back to running: the keep wins,
+    and the queued destroy then finds it kept. Once a destroy was sent there is nothing left to keep (KeepRefused).
+    `then_destroy` is why the box is done with: the sync destroys it for that reason the moment the keep expires."""
     now = now or timezone.now()
     hours = min(float(hours), settings.MAX_KEEP_FOR_DEBUG_HOURS)
     who = by.get_username() if by else "the product"
     with transaction.atomic():
         row = Instance.objects.select_for_update().get(pk=instance.pk)
-        if row.state in (State.DESTROYED, State.FAILED) or (
+        if row.state in ENDED or (
                 row.state == State.STOPPING and (row.destroy_attempts or row.provider_instance_id is None)):
             raise KeepRefused(f"{row.label} cannot be kept: it is {row.state} (destroy already sent or no machine).")
         row.keep_until = now + timedelta(hours=hours)
@@ -209,45 +221,7 @@ def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: dateti
         row.save(update_fields=fields)
         record_event(row, "kept", f"{who} keeps it for debugging until {row.keep_until:%Y-%m-%d %H:%M} UTC "
                                   "(destroyed then if it has failed)", now)
-    instance.refresh_from_db()
-    return instance
-
-
-def destroy(instance: Instance, *, reason: str, now: datetime | None = None, by=None, force: bool = False,
-            send: bool = True) -> Instance:
-    """Idempotent. A person's destroy (`force`) overrides keep-for-debugging, and clears it; the product's own does
-    not. Without `send` the row is only claimed (stopping): a queued `destroy` or the sync makes the call."""
-    now = now or timezone.now()
-    instance.refresh_from_db()
-    if instance.state in (State.DESTROYED, State.FAILED):
-        return instance
-    if not force and instance.keep_until and instance.keep_until > now:
-        record_event(instance, "kept", f"Not destroyed ({reason}): kept for debugging until "
-                                       f"{instance.keep_until:%Y-%m-%d %H:%M} UTC.", now)
-        return instance
-    if instance.provider_instance_id is None and instance.rent_attempted_at is None:
-        if Instance.objects.filter(pk=instance.pk, state=State.REQUESTED, rent_attempted_at=None).update(
-                state=State.FAILED, ended_at=now, destroy_reason=reason):
-            record_event(instance, "cancelled", f"Cancelled before it was rented: {reason}", now)
-        instance.refresh_from_db()
-        return instance
-    claimable = Instance.objects.filter(pk=instance.pk, state__in=[State.REQUESTED, State.PROVISIONING, State.RUNNING])
-    if not force:  # a keep that committed since the check above still wins
-        claimable = claimable.filter(Q(keep_until__isnull=True) | Q(keep_until__lte=now))
-    claimed = claimable.update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now,
-                               **({"keep_until": None} if force else {}))
-    instance.refresh_from_db()
-    if not claimed:
-        # Already stopping. A reaper pass moves its rows there itself and hands the call over: this may be that call.
-        if send and instance.state == State.STOPPING and instance.provider_instance_id is not None:
-            _call_destroy(instance, now, first=True)
-            instance.refresh_from_db()
-        return instance  # otherwise the sync verifies and retries
-    who = f" by {by.get_username()}" if by else ""
-    record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
-    if send and instance.provider_instance_id is not None:
-        _call_destroy(instance, now)
-    return Instance.objects.get(pk=instance.pk)
+    return row
 
 
 def request_destroy(instance: Instance, *, reason: str, by=None, now: datetime | None = None) -> Instance:
@@ -255,14 +229,76 @@ def request_destroy(instance: Instance, *, reason: str, by=None, now: datetime |
     stopping at once and the keep for debugging it overrides is cleared, so a task lost with its broker is sent by
     the next sync (DESTROY_VERIFY_S), and a keep asked for after it still withdraws it while the call is unsent (the
     queued destroy then finds the box kept). A row nothing was rented for is cancelled here and then."""
-    return destroy(instance, reason=reason, now=now, by=by, force=True, send=False)
+    now = now or timezone.now()
+    instance.refresh_from_db()  # the page's copy may be minutes old
+    if instance.state in ENDED:
+        return instance
+    if _never_rented(instance):
+        _cancel_unrented(instance, reason, now)
+    elif Instance.objects.filter(pk=instance.pk, state__in=CLAIMABLE).update(
+            state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now, keep_until=None):
+        who = f" by {by.get_username()}" if by else ""
+        record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
+    return _as_now(instance)
 
 
-def _call_destroy(instance: Instance, now: datetime, *, first: bool = False) -> None:
-    """Asks the provider to destroy the machine; with `first`, only if no destroy was sent yet (claimed, so once)."""
-    attempt = Instance.objects.filter(pk=instance.pk, state=State.STOPPING)  # a keep may have withdrawn it
-    if first:
-        attempt = attempt.filter(destroy_attempts=0)
+def destroy(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance:
+    """The product's destroy (a run done with its box, a replacement, a failure, an expired keep), idempotent: a keep
+    for debugging wins. It is also the queued call behind a person's or a reaper's destroy, which move the row to
+    stopping themselves: it sends that row's first destroy call."""
+    now = now or timezone.now()
+    instance.refresh_from_db()  # the caller's copy may be a pass old
+    if instance.state in ENDED:
+        return instance
+    if _kept(instance, now):
+        record_event(instance, "kept", f"Not destroyed ({reason}): kept for debugging until "
+                                       f"{instance.keep_until:%Y-%m-%d %H:%M} UTC.", now)
+        return instance
+    if _never_rented(instance):
+        _cancel_unrented(instance, reason, now)
+        return _as_now(instance)
+    claimed = Instance.objects.filter(  # a keep that committed since the read above still wins
+        Q(keep_until__isnull=True) | Q(keep_until__lte=now), pk=instance.pk, state__in=CLAIMABLE,
+    ).update(state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now)
+    if claimed:
+        record_event(instance, "destroying", f"Destroy requested: {reason}", now)
+    if instance.provider_instance_id is None:
+        instance.refresh_from_db()  # its rent was in flight: the machine may have been attached since
+    if instance.provider_instance_id is not None:
+        if claimed:
+            _send_destroy(instance, now)
+        else:  # already stopping: this may be the call a person's or the reaper's destroy queued
+            _send_first_destroy(instance, now)
+    return _as_now(instance)
+
+
+def _kept(instance: Instance, now: datetime) -> bool:
+    return instance.keep_until is not None and instance.keep_until > now
+
+
+def _never_rented(instance: Instance) -> bool:
+    return instance.provider_instance_id is None and instance.rent_attempted_at is None
+
+
+def _cancel_unrented(instance: Instance, reason: str, now: datetime) -> None:
+    """A requested row whose rent was never attempted: failed, with no machine to call about."""
+    if Instance.objects.filter(pk=instance.pk, state=State.REQUESTED, rent_attempted_at=None).update(
+            state=State.FAILED, ended_at=now, destroy_reason=reason):  # a rent that claimed it first goes on
+        record_event(instance, "cancelled", f"Cancelled before it was rented: {reason}", now)
+
+
+def _send_destroy(instance: Instance, now: datetime) -> None:
+    """Asks the provider to destroy a stopping row's machine: right after its claim, or again (the sync's retry)."""
+    _call_destroy(instance, now, Instance.objects.filter(pk=instance.pk, state=State.STOPPING))
+
+
+def _send_first_destroy(instance: Instance, now: datetime) -> None:
+    """The call behind a destroy claimed elsewhere (a person's, the reaper's), unless one was sent already."""
+    _call_destroy(instance, now, Instance.objects.filter(pk=instance.pk, state=State.STOPPING, destroy_attempts=0))
+
+
+def _call_destroy(instance: Instance, now: datetime, attempt) -> None:
+    """One provider call, made only if `attempt` (the row, still stopping: a keep may have withdrawn it) claims it."""
     if not attempt.update(destroy_attempts=F("destroy_attempts") + 1, destroy_requested_at=now):
         return
     try:
@@ -286,7 +322,12 @@ def _end(instance: Instance, state: str, now: datetime, message: str = "") -> No
             record_event(instance, state, message, now)
         if state == State.DESTROYED:
             raise_alert(Alert.Kind.INSTANCE_DESTROYED, f"{instance.label}: {message}", instance=instance, now=now)
+
+
+def _as_now(instance: Instance) -> Instance:
+    """The row as the action left it, read into the caller's copy too."""
     instance.refresh_from_db()
+    return instance
 
 
 # -- sync --------------------------------------------------------------------------------------------------------------
@@ -327,7 +368,7 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
 def _isolated(what: str, step, *args) -> None:
     try:
         step(*args)
-    except Exception:  # noqa: BLE001 - logged with its traceback; the other rows must still be synced
+    except Exception:  # logged with its traceback; the other rows must still be synced
         log.exception("sync: %s failed for %s; the other rows go on", step.__name__, what)
 
 
@@ -369,11 +410,10 @@ def _listed_again(instance: Instance, record: InstanceRecord, now: datetime, rep
     """A machine whose row ended (destroyed, or gone from an earlier list) is listed again: it bills, and no rule
     would ever look at its row again. It is destroyed like any other, with an alert."""
     was = instance.state
-    if was == State.FAILED and instance.keep_until and instance.keep_until > now:
+    if was == State.FAILED and _kept(instance, now):
         # Kept for debugging, and taken for gone on a false answer: a user asked for this box, so it is watched
         # again (billed, and destroyed when its keep expires) rather than destroyed under them.
         if Instance.objects.filter(pk=instance.pk, state=State.FAILED).update(state=State.RUNNING, ended_at=None):
-            instance.refresh_from_db()
             ledger.bill(instance, instance.usd_per_hour, now)
             until = f"{instance.keep_until:%Y-%m-%d %H:%M} UTC"
             record_event(instance, "listed-again", f"{instance.label} was failed as gone, but {instance.provider} "
@@ -384,13 +424,12 @@ def _listed_again(instance: Instance, record: InstanceRecord, now: datetime, rep
             state=State.STOPPING, ended_at=None, destroy_requested_at=now,
             destroy_reason=instance.destroy_reason or instance.failure_reason or "listed again after it ended"):
         return
-    instance.refresh_from_db()
     ledger.bill(instance, instance.usd_per_hour, now)
     message = (f"{instance.label} was {was}, but {instance.provider} lists it again "
                f"({record.status or 'no status'}): it bills, so it is destroyed now.")
     record_event(instance, "listed-again", message, now)
     raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
-    _call_destroy(instance, now)
+    _send_destroy(instance, now)
     report.destroy_retried.append(instance.label)
 
 
@@ -431,8 +470,10 @@ def _adopt(provider_name: str, record: InstanceRecord, now: datetime, report: Sy
         return
     # A price the provider does not give is not taken as free: the spend cap counts the box at a ceiling until a
     # sync reads its price (the first one read then bills from the start, ledger.reprice_from_start).
-    known_price = record.usd_per_hour == 0 or _plausible_price(record.usd_per_hour)
-    price = record.usd_per_hour if known_price else settings.UNKNOWN_PRICE_USD_PER_HOUR
+    price = record.usd_per_hour
+    known_price = price is not None and (price == 0 or _plausible_price(price))
+    if price is None or not known_price:
+        price = settings.UNKNOWN_PRICE_USD_PER_HOUR
     adopted = Instance.objects.create(
         provider=provider_name, provider_instance_id=record.instance_id, idempotency_key=f"adopted-{provider_name}-"
         f"{record.instance_id}", state=State.PROVISIONING, purpose="adopted", offer_id="",
@@ -463,27 +504,11 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
     Instance.objects.filter(pk=instance.pk).update(**changes)
     if status == "running":
         Instance.objects.filter(pk=instance.pk, state=State.PROVISIONING).update(state=State.RUNNING, running_at=now)
-    instance.refresh_from_db()
-    if instance.state != State.STOPPING:
-        ledger.bill(instance, instance.usd_per_hour, now)
-
+    instance.refresh_from_db()  # with what a person, the reaper or a destroy did meanwhile
     if instance.state == State.STOPPING:
-        if instance.destroy_requested_at and now - instance.destroy_requested_at >= timedelta(
-                seconds=settings.DESTROY_VERIFY_S):
-            waited_s = int((now - instance.destroy_requested_at).total_seconds())
-            if instance.destroy_attempts == 0:  # e.g. a reaper's hand-over lost to a broker outage
-                record_event(instance, "destroy-unsent", f"No destroy was sent {waited_s} s after it was asked for "
-                                                         "(its task was lost): destroying now.", now)
-            else:
-                message = (f"{instance.label} is still listed {waited_s} s after destroy attempt "
-                           f"{instance.destroy_attempts}: destroying again.")
-                record_event(instance, "destroy-unconfirmed", message, now)
-                raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
-            # Still there, so it billed all along: count it from the failed attempt on.
-            ledger.bill(instance, instance.usd_per_hour, instance.destroy_requested_at)
-            _call_destroy(instance, now)
-            report.destroy_retried.append(instance.label)
+        _finish_destroy(instance, now, report)
         return
+    ledger.bill(instance, instance.usd_per_hour, now)
     if instance.failure_reason and instance.keep_until and instance.keep_until <= now:
         destroy(instance, reason=f"keep-for-debugging expired at {instance.keep_until:%Y-%m-%d %H:%M} UTC after: "
                                  f"{instance.failure_reason}", now=now)
@@ -495,11 +520,32 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
         report.failed.append(instance.label)
 
 
+def _finish_destroy(instance: Instance, now: datetime, report: SyncReport) -> None:
+    """A stopping row still listed DESTROY_VERIFY_S after its destroy was asked for: the call is sent, whether it was
+    never sent (its queued task lost) or the provider did not carry it out."""
+    if not instance.destroy_requested_at or now - instance.destroy_requested_at < timedelta(
+            seconds=settings.DESTROY_VERIFY_S):
+        return
+    waited_s = int((now - instance.destroy_requested_at).total_seconds())
+    if instance.destroy_attempts == 0:  # e.g. a reaper's hand-over lost to a broker outage
+        record_event(instance, "destroy-unsent", f"No destroy was sent {waited_s} s after it was asked for "
+                                                 "(its task was lost): destroying now.", now)
+    else:
+        message = (f"{instance.label} is still listed {waited_s} s after destroy attempt "
+                   f"{instance.destroy_attempts}: destroying again.")
+        record_event(instance, "destroy-unconfirmed", message, now)
+        raise_alert(Alert.Kind.DESTROY_UNCONFIRMED, message, instance=instance, now=now)
+    # Still there, so it billed all along: count it from the failed attempt on.
+    ledger.bill(instance, instance.usd_per_hour, instance.destroy_requested_at)
+    _send_destroy(instance, now)
+    report.destroy_retried.append(instance.label)
+
+
 # A machine's hourly price beyond this is a misread, not a price (the column holds under a million).
 MAX_USD_PER_HOUR = Decimal(10_000)
 
 
-def _plausible_price(usd_per_hour: Decimal | None) -> bool:
+def _plausible_price(usd_per_hour: Decimal | None) -> TypeGuard[Decimal]:
     return usd_per_hour is not None and 0 < usd_per_hour <= MAX_USD_PER_HOUR
 
 
@@ -593,7 +639,6 @@ def _give_up_unrented(instance: Instance, reason: str, now: datetime) -> bool:
     if not Instance.objects.filter(pk=instance.pk, state=State.REQUESTED, rent_attempted_at=None).update(
             state=State.FAILED, ended_at=now, failure_reason=reason, destroy_reason=reason):
         return False  # a rent claimed it first
-    instance.refresh_from_db()
     record_event(instance, "failed", reason, now)
     raise_alert(Alert.Kind.INSTANCE_FAILED, f"{instance.label}: {reason}", instance=instance, now=now)
     return True
@@ -603,7 +648,7 @@ def replace(instance: Instance, *, reason: str, now: datetime | None = None) -> 
     """Destroys a box that cannot go on and rents the best-ranked offer on another host for the same work; the new
     row points back at the old one. Retried, it rents once (the key names the replaced row)."""
     now = now or timezone.now()
-    if any(import_string(path)(instance, reason, now) for path in settings.FLEET_MOVE_HANDLERS):
+    if hooks.moved(instance, reason, now):  # the work moves itself (a run rents its own next box)
         return None
     destroy(instance, reason=reason, now=now)
     profile = instance.serving_model.profile if instance.serving_model_id else None

@@ -41,8 +41,8 @@ def rent_instance(instance_id: int) -> None:
     _send(RENT_INSTANCE, instance_id)
 
 
-def destroy_instance(instance_id: int, reason: str, force: bool = False) -> None:
-    _send(DESTROY_INSTANCE, instance_id, reason, force)
+def destroy_instance(instance_id: int, reason: str) -> None:
+    _send(DESTROY_INSTANCE, instance_id, reason)
 
 
 def move_instance(instance_id: int, reason: str) -> None:

@@ -60,8 +60,8 @@ def rent_instance(instance_id: int) -> str:
 
 
 @shared_task(name=enqueue.DESTROY_INSTANCE, soft_time_limit=180, time_limit=210, **ONE_OFF)
-def destroy_instance(instance_id: int, reason: str, force: bool = False) -> str:
-    return actions.destroy(Instance.objects.get(pk=instance_id), reason=reason, force=force).state
+def destroy_instance(instance_id: int, reason: str) -> str:
+    return actions.destroy(Instance.objects.get(pk=instance_id), reason=reason).state
 
 
 @shared_task(expires=30, soft_time_limit=240, time_limit=270)

@@ -114,5 +114,5 @@ def serve(run: Run, adapter: Servable, data: dict, *, user=None) -> InferenceMod
 
 
 def adapter_grant(folder_uri: str, names, expires_s: int) -> dict:
-    """settings.FLEET_READ_GRANT: a serving box's read access to exactly the adapter's files, expiring."""
+    """fleet.hooks.on_read_grant: a serving box's read access to exactly the adapter's files, expiring."""
     return storage.read_grant(folder_uri, names, expires_s)

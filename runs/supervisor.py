@@ -329,7 +329,7 @@ def run_ranking_recipe(run: Run) -> Recipe:
 
 
 def on_box_attached(instance: Instance, now: datetime) -> None:
-    """A machine was attached to a run's current box (a FLEET_ATTACH_HANDLERS entry, in that transaction): the run
+    """A machine was attached to a run's current box (fleet.hooks.on_attach, in that transaction): the run
     moves to "provisioning" on it, whether the supervisor's own rent or a sync that found it by label attached it."""
     run = Run.objects.filter(current_instance=instance, state__in=(lifecycle.PENDING, lifecycle.RECOVERING)).first()
     if run is None:
@@ -340,7 +340,7 @@ def on_box_attached(instance: Instance, now: datetime) -> None:
 
 
 def on_move(instance: Instance, reason: str, now: datetime) -> bool:
-    """The reaper found a run's box hung (a FLEET_MOVE_HANDLERS entry): the run leaves it and resumes on a box it
+    """The reaper found a run's box hung (fleet.hooks.on_move): the run leaves it and resumes on a box it
     rents itself, never on a like box rented for it. A run's box the run has left already is only destroyed."""
     run = Run.objects.filter(current_instance=instance, state__in=lifecycle.ON_A_BOX).first()
     if run is None and not RunAttempt.objects.filter(instance=instance).exists():

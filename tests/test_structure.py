@@ -54,7 +54,10 @@ def _graph() -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
         for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             for node in ast.walk(function):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    hidden += [(name, t) for t in _imported(name, path, node)]
+                    if name.endswith(".apps") and function.name == "ready":  # Django's place for them: models loaded
+                        graph[name] |= set(_imported(name, path, node))
+                    else:
+                        hidden += [(name, t) for t in _imported(name, path, node)]
     return graph, hidden
 
 

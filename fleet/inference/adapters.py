@@ -2,7 +2,7 @@
 
 A box of an adapter model gets in its environment (FLEET_ADAPTER_*, in parts) a read grant for exactly the adapter's
 files, presigned GETs that expire after STORAGE_GRANT_S (or the folder, on the embedded default), made when the box is
-rented by `settings.FLEET_READ_GRANT` (fleet never reads runs, where the store's credentials live), and the files'
+rented by `fleet.hooks.read_grant` (fleet never reads runs, where the store's credentials live), and the files'
 manifest. Its start script fetches every file (fleet/inference/adapter_fetch.py, sent as text), refuses the lot
 unless each has the manifest's size and sha256, and only then starts `vllm serve BASE --enable-lora --lora-modules
 NAME=FOLDER`. vLLM lists the base and each adapter as entries of /v1/models, an adapter's `parent` naming its base:
@@ -15,7 +15,8 @@ import shlex
 from pathlib import Path
 
 from django.conf import settings
-from django.utils.module_loading import import_string
+
+from fleet import hooks
 
 ENV = "FLEET_ADAPTER"
 VLLM_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM loads an adapter from
@@ -52,8 +53,7 @@ def box_env(model) -> dict[str, str]:
     """The adapter's read grant and manifest, made now: a box rented later (a replacement) gets a fresh one. A grant
     of presigned URLs runs to thousands of characters, so it goes in parts (FLEET_ADAPTER_0, _1, ... and
     FLEET_ADAPTER_PARTS, their number), which the fetch program joins."""
-    grant = import_string(settings.FLEET_READ_GRANT)(model.adapter_uri, sorted(model.adapter_manifest),
-                                                     settings.STORAGE_GRANT_S)
+    grant = hooks.read_grant(model.adapter_uri, sorted(model.adapter_manifest), settings.STORAGE_GRANT_S)
     text = json.dumps({"grant": grant, "manifest": model.adapter_manifest}, sort_keys=True)
     parts = [text[i:i + ENV_PART] for i in range(0, len(text), ENV_PART)]
     return {f"{ENV}_PARTS": str(len(parts)), **{f"{ENV}_{i}": part for i, part in enumerate(parts)}}

@@ -170,7 +170,7 @@ def keep_for_debugging(request, pk):
         messages.error(request, f"Keep it for 0 to {settings.MAX_KEEP_FOR_DEBUG_HOURS} hours.")
     else:
         try:
-            actions.keep_for_debugging(instance, hours, by=request.user)
+            instance = actions.keep_for_debugging(instance, hours, by=request.user)
         except actions.KeepRefused as exc:
             messages.error(request, str(exc))
         else:

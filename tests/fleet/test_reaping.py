@@ -205,7 +205,7 @@ def test_a_keep_that_lands_between_a_destroys_claim_and_its_call_wins(market):
     box = _rented(_offers()[0], "raced", running_at=now - timedelta(hours=1), last_process_at=now)
     Instance.objects.filter(pk=box.pk).update(state=State.STOPPING, destroy_requested_at=now, destroy_reason="done")
     actions.keep_for_debugging(box, 2, now=now)
-    actions._call_destroy(box, now)  # the claimer's call, arriving late
+    actions._send_destroy(box, now)  # the claimer's call, arriving late
     box.refresh_from_db()
     assert box.state == State.RUNNING and box.destroy_attempts == 0
     with get_provider() as provider:

@@ -1,0 +1,57 @@
+"""What fleet asks of the work its boxes are for, which it cannot import (runs builds on fleet, never the reverse):
+each app registers its answers in its AppConfig.ready (runs/apps.py), and fleet calls them through here."""
+
+from collections.abc import Callable
+from datetime import datetime
+
+from django.core.exceptions import ImproperlyConfigured
+
+from fleet.models import Instance
+
+AttachHandler = Callable[[Instance, datetime], None]
+MoveHandler = Callable[[Instance, str, datetime], bool]
+ReadGrant = Callable[[str, list[str], int], dict]
+
+_attach: list[AttachHandler] = []
+_move: list[MoveHandler] = []
+_read_grant: list[ReadGrant] = []
+
+
+def on_attach(handler: AttachHandler) -> AttachHandler:
+    """`handler(instance, now)` runs in the transaction that attaches a machine to the row (a run moves onto it)."""
+    return _register(_attach, handler)
+
+
+def on_move(handler: MoveHandler) -> MoveHandler:
+    """`handler(instance, reason, now)` for a box the reaper found hung: True when it moved the work itself (a run
+    resumes on a box it rents); otherwise `actions.replace` rents a like box for the same work."""
+    return _register(_move, handler)
+
+
+def on_read_grant(grant: ReadGrant) -> ReadGrant:
+    """`grant(folder_uri, names, expires_s)`: read access to exactly those files of an adapter, for a serving box."""
+    if _read_grant and _read_grant[0] is not grant:
+        raise ImproperlyConfigured(f"A read grant is registered already ({_read_grant[0].__qualname__}).")
+    return _register(_read_grant, grant)
+
+
+def _register(handlers: list, handler):
+    if handler not in handlers:  # ready() may run again (a test's app registry): once is enough
+        handlers.append(handler)
+    return handler
+
+
+def attached(instance: Instance, now: datetime) -> None:
+    for handler in _attach:
+        handler(instance, now)
+
+
+def moved(instance: Instance, reason: str, now: datetime) -> bool:
+    """Whether a handler took the move of the box's work over (the first that does ends the asking)."""
+    return any(handler(instance, reason, now) for handler in _move)
+
+
+def read_grant(folder_uri: str, names: list[str], expires_s: int) -> dict:
+    if not _read_grant:
+        raise ImproperlyConfigured("No app registered a read grant for adapters (runs does, in its ready()).")
+    return _read_grant[0](folder_uri, names, expires_s)
