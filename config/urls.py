@@ -8,9 +8,9 @@ from django.views.generic import RedirectView
 
 from config.dashboard import dashboard
 from config.health import healthz
+from fleet import instance_views
 from fleet.alerts import views as alert_views
 from fleet.inference import views as inference_views
-from fleet.instances import views as instance_views
 from fleet.offers import views as offer_views
 from runs import chart_views, dataset_views, prometheus
 from runs import views as run_views

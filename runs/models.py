@@ -1,5 +1,6 @@
 from django.db import models
 
+from fleet.models.events import Event
 from runs import lifecycle
 
 
@@ -191,16 +192,10 @@ class Checkpoint(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "phase", "step"], name="one_checkpoint_per_step")]
 
 
-class RunEvent(models.Model):
+class RunEvent(Event):
     """Every transition of a run, and everything its box reported, with the reason."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField()
-    kind = models.CharField(max_length=40)
-    message = models.TextField()
-
-    class Meta:
-        ordering = ["-at", "-id"]
 
 
 class Pulse(models.Model):

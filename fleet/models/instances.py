@@ -1,5 +1,7 @@
 from django.db import models
 
+from fleet.models.events import Event
+
 
 class Instance(models.Model):
     """A machine we rented (or asked to rent). The row is written before the provider is called, so a worker that
@@ -105,13 +107,7 @@ class CostSegment(models.Model):
         indexes = [models.Index(fields=["ended_at"]), models.Index(fields=["started_at"])]
 
 
-class InstanceEvent(models.Model):
+class InstanceEvent(Event):
     """What happened to an instance and why, in words a user reads on its page."""
 
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField()
-    kind = models.CharField(max_length=40)
-    message = models.TextField()
-
-    class Meta:
-        ordering = ["-at", "-id"]
