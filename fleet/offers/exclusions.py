@@ -3,40 +3,13 @@ catalogue of thousands excludes most offers for a handful of reasons, and a list
 
 from dataclasses import dataclass
 
-from fleet.ranking.filters import BITS, NO_THROUGHPUT, UNBOUNDED_COST
+from fleet.ranking.filters import BITS, FILTERS, NO_THROUGHPUT, UNBOUNDED_COST
 from fleet.ranking.price import rental_price
 
-# A group's heading, by the filter that excluded its offers first; a filter not named here reads as its own name.
-HEADINGS = {
-    "rentable": "not rentable",
-    "bids": "interruptible (bid), and bids are not allowed",
-    "gpus_unknown": "GPU count unknown",
-    "gpus_needed": "fewer GPUs than the recipe trains on",
-    "gpu_count": "GPU count outside the range",
-    "vram_unknown": "VRAM unknown",
-    "vram_range": "VRAM outside the GPU tiers",
-    "vram_needed": "too little VRAM for the model",
-    "price_unknown": "price unknown",
-    "price_cap": "above the price cap",
-    "driver_unknown": "driver unknown",
-    "driver_old": "driver older than needed",
-    "cuda_unknown": "CUDA unknown",
-    "cuda_old": "CUDA older than needed",
-    "disk_unknown": "disk unknown",
-    "disk": "too little disk",
-    "downlink_unknown": "downlink unknown",
-    "downlink": "downlink too slow",
-    "uplink_unknown": "uplink unknown",
-    "uplink": "uplink too slow",
-    "location_unknown": "location unknown",
-    "location": "outside the locations",
-    "reliability_unknown": "reliability unknown",
-    "reliability": "reliability too low",
-    "verified": "host not verified",
-}
-_BY_BIT = {bit: HEADINGS.get(name, name.replace("_", " ")) for name, bit in BITS.items()}
-_BY_BIT[NO_THROUGHPUT] = "no throughput figure for the GPU"
-_BY_BIT[UNBOUNDED_COST] = "the run would never finish (no bandwidth, or the host is lost first)"
+# A group's heading, by the filter (or the ranking's own test) that excluded its offers first.
+HEADINGS = {BITS[f.name]: f.heading for f in FILTERS}
+HEADINGS[NO_THROUGHPUT] = "no throughput figure for the GPU"
+HEADINGS[UNBOUNDED_COST] = "the run would never finish (no bandwidth, or the host is lost first)"
 
 
 @dataclass(frozen=True)
@@ -56,7 +29,7 @@ def grouped(excluded, shown_per_group: int, disk_gb: int) -> list[ExcludedGroup]
     members: dict[int, list] = {}
     for exclusion in excluded:
         members.setdefault(exclusion.mask & -exclusion.mask, []).append(exclusion)  # its first reason's bit
-    groups = [ExcludedGroup(heading=_BY_BIT.get(bit, "other"), count=len(items), key=f"reason-{bit.bit_length()}",
+    groups = [ExcludedGroup(heading=HEADINGS.get(bit, "other"), count=len(items), key=f"reason-{bit.bit_length()}",
                             rows=[(x, _price(x.offer, disk_gb)) for x in items[:shown_per_group]])
               for bit, items in members.items()]
     return sorted(groups, key=lambda g: (-g.count, g.heading))
