@@ -25,6 +25,7 @@ from bench.train_step import MODELS  # noqa: E402
 from training import rollout  # noqa: E402
 from training.examples.tiny import TINY_CONFIG  # noqa: E402
 from training.lora import attach_lora  # noqa: E402
+from training.recipe import ModelSettings  # noqa: E402
 from training.train import build_model  # noqa: E402
 
 PAD = 0
@@ -79,7 +80,7 @@ def main():
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, model {args.model if device.type == 'cuda' else 'tiny'}, "
           f"{layers} layers", flush=True)
-    base = build_model({"config": {**config, "num_hidden_layers": layers}, "dtype": dtype, "seed": 0}, device)
+    base = build_model(ModelSettings(config={**config, "num_hidden_layers": layers}, dtype=dtype), device)
     model = attach_lora(base, r=32, alpha=64)
     model.eval()
     ids, mask = prompts(args.batch, args.prompt_tokens, config["vocab_size"], device)

@@ -48,8 +48,9 @@ from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
 from training.data import _pack, boundaries_width, collate, pad_pairs  # noqa: E402
 from training.packing import with_host_ends  # noqa: E402
 from training.losses import causal_lm_loss, dpo_loss  # noqa: E402
-from training.train import (_to_device, allocator_defaults, build_model, lr_lambda, optimizer_step,  # noqa: E402
-                            parameter_groups)
+from training.phase import PhaseLoss, Trainee, lr_lambda, to_device  # noqa: E402
+from training.recipe import ModelSettings  # noqa: E402
+from training.train import allocator_defaults, build_model, parameter_groups  # noqa: E402
 
 MODELS = {
     "qwen3-30b-a3b": ({
@@ -73,7 +74,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 def build(backend, config, layers, checkpointing):
     dtype = "bfloat16" if DEVICE.type == "cuda" else "float32"  # the CPU smoke run: float32 matmuls
-    base = build_model({"config": {**config, "num_hidden_layers": layers}, "dtype": dtype, "seed": 0}, DEVICE)
+    base = build_model(ModelSettings(config={**config, "num_hidden_layers": layers}, dtype=dtype), DEVICE)
     if checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if backend.startswith("ours"):
@@ -104,20 +105,20 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         micro, loss_fn, phase = micro_batches(model, config, accum, batch, seq_len, packed), causal_lm_loss, \
             {"kind": "cpt"}
     ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
+    trainee = Trainee(model, groups, distributed.OneRank(DEVICE), runner, max_grad_norm=1.0)
     # As the trainer runs (training/train.py): our experts add the routed LoRA gradients into .grad themselves.
     in_place = moe_lora.grads_accumulated_in_place(model) if backend.startswith("ours") else contextlib.nullcontext()
     with in_place:
         # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture,
         # replays), guard on (it must pass on ours).
-        optimizer_step(model, micro, loss_fn, phase, ctx, optimizer, scheduler, groups, 1.0,
-                       check_guard=backend.startswith("ours"), graphs=runner)
+        trainee.optimizer_step(micro, PhaseLoss(loss_fn, phase, ctx), optimizer, scheduler,
+                               check_guard=backend.startswith("ours"))
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         records = []
         for _ in range(steps):
-            records.append(optimizer_step(model, micro, loss_fn, phase, ctx, optimizer, scheduler, groups,
-                                          1.0, graphs=runner))
+            records.append(trainee.optimizer_step(micro, PhaseLoss(loss_fn, phase, ctx), optimizer, scheduler))
         micro_s = _micro_steps_s(model, micro, loss_fn, phase, ctx, runner)
     seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
     # the tokens through the forward: DPO's real ones (not its padding)
@@ -139,7 +140,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "grad_norms_shared_expert": [r["grad_norm_shared_expert"] for r in records],
         "routed_b_zero": records[-1]["routed_b_zero"],
     }
-    del model, optimizer, scheduler, groups, micro, runner
+    del model, optimizer, scheduler, groups, micro, runner, trainee
     return result
 
 
@@ -154,7 +155,7 @@ def micro_batches(model, config, accum, batch, seq_len, packed=None):
         return [{"input_ids": x.to(DEVICE), "labels": x.to(DEVICE)} for x in ids]
     rows = [_packed_rows(config["vocab_size"], batch, seq_len, packed, gen) for _ in range(accum)]
     width = boundaries_width([row for micro in rows for row in micro], batch)
-    return [_to_device(with_host_ends(model, collate("cpt", micro, 0, width=width)), DEVICE) for micro in rows]
+    return [to_device(with_host_ends(model, collate("cpt", micro, 0, width=width)), DEVICE) for micro in rows]
 
 
 def preference_batches(config, accum, pairs, seq_len):
@@ -177,7 +178,7 @@ def preference_batches(config, accum, pairs, seq_len):
                 rows[side].append((tokens(prompt), tokens(completion)))
         batch = pad_pairs(rows["chosen"] + rows["rejected"], 0, seq_len)
         batch["ref_logps"] = torch.zeros(2 * pairs)
-        micro.append(_to_device(batch, DEVICE))
+        micro.append(to_device(batch, DEVICE))
     return micro
 
 
@@ -387,8 +388,8 @@ def measure_ranks(args):
     ranks = distributed.join(args.gpus, args.device if args.device != "auto" else None)
     DEVICE = ranks.device
     dtype = "bfloat16" if DEVICE.type == "cuda" else "float32"
-    base = build_model({"config": {**args.config, "num_hidden_layers": args.layers}, "dtype": dtype, "seed": 0},
-                       distributed.build_device(ranks, DEVICE))  # the first rank loads, the others receive
+    base = build_model(ModelSettings(config={**args.config, "num_hidden_layers": args.layers}, dtype=dtype),
+                       ranks.build_device())  # the first rank loads, the others receive
     model = ranks.shard(attach_lora(base, r=32, alpha=64))
     model.train()
     groups = parameter_groups(model)
@@ -398,11 +399,10 @@ def measure_ranks(args):
     micro = [{"input_ids": x, "labels": x} for x in (
         torch.randint(0, args.config["vocab_size"], (args.batch, args.seq_len), device=DEVICE, generator=gen)
         for _ in range(args.accum))]
-    ctx, phase = {"device": DEVICE, "tokenizer": None, "reward_fn": None}, {"kind": "cpt"}
-    optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0, check_guard=True,
-                   ranks=ranks)  # warm-up, the guard on every rank
-    records = [optimizer_step(model, micro, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
-                              ranks=ranks) for _ in range(args.steps)]
+    loss = PhaseLoss(causal_lm_loss, {"kind": "cpt"}, {"device": DEVICE, "tokenizer": None, "reward_fn": None})
+    trainee = Trainee(model, groups, ranks, max_grad_norm=1.0)
+    trainee.optimizer_step(micro, loss, optimizer, scheduler, check_guard=True)  # warm-up, the guard on every rank
+    records = [trainee.optimizer_step(micro, loss, optimizer, scheduler) for _ in range(args.steps)]
     peaks = ranks.gather(_peaks())
     if ranks.main:
         seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
@@ -417,7 +417,7 @@ def measure_ranks(args):
             "loss": round(records[-1]["loss"], 4), "kernel_path": records[-1]["kernel_path"],
             "grad_norms_routed_per_rank": [r["grad_norm_routed_local"] for r in records[-1]["ranks"]],
         }), flush=True)
-    distributed.leave(ranks)
+    ranks.leave()
     return 0
 
 

@@ -11,18 +11,21 @@ on every rank, never averaged, each rank training its own adapter.
 
 Each rank reads its own slice of every global batch (`rank_slice`); the loss is each rank's mean, averaged over the
 ranks. The guards run on every rank and stop every rank when one fails (`everywhere`). Checkpoints:
-training/sharded_checkpoint.py.
+training/sharded_checkpoint.py. A one-process run gets a `OneRank`, with the same methods, so the trainer's loop
+never asks how many ranks there are.
 """
 
+import functools
 import os
 import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from training import expert_parallel, guards
+from training import checkpoint, expert_parallel, families, guards, sharded_checkpoint
 from training.lora import routed_experts_modules
 
 
@@ -49,6 +52,74 @@ def launched_ranks():
 
 
 @dataclass
+class OneRank:
+    """A one-process run, with the methods of `Ranks`: each one what that method comes to on a single rank."""
+
+    device: torch.device
+    rank = 0
+    size = 1
+    main = True
+    can_capture = True  # its micro-steps read nothing on the host: CUDA graphs may replay them
+
+    def sum(self, tensor):
+        return tensor
+
+    def any(self, flag):
+        return bool(flag)
+
+    def gather(self, value):
+        return [value]
+
+    def barrier(self):
+        pass
+
+    def everywhere(self, check):
+        return check()
+
+    def rank_slice(self, indices):
+        return indices
+
+    def build_device(self):
+        return self.device
+
+    def shard(self, model):
+        """Nothing to split; the start-up guard `Ranks.shard` runs layer by layer runs on the whole model."""
+        guards.check_experts_forward_is_ours(model)
+        return model
+
+    def average_expert_grads(self):
+        pass
+
+    def grad_norm(self, params):
+        return grad_squares(params).sqrt()
+
+    def local_figures(self, groups):
+        return {}
+
+    def totals(self, record):
+        return record
+
+    def uploader(self, model, store, staging, keep, protected=frozenset()):
+        return checkpoint.Uploader(store, staging, keep, protected=protected)
+
+    def resume(self, model, store, staging, check):
+        """(name, trainer state) of the newest complete checkpoint, its adapter loaded into `model` once `check(name,
+        state)` has passed; or (None, None)."""
+        from peft import set_peft_model_state_dict
+
+        name = checkpoint.latest_complete(store)
+        if name is None:
+            return None, None
+        adapter, state = checkpoint.load(store, name, Path(staging) / "resume")
+        check(name, state)
+        set_peft_model_state_dict(model, {k: v.to(self.device) for k, v in adapter.items()})
+        return name, state
+
+    def leave(self):
+        pass
+
+
+@dataclass
 class Ranks:
     """This process's place among the ranks, and what the trainer needs of them."""
 
@@ -57,6 +128,7 @@ class Ranks:
     device: torch.device
     mesh: object
     slices: expert_parallel.ExpertSlices | None = None
+    can_capture = False  # the experts' exchange reads its split sizes on the host: no CUDA graphs
 
     @property
     def main(self):
@@ -97,6 +169,12 @@ class Ranks:
         per_rank = len(indices) // self.size
         return indices[self.rank * per_rank:(self.rank + 1) * per_rank]
 
+    def build_device(self):
+        """Where this rank builds the model before `shard`: the first rank loads it into host memory, the others
+        build it on the meta device (no memory, nothing read) and receive each part from the first as it is
+        sharded."""
+        return torch.device("cpu") if self.main else torch.device("meta")
+
     def shard(self, model):
         """Split the routed experts over the ranks, then shard the rest with FSDP2, one decoder layer at a time:
         each layer is moved to this rank's device (on every rank but the first, which loaded the model, made there
@@ -111,7 +189,7 @@ class Ranks:
             self._receive(layer, [])
             expert_parallel.split_module(layer, self.slices)
             if routed_experts_modules(layer):
-                self.everywhere(lambda: guards.check_experts_forward_is_ours(layer))
+                self.everywhere(functools.partial(guards.check_experts_forward_is_ours, layer))
             kept = self.slices.local_ids()
             fully_shard(layer, mesh=self.mesh, ignored_params={p for p in layer.parameters() if id(p) in kept})
         self._receive(model, layers)  # embeddings, final norm, head, rotary buffers
@@ -147,6 +225,15 @@ class Ranks:
     def average_expert_grads(self):
         expert_parallel.average_expert_grads(self.slices)
 
+    def grad_norm(self, params):
+        """The gradient norm of `params` over every rank's part of them (FSDP shards, expert slices)."""
+        return self.sum(grad_squares(params).to(self.device)).sqrt()
+
+    def local_figures(self, groups):
+        """This rank's own figures for `totals` to keep, read before the gradients are zeroed: the norm of its
+        slice of the routed LoRA's gradients."""
+        return {"grad_norm_routed_local": float(grad_squares(groups.get(families.ROUTED, ())).sqrt())}
+
     def full_value(self, name, param, tensor=None):
         """A parameter's (or its gradient's, or optimizer state's) whole-model value; every rank calls it."""
         tensor = param.detach() if tensor is None else tensor
@@ -175,20 +262,26 @@ class Ranks:
         total["ranks"] = everyone
         return total
 
+    def uploader(self, model, store, staging, keep, protected=frozenset()):
+        return sharded_checkpoint.ShardedUploader(self, model, store, staging, keep, protected=protected)
+
+    def resume(self, model, store, staging, check):
+        """(name, trainer state) of the newest complete checkpoint, loaded into `model` on every rank (DCP loads in
+        place, before `check(name, state)` can run); or (None, None)."""
+        name, state = sharded_checkpoint.resume(self, model, store, staging)
+        if name is not None:
+            check(name, state)
+        return name, state
+
+    def leave(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
 
 # A rank's own figures, kept in the record under "ranks" (the gradient norms are of its local slice of the routed
 # experts, so a rank whose experts got nothing shows there).
 PER_RANK = ("loss", "tokens", "step_s", "routed_b_zero", "routed_b_count", "routed_b_norm", "grad_norm_routed_local",
             "gpu_mem_gib", "gpu_peak_gib", "gpu_allocated_gib")
-
-
-def build_device(ranks, device):
-    """Where a rank builds the model before `Ranks.shard`: the first rank loads it into host memory, the others
-    build it on the meta device (no memory, nothing read) and receive each part from the first as it is sharded;
-    one process builds it on its device."""
-    if ranks is None:
-        return device
-    return torch.device("cpu") if ranks.main else torch.device("meta")
 
 
 def decoder_layers(model):
@@ -200,10 +293,10 @@ def decoder_layers(model):
 
 
 def join(gpus, device=None):
-    """Join the ranks torchrun started for a recipe of `gpus` GPUs; None for a one-process run."""
+    """Join the ranks torchrun started for a recipe of `gpus` GPUs; a OneRank for a one-process run."""
     launched = launched_ranks()
     if gpus == 1 and launched == 1:
-        return None
+        return OneRank(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
     if launched != gpus:
         raise RuntimeError(f"the recipe asks for {gpus} GPU(s) but {launched} rank(s) were started; start it with "
                            f"{command_line('RECIPE', gpus)}")
@@ -224,11 +317,12 @@ def join(gpus, device=None):
     return Ranks(rank=dist.get_rank(), size=dist.get_world_size(), device=device, mesh=mesh)
 
 
-def leave(ranks):
-    if ranks is not None and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def local(tensor):
     """The part of a tensor this rank holds (an FSDP-sharded DTensor's shard; a plain tensor itself)."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def grad_squares(params):
+    """The sum of squares of this rank's part of the gradients of `params` (a 0-d tensor)."""
+    grads = [local(p.grad) for p in params if p.grad is not None]
+    return torch.stack([g.float().norm() ** 2 for g in grads]).sum() if grads else torch.zeros(())

@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from training import distributed, guards, train  # noqa: E402
+from training import distributed, guards, phase, train  # noqa: E402
 from training.lora import attach_lora  # noqa: E402
+from training.recipe import ModelSettings  # noqa: E402
 
 CONFIG = {
     "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
@@ -26,7 +27,7 @@ CONFIG = {
 
 
 def _model():
-    base = train.build_model({"config": CONFIG, "dtype": "float32", "seed": 0}, "cpu")
+    base = train.build_model(ModelSettings(config=CONFIG, dtype="float32"), "cpu")
     model = attach_lora(base, r=4, alpha=8)
     with torch.no_grad():  # B nonzero, so that every A gets a gradient too
         for name, param in model.named_parameters():
@@ -54,7 +55,7 @@ def grads(out):
         expected = {n: p.grad for n, p in whole.named_parameters() if p.requires_grad}
         torch.save({"got": got, "expected": expected, "fsdp_sharded": sharded, "ranks": ranks.size}, out)
     guard(ranks)
-    distributed.leave(ranks)
+    ranks.leave()
 
 
 def guard(ranks):
@@ -71,7 +72,7 @@ def guard(ranks):
 
 def die(rank, call, recipe):
     calls = [0]
-    micro_step = train.eager_micro_step
+    micro_step = phase.eager_micro_step
 
     def dying(*args, **kwargs):
         calls[0] += 1
@@ -79,7 +80,7 @@ def die(rank, call, recipe):
             os.kill(os.getpid(), signal.SIGKILL)
         return micro_step(*args, **kwargs)
 
-    train.eager_micro_step = dying
+    phase.eager_micro_step = dying
     return train.main(["--recipe", recipe])
 
 

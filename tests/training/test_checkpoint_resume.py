@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from training import checkpoint
 from training.examples.tiny import tiny_recipe
+from training.recipe import RecipeError
 from training.train import STOPPED_EXIT, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,3 +196,13 @@ def test_it_checkpoints_and_stops_on_sigterm(tmp_path):
     resumed = _train(recipe_path)
     out = resumed.communicate(timeout=180)[0]
     assert resumed.returncode == 0 and f"resuming from checkpoint {checkpoint.checkpoint_name(*last)}" in out
+
+
+def test_a_checkpoint_of_another_recipe_is_refused_before_its_adapter_is_loaded(tmp_path):
+    """Another phase at the checkpoint's position (and here another adapter shape, which loading first would trip
+    over): the error names the checkpoint and the phase."""
+    run(tiny_recipe(tmp_path, phases=[("cpt", 2)]), out=lambda line: None)
+    other = tiny_recipe(tmp_path, phases=[("sft", 2)], lora={"r": 8})
+    with pytest.raises(RecipeError, match="checkpoint ckpt-p00-s00000002 is from phase 'cpt', which this recipe does "
+                                          "not have at position 0"):
+        run(other, out=lambda line: None)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from training import checkpoint, distributed
 from training.examples.tiny import TINY_CONFIG
-from training.recipe import RecipeError, validate
+from training.recipe import ModelSettings, RecipeError, validate
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -171,7 +171,7 @@ def test_it_refuses_a_rank_count_other_than_the_recipes(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RuntimeError, match=re.escape("the recipe asks for 2 GPU(s) but 1 rank(s) were started")):
         distributed.join(2)
-    assert distributed.join(1) is None
+    assert isinstance(distributed.join(1), distributed.OneRank)
 
 
 def test_the_launch_command_follows_the_recipes_gpus():
@@ -215,8 +215,7 @@ def test_ranks_after_the_first_build_the_model_without_reading_or_holding_weight
     for weights in (tmp_path / "model").glob("*.safetensors"):
         weights.unlink()  # nothing to read: a rank that tried would fail
     first, other = (distributed.Ranks(rank, 2, torch.device("cpu"), mesh=None) for rank in (0, 1))
-    assert distributed.build_device(first, torch.device("cpu")).type == "cpu"
-    assert distributed.build_device(None, torch.device("cpu")).type == "cpu"
-    model = train.build_model({"path": str(tmp_path / "model"), "dtype": "float32"},
-                              distributed.build_device(other, torch.device("cpu")))
+    assert first.build_device().type == "cpu"
+    assert distributed.OneRank(torch.device("cpu")).build_device().type == "cpu"
+    model = train.build_model(ModelSettings(path=str(tmp_path / "model"), dtype="float32"), other.build_device())
     assert {p.device.type for p in model.parameters()} == {"meta"}

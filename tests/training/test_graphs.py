@@ -38,7 +38,9 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
     from training.graphs import MicroStepGraphs
     from training.lora import attach_lora, randomize_routed_lora_b
     from training.losses import causal_lm_loss
-    from training.train import lr_lambda, optimizer_step, parameter_groups
+    from training.distributed import OneRank
+    from training.phase import PhaseLoss, Trainee, lr_lambda
+    from training.train import parameter_groups
 
     torch.manual_seed(0)
     base = Qwen3MoeForCausalLM(tiny_config).to("cuda", torch.bfloat16)
@@ -57,8 +59,9 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
         graphs = MicroStepGraphs(groups["trainable"]) if use_graphs else None
         # As the trainer runs graphs: routed LoRA gradients added into .grad by the kernels; eager: plain autograd.
         with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
-            losses = [optimizer_step(model, batches, causal_lm_loss, phase, ctx, optimizer, scheduler, groups, 1.0,
-                                     graphs=graphs)["loss"] for _ in range(3)]
+            trainee = Trainee(model, groups, OneRank(torch.device("cuda")), graphs, max_grad_norm=1.0)
+            losses = [trainee.optimizer_step(batches, PhaseLoss(causal_lm_loss, phase, ctx), optimizer,
+                                             scheduler)["loss"] for _ in range(3)]
         return losses, [p.detach().float().clone() for p in groups["trainable"]], graphs
 
     eager_losses, eager_params, _ = train(False)
@@ -83,7 +86,9 @@ def test_replayed_preference_micro_steps_train_like_eager_ones(kind, tiny_config
     from training.graphs import MicroStepGraphs
     from training.lora import attach_lora, randomize_routed_lora_b
     from training.losses import LOSSES
-    from training.train import _to_device, lr_lambda, optimizer_step, parameter_groups, score_reference
+    from training.distributed import OneRank
+    from training.phase import PhaseLoss, Trainee, lr_lambda, score_reference, to_device
+    from training.train import parameter_groups
 
     seq_len, device = 256, torch.device("cuda")  # buckets 128, 192, 256
     tiny_config.max_position_embeddings = seq_len
@@ -119,14 +124,15 @@ def test_replayed_preference_micro_steps_train_like_eager_ones(kind, tiny_config
             batch = collate(kind, [items[i] for i in index], 0, seq_len)
             batch["ref_logps"] = (torch.cat([reference[index, 0], reference[index, 1]]) if kind == "dpo"
                                   else reference[index])
-            batches.append(_to_device(batch, device))
+            batches.append(to_device(batch, device))
         groups = parameter_groups(model)
         optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-3, fused=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
         graphs = MicroStepGraphs(groups["trainable"], max_graphs=3) if use_graphs else None
         with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
-            records = [optimizer_step(model, batches, LOSSES[kind], phase, ctx, optimizer, scheduler, groups, 1.0,
-                                      graphs=graphs) for _ in range(4)]
+            trainee = Trainee(model, groups, OneRank(device), graphs, max_grad_norm=1.0)
+            records = [trainee.optimizer_step(batches, PhaseLoss(LOSSES[kind], phase, ctx), optimizer, scheduler)
+                       for _ in range(4)]
         widths = [b["input_ids"].shape[1] for b in batches]
         return records, [p.detach().float().clone() for p in groups["trainable"]], graphs, widths
 

@@ -117,7 +117,8 @@ def test_a_recipe_takes_a_revision_for_a_hub_model_only():
 
 
 def test_the_trainer_reads_an_s3_model_only_from_its_downloaded_folder():
+    from training.recipe import ModelSettings
     from training.train import build_model
 
     with pytest.raises(RecipeError, match="an s3:// model is read from its downloaded folder"):
-        build_model({"path": "s3://team-models/qwen", "dtype": "float32"}, "cpu")
+        build_model(ModelSettings(path="s3://team-models/qwen", dtype="float32"), "cpu")

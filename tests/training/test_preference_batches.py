@@ -6,12 +6,13 @@ import random
 import pytest
 import torch
 
-from training import train
+from training import distributed, phase, train
 from training.data import bucket_length, collate, length_buckets
 from training.examples.tiny import tiny_recipe
 from training.graphs import eager_micro_step
 from training.lora import attach_lora, randomize_routed_lora_b
 from training.losses import LOSSES
+from training.recipe import RunRecipe
 
 PHASES = {"dpo": {"kind": "dpo", "beta": 0.1},
           "kto": {"kind": "kto", "beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.33}}
@@ -102,18 +103,21 @@ def _phase_records(tmp_path, monkeypatch, bucketed):
         widths.append((seq_len, batch["input_ids"].shape[1]))
         return batch
 
-    monkeypatch.setattr(train, "collate", collate_spy)
-    device = torch.device("cpu")
-    base = train.build_model(recipe["model"], device)
+    monkeypatch.setattr(phase, "collate", collate_spy)
+    typed = RunRecipe.from_dict(recipe)
+    base = train.build_model(typed.model, "cpu")
     tokenizer = train.load_tokenizer(recipe["model"], base.config.vocab_size)
-    model = attach_lora(base, r=recipe["lora"]["r"], alpha=recipe["lora"]["alpha"])
+    model = attach_lora(base, r=typed.lora.r, alpha=typed.lora.alpha)
     model.train()
     groups = train.parameter_groups(model)
+    trainee = phase.Trainee(model, groups, distributed.OneRank(torch.device("cpu")),
+                            _EagerGraphs(groups["trainable"]) if bucketed else None, typed.max_grad_norm)
     records, saves = [], _Saves()
     sink = type("ListSink", (), {"emit": staticmethod(records.append)})()
-    for index in range(len(recipe["phases"])):
-        train.run_phase(recipe, index, model, tokenizer, groups, saves, [sink], device, out=lambda line: None,
-                        graphs=_EagerGraphs(groups["trainable"]) if bucketed else None)
+    for index in range(len(typed.phases)):
+        started = phase.Phase(typed, index, trainee, tokenizer, [sink], saves, out=lambda line: None)
+        started.start()
+        train.run_phase(started)
     return records, widths, [state["reference"] for state in saves.states]
 
 

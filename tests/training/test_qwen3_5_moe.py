@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from training import families, guards
 from training.examples.tiny import TINY_QWEN3_5_CONFIG, tiny_recipe
 from training.lora import attach_lora, module_lora_parameters, randomize_routed_lora_b, routed_lora_parameters
-from training.recipe import RecipeError
+from training.recipe import ModelSettings, RecipeError
 from training.train import build_model, parameter_groups, run
 
 DELTANET = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
@@ -161,7 +161,7 @@ def _multimodal_checkpoint(path):
 
 def test_a_multimodal_checkpoint_trains_its_text_model_and_its_adapter_loads_back_with_plain_peft(tmp_path, tokens):
     cls = _multimodal_checkpoint(tmp_path / "checkpoint")
-    base = build_model({"path": str(tmp_path / "checkpoint"), "dtype": "float32"}, torch.device("cpu"))
+    base = build_model(ModelSettings(path=str(tmp_path / "checkpoint"), dtype="float32"), torch.device("cpu"))
     assert type(base) is cls
     model = attach_lora(base, r=4, alpha=8)
     assert _lora_modules(model) and all(".language_model.layers." in n for n in _lora_modules(model))

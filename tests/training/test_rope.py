@@ -56,9 +56,10 @@ def test_it_refuses_what_it_does_not_cover():
 
 def test_a_model_calls_the_fused_embedding_and_keeps_its_outputs_on_the_cpu():
     from training.examples.tiny import TINY_CONFIG
+    from training.recipe import ModelSettings
     from training.train import build_model
 
-    model = build_model({"config": TINY_CONFIG, "dtype": "float32", "seed": 0}, "cpu")
+    model = build_model(ModelSettings(config=TINY_CONFIG, dtype="float32"), "cpu")
     ids = torch.randint(0, TINY_CONFIG["vocab_size"], (2, 10))
     before = model(input_ids=ids).logits
     restore_original_rope()  # whatever an earlier test of this process switched
