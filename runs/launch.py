@@ -1,6 +1,5 @@
 """Launching and cancelling runs: validate what the user gave, write the run, let the supervisor take it from there."""
 
-import dataclasses
 from decimal import Decimal
 from pathlib import Path
 
@@ -9,12 +8,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.instances import disk
-from fleet.offers.ranked import run_settings
 from runs import datasets, events, storage, tokens
+from runs.box_request import BoxRequest
 from runs.models import Phase, Run
 import training
 from training import model_source
-from training.recipe import DEFAULTS, RecipeError, validate
+from training.recipe import RecipeError, RunRecipe, validate
 
 
 class LaunchError(ValueError):
@@ -56,7 +55,8 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
                                  created_by=user, created_at=now)
         Phase.objects.bulk_create([Phase(run=run, index=i, name=p["name"], kind=p["kind"], steps=p["steps"],
                                          dataset=data[i]) for i, p in enumerate(checked["phases"])])
-        run.events.create(at=now, kind="launched", message=f"Launched by {user.get_username() if user else 'the product'}"
+        who = user.get_username() if user else "the product"
+        run.events.create(at=now, kind="launched", message=f"Launched by {who}"
                           f" with a ${budget_usd} budget and at most {max_restarts} restarts. Its boxes are rented "
                           f"with {disk_gb} GB of disk; the model needs {need}.")
     return run
@@ -66,9 +66,9 @@ def model_size_gb(model: dict) -> float | None:
     """The size of a checked recipe's model where the dashboard can see it (an s3:// prefix's files, listed with
     its own key); None for a hub id or a config. LaunchError by the recipe when the model cannot be used from a box:
     a folder on the dashboard's machine (a box is another machine), an s3:// prefix the dashboard cannot read."""
-    path = model.get("path")
     if "config" in model:
         return None
+    path = model["path"]
     kind = model_source.kind_of(path)
     if kind == "folder":
         raise LaunchError(f"model.path {path}: a folder on the dashboard's machine is not read by a box (a box is "
@@ -90,19 +90,9 @@ def model_size_gb(model: dict) -> float | None:
 
 
 def disk_need(recipe: dict, profile=None, *, listed_weights_gb: float | None = None) -> disk.DiskNeed:
-    """The disk a box needs for a recipe's model (fleet.instances.disk), from the size figures of the model its
-    profile (or the defaults) ranks it as: the same ones the ranking prices the download and uploads with."""
-    figures = run_settings(profile)[0]
-    rank = (recipe.get("lora") or {}).get("r") if isinstance(recipe.get("lora"), dict) else None
-    if isinstance(rank, int) and not isinstance(rank, bool) and rank > figures.lora_rank > 0:
-        # A checkpoint is mostly the adapters and their optimizer state, whose size goes with the rank: the
-        # profile's figure is for its own rank (r 1024 instead of 32 is 32 times the disk). Never below it.
-        figures = dataclasses.replace(figures, lora_rank=rank,
-                                      checkpoint_gb=round(figures.checkpoint_gb * rank / figures.lora_rank, 1))
-    keep = (recipe.get("checkpoint") or {}).get("keep")
-    model = recipe.get("model") if isinstance(recipe.get("model"), dict) else {}
-    return disk.needed(figures, keep=keep if isinstance(keep, int) and keep > 0 else DEFAULTS["checkpoint"]["keep"],
-                       built_from_config="config" in model, listed_weights_gb=listed_weights_gb)
+    """The disk a box needs for a recipe's model (a checked one, or a launch form's as it stands), as the run's
+    BoxRequest on `profile` works it out."""
+    return BoxRequest.build(RunRecipe.from_stored(recipe), profile).disk_need(listed_weights_gb)
 
 
 def cancel(run: Run, *, user=None, now=None) -> Run:

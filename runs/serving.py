@@ -15,6 +15,7 @@ from fleet.models import InferenceModel
 from fleet.ranking.recipe import PRESETS
 from runs import storage
 from runs.models import Checkpoint, Run
+from training.recipe import RunRecipe
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ def servable(run: Run) -> list[Servable]:
 
 
 def lora_rank(run: Run) -> int:
-    rank = (run.recipe.get("lora") or {}).get("r")
-    return rank if isinstance(rank, int) else 0
+    """The rank the run's adapters were trained with."""
+    return RunRecipe.from_stored(run.recipe).lora.r
 
 
 def why_not(run: Run) -> str:

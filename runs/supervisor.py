@@ -9,7 +9,6 @@ anywhere in between leaves a current box the next pass finds: a rent never attem
 of unknown outcome is waited for (the sync adopts it by its label or gives up on it), one that never became a
 machine is dropped for another, and no box is ever rented twice or left behind."""
 
-import dataclasses
 import logging
 import statistics
 from datetime import datetime, timedelta
@@ -23,14 +22,12 @@ from fleet import actions, locks
 from fleet.alerts.notify import raise_alert
 from fleet.offers.calibration import box_measurement_problem, record_finished_run
 from fleet.models import Alert, Instance
-from fleet.offers.ranked import run_settings
 from fleet.reaper.policy import hung
 from fleet.reaper.sweep import policy_from_settings
-from fleet.ranking import Recipe, micro_step_vram_gb
 from runs import events, lifecycle, pulse, reports, tokens
+from runs.box_request import BoxRequest
 from runs.costs import run_cost
 from runs.models import Run, RunAttempt
-from training.recipe import DEFAULTS as TRAINING_DEFAULTS
 
 log = logging.getLogger(__name__)
 AGENT_COMMAND = "python -m training.agent"  # the worker image's own entry point
@@ -187,20 +184,9 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
             raise _NoLongerWanted
         RunAttempt.objects.create(run=run, instance=instance, started_at=now, token_nonce=tokens.new_nonce())
 
-    recipe, filters = run_settings(run.profile)
-    gpus = run.recipe.get("gpus") if isinstance(run.recipe.get("gpus"), int) else 1
-    if gpus != recipe.gpus:  # the run trains on this many GPUs of one box, whatever its profile ranks for
-        recipe = dataclasses.replace(recipe, gpus=gpus)
-        if run.profile is None and filters.max_usd_per_hour is not None:  # the default cap is a one-GPU box's
-            filters = dataclasses.replace(filters, max_usd_per_hour=filters.max_usd_per_hour * gpus)
-    if run.disk_gb:  # ranked by the price of that disk, on hosts that have it (runs launched before: RENT_DISK_GB)
-        recipe = dataclasses.replace(recipe, rent_disk_gb=float(run.disk_gb))
-        filters = dataclasses.replace(filters, min_disk_gb=max(filters.min_disk_gb, float(run.disk_gb)))
-    vram_gb = run_vram_gb(run, recipe)
-    if vram_gb != recipe.vram_gb:  # a bigger micro-step or rank than the profile's: its card must hold more
-        recipe = dataclasses.replace(recipe, vram_needed_gb=vram_gb)
+    request = BoxRequest.for_run(run)
     try:
-        requested = actions.request_best(recipe, filters, idempotency_key=f"run-{run.pk}-attempt-"
+        requested = actions.request_best(request.figures, request.filters, idempotency_key=f"run-{run.pk}-attempt-"
                                          f"{run.attempts.count()}", purpose="training", image=image,
                                          disk_gb=run.disk_gb, avoid_machines=set(run.bad_machines),
                                          on_requested=attempt, now=now)
@@ -211,34 +197,15 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
         if now - _waiting_since(run) >= timedelta(hours=hours):
             # Nothing bills meanwhile, but a run left waiting for good is one its user believes is on its way.
             _end(run, "no_offer", f"No offer passed the run's filters for {hours:g} h ({len(run.bad_machines)} "
-                                  f"hosts excluded as bad; {_vram_words(recipe)}): widen the filters or the GPU "
+                                  f"hosts excluded as bad; {request.vram_words}): widen the filters or the GPU "
                                   "choice and launch it again.", now)
             return None
-        message = f"No offer passes the run's filters (bad hosts excluded; {_vram_words(recipe)}); trying again " \
+        message = f"No offer passes the run's filters (bad hosts excluded; {request.vram_words}); trying again " \
                   "next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
             run.events.create(at=now, kind="waiting", message=message)
         return None
     return requested.instance
-
-
-def run_vram_gb(run: Run, recipe: Recipe) -> float:
-    """The VRAM each GPU of the run's box needs: what `recipe` (its profile's, or the defaults, on the run's GPUs)
-    needs at the run's own micro-step (batch_size x seq_len per rank) and LoRA rank, those the trainer takes when
-    the run's recipe leaves them out (training.recipe.DEFAULTS). The run's recipe has no VRAM figure of its own:
-    the profile's vram_needed_gb is the one a user states, and it grows the same way."""
-    def whole(value, default: int) -> int:
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else default
-
-    lora = run.recipe.get("lora") if isinstance(run.recipe.get("lora"), dict) else {}
-    return micro_step_vram_gb(recipe, batch_size=whole(run.recipe.get("batch_size"), TRAINING_DEFAULTS["batch_size"]),
-                              seq_len=whole(run.recipe.get("seq_len"), TRAINING_DEFAULTS["seq_len"]),
-                              lora_rank=whole(lora.get("r"), TRAINING_DEFAULTS["lora"]["r"]))
-
-
-def _vram_words(recipe: Recipe) -> str:
-    each = f"{recipe.vram_gb:g} GB of VRAM"
-    return f"it needs {each} per GPU" if recipe.gpus == 1 else f"it needs {recipe.gpus} GPUs with {each} each"
 
 
 def _waiting_since(run: Run) -> datetime:
@@ -309,7 +276,7 @@ def _calibrate(run: Run, box: Instance) -> None:
     if not steady:
         return
     kernel_path = steady[-1][1]
-    recipe = run_ranking_recipe(run)
+    recipe = BoxRequest.for_run(run).figures
     problem = box_measurement_problem(box, kernel_path=kernel_path, recipe=recipe, run_model=run.recipe.get("model"))
     if problem:
         run.events.create(at=timezone.now(), kind="calibration",
@@ -318,14 +285,6 @@ def _calibrate(run: Run, box: Instance) -> None:
     step_s = statistics.median(s for s, path in steady if path == kernel_path)
     record_finished_run(gpu_name=box.gpu_name, kernel_path=kernel_path, recipe=recipe, step_seconds=step_s,
                         num_gpus=box.num_gpus)
-
-
-def run_ranking_recipe(run: Run) -> Recipe:
-    """The ranking's view of the run: the profile's model, with the run's own batch shape."""
-    base = run_settings(run.profile)[0]
-    shape = {k: run.recipe[k] for k in ("batch_size", "grad_accum", "seq_len", "gpus")
-             if isinstance(run.recipe.get(k), int)}
-    return Recipe.from_dict({**base.to_dict(), **shape})
 
 
 def on_box_attached(instance: Instance, now: datetime) -> None:

@@ -8,6 +8,7 @@ from fleet.models import Offer, OfferProfile
 from fleet.offers.refresh import refresh_offers
 from fleet.ranking import PRESETS, OfferFilters, micro_step_vram_gb
 from runs import supervisor
+from runs.box_request import BoxRequest
 from runs.launch import launch
 from tests.runs.conftest import tiny_recipe
 
@@ -42,7 +43,7 @@ def _card_gb(run) -> float:
 
 def test_a_run_at_its_profiles_micro_step_is_rented_the_card_its_profile_fits(rtx_only, tmp_path):
     run = _supervised(_launch(tmp_path, rtx_only, "same", batch_size=2, seq_len=2048, lora={"r": 32, "alpha": 64}))
-    assert supervisor.run_vram_gb(run, PRESET) == PRESET.vram_gb == 76.0  # today's figure, exactly
+    assert BoxRequest.for_run(run).vram_gb == PRESET.vram_gb == 76.0  # today's figure, exactly
     assert run.current_instance.gpu_name.startswith("RTX PRO 6000") and _card_gb(run) == 95.6
 
 

@@ -1,0 +1,70 @@
+"""What a run needs from a box, decided once from its typed recipe and its offer profile: the ranking's view of the
+run, the filters its offers must pass, the VRAM each GPU needs and the disk. The supervisor rents and calibrates
+with it, the launch sizes the disk with it."""
+
+from dataclasses import dataclass, replace
+
+from fleet.instances import disk
+from fleet.models import OfferProfile
+from fleet.offers.ranked import run_settings
+from fleet.ranking import OfferFilters, Recipe, micro_step_vram_gb
+from runs.models import Run
+from training.recipe import RunRecipe
+
+
+@dataclass(frozen=True)
+class BoxRequest:
+    # The profile's model (or the defaults) with the run's own GPUs, batch shape, LoRA rank, disk and VRAM: what the
+    # ranking prices the run's steps, downloads and uploads with.
+    figures: Recipe
+    filters: OfferFilters
+    keep: int  # checkpoints the store keeps
+    built_from_config: bool  # random weights built on the box: nothing to download
+
+    @classmethod
+    def for_run(cls, run: Run) -> "BoxRequest":
+        return cls.build(RunRecipe.from_stored(run.recipe), run.profile, disk_gb=run.disk_gb)
+
+    @classmethod
+    def build(cls, recipe: RunRecipe, profile: OfferProfile | None, *, disk_gb: int | None = None) -> "BoxRequest":
+        """`recipe` on the boxes `profile` (or the defaults) ranks for; `disk_gb`, once the launch chose it, is both
+        priced and required of a host."""
+        figures, filters = run_settings(profile)
+        if recipe.gpus != figures.gpus:  # the run trains on this many GPUs of one box, whatever its profile ranks for
+            figures = replace(figures, gpus=recipe.gpus)
+            if profile is None and filters.max_usd_per_hour is not None:  # the default cap is a one-GPU box's
+                filters = replace(filters, max_usd_per_hour=filters.max_usd_per_hour * recipe.gpus)
+        if disk_gb:  # runs launched before the disk was chosen rent RENT_DISK_GB
+            figures = replace(figures, rent_disk_gb=float(disk_gb))
+            filters = replace(filters, min_disk_gb=max(filters.min_disk_gb, float(disk_gb)))
+        # The VRAM grows from the profile's figure at its own micro-step and rank (micro_step_vram_gb), never below.
+        vram_gb = micro_step_vram_gb(figures, batch_size=recipe.batch_size, seq_len=recipe.seq_len,
+                                     lora_rank=recipe.lora.r)
+        if vram_gb != figures.vram_gb:
+            figures = replace(figures, vram_needed_gb=vram_gb)
+        rank = recipe.lora.r
+        if rank > figures.lora_rank:
+            # A checkpoint is mostly the adapters and their optimizer state, whose size goes with the rank: the
+            # profile's figure is for its own rank (r 1024 instead of 32 is 32 times the disk). Never below it.
+            figures = replace(figures, checkpoint_gb=round(figures.checkpoint_gb * rank / figures.lora_rank, 1))
+        figures = replace(figures, lora_rank=rank, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
+                          seq_len=recipe.seq_len)
+        return cls(figures=figures, filters=filters, keep=recipe.checkpoint.keep,
+                   built_from_config=recipe.model.config is not None)
+
+    @property
+    def vram_gb(self) -> float:
+        """What each GPU of the box must hold."""
+        return self.figures.vram_gb
+
+    @property
+    def vram_words(self) -> str:
+        each = f"{self.vram_gb:g} GB of VRAM"
+        return f"it needs {each} per GPU" if self.figures.gpus == 1 else \
+            f"it needs {self.figures.gpus} GPUs with {each} each"
+
+    def disk_need(self, listed_weights_gb: float | None = None) -> disk.DiskNeed:
+        """The disk a box needs (fleet.instances.disk), from the same figures the ranking prices the download and
+        uploads with; `listed_weights_gb` is the model's files' size where the dashboard could list them."""
+        return disk.needed(self.figures, keep=self.keep, built_from_config=self.built_from_config,
+                           listed_weights_gb=listed_weights_gb)
