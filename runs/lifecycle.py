@@ -11,9 +11,13 @@ An event that does not apply in the current state (a late heartbeat after a fail
 nothing, so replaying the events always gives the same state.
 """
 
-PENDING, PROVISIONING, INSTALLING, TRAINING, RECOVERING = "pending", "provisioning", "installing", "training", "recovering"
+# A run's states, defined here only (Run.State is made from them).
+PENDING, PROVISIONING, INSTALLING, TRAINING = "pending", "provisioning", "installing", "training"
+RECOVERING = "recovering"
 FINISHED, FAILED, CANCELLED = "finished", "failed", "cancelled"
 ACTIVE = (PENDING, PROVISIONING, INSTALLING, TRAINING, RECOVERING)
+ENDED = (FINISHED, FAILED, CANCELLED)
+STATES = ACTIVE + ENDED
 ON_A_BOX = (PROVISIONING, INSTALLING, TRAINING)
 
 _MOVES = {

@@ -7,16 +7,9 @@ from runs import lifecycle
 class Run(models.Model):
     """A fine-tune of several phases that the product carries through host failures to the end."""
 
-    class State(models.TextChoices):
-        PENDING = "pending"
-        PROVISIONING = "provisioning"
-        INSTALLING = "installing"
-        TRAINING = "training"
-        RECOVERING = "recovering"
-        FINISHED = "finished"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-
+    # The state machine's states (runs.lifecycle) as choices: Run.State.FINISHED == lifecycle.FINISHED.
+    State = models.TextChoices("State", [(state.upper(), state) for state in lifecycle.STATES], module=__name__,
+                               qualname="Run.State")
     ACTIVE_STATES = lifecycle.ACTIVE
 
     name = models.CharField(max_length=100)
@@ -137,8 +130,8 @@ class RunAttempt(models.Model):
     end_reason = models.TextField(blank=True)
     token_nonce = models.CharField(max_length=32, blank=True,
                                    help_text="part of this box's signed agent token: it opens this attempt only")
-    token_expires_at = models.DateTimeField(null=True, blank=True,
-                                            help_text="the box's token stops opening anything then; heartbeats renew it")
+    token_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="the box's token stops opening anything then; heartbeats renew it")
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -180,8 +173,8 @@ class Checkpoint(models.Model):
     complete = models.BooleanField(default=False, help_text="its completion marker was written")
     size_bytes = models.BigIntegerField(null=True, blank=True)
     manifest = models.JSONField(null=True, blank=True,
-                                help_text="{file name: {size, sha256}} as recorded when it was declared complete; a box "
-                                          "loads it only if every file matches")
+                                help_text="{file name: {size, sha256}} as recorded when it was declared complete; a "
+                                          "box loads it only if every file matches")
     rejected_reason = models.TextField(blank=True, help_text="why a box refused to load it: it is never resumed from")
     pruned_at = models.DateTimeField(null=True, blank=True,
                                      help_text="deleted from the store then (beyond the recipe's keep count)")
