@@ -7,7 +7,7 @@ import importlib
 import json
 import math
 import re
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
@@ -141,8 +141,7 @@ _NESTED = ("model", "lora", "checkpoint", "metrics", "phases")
 
 
 def _default(f: Field):
-    value = f.default_factory() if f.default is MISSING else f.default
-    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
+    return asdict(f.default_factory()) if callable(f.default_factory) else f.default  # a block of settings, or one
 
 
 # The defaults as the validator fills them in, taken from the dataclasses above.
@@ -276,8 +275,8 @@ def parse_recipe_text(text: str, *, as_json: bool = False):
 
 
 def _measure_yaml(text: str) -> None:
-    anchored = {}  # anchor -> the values it stands for
-    open_collections = []  # [anchor, values so far] for each mapping or list still open
+    anchored: dict[str, int] = {}  # anchor -> the values it stands for
+    open_collections: list[list] = []  # [anchor, values so far] for each mapping or list still open
     for event in yaml.parse(text, Loader=_EVENT_LOADER):
         if isinstance(event, yaml.CollectionStartEvent):
             open_collections.append([event.anchor, 1])

@@ -37,7 +37,8 @@ def for_worker_image(filters: OfferFilters, *, cuda: str | None = None, driver: 
     cuda = cuda or settings.WORKER_IMAGE_CUDA
     driver = driver or settings.WORKER_IMAGE_MIN_DRIVER
     saved = parse_version(filters.min_driver_version) if filters.min_driver_version else None
-    if saved is None or not version_at_least(saved, parse_version(driver)):
+    needed = parse_version(driver)
+    if saved is None or needed is None or not version_at_least(saved, needed):
         filters = dataclasses.replace(filters, min_driver_version=driver)
     if filters.min_cuda < float(cuda):
         filters = dataclasses.replace(filters, min_cuda=float(cuda))
