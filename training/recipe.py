@@ -1,7 +1,6 @@
-"""The recipe: one YAML (or JSON) file of plain values that says everything a run does. Its settings and their
-defaults are the dataclasses on top; relative paths are read from the recipe's folder. `load_recipe` returns a dict
-with every default filled in (or raises RecipeError listing every problem at once), `RunRecipe.from_dict` that dict
-as typed values, and `RunRecipe.from_stored` a run's recipe as the dashboard stored it."""
+"""The recipe: one YAML (or JSON) file of plain values that says everything a run does; its settings and defaults
+are the dataclasses on top. `load_recipe` returns it filled in (or RecipeError listing every problem),
+`RunRecipe.from_dict` that as typed values, `RunRecipe.from_stored` a run's recipe as the dashboard stored it."""
 
 import importlib
 import json
@@ -314,6 +313,7 @@ def _within_depth(value):
 
 
 def load_recipe(path):
+    """The recipe file filled in and checked (`validate`); its relative paths are read from its folder."""
     path = Path(path)
     try:
         text = path.read_text()
