@@ -11,10 +11,9 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
-    """Heartbeats from start to end, through the install and the probe too: a box that goes quiet is taken for
-    lost. Each answer renews the credentials; `stop` is set when the dashboard says stop, and `self_stop` too (the
-    machine stops itself once the trainer is down) when it says stop_machine, when this box's token is refused, or
-    when the dead-man window passes without a renewal. Nothing an answer holds can end the thread."""
+    """Heartbeats from start to end, the install included. Each answer renews the credentials; `stop` is set when the
+    dashboard says stop, and `self_stop` too when it says stop_machine, refuses this box's token, or the dead-man
+    window passes unrenewed. Nothing an answer holds can end the thread."""
 
     def __init__(self, api: Api, interval_s: float, window_s: float):
         super().__init__(name="heartbeat", daemon=True)

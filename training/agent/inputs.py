@@ -26,10 +26,9 @@ class DataRefused(Exception):
 
 def fetch_data(phases: list[dict], recipe_phases: list[dict], folder: Path, tries: int = DATA_TRIES,
                sleep=time.sleep) -> list[dict]:
-    """The recipe's phases, each one's data the file fetched for it from the dashboard's read grant and checked
-    against the size and sha256 recorded when it was uploaded (the spec's phase `data`). A phase without one keeps
-    its path (a run launched before data sets). A file that does not match is refused at once; a failed download
-    is tried again, then refused."""
+    """The recipe's phases, each one's data the file fetched from its read grant and checked against the size and
+    sha256 recorded at upload: a mismatch is refused at once, a failed download tried again, then refused. A phase
+    without data keeps its path."""
     out, fetched = [dict(phase) for phase in recipe_phases], {}
     for phase in phases:
         data = phase.get("data")
@@ -56,10 +55,9 @@ def fetch_data(phases: list[dict], recipe_phases: list[dict], folder: Path, trie
 
 
 def fetch_model(api: Api, grant: dict | None, model: dict, root: Path) -> dict:
-    """The recipe's model section, its path this box's copy of the weights: a hub id or s3:// model (the spec's
-    `model` grant) downloaded into `root` once per box (training/model_source.py; a killed download continues). A
-    model built from a config or read from a folder is left as it is. HF_TOKEN, if this box's environment has one,
-    opens a gated or private hub model; it is never logged or reported."""
+    """The recipe's model section, its path this box's copy of a hub or s3:// model (the spec's `model` grant),
+    downloaded once per box and resumable; a model from a config or a folder is left as it is. HF_TOKEN opens a
+    gated or private hub model and is never logged."""
     if not grant:
         return model
     reference = grant.get("repo_id") or grant.get("uri")

@@ -27,16 +27,9 @@ class RestoreFailed(Exception):
 
 def restore(api: Api, candidates: list[dict], store: Path, *, tries: int | None = None,
             sleep=time.sleep) -> dict | None:
-    """Puts the newest checkpoint that verifies into the trainer's store, its marker last, and returns it.
-
-    Only the files of the manifest the dashboard recorded are fetched, each checked for its size and sha256 before
-    the marker is written; a candidate whose files are not what its manifest says (missing, another size or sha256,
-    a name outside its folder) is removed, reported as rejected and skipped for the next older one. A failed download
-    (refused or reset connection, timeout, a 5xx, an expired grant's 403, a full disk) is no evidence against the
-    checkpoint: it is tried `tries` (RESTORE_TRIES) times with a short backoff, then RestoreFailed is raised and
-    nothing is rejected, so the run resumes from it on another box instead of retraining from an older one or from
-    scratch (a rejected checkpoint is never offered again and retention deletes it). Nothing unverified is ever left
-    where the trainer would load it."""
+    """Puts the newest checkpoint that verifies (each file of its recorded manifest, by size and sha256) into the
+    trainer's store, its marker last, and returns it. A mismatch rejects that one for the next older; a failed
+    download rejects nothing and raises RestoreFailed after `tries` (docs/agent.md says why)."""
     for candidate in candidates or []:
         target = None
         try:

@@ -19,14 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class Uploader(threading.Thread):
-    """Uploads complete checkpoints, files first and the marker last, then tells the dashboard.
-
-    A checkpoint is snapshotted with hard links the moment it is offered, so the trainer pruning its own store
-    cannot pull files from under an upload. For a resume only the newest matters: one offered while another is
-    uploading replaces any that is still waiting, so a slow uplink skips checkpoints instead of falling behind. A
-    phase's final checkpoint (`protected`: it holds that phase's adapter, an output of the run) is never skipped, and a
-    failed upload of one is tried again.
-    """
+    """Uploads complete checkpoints, files first and the marker last, then tells the dashboard. Each is snapshotted
+    with hard links when offered; a newer one replaces any still waiting, but a phase's final (`protected`) is never
+    skipped and is tried again (docs/agent.md)."""
 
     ATTEMPTS = 3  # of a protected checkpoint; any other is tried once, a newer one follows
     FIRST_WAIT_S, MAX_WAIT_S = 2.0, 30.0
