@@ -11,7 +11,9 @@ row, whose last 0-199 are (completions that ended); the first 64 real tokens of 
 Last line: one JSON object.
 
     python bench/grpo_scoring.py [--layers 4] [--rows 8] [--length 1024]
-    python bench/grpo_scoring.py --layers 1 --experts 8 --rows 2 --length 256   (a CPU smoke run)
+    python bench/grpo_scoring.py --layers 1 --experts 8 --rows 2 --length 256   (a CPU run)
+    python bench/grpo_scoring.py --smoke   (the tiny model, 2 rows of 256 tokens, float32, one timed repeat; fails
+        unless both paths count the same tokens and agree within SMOKE_TOLERANCE)
 """
 
 import argparse
@@ -25,10 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from train_step import CONFIG, DEVICE, build  # noqa: E402
-from training.losses import token_logps  # noqa: E402
+from train_step import CONFIG, DEVICE, build
+from training.examples.tiny import TINY_CONFIG
+from training.losses import token_logps
 
 PROMPT = 64
+SMOKE_TOLERANCE = 1e-4  # float32: the two paths' row log-probs and LoRA gradients
 
 
 def left_padded_rows(rows, length, vocab, generator):
@@ -45,7 +49,8 @@ def left_padded_rows(rows, length, vocab, generator):
 
 def distance(got, want):
     """||got - want|| / ||want||, the tensors of each list taken as one vector."""
-    return sum((a - b).norm() ** 2 for a, b in zip(got, want)).sqrt() / sum(b.norm() ** 2 for b in want).sqrt()
+    apart = sum((a - b).norm() ** 2 for a, b in zip(got, want, strict=True))
+    return apart.sqrt() / sum(b.norm() ** 2 for b in want).sqrt()
 
 
 def main():
@@ -55,8 +60,12 @@ def main():
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, 2 rows of 256 tokens, one repeat")
     args = parser.parse_args()
-    config = {**CONFIG, **({"num_experts": args.experts} if args.experts else {})}
+    base = CONFIG
+    if args.smoke:
+        base, args.layers, args.rows, args.length, args.repeats = TINY_CONFIG, 2, 2, 256, 1
+    config = {**base, **({"num_experts": args.experts} if args.experts else {})}
     model = build("ours", config, args.layers, False)
     lora = [p for p in model.parameters() if p.requires_grad]
     with torch.no_grad():  # B starts at zero: give both factors gradient
@@ -106,6 +115,9 @@ def main():
           f"LoRA gradients within {result['lora_grad_rel_diff']:.1e}; against float32: "
           f"{result['packed_unmasked_vs_float32']} and {result['sdpa_masked_vs_float32']}")
     print(json.dumps(result))
+    if args.smoke and not (result["tokens_equal"] and max(result["row_logps_max_rel_diff"],
+                                                          result["lora_grad_rel_diff"]) <= SMOKE_TOLERANCE):
+        sys.exit(f"smoke: the two paths disagree beyond {SMOKE_TOLERANCE}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ beforehand: no reductions in the tile loop, TMA loads only, 4 warps, as the Hopp
 
 One line per (product, kernel, config): ms, useful TFLOP/s, the relative error of a first launch over a NaN-filled
 output and of a second over a zeroed one; the last line is one JSON object (also written to $OUT/hopper_ws.json).
+
+    python3 bench/hopper_ws.py --smoke
+
+checks the set-up on a CPU: the tile table, the reference, and both kernels in Triton's interpreter (float32, a tiny
+shape, one 32-wide config) against the reference. It times nothing: the timed part needs an H100 or H200.
 """
 
 import argparse
@@ -20,13 +25,15 @@ import sys
 
 import torch
 
+if not torch.cuda.is_available():  # a CPU runs the kernels in Triton's interpreter, chosen before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-import triton.testing  # noqa: E402
+import triton
+import triton.language as tl
+import triton.testing
 
-from training.kernels.grouped_gemm import grouped_gemm  # noqa: E402
+from training.kernels.grouped_gemm import grouped_gemm
 
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages: the Hopper pass acts only on 4-warp kernels.
 CONFIGS = [(128, 256, 64, 4, 3), (128, 256, 64, 4, 4), (128, 256, 128, 4, 2), (128, 128, 64, 4, 4)]
@@ -104,35 +111,71 @@ def rel_err(got, want):
     return ((got.float() - want).norm() / want.norm()).item()
 
 
+def problems(dev, dtype, tokens, experts, hidden, inter, top_k):
+    """(per-expert row counts, {name: (x, w, w_t)}): w_t means w is stored (E, K, N) and the product is x @ w[e]."""
+    m = tokens * top_k
+    chosen = torch.randn(tokens, experts, device=dev).topk(top_k, dim=1).indices.flatten()
+    counts = torch.bincount(chosen, minlength=experts).to(torch.int32)
+
+    def rand(*size):
+        return torch.randn(*size, device=dev, dtype=dtype)
+
+    down, gate_up = rand(experts, hidden, inter) * 0.03, rand(experts, 2 * inter, hidden) * 0.03
+    return counts, {
+        "down forward": (rand(m, inter), down, False),
+        "gate_up input grad": (rand(m, 2 * inter), gate_up, True),
+        "gate_up forward, rows sorted": (rand(m, hidden), gate_up, False),
+    }
+
+
+SMOKE_TOLERANCE = 1e-4  # float32 in the interpreter against the float32 reference
+
+
+def smoke():
+    """Each product on both kernels in Triton's interpreter against the reference; exits 1 past SMOKE_TOLERANCE."""
+    torch.manual_seed(0)
+    counts, products = problems(torch.device("cpu"), torch.float32, 64, experts=8, hidden=64, inter=32, top_k=2)
+    rows = []
+    for name, (x, w, w_t) in products.items():
+        want = reference(x, w, w_t, counts)
+        rows.append(dict(product=name, kernel="committed",
+                         err=rel_err(grouped_gemm(x, w.transpose(1, 2) if w_t else w, counts, tma=True)[0], want)))
+        for ws in (False, True):
+            launch, y = table_launcher(x, w, w_t, counts, (32, 32, 32, 4, 1), ws, programs=4)
+            y.fill_(float("nan"))
+            launch()
+            rows.append(dict(product=name, kernel="table, warp-specialised" if ws else "table", err=rel_err(y, want)))
+        for row in rows[-3:]:
+            print(row, flush=True)
+    worst = max(row["err"] for row in rows)
+    print(f"set-up checked on the CPU (Triton's interpreter): largest relative error {worst:.1e}; the timed part "
+          f"needs an H100 or H200")
+    print(json.dumps(dict(triton=triton.__version__, torch=torch.__version__, smoke=True, timed=False,
+                          max_rel_err=worst, rows=rows)))
+    return 0 if worst <= SMOKE_TOLERANCE else 1
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--smoke", action="store_true", help="check the set-up on a CPU (Triton's interpreter)")
     args = parser.parse_args()
+    if args.smoke:
+        return smoke()
     torch.manual_seed(0)
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=dev))
     programs = torch.cuda.get_device_properties(dev).multi_processor_count
     experts, hidden, inter, top_k = 128, 2048, 768, 8  # Qwen3-30B-A3B
+    counts, products = problems(dev, torch.bfloat16, args.tokens, experts, hidden, inter, top_k)
     m = args.tokens * top_k
-    chosen = torch.randn(args.tokens, experts, device=dev).topk(top_k, dim=1).indices.flatten()
-    counts = torch.bincount(chosen, minlength=experts).to(torch.int32)
-
-    def rand(*size):
-        return torch.randn(*size, device=dev, dtype=torch.bfloat16)
-
-    down, gate_up = rand(experts, hidden, inter) * 0.03, rand(experts, 2 * inter, hidden) * 0.03
-    products = {  # name: (x, w, w_t): w_t means w is stored (E, K, N) and the product is x @ w[e]
-        "down forward": (rand(m, inter), down, False),
-        "gate_up input grad": (rand(m, 2 * inter), gate_up, True),
-        "gate_up forward, rows sorted": (rand(m, hidden), gate_up, False),
-    }
     rows = []
     for name, (x, w, w_t) in products.items():
         want = reference(x, w, w_t, counts.cpu())
         flops = 2 * m * w.shape[1] * w.shape[2]
 
         def committed():
-            return grouped_gemm(x, w.transpose(1, 2) if w_t else w, counts, tma=True)[0]
+            return grouped_gemm(x, w.transpose(1, 2) if w_t else w, counts, tma=True)[0]  # noqa: B023
         ms = triton.testing.do_bench(committed, warmup=25, rep=200)
         rows.append(dict(product=name, kernel="committed", ms=ms, tflops=flops / ms / 1e9,
                          err=rel_err(committed(), want)))
@@ -160,7 +203,8 @@ def main():
         with open(os.path.join(os.environ["OUT"], "hopper_ws.json"), "w") as f:
             json.dump(result, f, indent=1)
     print(json.dumps(result))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,8 @@ the narrow product precomputed, and the down projection's input gradient followe
 against the same activation without it followed by the narrow grouped GEMM.
 --compile-only runs each config once, untimed: run it for each --problems subset in parallel processes first, and
 the timed sweep after it finds every kernel in Triton's cache.
+--smoke (on a CPU, the kernels in Triton's interpreter): the tiny shape, 64 tokens, float32, one 32 x 32 x 32
+config: every product and variant once, a check that the script runs (a CPU's times say nothing of a GPU's).
 """
 
 import argparse
@@ -24,24 +26,27 @@ import time
 
 import torch
 
+if not torch.cuda.is_available():  # a CPU runs the kernels in Triton's interpreter, chosen before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
+import triton
+import triton.testing
 
-from training.kernels import grouped_gemm as gg  # noqa: E402
-from training.kernels._config import autotune_configs  # noqa: E402
-from training.kernels.grouped_weight_grad import grouped_weight_grad  # noqa: E402
-from training.kernels import swiglu as sw  # noqa: E402
-from training.moe_lora import route  # noqa: E402
+from training.kernels import grouped_gemm as gg
+from training.kernels._config import autotune_configs
+from training.kernels.grouped_weight_grad import grouped_weight_grad
+from training.kernels import swiglu as sw
+from training.moe_lora import route
 
 SHAPES = {
     "qwen3-30b-a3b": dict(hidden=2048, inter=768, experts=128, top_k=8),
     "qwen3.6-35b-a3b-like": dict(hidden=2048, inter=512, experts=256, top_k=8),
     "qwen3-235b-a22b-like": dict(hidden=4096, inter=1536, experts=128, top_k=8),
-    "tiny": dict(hidden=64, inter=32, experts=8, top_k=2),  # a CPU smoke run of the script (TRITON_INTERPRET=1)
+    "tiny": dict(hidden=64, inter=32, experts=8, top_k=2),  # a CPU smoke run of the script (--smoke)
 }
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # Triton's interpreter computes bfloat16 wrongly
 RANK = 32
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
 CANDIDATES = gg._WIDE + [(128, 256, 128, 8, 2), (256, 128, 64, 8, 3)]
@@ -83,8 +88,8 @@ def sweep_epilogues(problems, groups, swiglu, compile_only):
         layout = gg._layout(inp, w, True)
 
         def run():
-            y = gg._launch(inp, w, groups.counts, gather, lora, z, layout)
-            return sw.swiglu_backward(g=y, **swiglu) if name == "down input grad" else y
+            y = gg._launch(inp, w, groups.counts, gather, lora, z, layout)  # noqa: B023
+            return sw.swiglu_backward(g=y, **swiglu) if name == "down input grad" else y  # noqa: B023
 
         for config in list(kernel.configs):
             label = f"{name:20s} {config}"
@@ -97,7 +102,7 @@ def sweep_epilogues(problems, groups, swiglu, compile_only):
                 print(f"{label} {ms:.4f} ms", flush=True)
                 if name not in best or ms < best[name][0]:
                     best[name] = (ms, str(config))
-            except Exception as exc:  # a config that does not fit (shared memory, registers)
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit (shared memory, registers)
                 print(f"{label} ERR {type(exc).__name__}: {exc}"[:200], flush=True)
     if not compile_only:
         print(json.dumps(dict(best={name: dict(ms=round(ms, 4), config=c) for name, (ms, c) in best.items()},
@@ -128,7 +133,7 @@ def sweep_swiglu(groups, order, weights, gate_up, g, a2, b1):
             try:
                 with only_config(kernel, config):
                     times[str(config)] = round(bench(run), 4)
-            except Exception as exc:  # a config that does not fit
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit
                 times[str(config)] = f"{type(exc).__name__}: {exc}"[:120]
             print(f"swiglu {name:8s} {config} {times[str(config)]}", flush=True)
         best = min(v for v in times.values() if isinstance(v, float))
@@ -151,7 +156,10 @@ def main():
     parser.add_argument("--problems", default="", help="comma-separated subset of the four products (default all)")
     parser.add_argument("--swiglu", action="store_true", help="sweep the SwiGLU kernels' configs, LoRA product fused")
     parser.add_argument("--compile-only", action="store_true", help="with --epilogues: run each config once")
+    parser.add_argument("--smoke", action="store_true", help="the tiny shape, 64 tokens, one small config (a CPU run)")
     args = parser.parse_args()
+    if args.smoke:
+        args.shape, args.tokens, args.candidates = "tiny", 64, "32,32,32,4,1"
     shape = SHAPES[args.shape]
     variants = [v for v in VARIANTS if v[0] in args.variants.split(",")]
     candidates = [tuple(int(v) for v in c.split(",")) for c in args.candidates.split(";") if c] or CANDIDATES
@@ -163,7 +171,7 @@ def main():
     groups, rows, _, order = route(index, experts)
     s = rows.shape[0]
 
-    def rand(*size, dtype=torch.bfloat16, scale=1.0):
+    def rand(*size, dtype=DTYPE, scale=1.0):
         return torch.randn(*size, device=dev, dtype=dtype, generator=gen) * scale
 
     x, dy = rand(args.tokens, hidden), rand(args.tokens, hidden)
@@ -196,21 +204,21 @@ def main():
             for cfg in candidates:
                 row = dict(problem=name, config=list(cfg))
                 for variant, kernel, tma, extra in variants:
-                    config = triton.Config(dict(zip(gg._NAMES, cfg[:3]), **extra), num_warps=cfg[3],
+                    config = triton.Config(dict(zip(gg._NAMES, cfg[:3], strict=True), **extra), num_warps=cfg[3],
                                            num_stages=cfg[4])
                     try:
                         with only_config(kernel, config):
-                            ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
+                            ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))  # noqa: B023
                         row[variant] = dict(ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
-                    except Exception as exc:  # a config that does not fit (shared memory, registers)
+                    except Exception as exc:  # noqa: BLE001 - a config that does not fit (shared memory, registers)
                         row[variant] = dict(error=f"{type(exc).__name__}: {exc}"[:160])
                 result["configs"].append(row)
                 print(json.dumps(row), flush=True)
         # As the block runs it: autotuned, narrow product and LoRA epilogue included; then the narrow product alone.
         for tma in (False, True) if args.block else ():
-            ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, lora=lora, tma=tma))
-            base = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))
-            narrow = bench(lambda: gg.grouped_gemm(inp, lora[0], groups.counts, rows=gather, tma=False))
+            ms = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, lora=lora, tma=tma))  # noqa: B023
+            base = bench(lambda: gg.grouped_gemm(inp, w, groups.counts, rows=gather, tma=tma))  # noqa: B023
+            narrow = bench(lambda: gg.grouped_gemm(inp, lora[0], groups.counts, rows=gather, tma=False))  # noqa: B023
             row = dict(problem=name, tma=tma, with_lora_ms=round(ms, 4), base_ms=round(base, 4),
                        base_tflops=round(flop / base / 1e9, 1), narrow_ms=round(narrow, 4))
             result["block"].append(row)
@@ -238,6 +246,10 @@ def main():
         lines.append(f"{row['problem']:20s} {str(tuple(row['config'])):24s} " + " | ".join(cells))
     print("\n".join(lines))
     print(json.dumps(result))
+    failed = [f"{row['problem']} {variant}" for row in result["configs"] for variant, *_ in variants
+              if "error" in row[variant]]
+    if args.smoke and failed:
+        sys.exit(f"smoke: no run of {', '.join(failed)}")
 
 
 if __name__ == "__main__":

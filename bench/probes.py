@@ -8,7 +8,8 @@ fleet.inference.probes.probe_serving_instances, and prints a human line, then a 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/probes.py [--all-slow --concurrency 500]
 
 Options: --endpoints N, --timeout S (default: settings.PROBE_TIMEOUT_S), --concurrency N (settings.PROBE_CONCURRENCY),
---all-slow (every endpoint answers only after the timeout: the goal then needs a concurrency of at least N).
+--all-slow (every endpoint answers only after the timeout: the goal then needs a concurrency of at least N),
+--smoke (20 endpoints, a 1 s timeout).
 """
 
 import argparse
@@ -107,7 +108,7 @@ def _measure(kinds: list[str], receive):
                  label=f"bench-{kind}-{i}", state=Instance.State.RUNNING, purpose="serving", offer_id=str(i),
                  gpu_name="H100 SXM", image=model.image, disk_gb=250, requested_at=now, running_at=now,
                  serving_model=model, public_ip="127.0.0.1", ports={"8000/tcp": port}, last_process_at=now)
-        for i, (kind, port) in enumerate(zip(kinds, ports))])
+        for i, (kind, port) in enumerate(zip(kinds, ports, strict=True))])
 
     with CaptureQueriesContext(connection) as queries:
         started = time.perf_counter()
@@ -127,7 +128,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--all-slow", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="20 endpoints, a 1 s timeout")
     args = parser.parse_args()
+    if args.smoke:
+        args.endpoints, args.timeout = 20, 1.0
     _raise_fd_limit(args.endpoints * 4 + 100)
     sys.path.insert(0, str(ROOT))
     from bench import support

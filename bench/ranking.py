@@ -1,12 +1,12 @@
 """Times rank_offers over 10,000 realistic offers (design goal: <= 25 ms on the 2-core control-plane machine,
 with the default filters and with every filter off).
 
-    python bench/ranking.py [--offers N] [--repeat R] [--seed S]
+    python bench/ranking.py [--offers N] [--repeat R] [--seed S] [--smoke]
 
 Prints one human-readable line, then, as the last line, a JSON object with the figures: median_ms for the default
 filters (most offers excluded), all_pass_median_ms with every filter off (every offer scored, the worst case). Both
 rank with the float prices the offers refresh stores (rank_offers(prices=), as the Offers page does);
-all_pass_unstored_median_ms is every filter off for records that come without them.
+all_pass_unstored_median_ms is every filter off for records that come without them. --smoke: 500 offers, 3 repeats.
 """
 
 import argparse
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet.providers.records import OfferRecord  # noqa: E402
-from fleet.ranking import OfferFilters, Recipe, offer_prices, rank_offers  # noqa: E402
+from fleet.providers.records import OfferRecord
+from fleet.ranking import OfferFilters, Recipe, offer_prices, rank_offers
 
 # name, GB per GPU, compute capability, on-demand $/h per GPU (low, high), listed TFLOPS per GPU, share of listings
 GPUS = [
@@ -118,7 +118,10 @@ def main() -> None:
     parser.add_argument("--offers", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--seed", type=int, default=20260711)
+    parser.add_argument("--smoke", action="store_true", help="500 offers, 3 repeats")
     args = parser.parse_args()
+    if args.smoke:
+        args.offers, args.repeat = 500, 3
 
     offers = build_offers(args.offers, args.seed)
     prices = [offer_prices(o) for o in offers]  # what the refresh stores with each offer

@@ -1,14 +1,17 @@
 """Recovery from a dead host on the simulated marketplace: seconds from the host's death to the supervisor noticing,
 and to the first training step on the new host.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/recovery.py
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/recovery.py [--smoke]
 
 Everything is real but the marketplace: the dashboard serves the agent API with gunicorn, the simulated boxes run
 the real agent and trainer (tiny model, CPU) as processes, and the instance sync and the supervisor run at the
 product's own beat intervals (INSTANCE_SYNC_SECONDS, SUPERVISOR_SECONDS), with the default heartbeat timeout and a
-30 s boot. The host is killed mid-phase. The last line is JSON; the goal is noticed <= 60 s.
+30 s boot. The host is killed mid-phase. The last line is JSON; the goal is noticed <= 60 s. --smoke: a 1 s boot,
+40-step phases, and the product's shortest sensible beat (sync and supervisor every 2 s, a 15 s heartbeat timeout): a
+check that the benchmark runs, not the figure.
 """
 
+import argparse
 import json
 import os
 import socket
@@ -20,7 +23,12 @@ from pathlib import Path
 
 import support
 
-support.setup_django("recovery")
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--smoke", action="store_true", help="a 1 s boot, short phases, a fast beat")
+SMOKE = parser.parse_args().smoke
+support.setup_django("recovery", **(dict(INSTANCE_SYNC_SECONDS="2", SUPERVISOR_SECONDS="2",
+                                         AGENT_HEARTBEAT_TIMEOUT_S="15", RENT_OUTCOME_GRACE_S="5",
+                                         DESTROY_VERIFY_S="5") if SMOKE else {}))
 
 import httpx  # noqa: E402
 from django.conf import settings  # noqa: E402
@@ -33,7 +41,8 @@ from runs import supervisor  # noqa: E402
 from runs.launch import example_recipe, launch  # noqa: E402
 
 KEY = "bench-key"
-STEPS = 400  # a phase: long enough that the host dies mid-phase
+STEPS = 40 if SMOKE else 400  # a phase: long enough that the host dies mid-phase
+BOOT_DELAY_S = 1 if SMOKE else 30
 
 
 def free_port() -> int:
@@ -61,7 +70,8 @@ class Beat:
 def measure(dashboard_url: str) -> dict:
     data_dir = Path(os.environ["DATA_DIR"])
     agents = AgentProcesses(data_dir / "boxes")
-    market = SimulatedMarketplace(api_key=KEY, seed=7, speed=1.0, boot_delay_s=30, port=0, hooks=agents).start()
+    market = SimulatedMarketplace(api_key=KEY, seed=7, speed=1.0, boot_delay_s=BOOT_DELAY_S, port=0,
+                                 hooks=agents).start()
     try:
         settings.VAST_API_URL, settings.VAST_API_KEY, settings.DASHBOARD_URL = market.base_url, KEY, dashboard_url
         settings.LOCAL_BUCKETS = True  # the simulated boxes run on this machine, beside the bucket
@@ -116,9 +126,9 @@ def main() -> None:
             server.wait(10)
     print(f"host killed; noticed after {result['noticed_s']} s (sync every {settings.INSTANCE_SYNC_SECONDS} s, "
           f"supervisor every {settings.SUPERVISOR_SECONDS} s, heartbeat timeout {settings.AGENT_HEARTBEAT_TIMEOUT_S}"
-          f" s); first step on the new host after {result['first_step_s']} s (30 s boot), resuming at phase "
-          f"{result['resumed_phase']} step {result['resumed_step']}")
-    print(json.dumps({**result, "goal_noticed_s": 60, "boot_delay_s": 30}))
+          f" s); first step on the new host after {result['first_step_s']} s ({BOOT_DELAY_S} s boot), resuming at "
+          f"phase {result['resumed_phase']} step {result['resumed_step']}")
+    print(json.dumps({**result, "goal_noticed_s": 60, "boot_delay_s": BOOT_DELAY_S}))
 
 
 if __name__ == "__main__":

@@ -1,44 +1,31 @@
 """A run page with 100,000 metric points in PostgreSQL: p50 and p95 of the page and of its chart data endpoint.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/run_page.py [--points 100000]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/run_page.py [--points 100000] [--smoke]
 
-Creates a throwaway test database, bulk-inserts a five-phase run on three boxes (two host changes), logs in a user
-with django.test.Client and times the page, the chart data (JSON, downsampled in SQL; steady state, as a page that
-polls it sees it, and cold, with the cached buckets of settled phases dropped before each request) and the runs list.
-The last line is JSON. Goal: p95 <= 150 ms for the page and the chart data.
+Creates a throwaway database (bench/support.py), bulk-inserts a five-phase run on three boxes (two host changes),
+logs in a user with django.test.Client and times the page, the chart data (JSON, downsampled in SQL; steady state,
+as a page that polls it sees it, and cold, with the cached buckets of settled phases dropped before each request)
+and the runs list.
+The last line is JSON. Goal: p95 <= 150 ms for the page and the chart data. --smoke: 2,000 points, 5 requests each.
 """
 
 import argparse
 import json
 import math
-import os
 import statistics
-import sys
-import tempfile
 import time
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("SECRET_KEY", "bench-only")
-os.environ.pop("REDIS_URL", None)
-os.environ["DATA_DIR"] = tempfile.mkdtemp(prefix="run-page-bench-")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
-if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-    sys.exit("Set DATABASE_URL to a PostgreSQL server (the bench makes its own test database there).")
+import support
 
-import django  # noqa: E402
-
-django.setup()
+support.setup_django("run-page")
 
 from django.conf import settings  # noqa: E402
 from django.core.cache import cache  # noqa: E402
 from django.contrib.auth.models import User  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 from django.urls import reverse  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -47,8 +34,8 @@ from runs.models import MetricPoint, Phase, Run, RunAttempt, RunEvent  # noqa: E
 
 PHASES = (("cpt", "cpt"), ("sft", "sft"), ("dpo", "dpo"), ("kto", "kto"), ("grpo", "grpo"))
 BOXES = (("H200", Decimal("1.20"), 28.5), ("RTX PRO 6000", Decimal("1.05"), 57.0), ("H200 NVL", Decimal("1.35"), 27.0))
-REPEAT = 40
-WARMUP = 5
+REPEAT, WARMUP = 40, 5
+SMOKE_POINTS, SMOKE_REPEAT, SMOKE_WARMUP = 2_000, 5, 1
 
 
 def fill(points: int) -> Run:
@@ -96,12 +83,12 @@ def fill(points: int) -> Run:
     return run
 
 
-def timed(client: Client, url: str, *, cold: bool = False) -> dict:
+def timed(client: Client, url: str, *, cold: bool = False, repeat: int = REPEAT, warmup: int = WARMUP) -> dict:
     """p50/p95 of `url`; cold: with the cache of settled phases emptied before every request."""
-    for _ in range(WARMUP):
+    for _ in range(warmup):
         assert client.get(url).status_code == 200, url
     times, size = [], 0
-    for _ in range(REPEAT):
+    for _ in range(repeat):
         if cold:
             cache.clear()
         start = time.perf_counter()
@@ -117,27 +104,25 @@ def timed(client: Client, url: str, *, cold: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--points", type=int, default=100_000)
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"{SMOKE_POINTS:,} points, {SMOKE_REPEAT} timed requests of each URL")
     args = parser.parse_args()
-    setup_test_environment()
+    sizes = dict(repeat=SMOKE_REPEAT, warmup=SMOKE_WARMUP) if args.smoke else {}
     settings.STORAGES = {**settings.STORAGES,  # render pages without collectstatic's manifest
                          "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
-    connection.settings_dict["TEST"]["NAME"] = "bench_run_page"  # never the test suite's database
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with support.throwaway_database("bench_run_page"):
         fill_start = time.perf_counter()
-        run = fill(args.points)
+        run = fill(SMOKE_POINTS if args.smoke else args.points)
         fill_s = time.perf_counter() - fill_start
         client = Client()
         client.force_login(User.objects.create_user("bench", password="bench-pass-123"))
-        page = timed(client, reverse("run_detail", args=[run.pk]))
-        data = timed(client, reverse("run_chart_data", args=[run.pk]))
-        cold = timed(client, reverse("run_chart_data", args=[run.pk]), cold=True)
-        listing = timed(client, reverse("runs"))
+        page = timed(client, reverse("run_detail", args=[run.pk]), **sizes)
+        data = timed(client, reverse("run_chart_data", args=[run.pk]), **sizes)
+        cold = timed(client, reverse("run_chart_data", args=[run.pk]), cold=True, **sizes)
+        listing = timed(client, reverse("runs"), **sizes)
         payload = client.get(reverse("run_chart_data", args=[run.pk])).json()
         largest = max(len(t.get("x", [])) for f in payload["figures"] for t in f["data"])
         points = MetricPoint.objects.filter(run=run).count()
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
     print(f"{points} points inserted in {fill_s:.1f} s")
     print(f"run page:   p50 {page['p50']} ms, p95 {page['p95']} ms ({page['bytes']} bytes)")
     print(f"chart data: p50 {data['p50']} ms, p95 {data['p95']} ms ({data['bytes']} bytes, "

@@ -1,0 +1,89 @@
+"""Every benchmark's `--smoke` run, as a person would start it (`python bench/X.py --smoke`), so that a change that
+breaks a benchmark fails here: it must exit 0 and print its figures. The database benchmarks make their own
+throwaway databases on the tests' PostgreSQL; the GPU benchmarks run tiny shapes on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A benchmark's last line is one JSON object: the keys each smoke run must print.
+FIGURES = {
+    "chaos": {"scenarios", "kinds", "orphaned_boxes", "double_rents", "lost_offers", "hostile_posts_accepted",
+              "errors"},
+    "grpo_scoring": {"row_logps_max_rel_diff", "tokens_equal", "lora_grad_rel_diff", "ms_packed_unmasked",
+                     "ms_sdpa_masked"},
+    "hopper_ws": {"max_rel_err", "timed", "rows"},
+    "ingest": {"points", "points_per_s", "batch_p50_ms"},
+    "moe_block": {"rows", "gemm"},
+    "moe_gemms": {"configs", "block"},
+    "probes": {"round_s", "ok", "failed", "misjudged", "queries"},
+    "ranking": {"median_ms", "p95_ms", "passed", "all_pass_median_ms", "all_pass_ranked"},
+    "reaper": {"median_ms", "queries", "constant_queries"},
+    "recovery": {"noticed_s", "first_step_s", "resumed_phase", "resumed_step"},
+    "rollout": {"transformers_tokens_per_second", "ours_tokens_per_second", "speedup"},
+    "run_page": {"page_p95_ms", "data_p95_ms", "data_cold_p95_ms", "list_p95_ms", "largest_trace_points"},
+    "train_and_export": {"train_rc", "steps", "store", "export_peft", "export_vllm", "vllm_key_count"},
+    "train_step": {"model", "results"},
+}
+# What each smoke run's figures must say beyond their presence.
+CHECKS = {
+    "chaos": lambda f: f["scenarios"] == f["kinds"] and f["errors"] == 0,  # each scenario once, none failing
+    "hopper_ws": lambda f: f["timed"] is False,
+    "ingest": lambda f: f["points"] == 4000,
+    "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
+    "reaper": lambda f: f["constant_queries"],
+    "train_and_export": lambda f: f["steps"] == 4 and f["export_vllm"]["rc"] == 0,
+    "train_step": lambda f: {r["backend"] for r in f["results"] if not r.get("oom")} == {
+        "ours", "ours:eager", "grouped_mm+peft"},
+}
+# The kernels' own benchmarks run them in Triton's interpreter; the model benchmarks take the torch path a CPU gets.
+KERNELS = {"hopper_ws", "moe_block", "moe_gemms"}
+SLOW = {"recovery"}  # two simulated boxes start the real agent and trainer, one after the other
+WORKERS = min(4, max(2, (os.cpu_count() or 2) // 2))
+
+
+def test_every_benchmark_has_a_smoke_test():
+    assert {p.stem for p in (ROOT / "bench").glob("*.py")} - {"support"} == set(FIGURES)
+
+
+def smoke(name: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch's spinning threads on a busy 2-core machine: 30x slower
+    if name in KERNELS:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return subprocess.run([sys.executable, f"bench/{name}.py", "--smoke"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=280)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request):
+    """The selected smoke runs, started at once in the order the tests take them, WORKERS at a time (each is mostly
+    one process on one core): the tests then wait for their own."""
+    chosen = [item.callspec.params["name"] for item in request.session.items
+              if getattr(item, "originalname", "") == "test_smoke_run"]
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    try:
+        yield {name: pool.submit(smoke, name) for name in chosen}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else [])
+                                  for n in sorted(FIGURES)])
+def test_smoke_run(name, smoke_runs):
+    done = smoke_runs[name].result()
+    said = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, said
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert FIGURES[name] <= figures.keys(), said
+    assert CHECKS.get(name, lambda f: True)(figures), said
+    if name == "hopper_ws":
+        assert "the timed part needs an H100 or H200" in done.stdout
