@@ -66,8 +66,3 @@ def resolve(image: str = "", cuda: str = "") -> tuple[str, str]:
         raise ValueError(f"the image {image!r} names no CUDA version in its tag; say which one it needs")
     min_driver(cuda)
     return image, cuda
-
-
-def pip_pins() -> list[str]:
-    """What docker/onstart.sh holds a stock image to, in one pip install."""
-    return [f"{name}=={version}" for name, version in STOCK_IMAGE_PINS.items()]

@@ -64,8 +64,7 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
         seen["gpu_last_ok_at"] = now
     if beat.get("gpu_util_percent") is not None:
         seen["gpu_util_percent"] = beat["gpu_util_percent"]
-    if seen:
-        Instance.objects.filter(pk=attempt.instance_id).update(**seen)
+    Instance.objects.filter(pk=attempt.instance_id).update(**seen)
     if lifecycle.moves(run.state, "agent_started"):
         events.record(run, "agent_started", "The box's agent reported in.", now=now, from_box=attempt.instance_id)
     command, why = standing_order(run_active=run.is_active, spent=run_cost(run, now), budget=run.budget_usd,

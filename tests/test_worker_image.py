@@ -83,7 +83,7 @@ def test_its_triton_is_one_on_which_flas_deltanet_backward_runs_on_hopper():
 
 def test_a_stock_image_keeps_its_torchs_triton_because_pip_cannot_hold_both():
     onstart_pins = re.search(r'TRAINING_PINS-([^}]*)}', ONSTART).group(1).split()
-    assert onstart_pins == worker_image.pip_pins()
+    assert onstart_pins == [f"{name}=={version}" for name, version in worker_image.STOCK_IMAGE_PINS.items()]
     assert f"triton=={worker_image.TORCH_TRITON}" in onstart_pins and f"torch=={worker_image.PINS['torch']}" in \
         onstart_pins
 
