@@ -1,33 +1,45 @@
 """Strict readers of environment variables: a bad value stops the process at start, naming the variable."""
 
+import enum
 import os
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from typing import TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-_UNSET = object()
+
+class _Unset(enum.Enum):
+    UNSET = enum.auto()
+
+
+_UNSET = _Unset.UNSET
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+T = TypeVar("T")
+Number = TypeVar("Number", int, float)
 
 
-def _raw(name: str, default):
-    value = os.environ.get(name)
-    if value is None or value.strip() == "":
-        if default is _UNSET:
-            raise ImproperlyConfigured(f"The environment variable {name} is required.")
-        return None
-    return value.strip()
+def _raw(name: str) -> str | None:
+    """The variable's value stripped; None when it is unset or blank."""
+    return os.environ.get(name, "").strip() or None
 
 
-def env_str(name: str, default: str | object = _UNSET) -> str:
-    value = _raw(name, default)
-    return default if value is None else value
+def _default(name: str, default: T | _Unset) -> T:
+    if isinstance(default, _Unset):
+        raise ImproperlyConfigured(f"The environment variable {name} is required.")
+    return default
 
 
-def env_bool(name: str, default: bool | object = _UNSET) -> bool:
-    value = _raw(name, default)
+def env_str(name: str, default: str | _Unset = _UNSET) -> str:
+    value = _raw(name)
+    return _default(name, default) if value is None else value
+
+
+def env_bool(name: str, default: bool | _Unset = _UNSET) -> bool:
+    value = _raw(name)
     if value is None:
-        return default
+        return _default(name, default)
     if value.lower() in _TRUE:
         return True
     if value.lower() in _FALSE:
@@ -35,10 +47,11 @@ def env_bool(name: str, default: bool | object = _UNSET) -> bool:
     raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use one of 1/0, true/false, yes/no, on/off).")
 
 
-def _number(name, default, minimum, cast, noun):
-    value = _raw(name, default)
+def _number(name: str, default: Number | _Unset, minimum: Number | None, cast: Callable[[str], Number],
+            noun: str) -> Number:
+    value = _raw(name)
     if value is None:
-        return default
+        return _default(name, default)
     try:
         number = cast(value)
     except ValueError:
@@ -48,18 +61,18 @@ def _number(name, default, minimum, cast, noun):
     return number
 
 
-def env_int(name: str, default: int | object = _UNSET, *, minimum: int | None = None) -> int:
+def env_int(name: str, default: int | _Unset = _UNSET, *, minimum: int | None = None) -> int:
     return _number(name, default, minimum, int, "an integer")
 
 
-def env_float(name: str, default: float | object = _UNSET, *, minimum: float | None = None) -> float:
+def env_float(name: str, default: float | _Unset = _UNSET, *, minimum: float | None = None) -> float:
     return _number(name, default, minimum, float, "a number")
 
 
-def env_decimal(name: str, default: Decimal | object = _UNSET) -> Decimal:
-    value = _raw(name, default)
+def env_decimal(name: str, default: Decimal | _Unset = _UNSET) -> Decimal:
+    value = _raw(name)
     if value is None:
-        return default
+        return _default(name, default)
     try:
         number = Decimal(value)
     except InvalidOperation:
@@ -69,8 +82,8 @@ def env_decimal(name: str, default: Decimal | object = _UNSET) -> Decimal:
     return number
 
 
-def env_list(name: str, default: list[str] | object = _UNSET) -> list[str]:
-    value = _raw(name, default)
+def env_list(name: str, default: list[str] | _Unset = _UNSET) -> list[str]:
+    value = _raw(name)
     if value is None:
-        return list(default)
+        return list(_default(name, default))
     return [item.strip() for item in value.split(",") if item.strip()]

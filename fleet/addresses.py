@@ -69,7 +69,7 @@ def resolve(host: str, port: int) -> list[str]:
         pass
     found = []
     for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-        address = str(ipaddress.ip_address(sockaddr[0].split("%", 1)[0]))
+        address = str(ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]))
         if address not in found:
             found.append(address)
     if not found:

@@ -73,7 +73,7 @@ def prune(run: Run) -> list[str]:
             continue
         try:
             storage.delete_checkpoint(where, row.uri)
-        except Exception:  # noqa: BLE001 - the store may be down; nothing is lost by trying again later
+        except Exception:  # the store may be down; nothing is lost by trying again later
             log.warning("run %s: deleting checkpoint %s failed", run.pk, row.uri, exc_info=True)
             continue
         Checkpoint.objects.filter(pk=row.pk).update(pruned_at=timezone.now())

@@ -9,7 +9,8 @@ from runs.models import Run, RunAttempt
 
 def run_costs(runs, now: datetime) -> dict[int, Decimal]:
     """run pk -> cost so far (the sum of the boxes it trained on), for many runs with two queries."""
-    boxes_of, boxes = {}, {}
+    boxes_of: dict[int, set[int]] = {}
+    boxes = {}
     for attempt in RunAttempt.objects.filter(run__in=runs).select_related("instance"):
         boxes_of.setdefault(attempt.run_id, set()).add(attempt.instance_id)
         boxes[attempt.instance_id] = attempt.instance

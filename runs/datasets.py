@@ -80,7 +80,8 @@ def model_tokenizer(model: dict) -> Tokenizer:
 
 def check_file(path: Path, kind: str, tokenizer: Tokenizer) -> Inspection:
     """Every line of a phase's JSONL checked for its kind, the first SAMPLE_RECORDS rendered and counted."""
-    sha, size, rows, errors, sample = hashlib.sha256(), 0, 0, [], []
+    sha, size, rows, errors = hashlib.sha256(), 0, 0, []
+    sample: list[tuple[int, dict]] = []  # (line number, record)
     limit = settings.DATASET_MAX_LINE_BYTES
     with open(path, "rb") as f:
         for number, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
@@ -148,7 +149,8 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
     nothing stored). `uploads` maps a file name to a Django uploaded file; `user` is who launches (None: the
     product), whose own stored data sets in `bucket` are the only ones a name finds (_stored)."""
     tokenizer = None
-    found, problems = [], []
+    found: list[DataSet | tuple[Inspection, Path, str, str]] = []  # stored, or checked and to be kept
+    problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="launch-data-") as scratch:
         for i, phase in enumerate(recipe["phases"]):
             where, source = f"phases[{i}] ({phase['name']}).data {phase['data']}", phase["data"]

@@ -37,26 +37,32 @@ class Bucket:
 def envelope(buckets: list[Bucket], first: tuple | None = None, last: tuple | None = None) -> tuple[list, list]:
     """Points (xs, ys) through every bucket's minimum and maximum, ordered along the trend so that a smooth series
     draws as a clean line and a noisy one as its band; `first` and `last` (x, y) are kept exactly."""
-    kept = [b for b in buckets if b.low is not None]
-    xs, ys = [], []
+    # (x_first, x_last, low, high) of the buckets that hold a value: SQL gives both ends or neither
+    kept = [(b.x_first, b.x_last, b.low, b.high) for b in buckets if b.low is not None and b.high is not None]
+    middles = [(low + high) / 2 for _, _, low, high in kept]
+    xs: list[float] = []
+    ys: list[float] = []
     if first is not None and first[1] is not None:
-        xs.append(first[0]), ys.append(first[1])
-    for i, b in enumerate(kept):
-        if b.low == b.high or b.x_first == b.x_last:
-            xs.append(b.x_last if b.x_first == b.x_last else (b.x_first + b.x_last) / 2), ys.append(b.high)
+        xs.append(first[0])
+        ys.append(first[1])
+    for i, (x_first, x_last, low, high) in enumerate(kept):
+        if low == high or x_first == x_last:
+            xs.append(x_last if x_first == x_last else (x_first + x_last) / 2)
+            ys.append(high)
             continue
-        here = (b.low + b.high) / 2
         if i + 1 < len(kept):
-            rising = (kept[i + 1].low + kept[i + 1].high) / 2 >= here
+            rising = middles[i + 1] >= middles[i]
         else:
-            rising = i == 0 or here >= (kept[i - 1].low + kept[i - 1].high) / 2
-        a, z = (b.low, b.high) if rising else (b.high, b.low)
-        xs.extend((b.x_first, b.x_last)), ys.extend((a, z))
+            rising = i == 0 or middles[i] >= middles[i - 1]
+        xs.extend((x_first, x_last))
+        ys.extend((low, high) if rising else (high, low))
     if last is not None and last[1] is not None and (not xs or xs[-1] != last[0] or ys[-1] != last[1]):
         if xs and xs[-1] >= last[0]:  # the last bucket already ends there: its exact value goes last
             while xs and xs[-1] >= last[0]:
-                xs.pop(), ys.pop()
-        xs.append(last[0]), ys.append(last[1])
+                xs.pop()
+                ys.pop()
+        xs.append(last[0])
+        ys.append(last[1])
     return xs, ys
 
 

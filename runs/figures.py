@@ -3,6 +3,7 @@ only: nothing here reads the database. The views encode them with plotly's JSON 
 against plotly's own figure schema."""
 
 import html
+from typing import Any
 
 from runs.downsample import Bucket, envelope, higher, lower, rounded
 from runs.phase_stats import PhaseStats, zero_gradient_phases
@@ -29,7 +30,7 @@ def plain(text) -> str:
 
 
 def layout(title: str, y_title: str, **extra) -> dict:
-    layout = {"title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
+    layout: dict[str, Any] = {"title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
               "margin": {"l": 64, "r": 16, "t": 40, "b": 30}, "height": 300, "uirevision": "keep",
               "paper_bgcolor": "#fff", "plot_bgcolor": "#fff", "hovermode": "x unified",
               "font": {"family": "system-ui, sans-serif", "size": 12, "color": "#1d2330"},
@@ -75,7 +76,8 @@ def _merged(rows: list[dict], name: str, phase: int | None = None, instance: int
 
 
 def _edge(data: RunData, edges: dict, p: PhaseStats, which: str, name: str, instance: int | None = None):
-    step = p.first_step if which == "first" else p.last_step
+    first, last = p.step_span
+    step = first if which == "first" else last
     row = edges.get((p.index, step))
     if row is None or (instance is not None and row["instance_id"] != instance):
         return None
@@ -148,9 +150,9 @@ def _grad_norms(data: RunData, rows, edges) -> dict:
         traces.append(_trace(f"attention · {p.name}", xs, [y if y and y > 0 else None for y in ys], colour,
                              line={"color": colour, "width": 1.2, "dash": "dot"}))
         if p.index in flagged:
-            x0 = data.offsets[p.index] + p.first_step
-            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": x0,
-                           "x1": data.offsets[p.index] + p.last_step, "y0": 0, "y1": 1,
+            first, last = p.step_span
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": data.offsets[p.index] + first,
+                           "x1": data.offsets[p.index] + last, "y0": 0, "y1": 1,
                            "fillcolor": "rgba(180,35,24,0.10)", "line": {"width": 0},
                            "label": {"text": "routed gradient = 0", "textposition": "middle center",
                                      "font": {"color": "#b42318", "size": 12}}})
@@ -180,9 +182,10 @@ def _b_matrices(data: RunData, rows, edges) -> dict:
 
 def _cost(data: RunData) -> dict:
     times, values = cost_curve(data.segments, data.traffic_usd, data.now)
-    traces = [{"type": "scatter", "mode": "lines", "name": "cost so far", "x": [t.isoformat() for t in times],
-               "y": [round(v, 4) for v in values], "line": {"color": "#2457c5", "width": 2},
-               "fill": "tozeroy", "fillcolor": "rgba(36,87,197,0.08)"}]
+    traces: list[dict] = [{"type": "scatter", "mode": "lines", "name": "cost so far",
+                           "x": [t.isoformat() for t in times], "y": [round(v, 4) for v in values],
+                           "line": {"color": "#2457c5", "width": 2}, "fill": "tozeroy",
+                           "fillcolor": "rgba(36,87,197,0.08)"}]
     proj = data.projection
     if data.run.is_active and proj.finish_at and proj.total_usd is not None:
         traces.append({"type": "scatter", "mode": "lines", "name": "projected", "x": [data.now.isoformat(),
@@ -211,7 +214,7 @@ def _cost_per_step(data: RunData, rows: list[dict]) -> dict:
         points = [(r["x_last"], r["step_s_avg"] * rate) for r in rows
                   if r["instance_id"] == instance_id and r["step_s_avg"] is not None]
         if points:
-            xs, ys = zip(*points)
+            xs, ys = zip(*points, strict=True)
             traces.append(_trace(f"$/1k steps · {box.name}", list(xs), list(ys), BOX_COLOURS[i % len(BOX_COLOURS)]))
     title = "Cost per 1k steps"
     return {"id": "cost-per-step", "title": title, "data": traces,
@@ -223,7 +226,7 @@ def _timeline(data: RunData, restarts: list[tuple]) -> dict:
     """Phases and boxes as bars over time, with the moments a host was lost or hung."""
     traces = []
     for p in data.stats:
-        if p.first_at is None:
+        if p.first_at is None or p.last_at is None:  # set together, from the phase's first and last point
             continue
         colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
         traces.append({"type": "scatter", "mode": "lines", "name": plain(f"phase {p.index} · {p.name}"),

@@ -23,6 +23,13 @@ class PhaseStats:
     min_b_zero: int | None = None
     max_b_zero: int | None = None
 
+    @property
+    def step_span(self) -> tuple[int, int]:
+        """(first_step, last_step) of a phase that reported points."""
+        if self.first_step is None or self.last_step is None:
+            raise ValueError(f"phase {self.index} reported no step")
+        return self.first_step, self.last_step
+
 
 def zero_gradient_phases(stats: list[PhaseStats]) -> list[str]:
     """Why each phase that trained with the routed-expert LoRA's gradient at zero is suspect, in the user's words:

@@ -206,6 +206,11 @@ class ChartInputs:
     restarts: list[tuple] = field(default_factory=list)  # (at, kind, message) of hosts lost or hung
 
 
+def _timed(p: PhaseStats, edges: dict) -> PhaseStats:
+    first, last = p.step_span
+    return replace(p, first_at=edges[(p.index, first)]["at"], last_at=edges[(p.index, last)]["at"])
+
+
 def chart_inputs(run: Run, now: datetime) -> ChartInputs:
     # The bucket width comes from the planned steps, known before the points are read.
     phases = list(run.phases.values_list("index", "name", "kind", "steps"))
@@ -216,8 +221,7 @@ def chart_inputs(run: Run, now: datetime) -> ChartInputs:
     total_points = sum(p.points for p in stats)
     edges = _edge_points(run, stats) if total_points else {}
     # When each phase ran comes from its first and last point (timestamps cost more to read than numbers).
-    stats = [replace(p, first_at=edges[(p.index, p.first_step)]["at"], last_at=edges[(p.index, p.last_step)]["at"])
-             if p.points else p for p in stats]
+    stats = [_timed(p, edges) if p.points else p for p in stats]
     data = run_data(run, now, stats)
     for r in rows:
         r["x_first"] += data.offsets.get(r["phase"], 0)

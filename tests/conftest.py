@@ -4,10 +4,10 @@ import os
 # triton: a dashboard test that imports the trainer's modules is collected before tests/training's own conftest.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-from django.contrib.auth.models import Permission  # noqa: E402
+import pytest
+from django.contrib.auth.models import Permission
 
-from tests.marketplace import _market_server, celery_worker, frozen_market, market, runpod_market  # noqa: E402,F401
+from tests.marketplace import _market_server, celery_worker, frozen_market, market, runpod_market  # noqa: F401
 
 
 @pytest.fixture

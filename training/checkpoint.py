@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint_names import MARKER, checkpoint_name, inside, parse_name  # noqa: F401 (the store API)
+from training.checkpoint_names import MARKER, checkpoint_name, inside, parse_name
 
 _log = logging.getLogger(__name__)
 

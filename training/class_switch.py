@@ -4,7 +4,7 @@ Each instance's class is swapped for a subclass, `Fused<Class>`, whose forward r
 and the class's own forward otherwise. Parameters, buffers and state-dict keys are untouched; one subclass per class.
 """
 
-_subclasses = {}
+_subclasses: dict[type, type] = {}
 
 
 def switch_class(module, fused_forward, applies):

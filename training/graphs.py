@@ -93,7 +93,7 @@ class MicroStepGraphs:
             return self._on_side_stream(eager_micro_step, model, loss_fn, batch, phase, ctx, scale)
         try:
             captured = self._capture(model, loss_fn, batch, phase, ctx, scale)
-        except Exception as exc:  # an op that cannot be captured: this shape runs eagerly from now on
+        except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: this shape runs eagerly from now on
             _log.warning("micro-step not captured in a CUDA graph (%s: %s); running it eagerly",
                          type(exc).__name__, str(exc)[:200])
             self.failed.add(key)

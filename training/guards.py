@@ -59,7 +59,8 @@ def check_experts_forward_is_ours(model, num_tokens=4):
     for name, block, experts in blocks:
         implementation = getattr(experts.config, "_experts_implementation", None)
         if implementation != moe_lora.IMPLEMENTATION_NAME:
-            problems.append(f"{name}: experts_implementation is {implementation!r}, not {moe_lora.IMPLEMENTATION_NAME!r}")
+            problems.append(f"{name}: experts_implementation is {implementation!r}, "
+                            f"not {moe_lora.IMPLEMENTATION_NAME!r}")
             continue
         param = experts.gate_up_proj
         probe = torch.randn(1, num_tokens, param.shape[-1], device=param.device, dtype=param.dtype)
@@ -73,7 +74,8 @@ def check_experts_forward_is_ours(model, num_tokens=4):
                 "an import replaced it"
             )
     if problems:
-        raise ExpertsForwardReplaced("refusing to start, the routed experts would not run our forward:\n" + "\n".join(problems))
+        raise ExpertsForwardReplaced("refusing to start, the routed experts would not run our forward:\n"
+                                     + "\n".join(problems))
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ causal mask from them). Which DeltaNet kernels a box has is reported by `deltane
 import functools
 import importlib
 import importlib.util
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +73,7 @@ def reference_packed_forward(layer, hidden_states, ends, **kwargs):
     batch, length, width = hidden_states.shape
     stream = hidden_states.reshape(1, batch * length, width)
     parts = [forward(layer, stream[:, start:end], attention_mask=None, **kwargs)
-             for start, end in zip(ends[:-1], ends[1:]) if end > start]
+             for start, end in pairwise(ends) if end > start]
     return torch.cat(parts, dim=1).view(batch, length, -1)
 
 
@@ -102,7 +103,7 @@ def short_convolution(layer, mixed, ends):
                       activation=layer.activation)
     width = weight.shape[-1]
     parts = []
-    for start, end in zip(ends[:-1], ends[1:]):
+    for start, end in pairwise(ends):
         if end > start:
             part = mixed[:, :, start:end].to(weight.dtype)
             parts.append(F.conv1d(part, weight[:, None], layer.conv1d.bias, padding=width - 1,

@@ -109,7 +109,7 @@ def grpo_loss(model, batch, phase, ctx):
     prompt_ids, prompt_mask, completions, keep = _generate(model, prompts, phase, tokenizer, ctx["device"])
     rewards = torch.tensor([
         float(ctx["reward_fn"](record.get("prompt"), tokenizer.decode(c[k].tolist(), skip_special_tokens=True), record))
-        for record, c, k in zip(records, completions, keep)
+        for record, c, k in zip(records, completions, keep, strict=True)
     ])
     grouped = rewards.view(-1, group)
     advantages = ((grouped - grouped.mean(-1, keepdim=True)) / (grouped.std(-1, keepdim=True) + 1e-4)).view(-1)

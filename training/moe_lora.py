@@ -26,7 +26,7 @@ KERNEL_PATHS = ("triton", "grouped_mm", "loop")
 _log = logging.getLogger(__name__)
 
 # How many times our forward ran for each experts module (by id): the start-up guard probes it.
-forward_calls = Counter()
+forward_calls: Counter[int] = Counter()
 
 @dataclass
 class Kernels:

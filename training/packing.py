@@ -8,6 +8,8 @@ the positions are made (`with_host_ends`), so the forward reads nothing back fro
 positions are read once per forward, and only for families with linear attention.
 """
 
+from itertools import pairwise
+
 import torch
 
 from training import families
@@ -57,7 +59,7 @@ def boundaries(position_ids, ends=None, device_ends=None):
         device_ends = torch.tensor(ends, dtype=torch.int32).to(position_ids.device, non_blocking=True)
     else:  # without the padding after the last sample: FLA and transformers take the exact boundaries
         device_ends = device_ends[: len(ends)]
-    longest = max(end - start for start, end in zip(ends[:-1], ends[1:]))
+    longest = max(end - start for start, end in pairwise(ends))
     return {"cu_seq_lens_q": device_ends, "cu_seq_lens_k": device_ends, "max_length_q": longest,
             "max_length_k": longest, "sample_ends": ends}
 

@@ -259,7 +259,7 @@ def _template(tokenizer, messages, tools, generation_prompt=False) -> list[int]:
 
 def _common(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -280,7 +280,7 @@ def render_chat(tokenizer, messages, tools=None) -> tuple[list[int], list[int]]:
         out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True)
         ids = list(out["input_ids"])
-        return ids, [t if m else IGNORE for t, m in zip(ids, out["assistant_masks"])]
+        return ids, [t if m else IGNORE for t, m in zip(ids, out["assistant_masks"], strict=True)]
     full = _template(tokenizer, messages, tools)
     labels = [IGNORE] * len(full)
     for i, message in enumerate(messages):

@@ -243,7 +243,7 @@ class _Decoder:
             torch.cuda.synchronize(self.device)
             with torch.cuda.graph(graph, pool=self.pool, stream=self.side):
                 self._decode_step(step)
-        except Exception as exc:  # an op that cannot be captured: this shape decodes eagerly
+        except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: this shape decodes eagerly
             _log.warning("rollout decode step not captured in a CUDA graph (%s: %s); decoding eagerly",
                          type(exc).__name__, str(exc)[:200])
             self.capture_failed = True

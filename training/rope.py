@@ -60,7 +60,7 @@ def restore_original_rope() -> int:
     for name in ROTATE_HALF_MODULES:
         home = sys.modules.get(name)
         current = getattr(home, FUNCTION_NAME, None) if home is not None else None
-        if getattr(current, "fused_rope", False):
+        if current is not None and getattr(current, "fused_rope", False):
             setattr(home, FUNCTION_NAME, current.__wrapped__)
             restored += 1
     return restored

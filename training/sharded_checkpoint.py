@@ -65,7 +65,7 @@ def read_metadata(data: bytes):
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except UnsafeCheckpoint:
         raise
-    except Exception as exc:  # a truncated or garbled file: refused like a forged one
+    except Exception as exc:  # noqa: BLE001 - a truncated or garbled file: refused like a forged one
         raise UnsafeCheckpoint(f"the checkpoint's sharded metadata cannot be read: {type(exc).__name__}") from None
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.storage_data, dict):
         raise UnsafeCheckpoint("the checkpoint's sharded metadata is not DCP's Metadata")

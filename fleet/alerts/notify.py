@@ -88,30 +88,34 @@ def deliver(delivery_id: int, *, now: datetime | None = None) -> Delivered:
 def _record(delivery: WebhookDelivery, attempt: webhooks.Attempt, now: datetime) -> Delivered:
     outcome = webhooks.decide(attempt.status_code, delivery.attempts, settings.WEBHOOK_MAX_ATTEMPTS)
     after = max(timezone.now(), now)
-    fields = {"last_status_code": attempt.status_code, "last_error": attempt.error[:500]}
+    fields: dict[str, object] = {"last_status_code": attempt.status_code, "last_error": attempt.error[:500]}
     retry_in_s = None
     if outcome == webhooks.SENT:
-        fields.update(state=State.SENT, finished_at=after, next_attempt_at=None)
+        state = State.SENT
+        fields.update(finished_at=after, next_attempt_at=None)
     elif outcome == webhooks.RETRY:
         retry_in_s = webhooks.backoff_s(delivery.attempts, base_s=settings.WEBHOOK_BACKOFF_BASE_S,
                                         factor=settings.WEBHOOK_BACKOFF_FACTOR, max_s=settings.WEBHOOK_BACKOFF_MAX_S)
-        fields.update(state=State.RETRYING, next_attempt_at=after + timedelta(seconds=retry_in_s))
+        state = State.RETRYING
+        fields.update(next_attempt_at=after + timedelta(seconds=retry_in_s))
     else:
         if outcome == webhooks.GONE:
             fields["last_error"] = "HTTP 410 Gone: the endpoint asked to stop; it is disabled"
-            WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, enabled=True).update(
-                enabled=False, disabled_reason=f"answered 410 Gone to {delivery.message_id} at {after:%Y-%m-%d %H:%M} UTC")
+            reason = f"answered 410 Gone to {delivery.message_id} at {after:%Y-%m-%d %H:%M} UTC"
+            endpoint = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, enabled=True)
+            endpoint.update(enabled=False, disabled_reason=reason)
         elif attempt.error:
             fields["last_error"] = f"gave up after {delivery.attempts} attempts; last: {attempt.error}"[:500]
-        fields.update(state=State.FAILED, finished_at=after, next_attempt_at=None)
+        state = State.FAILED
+        fields.update(finished_at=after, next_attempt_at=None)
     # Only the attempt we claimed may be recorded: a lease taken back meanwhile means a later attempt owns the row.
     recorded = WebhookDelivery.objects.filter(pk=delivery.pk, state=State.SENDING, attempts=delivery.attempts).update(
-        **fields)
+        state=state, **fields)
     log.info("webhook %s to endpoint %s (%s): attempt %d -> %s %s", delivery.message_id, delivery.endpoint_id,
-             delivery.endpoint.name, delivery.attempts, fields["state"], attempt.error)
+             delivery.endpoint.name, delivery.attempts, state, attempt.error)
     if not recorded:
         return Delivered(None)
-    return Delivered(fields["state"], retry_in_s)
+    return Delivered(state, retry_in_s)
 
 
 def due_deliveries(*, now: datetime | None = None) -> list[int]:
@@ -126,8 +130,9 @@ def due_deliveries(*, now: datetime | None = None) -> list[int]:
     stale.filter(pk__in=recovered).update(state=State.RETRYING, next_attempt_at=now,
                                           last_error="no result from the attempt (worker lost?)")
     overdue = now - timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS)
+    waiting = Q(state=State.PENDING, created_at__lte=overdue) | Q(state=State.RETRYING, next_attempt_at__lte=overdue)
     lost = (WebhookDelivery.objects
-            .filter(Q(state=State.PENDING, created_at__lte=overdue) | Q(state=State.RETRYING, next_attempt_at__lte=overdue))
+            .filter(waiting)
             .order_by("next_attempt_at", "id").values_list("pk", flat=True)[:500])
     return recovered + [pk for pk in lost if pk not in recovered]
 

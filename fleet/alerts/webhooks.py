@@ -63,6 +63,7 @@ def instance_record(instance) -> dict | None:
 
 def body(alert, *, slack: bool) -> bytes:
     """The bytes that are signed and sent: minified JSON, so what is signed is exactly what goes out."""
+    payload: dict[str, object]
     if slack:
         where = f" ({alert.instance.label})" if alert.instance_id and alert.instance else ""
         payload = {"text": slack_text(f"[{alert.kind}] {alert.message}{where}")}
@@ -179,7 +180,7 @@ def post(url: str, headers: dict[str, str], body: bytes, *, timeout_s: float, al
         connect, host = _where(url, allow_private=allow_private)
     except Refused as exc:
         return Attempt(None, f"refused: {exc}"[:500])
-    hostname = urlsplit(url).hostname
+    hostname = urlsplit(url).hostname or ""  # _where has refused a URL without one
     try:
         status = asyncio.run(asyncio.wait_for(_send(connect, {**headers, "Host": host}, body, hostname, timeout_s),
                                               timeout_s))

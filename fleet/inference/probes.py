@@ -52,6 +52,8 @@ DEFAULT_CONTAINER_PORT = 8000  # vLLM's, for a serving box without a model row
 def public_port(ports: dict, container_port: int) -> int | None:
     """The public port the provider maps to this container port, from Instance.ports ({"8000/tcp": 41234})."""
     value = (ports or {}).get(f"{container_port}/tcp")  # the provider clients store it normalised
+    if value is None:
+        return None
     try:
         port = int(value)
     except (TypeError, ValueError):
@@ -304,7 +306,7 @@ def record_round(boxes: list[Instance], targets: list[Target], outcomes: list[Ou
             crossed.append((box, outcome))
     _insert_results(results)
     # Only what answered: a failed probe must not write back a last_process_at another writer may have moved on.
-    answered = [box for box, outcome in zip(boxes, outcomes) if outcome.ok]
+    answered = [box for box, outcome in zip(boxes, outcomes, strict=True) if outcome.ok]
     _save_probe_fields(boxes, answered, now)
     for box, outcome in crossed:
         raise_alert(Alert.Kind.PROBE_FAILING,

@@ -127,7 +127,8 @@ def model_states(now: datetime) -> list[tuple[InferenceModel, ModelState]]:
     """Every model with its live replicas and today's rents, in a constant number of queries."""
     threshold = failing_threshold()
     models = list(InferenceModel.objects.select_related("profile").order_by("name"))
-    live, today = {}, {}
+    live: dict[int, int] = {}
+    today: dict[int, int] = {}
     for model_id, state, failures in Instance.objects.filter(
             serving_model__in=models, state__in=REPLICA_STATES).values_list(
             "serving_model_id", "state", "consecutive_probe_failures"):
@@ -223,7 +224,8 @@ def maintain(*, now: datetime | None = None) -> FleetReport:
 
 def _rent_replacements(model: InferenceModel, rentals, now: datetime, entry: ModelReport) -> list[str]:
     avoid = machines_to_avoid(model, now)
-    taken = set()  # an offer is one machine's GPUs: two replicas of one run go to two offers, and two machines
+    # (provider, offer id): an offer is one machine's GPUs: two replicas of one run go to two offers, and two machines
+    taken: set[tuple[str, str]] = set()
     rented = []
     for rental in rentals:
         def replica(instance: Instance, rental=rental) -> None:

@@ -19,7 +19,8 @@ class InferenceModel(models.Model):
     base_revision = models.CharField(max_length=200, blank=True,
                                      help_text="the base's hub branch, tag or commit the adapter was trained on")
     adapter_uri = models.CharField(max_length=600, blank=True,
-                                   help_text="the folder of the adapter's files: s3://bucket/prefix/... or a local path")
+                                   help_text="the folder of the adapter's files: s3://bucket/prefix/... "
+                                             "or a local path")
     adapter_manifest = models.JSONField(default=dict, blank=True,
                                         help_text="{file name: {size, sha256}} of the adapter's files")
     adapter_source = models.CharField(max_length=300, blank=True, help_text="the run and checkpoint it comes from")

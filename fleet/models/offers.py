@@ -63,12 +63,12 @@ class Offer(models.Model):
     def field_values(cls, record: OfferRecord) -> dict:
         """The columns a record fills: its own fields and the float twins of its prices."""
         return {name: getattr(record, name) for name in _OFFER_FIELDS} | dict(
-            zip(PRICE_FLOAT_FIELDS, offer_prices(record)))
+            zip(PRICE_FLOAT_FIELDS, offer_prices(record), strict=True))
 
     def save(self, *args, **kwargs):
         # A row written through the ORM one at a time (the admin, a script) keeps its float twins in step with its
         # Decimals; bulk writes carry them from field_values.
-        for name, value in zip(PRICE_FLOAT_FIELDS, offer_prices(self)):
+        for name, value in zip(PRICE_FLOAT_FIELDS, offer_prices(self), strict=True):
             setattr(self, name, value)
         if kwargs.get("update_fields") is not None:
             kwargs["update_fields"] = {*kwargs["update_fields"], *PRICE_FLOAT_FIELDS}

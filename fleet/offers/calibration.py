@@ -75,6 +75,7 @@ def record_finished_run(*, gpu_name: str, kernel_path: str, recipe: Recipe, step
         updated = record_step_time(load_calibration(), gpu_name=gpu_name, kernel_path=kernel_path, recipe=recipe,
                                    step_seconds=step_seconds, num_gpus=num_gpus)
         entry = updated.get(gpu_name, kernel_path)  # the only entry a run changes
+        assert entry is not None  # record_step_time has just written it
         ThroughputCalibration.objects.update_or_create(
             gpu_model=entry.gpu_model, kernel_path=entry.kernel_path,
             defaults={"model_tflops": entry.model_tflops, "weight": entry.weight,

@@ -151,8 +151,8 @@ class RankingForm(forms.Form):
         """A recipe's or filter's refusal, next to the field it is about and in that field's words."""
         for problem in message.split("; "):
             name = re.match(r"[a-z_]+", problem)
-            field = name and self._SETS.get(name.group(), name.group())
-            if field in self.fields:
+            field = self._SETS.get(name.group(), name.group()) if name else None
+            if name and field in self.fields:
                 text = problem[len(name.group()):].strip(" :")
                 self.add_error(field, text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."))
             else:

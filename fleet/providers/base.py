@@ -6,6 +6,7 @@ from typing import Protocol
 from . import fields
 from .errors import MalformedResponse
 from .records import InstanceRecord, RentRequest
+from .retrying import RetryingClient
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class HttpProvider:
     repr that shows where it talks to but never the key."""
 
     api_url: str
+    _http: RetryingClient
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.api_url!r})"

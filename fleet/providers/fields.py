@@ -263,6 +263,8 @@ def _real_column(value, column: Column) -> str | None:
 def _decimal_column(value, column: Column) -> str | None:
     if not isinstance(value, Decimal) or not value.is_finite():
         return _is(value, "a finite amount")
+    if column.max_digits is None or column.decimal_places is None:
+        return None  # no limits, as for the other kinds
     # Stored rounded to decimal_places (half away from zero), so anything that rounds up to the limit overflows.
     limit = Decimal(10) ** (column.max_digits - column.decimal_places)
     if abs(value) >= limit - Decimal("0.5").scaleb(-column.decimal_places):

@@ -355,7 +355,7 @@ def _price(raw: dict, key: str) -> Decimal | None:
 def in_stock(stock_status: str | None) -> bool:
     """RunPod's stockStatus as a yes or no: a level ("High", "Medium", "Low") is a machine free; null, empty or
     "None" is none."""
-    return bool(stock_status) and stock_status.strip().lower() not in ("none", "null", "")
+    return bool(stock_status and stock_status.strip().lower() not in ("none", "null", ""))
 
 
 def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: bool = False,
@@ -490,7 +490,8 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
         problems.append(f"runtime is {fields.shown(runtime)}, not an object")
         runtime = None
     public_ip, ports, ssh_host, ssh_port = _public_ports(runtime or {})
-    machine = raw.get("machine") if isinstance(raw.get("machine"), dict) else {}
+    machine = raw.get("machine")
+    machine = machine if isinstance(machine, dict) else {}
     uptime = read(fields.number, runtime or {}, "uptimeInSeconds", None, high=10 * 365 * 86400, default=None)
     started_at = None
     if uptime is not None:

@@ -199,7 +199,7 @@ class VastClient(HttpProvider):
 def rent_request_problem(request: RentRequest) -> str:
     """Why vast.ai would refuse this rent for its arguments (its documented limits), or ""."""
     lengths = {str(key): len(str(key)) + len(str(value)) + 1 for key, value in request.env.items()}
-    longest = max(lengths, key=lengths.get, default=None)
+    longest = max(lengths, key=lengths.__getitem__, default=None)
     if longest is not None and lengths[longest] > ENV_ENTRY_MAX:
         return f"the environment variable {longest[:40]} is {lengths[longest]} characters, over {ENV_ENTRY_MAX}"
     if sum(lengths.values()) > ENV_TOTAL_MAX:
@@ -314,13 +314,13 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
 
 
 def _ports(raw_ports) -> dict[str, int]:
-    ports = {}
+    ports: dict[str, int] = {}
     if isinstance(raw_ports, dict):
         for container_port, bindings in raw_ports.items():
             if isinstance(bindings, list) and bindings and isinstance(bindings[0], dict):
                 try:
-                    ports[str(container_port)] = int(bindings[0].get("HostPort"))
-                except (TypeError, ValueError, OverflowError):
+                    ports[str(container_port)] = int(bindings[0]["HostPort"])
+                except (KeyError, TypeError, ValueError, OverflowError):
                     continue
     return ports
 
@@ -385,7 +385,8 @@ def charged_instance(result) -> str | None:
     if not isinstance(result, dict):
         return None
     match = re.fullmatch(r"instance-(\d+)", str(result.get("source") or ""))
-    metadata = result.get("metadata") if isinstance(result.get("metadata"), dict) else {}
+    metadata = result.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
     instance_id = match.group(1) if match else metadata.get("instance_id")
     if not isinstance(instance_id, str | int) or isinstance(instance_id, bool) or not str(instance_id).isdigit():
         return None

@@ -41,14 +41,16 @@ def per_hour(amount: Decimal) -> str:
 def bid_usd_per_hour(offer) -> Decimal | None:
     """What an interruptible rental bids: the offer's price, or its minimum bid where that is higher; None for an
     on-demand offer."""
-    if not offer.is_bid:
-        return None
+    return _bid(offer) if offer.is_bid else None
+
+
+def _bid(offer) -> Decimal:
     return max(offer.min_bid_usd_per_hour or Decimal(0), offer.gpu_usd_per_hour)
 
 
 def rental_price(offer, disk_gb) -> RentalPrice:
     """The hourly price of renting `offer` (an Offer row or an OfferRecord) with `disk_gb` of disk."""
-    gpu = bid_usd_per_hour(offer) if offer.is_bid else (offer.gpu_usd_per_hour or offer.total_usd_per_hour)
+    gpu = _bid(offer) if offer.is_bid else (offer.gpu_usd_per_hour or offer.total_usd_per_hour)
     disk = offer.storage_usd_per_gb_month * Decimal(disk_gb) / _HOURS_PER_MONTH
     total = (gpu + disk).quantize(_PLACES, rounding=ROUND_HALF_UP)
     return RentalPrice(gpu_usd_per_hour=gpu, disk_gb=int(disk_gb), disk_usd_per_hour=disk, usd_per_hour=total,

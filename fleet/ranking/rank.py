@@ -203,8 +203,6 @@ class RankedEntries(Sequence):
             return NotImplemented
         return tuple(self) == tuple(other)
 
-    __hash__ = None
-
     def __repr__(self):
         return f"<RankedEntries of {len(self)} offers>"
 
@@ -227,7 +225,8 @@ class Ranking:
 
     def find(self, offer_id: str, *, provider: str | None = None, is_bid: bool | None = None):
         """The RankedOffer or Exclusion for one offer, or None if it was not in the catalogue."""
-        for item in (*self.entries, *self.excluded):
+        items: tuple[RankedOffer | Exclusion, ...] = (*self.entries, *self.excluded)
+        for item in items:
             o = item.offer
             if o.offer_id == offer_id and (provider is None or o.provider == provider) \
                     and (is_bid is None or o.is_bid == is_bid):
@@ -396,7 +395,7 @@ def _order(ranked: np.ndarray, scores: np.ndarray, totals: np.ndarray, passed, a
         o = passed[j]
         return totals[j], o.provider, o.offer_id, o.is_bid, at[j]
 
-    for start, end in zip([0, *starts.tolist()], [*starts.tolist(), len(order)]):
+    for start, end in zip([0, *starts.tolist()], [*starts.tolist(), len(order)], strict=True):
         if end - start > 1:
             order[start:end] = sorted(order[start:end].tolist(), key=tie_order)
     return order

@@ -49,7 +49,7 @@ class OfferSpeeds:
         calibrated = self.calibrated
         archs = [o.compute_capability for o in model_offers]
         per_gpu = [math.nan if t is None else model_tflops_of(speeds.one_gpu_share(o, t.tokens_per_s), recipe)
-                   for o, t in zip(model_offers, self.throughputs)]
+                   for o, t in zip(model_offers, self.throughputs, strict=True)]
         anchors = _Anchors(calibrated, self.models, archs, per_gpu, [o.num_gpus for o in model_offers])
         flops, dlperf = (list(map(attrgetter(field), offers)) for field in ("total_flops", "dlperf"))
         flops_column, dlperf_column = np.array(flops, float), np.array(dlperf, float)  # None as NaN

@@ -286,8 +286,9 @@ class ThroughputModel:
         path = self._paths.get(offer.compute_capability) or resolve_kernel_path(
             self.recipe.kernel_path, offer.compute_capability)
         n = offer.num_gpus or 1
-        flops = offer.total_flops
-        basis = "%g listed TFLOPS" % (flops / n) if flops and flops > 0 else "DLPerf %g" % (offer.dlperf / n)
+        flops, dlperf = offer.total_flops, offer.dlperf
+        # A speed was estimated, so the offer lists one of the two.
+        basis = "%g listed TFLOPS" % (flops / n) if flops and flops > 0 else "DLPerf %g" % ((dlperf or 0) / n)
         return _new_throughput(Throughput, (speed, path, True,
                                             f"estimate from {basis} (no calibration){self._scale_words(offer)}"))
 

@@ -5,7 +5,7 @@ import math
 
 def number(name, value, *, non_negative: bool = False) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ValueError(f"{name} must be a number, got {value!r}")  # noqa: TRY004 - the form's error, as for "abc"
     try:
         result = float(value)
     except (TypeError, ValueError):

@@ -8,7 +8,7 @@ boxes first.
 A box kept for debugging is skipped until its keep time passes, and the decision says so.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -33,7 +33,7 @@ class InstanceSnapshot:
     consecutive_probe_failures: int = 0
     # Asked to stop, and still listed after a destroy was due to be carried out: no rule acts on it (its destroy is
     # retried by the sync), but it bills, so the spend cap counts it.
-    destroy_overdue: bool = False
+    destroy_overdue: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def _hand_over(pk: int, action: str, reason: str) -> None:
 
 def _say_skipped(skipped: list[Decision], now: datetime) -> None:
     """A protected box's page says once why the reaper let it be, not once a minute."""
-    said = {}  # instance -> the skip messages already on its page (one query for the pass)
+    said: dict[int, list[str]] = {}  # instance -> the skip messages already on its page (one query for the pass)
     for pk, message in InstanceEvent.objects.filter(instance_id__in=[d.pk for d in skipped], kind="reap-skipped"
                                                     ).values_list("instance_id", "message"):
         said.setdefault(pk, []).append(message)

@@ -41,8 +41,8 @@ def charge_lines(instance: Instance, now: float) -> list[dict]:
         _line(instance, "disk", disk_hours * instance.disk_gb * offer.storage_cost / HOURS_PER_MONTH,
               disk_hours * instance.disk_gb, instance.created_at, disk_end(instance, now)),
     ]
-    if instance.traffic_first_at is not None:
-        first, last = instance.traffic_first_at, instance.traffic_last_at
+    first, last = instance.traffic_first_at, instance.traffic_last_at
+    if first is not None and last is not None:  # set together, at the first traffic
         if instance.upload_gb:
             lines.append(
                 _line(instance, "bwu", instance.upload_gb * offer.inet_up_cost, instance.upload_gb, first, last)

@@ -7,6 +7,7 @@ The status is derived from the instance's timestamps, never stored, so moving th
 
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from .catalogue import HOURS_PER_MONTH, MAX_RENTAL_S, Offer
 
@@ -30,7 +31,7 @@ def extra_env(env) -> list[list[str]]:
     """The rented environment's variables as [name, value] pairs, without docker's `-p`/`-v` options."""
     if isinstance(env, str):
         words = env.split()
-        pairs = [w.split("=", 1) for flag, w in zip(words, words[1:]) if flag == "-e" and "=" in w]
+        pairs = [w.split("=", 1) for flag, w in pairwise(words) if flag == "-e" and "=" in w]
     else:
         pairs = [[str(k), str(v)] for k, v in (env or {}).items() if not str(k).startswith("-")]
     return [list(pair) for pair in pairs]

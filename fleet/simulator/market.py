@@ -12,6 +12,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 
 from . import account, billing
 from .catalogue import Offer, build_catalogue
@@ -253,7 +254,8 @@ class Market:
                     self._emit("on_destroyed", instance, now)
             self._reset_locked()
 
-    def advance(self, seconds: float) -> float:
+    def advance(self, seconds: object) -> float:
+        """Moves the clock on by what a client sent, checked here."""
         if not isinstance(seconds, (int, float)) or seconds < 0:
             raise MarketError(400, "invalid_args", "seconds must be a number >= 0")
         with self._lock:
@@ -384,7 +386,8 @@ class Market:
         rng = self._rng
         instance_id = self._next_instance_id
         self._next_instance_id += rng.randint(1, 40)  # other clients rent in between
-        ports = {port: [{"HostIp": "0.0.0.0", "HostPort": str(rng.randint(20000, 65000))}]
+        every_address = "0.0.0.0"  # noqa: S104 - how vast.ai reports a mapped port, not a bind
+        ports = {port: [{"HostIp": every_address, "HostPort": str(rng.randint(20000, 65000))}]
                  for port in _container_ports(request["env"], request["runtype"])}
         public_ipaddr = f"203.0.113.{rng.randint(1, 254)}"  # TEST-NET-3, never routed
         if self.settings.loopback_boxes:
@@ -573,7 +576,8 @@ def _within_limits(body: dict, env) -> None:
     if max(entries, default=0) > ENV_ENTRY_MAX or total > ENV_TOTAL_MAX:
         raise MarketError(400, "invalid_args", f"env: each variable at most {ENV_ENTRY_MAX} characters, "
                                                f"{ENV_TOTAL_MAX} in all")
-    args = body.get("args") if isinstance(body.get("args"), list) else []
+    args = body.get("args")
+    args = args if isinstance(args, list) else []
     start = len(str(body.get("onstart") or "")) + len(str(body.get("args_str") or "")) + sum(len(str(a)) for a in args)
     if start > START_MAX:
         raise MarketError(400, "invalid_args", f"onstart, args and args_str: at most {START_MAX} characters together")
@@ -594,7 +598,7 @@ def _container_ports(env, runtype: str) -> list[str]:
     """Ports to map: vast.ai reads docker-style "-p 8000:8000" options from env keys (or an env string)."""
     words = env.split() if isinstance(env, str) else [w for key in env for w in str(key).split()]
     ports = ["22/tcp"] if "ssh" in runtype else []
-    for flag, value in zip(words, words[1:]):
+    for flag, value in pairwise(words):
         if flag == "-p":
             container = value.split(":")[-1]
             port = container if "/" in container else f"{container}/tcp"

@@ -351,7 +351,7 @@ class Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _each(ids: list[int], action) -> list[dict]:
-        results = []
+        results: list[dict] = []
         for instance_id in ids:
             try:
                 action(instance_id)

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     body = json.dumps(models_list(base, args.model, args.lora_modules, int(time.time()))).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (the standard library's name)
+        def do_GET(self):
             found = self.path.split("?")[0] == "/v1/models"
             status, payload = (200, body) if found else (404, b'{"detail":"Not Found"}')
             self.send_response(status)

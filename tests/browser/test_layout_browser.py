@@ -80,7 +80,8 @@ def overflow(page) -> dict:
     return page.evaluate("""() => {
         const width = document.documentElement.clientWidth;
         const wide = [...document.querySelectorAll('body *')].filter(el => el.getBoundingClientRect().right > width
-            || el.scrollWidth > width).slice(0, 5).map(el => el.tagName + (el.id ? '#' + el.id : '') + '.' + el.className);
+            || el.scrollWidth > width).slice(0, 5)
+            .map(el => el.tagName + (el.id ? '#' + el.id : '') + '.' + el.className);
         return {scroll: document.documentElement.scrollWidth, width, wide};
     }""")
 

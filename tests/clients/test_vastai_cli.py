@@ -178,7 +178,7 @@ def test_it_refuses_a_rent_of_a_taken_offer_with_the_cli_error(vastai_cli, marke
 def test_it_filters_the_instance_list_by_label_and_status(vastai_cli, market):
     offers = vastai_cli.json("search", "offers", "num_gpus=1", "-o", "dph+", "--limit", "2")
     ids = {label: vastai_cli.json("create", "instance", str(o["id"]), "--image", IMAGE, "--label", label)
-           ["new_contract"] for label, o in zip(("alpha", "beta"), offers)}
+           ["new_contract"] for label, o in zip(("alpha", "beta"), offers, strict=True)}
     market.advance(90)
     assert vastai_cli.run("show", "instances", "--label", "alpha", "-q").stdout.split() == [str(ids["alpha"])]
     running = vastai_cli.run("show", "instances", "-s", "running", "-q").stdout.split()

@@ -13,8 +13,8 @@ after `boot_polls` reads of it (or `advance()`) it is RUNNING with a runtime (pu
 makes it EXITED without a runtime, resume RUNNING again; terminate removes it, as RunPod stops listing terminated pods.
 
 Faults for the next requests: `inject_faults(http_429=, retry_after_s=, http_5xx=, status_5xx=, apply_5xx=,
-non_json=, no_data=)`; lasting ones: `retire()` (410 Gone), `corrupt_answers(mangle)`, `capacity_gone(gpu_type_id)`, `kill_pod(pod_id)` (host died: the pod is gone),
-`set_pod(pod_id, ...)` (the host side changes a pod's state).
+non_json=, no_data=)`; lasting ones: `retire()` (410 Gone), `corrupt_answers(mangle)`, `capacity_gone(gpu_type_id)`,
+`kill_pod(pod_id)` (host died: the pod is gone), `set_pod(pod_id, ...)` (the host side changes a pod's state).
 """
 
 import itertools
@@ -476,7 +476,7 @@ class _Root:
         if self.read_only:
             raise _GraphQLError("Unauthorized: this API key is read-only")
 
-    def gpuTypes(self, info, input=None):
+    def gpuTypes(self, info, input=None):  # noqa: N802 - the GraphQL field's name
         return self.fake.list_gpu_types(input)
 
     def myself(self, info):
@@ -485,23 +485,23 @@ class _Root:
     def pod(self, info, input):
         return self.fake.pod(input["podId"])
 
-    def podFindAndDeployOnDemand(self, info, input=None):
+    def podFindAndDeployOnDemand(self, info, input=None):  # noqa: N802 - the GraphQL field's name
         self._writable()
         return self.fake.deploy(input or {}, interruptible=False).as_json()
 
-    def podRentInterruptable(self, info, input):
+    def podRentInterruptable(self, info, input):  # noqa: N802 - the GraphQL field's name
         self._writable()
         return self.fake.deploy(input, interruptible=True).as_json()
 
-    def podStop(self, info, input):
+    def podStop(self, info, input):  # noqa: N802 - the GraphQL field's name
         self._writable()
         return self.fake.stop_pod(input["podId"])
 
-    def podResume(self, info, input):
+    def podResume(self, info, input):  # noqa: N802 - the GraphQL field's name
         self._writable()
         return self.fake.resume_pod(input["podId"], input["gpuCount"])
 
-    def podTerminate(self, info, input):
+    def podTerminate(self, info, input):  # noqa: N802 - the GraphQL field's name
         self._writable()
         self.fake.terminate_pod(input["podId"])
 

@@ -54,11 +54,11 @@ def test_it_counts_failing_and_stopping_boxes_out():
 
 
 def test_it_picks_the_best_offer_off_the_machines_to_avoid():
-    class O:
+    class Ranked:
         def __init__(self, offer_id, machine_id):
             self.provider, self.offer_id, self.machine_id = "vast", offer_id, machine_id
 
-    ranked = [O("a", "m1"), O("b", "m1"), O("c", "m2"), O("d", "")]
+    ranked = [Ranked("a", "m1"), Ranked("b", "m1"), Ranked("c", "m2"), Ranked("d", "")]
     assert best_offer(ranked, set()).offer_id == "a"
     assert best_offer(ranked, {"m1"}).offer_id == "c"
     assert best_offer(ranked, {"m1", "m2"}).offer_id == "d"

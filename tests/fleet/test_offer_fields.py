@@ -125,5 +125,6 @@ def test_it_shows_the_offers_page_over_stored_values_that_are_no_number(client, 
     ranked = body.split('id="ranked"', 1)[1].split("</table>", 1)[0]
     assert re.findall(r'<tr data-offer="(\d+)"', ranked) == ["1"]
     excluded = body.split('id="excluded"', 1)[1]
-    reasons = dict(re.findall(r'<tr data-offer="(\d+)" data-bid="0">.*?<td class="reasons">([^<]*)</td>\s*</tr>', excluded, re.S))
+    row = r'<tr data-offer="(\d+)" data-bid="0">.*?<td class="reasons">([^<]*)</td>\s*</tr>'
+    reasons = dict(re.findall(row, excluded, re.S))
     assert reasons == {offer_id: words for offer_id, (_, words) in odd.items()}

@@ -114,7 +114,7 @@ def test_it_stores_every_record_that_fits_and_skips_each_one_that_does_not_with_
     expected = [f"offer {100 + i}: {words}" for i, (_, words) in enumerate(UNSTORABLE)]
     expected.append("offer 1: listed twice; the first listing kept")
     assert len(stored.skipped) == len(expected)
-    for note, words in zip(stored.skipped, expected):
+    for note, words in zip(stored.skipped, expected, strict=True):
         assert note.startswith(words), note
 
 

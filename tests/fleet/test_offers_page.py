@@ -99,7 +99,8 @@ def test_it_sorts_by_projected_total_cost(client, member, listed):
     client.force_login(member)
     params = _params(max_usd_per_hour="6", sort="total")
     body = client.get(reverse("offers"), params).content.decode()
-    run_cost = r'<td class="num" data-label="run cost"><span class="price"[^>]*>\$([\d.]+)</span></td>\s*<td class="why">'
+    run_cost = (r'<td class="num" data-label="run cost"><span class="price"[^>]*>\$([\d.]+)</span></td>'
+                r'\s*<td class="why">')
     costs = [float(c) for c in re.findall(run_cost, body)]
     assert len(costs) > 2 and costs == sorted(costs)
 

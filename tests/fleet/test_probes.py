@@ -211,7 +211,7 @@ def test_it_refuses_loopback_without_sending_a_request(endpoints, model, probe_s
     ("168.63.129.16", "cloud metadata"),  # Azure's WireServer: public, yet the host's own agent
     ("fe80::1", "link-local"),
     ("fc00::5", "private"),
-    ("0.0.0.0", "unspecified"),
+    ("0.0.0.0", "unspecified"),  # noqa: S104 - an address refused, not one bound
     ("::", "unspecified"),
     ("224.0.0.1", "multicast"),
     ("240.0.0.1", "reserved"),
@@ -234,7 +234,7 @@ def test_it_allows_public_addresses(address):
 
 
 def test_it_refuses_metadata_unspecified_and_multicast_even_when_private_addresses_are_allowed():
-    for address in ("169.254.169.254", "fd00:ec2::254", "0.0.0.0", "239.1.1.1",
+    for address in ("169.254.169.254", "fd00:ec2::254", "0.0.0.0", "239.1.1.1",  # noqa: S104 - refused, not bound
                     # the metadata address carried in IPv6: IPv4-compatible, -translated, local-use NAT64
                     "::a9fe:a9fe", "::ffff:0:a9fe:a9fe", "64:ff9b:1::a9fe:a9fe"):
         assert addresses.address_refusal(address, allow_private=True), address

@@ -96,7 +96,7 @@ def test_it_ranks_a_varied_catalogue_exactly_as_the_ranking_worked_out_offer_by_
     expected, expected_excluded = reference_ranking(offers, recipe, filters)
     assert len(expected) >= 5 and len(expected_excluded) >= 30  # both sides of the comparison hold something
     assert [(e.offer, e.rank) for e in ranking.entries] == [(row[0], rank) for rank, row in enumerate(expected, 1)]
-    for entry, (o, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected):
+    for entry, (_offer, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected, strict=True):
         assert (entry.steps_per_usd, entry.tokens_per_usd) == (score, tokens_per_usd)  # the very same floats
         assert (entry.throughput, entry.projection, entry.cost) == (t, p, cost)
     assert [(x.offer, x.reasons) for x in ranking.excluded] == expected_excluded

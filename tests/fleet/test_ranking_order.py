@@ -156,9 +156,9 @@ def test_it_is_deterministic_for_equal_scores():
     assert ids(rank_offers(twins, Recipe(), OfferFilters()).entries) == ["a", "b"]
 
 
-# A seeded catalogue of a few hundred offers for comparing rank_offers with the reference ranking (reference_ranking.py): every
-# GPU family (calibrated, estimated from TFLOPS or DLPerf, or not measurable at all), bids, free traffic, free boxes,
-# dead links, hosts that never stay up, and exact twins whose scores tie.
+# A seeded catalogue of a few hundred offers for comparing rank_offers with the reference ranking
+# (reference_ranking.py): every GPU family (calibrated, estimated from TFLOPS or DLPerf, or not measurable at all),
+# bids, free traffic, free boxes, dead links, hosts that never stay up, and exact twins whose scores tie.
 GPUS = [  # name, GB per GPU, compute capability, listed TFLOPS per GPU
     ("RTX 4090", 24, 89, 165), ("A100 SXM4", 80, 80, 312), ("H100 SXM", 80, 90, 990), ("H100 NVL", 94, 90, 835),
     ("RTX PRO 6000 WS", 96, 120, 500), ("NVIDIA H200 NVL", 141, 90, 835), ("H200", 141, 90, 990),
@@ -184,7 +184,8 @@ def seeded_catalogue(count=400, seed=7) -> list[OfferRecord]:
             storage_usd_per_gb_month=storage, gpu_usd_per_hour=gpu_usd,
             total_usd_per_hour=gpu_usd + storage * 250 / 720, min_bid_usd_per_hour=None,
             reliability=round(min(1.0, rng.betavariate(40, 1.2)), 4), verified=rng.random() < 0.7,
-            rentable=rng.random() < 0.95, is_bid=rng.random() < 0.3, geolocation=rng.choice(("Sweden, SE", "Texas, US")),
+            rentable=rng.random() < 0.95, is_bid=rng.random() < 0.3,
+            geolocation=rng.choice(("Sweden, SE", "Texas, US")),
             dlperf=round(tflops * n * 0.2, 1) if rng.random() < 0.8 else None,
             total_flops=round(tflops * n * rng.uniform(0.9, 1.05), 1) if rng.random() < 0.7 else None,
         )
@@ -220,7 +221,7 @@ def test_it_ranks_a_seeded_catalogue_exactly_as_the_reference_ranking(recipe, fi
     expected, expected_excluded = reference_ranking(offers, recipe, filters)
     assert len(expected) > 40  # the comparison covers a real list, not an empty one
     assert [(e.offer, e.rank) for e in ranking.entries] == [(row[0], rank) for rank, row in enumerate(expected, 1)]
-    for entry, (o, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected):
+    for entry, (_offer, score, tokens_per_usd, t, p, cost) in zip(ranking.entries, expected, strict=True):
         # exact equality: the fast paths must give the very same floats, not close ones
         assert (entry.steps_per_usd, entry.tokens_per_usd) == (score, tokens_per_usd)
         assert entry.throughput == t

@@ -222,7 +222,7 @@ def test_it_skips_each_bad_listing_with_the_field_named_and_keeps_every_good_one
     offers = client.search_offers()
     assert [(o.offer_id, o.num_gpus) for o in offers] == [("101", 1), ("102", 2)]
     assert len(offers.skipped) == len(BAD_LISTINGS)
-    for note, (field, _) in zip(offers.skipped, BAD_LISTINGS):
+    for note, (field, _) in zip(offers.skipped, BAD_LISTINGS, strict=True):
         assert f"{field} " in note.split(": ", 1)[1], note
         assert len(note) < 160, note
 

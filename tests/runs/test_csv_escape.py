@@ -25,7 +25,7 @@ def test_it_quotes_text_cells_that_start_like_a_formula(client, member):
     box = points[0].instance
     box.label, box.gpu_name = HOSTILE[0], HOSTILE[3]
     box.save()
-    for point, text in zip(points, HOSTILE):
+    for point, text in zip(points, HOSTILE, strict=True):
         point.kernel_path = text
         point.save()
     client.force_login(member)

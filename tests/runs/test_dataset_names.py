@@ -3,7 +3,7 @@ that name is never trained on, one stored in another bucket (which the run's box
 again, and a user's own is reused, the newest they stored under that name first."""
 
 import importlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.apps import apps
@@ -16,7 +16,7 @@ from runs.models import DataSet, DataSetName, Run
 from .test_datasets import GOOD, jsonl, sft_recipe
 
 pytestmark = pytest.mark.django_db
-MONDAY = datetime(2026, 3, 2, 9, tzinfo=timezone.utc)
+MONDAY = datetime(2026, 3, 2, 9, tzinfo=UTC)
 MINE = jsonl(GOOD["sft"])
 THEIRS = jsonl(GOOD["sft"], GOOD["sft"])
 

@@ -38,8 +38,9 @@ def boxes(tmp_path, settings, live_server):
             agents.stop_all()
 
 
-# The whole way on the simulated marketplace: a 2-GPU box rented for the profile, the trainer's ranks started by torchrun
-# on its CPU (gloo), every rank's checkpoint shard and one adapter uploaded, the run finished and its box destroyed.
+# The whole way on the simulated marketplace: a 2-GPU box rented for the profile, the trainer's ranks started by
+# torchrun on its CPU (gloo), every rank's checkpoint shard and one adapter uploaded, the run finished and its box
+# destroyed.
 def test_a_run_on_two_gpus_rents_a_two_gpu_box_and_trains_on_both(boxes, beat, tmp_path):  # noqa: F811
     market, agents = boxes
     profile = OfferProfile.objects.create(name="two-gpus", recipe=Recipe(gpus=2).to_dict(),

@@ -1,17 +1,17 @@
 """The run pages never fail on a value already stored: a step count no run will reach, a step time a box reported
 as NaN or an infinity. The projection says "unknown" instead of a date past any calendar."""
 
-from datetime import datetime, timezone as tz
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 from django.urls import reverse
 
 from runs import projection
-from runs.models import MetricPoint, Phase, Run
+from runs.models import MetricPoint, Phase
 from tests.runs.seeding import seed_run
 
-T0 = datetime(2026, 5, 1, 12, 0, tzinfo=tz.utc)
+T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 LARGEST_STORED_STEPS = 2_147_483_647  # PostgreSQL's integer column; SQLite stores the recipe's 10**15 as it is
 
 

@@ -19,7 +19,7 @@ def list_row(client, run) -> dict[str, str]:
     body = client.get(reverse("runs")).content.decode()
     headers = [_text(h) for h in re.findall(r"<th>(.*?)</th>", body, re.S)]
     row = re.search(rf'<tr data-run="{run.pk}">(.*?)</tr>', body, re.S).group(1)
-    return dict(zip(headers, (_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S))))
+    return dict(zip(headers, (_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)), strict=True))
 
 
 def page_cards(client, run) -> dict[str, tuple[str, str]]:

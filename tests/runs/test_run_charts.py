@@ -1,5 +1,5 @@
 import random
-from datetime import datetime, timedelta, timezone as tz
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import plotly.graph_objects as go
@@ -9,13 +9,13 @@ from runs import downsample, figures, phase_stats, projection, run_data
 from runs.downsample import Bucket
 from runs.phase_stats import PhaseStats
 
-T0 = datetime(2026, 5, 1, 12, 0, tzinfo=tz.utc)
+T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
 
 def buckets_of(xs, ys, width):
     """The reference bucketing the SQL does: (x // width) groups with their first/last x and min/max y."""
     groups = {}
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=True):
         groups.setdefault(x // width, []).append((x, y))
     return [Bucket(g[0][0], g[-1][0], min(y for _, y in g), max(y for _, y in g)) for _, g in sorted(groups.items())]
 

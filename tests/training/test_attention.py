@@ -132,7 +132,7 @@ def test_the_variable_length_kernels_match_masked_sdpa_in_bf16_on_the_gpu():
     (theirs.float() * grad).sum().backward()
     assert ours.shape == theirs.shape == (batch, length, 16, 128)
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
-    for mine, reference in zip(our_grads, (q.grad, k.grad, v.grad)):
+    for mine, reference in zip(our_grads, (q.grad, k.grad, v.grad), strict=True):
         torch.testing.assert_close(mine.float(), reference.float(), rtol=5e-2, atol=5e-2)
 
 
@@ -140,7 +140,7 @@ def test_one_width_covers_every_micro_batch_of_a_phase():
     rows = _pack([([5] * n, [5] * n) for n in (3, 4, 20, 2, 2, 2, 2, 9, 24, 1)], SEQ_LEN, pad_id=0)
     width = boundaries_width(rows, 2)
     shapes = {collate("cpt", list(pair), pad_id=0, width=width)["cu_seq_lens"].shape
-              for pair in zip(rows, rows[1:] + rows[:1])}
+              for pair in zip(rows, rows[1:] + rows[:1], strict=True)}
     widest = max(len(collate("cpt", [a, b], pad_id=0)["cu_seq_lens"]) for a in rows for b in rows)
     assert shapes == {(width,)} and width >= widest
 
@@ -177,6 +177,6 @@ def test_padded_rows_score_without_a_mask_as_with_it():
         (got, got_tokens, got_grads), (want, want_tokens, want_grads) = ours[padding], theirs[padding]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert torch.equal(got_tokens, want_tokens)
-        for g, w in zip(got_grads, want_grads):
+        for g, w in zip(got_grads, want_grads, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
     assert (theirs["left"][0][0] - unmasked[0]).abs() > 1e-3  # the left padding's mask did matter there

@@ -69,11 +69,11 @@ def test_it_matches_the_reference_forward_and_gradients(make_routing, path):
     want_grads = torch.autograd.grad(want, [p[n] for n in names], grad_out)
 
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-    for name, got, expected in zip(names, grads, want_grads):
+    for name, got, expected in zip(names, grads, want_grads, strict=True):
         assert got.shape == p[name].shape and got.dtype == p[name].dtype
         # fp32 sums over many rows in another order: within 1e-5 of the largest entry
         atol = 1e-5 * float(expected.abs().max())
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=atol, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=atol, msg=lambda m, name=name: f"d{name}: {m}")
 
 
 def test_it_takes_float32_factors_with_half_activations_and_returns_float32_gradients(make_routing):
@@ -90,7 +90,7 @@ def test_it_takes_float32_factors_with_half_activations_and_returns_float32_grad
     want_grads = torch.autograd.grad(want, [p[n] for n in names], grad_out)
     assert out.dtype == torch.float16
     assert float((out.detach().float() - want.detach()).norm() / want.detach().norm()) < 1e-2
-    for name, got, expected in zip(names, grads, want_grads):
+    for name, got, expected in zip(names, grads, want_grads, strict=True):
         assert got.dtype == torch.float32 and got.shape == p[name].shape
         assert float((got - expected).norm() / expected.norm()) < 1e-2, name
 
@@ -104,13 +104,13 @@ def test_it_can_add_factor_gradients_into_grad_in_place_over_micro_steps(make_ro
     grad_outs = [torch.randn(13, 40, generator=torch.Generator().manual_seed(seed)) for seed in (3, 4, 5)]
     want = [torch.zeros_like(p[n]) for n in names]
     for grad_out in grad_outs:
-        for total, grad in zip(want, torch.autograd.grad(_reference(p), [p[n] for n in names], grad_out)):
+        for total, grad in zip(want, torch.autograd.grad(_reference(p), [p[n] for n in names], grad_out), strict=True):
             total += grad
     _ours(p, path, accumulate=True).backward(grad_outs[0])
     first = [p[n].grad for n in names]
     for grad_out in grad_outs[1:]:
         _ours(p, path, accumulate=True).backward(grad_out)
-    for name, tensor, expected in zip(names, first, want):
+    for name, tensor, expected in zip(names, first, want, strict=True):
         assert p[name].grad is tensor, f"d{name} was replaced, not added into"
         torch.testing.assert_close(tensor, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
     # Outside the context autograd adds them again, as usual.

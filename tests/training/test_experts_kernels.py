@@ -77,7 +77,7 @@ def test_groups_around_block_boundaries_store_every_row_once(gather, transposed)
     got, _ = grouped_gemm(x, weight, counts, rows=rows, lora=lora, tma=True)
     xs = x[rows] if gather else x
     want = torch.cat([xs[a:b] @ weight[e].T + 0.5 * (xs[a:b] @ lora[0][e].T) @ lora[1][e].T
-                      for e, (a, b) in enumerate(zip(counts.cumsum(0) - counts, counts.cumsum(0)))])
+                      for e, (a, b) in enumerate(zip(counts.cumsum(0) - counts, counts.cumsum(0), strict=True))])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -145,7 +145,7 @@ def test_it_computes_the_gated_activation_and_its_backward_like_the_loop(make_ro
     torch.testing.assert_close(h, want_h)
     got = TRITON.swiglu_backward(gate_up, g, weights, order, groups, b)
     want = LOOP.swiglu_backward(gate_up, g, weights, order, groups, b)
-    for got_part, want_part in zip(got, want):
+    for got_part, want_part in zip(got, want, strict=True):
         torch.testing.assert_close(got_part, want_part, rtol=1e-5, atol=1e-5)
     if with_lora:  # the rank-wide products come out of the same kernels
         torch.testing.assert_close(z, want_z, rtol=1e-5, atol=1e-5)
@@ -159,7 +159,7 @@ def test_it_computes_the_gated_activation_and_its_backward_like_the_loop(make_ro
     h_again = torch.full_like(h, float("nan"))
     again = TRITON.swiglu_backward(gate_up, g, weights, order, groups, b, h=h_again)
     assert torch.equal(h_again, h)
-    for again_part, got_part in zip(again, got):
+    for again_part, got_part in zip(again, got, strict=True):
         assert (again_part is None and got_part is None) or torch.equal(again_part, got_part)
 
 

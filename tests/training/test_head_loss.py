@@ -61,7 +61,7 @@ def test_a_models_loss_is_the_logits_paths():
     plain_grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert torch.allclose(fused, plain, atol=1e-5) and mask.sum() == 22 - 3
     assert len(fused_grads) == len(plain_grads) > 0
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fused_grads, plain_grads))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fused_grads, plain_grads, strict=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on the GPU")

@@ -44,7 +44,7 @@ def test_it_computes_what_pefts_forward_computes(dtype):
     got, got_grads = _run(layer, x, grad)
     assert got.dtype == want.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for name, g, w in zip(("y", "dx", "dA", "dB"), (got,) + got_grads, (want,) + want_grads):
+    for name, g, w in zip(("y", "dx", "dA", "dB"), (got,) + got_grads, (want,) + want_grads, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, name
         assert float((g.float() - w.float()).norm() / w.float().norm()) < tol, name
 

@@ -7,6 +7,7 @@ argument contract and compute what transformers' reference code computes for eac
 import importlib
 import sys
 import types
+from itertools import pairwise
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ class FakeFla:
         self.calls.append(cu_seqlens_cpu.tolist())
         ends = cu_seqlens_cpu.tolist()
         parts = [_chunk_rule_alone(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e])
-                 for s, e in zip(ends[:-1], ends[1:])]
+                 for s, e in pairwise(ends)]
         return torch.cat(parts, dim=1), None
 
 
@@ -164,7 +165,7 @@ def test_the_trainers_packed_batches_give_the_deltanet_layers_their_boundaries_w
     inputs = model_inputs(model, on_meta)
     assert inputs["sample_ends"] == batch["sample_ends"]
     assert inputs["cu_seq_lens_q"].shape == (len(batch["sample_ends"]),)  # exact: the padding is cut off
-    assert inputs["max_length_q"] == max(b - a for a, b in zip(batch["sample_ends"], batch["sample_ends"][1:]))
+    assert inputs["max_length_q"] == max(b - a for a, b in pairwise(batch["sample_ends"]))
     # Families without linear attention keep all-tensor batches, which CUDA graphs take.
     assert "sample_ends" not in with_host_ends(_model(TINY_CONFIG), collate("cpt", rows, pad_id=0))
 

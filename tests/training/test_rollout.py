@@ -90,7 +90,7 @@ def test_it_stops_once_every_row_has_ended(tiny_model):
     # A high temperature: every token about as likely, so each row makes eos after some tens of tokens.
     out = rollout.sample(model, ids, mask, max_new_tokens, 50.0, eos, PAD, generator=torch.Generator().manual_seed(2))
     ends = [int((row == eos).nonzero()[0]) for row in out]
-    for row, end in zip(out, ends):
+    for row, end in zip(out, ends, strict=True):
         assert (row[end + 1:] == PAD).all()
     assert len(forwards) <= max(ends) + 1 + rollout.CHECK_EVERY < max_new_tokens
 

@@ -1,4 +1,5 @@
-"""The trainer on a tiny random Qwen3-MoE: every phase through the one loop, the overfit check, the guards, the recipe."""
+"""The trainer on a tiny random Qwen3-MoE: every phase through the one loop, the overfit check, the guards, the
+recipe."""
 
 import json
 import math
@@ -23,17 +24,20 @@ def test_it_runs_every_phase_with_finite_losses_and_all_metrics(tmp_path):
     # The rollouts' caches are given back when the GRPO phase ends.
     assert rollout.DECODERS_ATTRIBUTE not in model.get_base_model().__dict__
     records = _records(tmp_path / "metrics.jsonl")
-    assert [(r["kind"], r["step"]) for r in records] == [(k, s) for k in ("cpt", "sft", "dpo", "kto", "grpo") for s in (1, 2)]
+    kinds = ("cpt", "sft", "dpo", "kto", "grpo")
+    assert [(r["kind"], r["step"]) for r in records] == [(k, s) for k in kinds for s in (1, 2)]
     for r in records:
         assert math.isfinite(r["loss"]), r
         assert set(metric_fields.NAMES) <= set(r)  # every field the dashboard stores, under its wire name
         assert r["kernel_path"] == "loop"
         assert r["routed_b_count"] == 4  # 2 layers x (gate_up, down)
-        assert r["grad_norm_total"] == pytest.approx(math.hypot(r["grad_norm_routed"], r["grad_norm_attention"]), rel=1e-5)
+        total = math.hypot(r["grad_norm_routed"], r["grad_norm_attention"])
+        assert r["grad_norm_total"] == pytest.approx(total, rel=1e-5)
     # Every phase checks the routed gradient at its first step with gradient signal.
     for kind in ("cpt", "sft", "dpo", "kto"):
         assert next(r for r in records if r["kind"] == kind)["guard_checked"]
-    assert any(r["guard_checked"] for r in records if r["kind"] == "grpo") or not any(r["signal"] for r in records if r["kind"] == "grpo")
+    grpo = [r for r in records if r["kind"] == "grpo"]
+    assert any(r["guard_checked"] for r in grpo) or not any(r["signal"] for r in grpo)
     assert all(r["routed_b_zero"] == 0 for r in records)
     assert "reward" in records[-1] and "dpo_accuracy" in records[4]
     assert lines[-1] == "run complete" and "routed B norm" in lines[0]
@@ -89,7 +93,8 @@ def test_it_rejects_a_bad_recipe_listing_every_problem(tmp_path):
     with pytest.raises(RecipeError) as error:
         validate({"model": {"path": "x", "config": {}}, "lora": {"r": 0}, "batch_size": "two", "schedule": "cos",
                   "phases": [{"kind": "sft", "data": str(tmp_path / "missing.jsonl"), "steps": 0},
-                             {"kind": "grpo", "data": str(tmp_path / "missing.jsonl"), "steps": 1, "num_generations": 1},
+                             {"kind": "grpo", "data": str(tmp_path / "missing.jsonl"), "steps": 1,
+                              "num_generations": 1},
                              {"kind": "ppo"}], "epochs": 3}, base_dir=tmp_path)
     message = str(error.value)
     for fragment in ("exactly one of model.path", "lora.r", "batch_size", "schedule", "no such file", "steps",
@@ -99,7 +104,8 @@ def test_it_rejects_a_bad_recipe_listing_every_problem(tmp_path):
 
 def test_it_loads_a_yaml_recipe_with_defaults_and_relative_paths(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
-    (tmp_path / "r.yaml").write_text("model: {path: Qwen/Qwen3-30B-A3B}\nphases:\n  - {kind: cpt, data: d.jsonl, steps: 5}\n")
+    (tmp_path / "r.yaml").write_text("model: {path: Qwen/Qwen3-30B-A3B}\n"
+                                     "phases:\n  - {kind: cpt, data: d.jsonl, steps: 5}\n")
     recipe = load_recipe(tmp_path / "r.yaml")
     assert recipe["seq_len"] == 2048 and recipe["lora"] == {"r": 32, "alpha": 64, "attention": True, "targets": None}
     assert recipe["phases"][0]["data"] == str(tmp_path / "d.jsonl")
@@ -114,6 +120,6 @@ def test_sft_labels_cover_only_assistant_turns():
 
     tok = ByteTokenizer(260)
     ids, labels = render_chat(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
-    learned = tok.decode([i for i, l in zip(ids, labels) if l != IGNORE])
+    learned = tok.decode([i for i, label in zip(ids, labels, strict=True) if label != IGNORE])
     assert learned == "yo\n" and labels[-1] == tok.eos_token_id  # the turn's header is the template's, not trained
-    assert all(l == IGNORE for l in labels[: len(tok.encode("<|user|>\nhi\n<|assistant|>\n"))])
+    assert all(label == IGNORE for label in labels[: len(tok.encode("<|user|>\nhi\n<|assistant|>\n"))])

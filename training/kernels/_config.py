@@ -25,14 +25,14 @@ def autotune_configs(shapes, names):
     if interpreting():
         return [triton.Config({name: 32 for name in names}, num_warps=4, num_stages=1)]
     return [
-        triton.Config(dict(zip(names, shape[: len(names)])), num_warps=shape[-2], num_stages=shape[-1])
+        triton.Config(dict(zip(names, shape[: len(names)], strict=True)), num_warps=shape[-2], num_stages=shape[-1])
         for shape in shapes
     ]
 
 
 # Shared memory one program may use, in bytes, by CUDA device index: what Triton checks a kernel against at launch
 # (about 227 KB on Hopper and B200, about 99 KB on sm_120 workstation cards such as the RTX PRO 6000).
-_shared_memory = {}
+_shared_memory: dict[int, int] = {}
 
 
 def shared_memory_limit(device):

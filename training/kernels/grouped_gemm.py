@@ -264,7 +264,7 @@ def _grouped_gemm_tma_kernel(
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
 TMA_ENABLED = os.environ.get("MOE_LORA_TMA", "1") != "0"
-_devices = {}
+_devices: dict[int | None, tuple[int, int]] = {}
 
 
 def _device(device):

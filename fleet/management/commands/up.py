@@ -15,11 +15,11 @@ from django.core.management.base import BaseCommand, CommandError
 from fleet import enqueue
 
 
-def _wait_for_port(host: str, port: int, timeout_s: float, process: subprocess.Popen) -> None:
+def _wait_for_port(host: str, port: int, timeout_s: float, name: str, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise CommandError(f"{process.args[2]} exited with {process.returncode} before it listened on {port}.")
+            raise CommandError(f"The {name} exited with {process.returncode} before it listened on {port}.")
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
@@ -50,13 +50,13 @@ class Command(BaseCommand):
                     "--boot-delay", str(settings.SIMULATOR_BOOT_DELAY_S),
                     "--run-agents", str(settings.DATA_DIR / "simulated-boxes"),
                 ], env={"SIMULATOR_API_KEY": settings.SIMULATOR_API_KEY})
-                _wait_for_port(settings.SIMULATOR_HOST, settings.SIMULATOR_PORT, 30, simulator)
+                _wait_for_port(settings.SIMULATOR_HOST, settings.SIMULATOR_PORT, 30, "simulated marketplace", simulator)
             self._start("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                    "--concurrency", str(worker_concurrency)])
             self._start("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO"])
             web = self._start("web", [python, "-m", "gunicorn", "config.wsgi:application", "--bind", f"{host}:{port}",
                                       "--workers", str(web_workers), "--access-logfile", "-"])
-            _wait_for_port(host, port, 60, web)
+            _wait_for_port(host, port, 60, "web server", web)
 
             enqueue.refresh_offers()  # the first listing now, not one beat interval from now
             market = "the simulated marketplace" if settings.SIMULATOR_ENABLED else settings.VAST_API_URL
