@@ -75,6 +75,28 @@ def test_it_keeps_a_half_written_line_for_the_next_round(dashboard, tmp_path):
     assert dashboard.posts[0][2] == "Bearer run_token"
 
 
+def test_it_keeps_unsent_metrics_when_the_dashboard_does_not_answer(dashboard, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"phase": 0, "step": step, "time": 1_800_000_000.0 + step, "loss": 2.0} for step in (1, 2, 3)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    down = Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
+    assert forward_metrics(down, path, 0, max_points=2) == 0  # the agent goes on; nothing is lost
+    forward_metrics(_api(dashboard), path, 0, max_points=2)
+    assert [[p["step"] for p in body["points"]] for _, body, _ in dashboard.posts] == [[1, 2], [3]]
+
+
+def test_it_skips_a_malformed_line_and_a_refused_batch_without_stopping(dashboard, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    good = json.dumps({"phase": 0, "step": 4, "time": 1_800_000_000.0, "loss": 2.0})
+    path.write_text('not json\n[1, 2]\n{"loss": 1.0}\n' + good + "\n")
+    assert forward_metrics(_api(dashboard), path, 0, max_points=10) == path.stat().st_size
+    assert [[p["step"] for p in body["points"]] for _, body, _ in dashboard.posts] == [[4]]
+    dashboard.status = 400  # the dashboard refuses what was sent: dropped, said, and the next lines still go
+    with open(path, "a") as f:
+        f.write(json.dumps({"phase": 0, "step": 5, "time": 1_800_000_001.0}) + "\n")
+    assert forward_metrics(_api(dashboard), path, 0, max_points=10) == path.stat().st_size
+
+
 def test_it_stops_when_its_credentials_are_not_renewed(tmp_path):
     dead = Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
     beat = Heartbeat(dead, interval_s=0.01, window_s=0.0)

@@ -1,13 +1,17 @@
 """The trainer's per-step metrics (its JSONL file), forwarded to the dashboard in batches."""
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
 
 from training.metric_fields import wire_point
 
-from .dashboard import Api
+from .dashboard import Api, Refused
+
+log = logging.getLogger(__name__)
+TOKEN_REFUSED = (401, 403)  # this box's attempt is over: the heartbeat stops it, the points have nowhere to go
 
 
 def to_point(record: dict) -> dict:
@@ -28,14 +32,43 @@ class MetricsForwarder:
 
 
 def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int:
-    """Sends the trainer's new JSONL lines in batches; returns how far the file has been read."""
+    """Sends the trainer's new JSONL lines in batches; returns how far the file has been sent. A dashboard that does
+    not answer keeps the rest for the next round (the trainer goes on meanwhile); a batch it refuses as malformed is
+    dropped, said in the log, so one bad line never wedges the forwarding."""
     if not path.exists():
         return position
     with open(path, "rb") as f:
         f.seek(position)
         data = f.read()
     complete = data[: data.rfind(b"\n") + 1]  # a half-written last line waits for the next round
-    points = [to_point(json.loads(line)) for line in complete.splitlines() if line.strip()]
-    for start in range(0, len(points), max_points):
-        api.call("POST", "metrics", {"points": points[start:start + max_points]})
-    return position + len(complete)
+    batch: list[dict] = []
+    sent_to = read_to = position
+    for line in complete.splitlines(keepends=True):
+        read_to += len(line)
+        if line.strip():
+            try:
+                batch.append(to_point(json.loads(line)))
+            except (ValueError, TypeError, KeyError, OverflowError, OSError):
+                log.warning("skipping a metrics line that is not a JSON object: %r", line[:200])
+        if len(batch) == max_points:
+            if not _send(api, batch):
+                return sent_to
+            batch, sent_to = [], read_to
+    if batch and not _send(api, batch):
+        return sent_to
+    return read_to
+
+
+def _send(api: Api, points: list[dict]) -> bool:
+    """Whether the batch is done with (sent, or refused for good); False leaves it for the next round."""
+    try:
+        api.call("POST", "metrics", {"points": points})
+    except ConnectionError as exc:
+        log.warning("metrics not sent, kept for the next round: %s", exc)
+        return False
+    except Refused as exc:
+        if exc.status in TOKEN_REFUSED:
+            log.warning("metrics not sent: %s", exc)
+            return False
+        log.warning("the dashboard refused %d metric points, dropped: %s", len(points), exc)
+    return True
