@@ -1,7 +1,7 @@
 """Chaos on the simulated marketplace: rents and runs with a fault injected at every step that can crash, then the
 product's own periodic passes, and an audit of what the marketplace bills for against what the dashboard knows.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/chaos.py [--rounds 17] [--seed 7]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/chaos.py [--rounds 17] [--seed 7] [--smoke]
 
 Real parts: PostgreSQL (a throwaway database of this process), the simulated marketplace over HTTP with its clock
 moved by the bench, a real Celery worker process taking the hand-overs (destroys, rents, moves) from the broker, and
@@ -17,7 +17,7 @@ After each scenario the audit counts, at the marketplace and in the database:
     lost_offers                   a well-formed offer missing from the store after a refresh with bad neighbours
     unverified_checkpoints_loaded a resume that put files into the trainer's store that do not match their manifest
     hostile_posts_accepted        a post with a stale, foreign or forged token that the agent API answered with 2xx
-The last line is JSON; the goal is scenarios >= 200 and every count 0.
+The last line is JSON; the goal is scenarios >= 200 and every count 0. --smoke: each scenario once.
 """
 
 import argparse
@@ -93,8 +93,8 @@ class Chaos:
         for _ in range(rounds):
             self.market.advance(step_s)
             now = self.now()
-            for work in (lambda: actions.sync(now=now), lambda: actions.rent_waiting(now=now),
-                         lambda: supervisor.supervise(now=now), lambda: sweep.reap(now=now, dry_run=False)):
+            for work in (lambda: actions.sync(now=now), lambda: actions.rent_waiting(now=now),  # noqa: B023
+                         lambda: supervisor.supervise(now=now), lambda: sweep.reap(now=now, dry_run=False)):  # noqa: B023
                 try:
                     work()
                 except Exception as exc:  # noqa: BLE001 - a pass that fails is retried by the next, as on beat
@@ -410,7 +410,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", action="append", choices=[s.__name__ for s in SCENARIOS],
                         help="run only this scenario (repeatable)")
+    parser.add_argument("--smoke", action="store_true", help="each scenario once (--rounds 1)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 1
     chosen = [s for s in SCENARIOS if not args.only or s.__name__ in args.only]
     with support.throwaway_database(f"chaos_{os.getpid()}") as database_url:
         worker = start_worker(database_url)

@@ -9,7 +9,8 @@ lengths are checked). One warm-up rollout each (ours captures its graph in it), 
 of each (new tokens over wall time), the speed-up, and last one JSON line.
 
     python bench/rollout.py [--layers 48] [--batch 16] [--prompt-tokens 128] [--new-tokens 256]
-    python bench/rollout.py --device cpu    (a smoke run: the tiny model, 4 prompts, 16 new tokens, eager)
+    python bench/rollout.py --device cpu    (on the CPU: the tiny model, 4 prompts, 16 new tokens, eager)
+    python bench/rollout.py --smoke    (the same, one timed rollout each: a check that it runs)
 """
 
 import argparse
@@ -21,12 +22,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.train_step import MODELS  # noqa: E402
-from training import rollout  # noqa: E402
-from training.examples.tiny import TINY_CONFIG  # noqa: E402
-from training.lora import attach_lora  # noqa: E402
-from training.recipe import ModelSettings  # noqa: E402
-from training.train import build_model  # noqa: E402
+from bench.train_step import MODELS
+from training import rollout
+from training.examples.tiny import TINY_CONFIG
+from training.lora import attach_lora
+from training.recipe import ModelSettings
+from training.train import build_model
 
 PAD = 0
 
@@ -68,7 +69,10 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--smoke", action="store_true", help="the CPU run, one timed rollout each")
     args = parser.parse_args()
+    if args.smoke:
+        args.device, args.runs = "cpu", 1
     device = torch.device(args.device)
     if device.type == "cpu":  # the smoke run
         config, layers, dtype = dict(TINY_CONFIG), TINY_CONFIG["num_hidden_layers"], "float32"

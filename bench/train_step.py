@@ -12,7 +12,9 @@ seconds per optimizer step and peak memory; if a configuration runs out of memor
 the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JSON object.
 
     python bench/train_step.py [--model qwen3.6-35b-a3b] [--layers 48] [--steps 2] [--accum 8]
-    python bench/train_step.py --model qwen3.6-35b-a3b --layers 2 --experts 16 --tokens small   (a CPU smoke run)
+    python bench/train_step.py --model qwen3.6-35b-a3b --layers 2 --experts 16 --tokens small   (a CPU run)
+    python bench/train_step.py --smoke [--model ...]   the model's family in miniature (training/examples/tiny.py),
+        one step of 1 x 64 tokens, float32: a check that the benchmark runs, in seconds on a CPU
     python bench/train_step.py --phase dpo --layers 8 --backends ours [--attention sdpa]   DPO micro-steps (2 pairs,
         right-padded to 2048), on our attention or transformers' sdpa path
     python bench/train_step.py --packed 600   rows packed from documents of 600 tokens on average, as the trainer
@@ -38,19 +40,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from training import distributed  # noqa: E402
-from training.families import family_of  # noqa: E402
-from training.linear_attention import deltanet_path  # noqa: E402
-from training.lora import attach_lora, lora_config, model_targets  # noqa: E402
-from training.rope import restore_original_rope  # noqa: E402
-from training import moe_lora  # noqa: E402
-from training.graphs import MicroStepGraphs, eager_micro_step  # noqa: E402
-from training.data import _pack, boundaries_width, collate, pad_pairs  # noqa: E402
-from training.packing import with_host_ends  # noqa: E402
-from training.losses import causal_lm_loss, dpo_loss  # noqa: E402
-from training.phase import PhaseLoss, Trainee, lr_lambda, to_device  # noqa: E402
-from training.recipe import ModelSettings  # noqa: E402
-from training.train import allocator_defaults, build_model, parameter_groups  # noqa: E402
+from training import distributed
+from training.families import family_of
+from training.linear_attention import deltanet_path
+from training.lora import attach_lora, lora_config, model_targets
+from training.rope import restore_original_rope
+from training import moe_lora
+from training.graphs import MicroStepGraphs, eager_micro_step
+from training.data import _pack, boundaries_width, collate, pad_pairs
+from training.packing import with_host_ends
+from training.losses import causal_lm_loss, dpo_loss
+from training.phase import PhaseLoss, Trainee, lr_lambda, to_device
+from training.examples.tiny import TINY_CONFIG, TINY_QWEN3_5_CONFIG
+from training.recipe import ModelSettings
+from training.train import allocator_defaults, build_model, parameter_groups
 
 MODELS = {
     "qwen3-30b-a3b": ({
@@ -69,6 +72,7 @@ MODELS = {
     }, 40),
 }
 CONFIG = MODELS["qwen3-30b-a3b"][0]
+SMOKE_MODELS = {"qwen3-30b-a3b": TINY_CONFIG, "qwen3.6-35b-a3b": TINY_QWEN3_5_CONFIG}  # each family in miniature
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -444,10 +448,14 @@ def main():
     parser.add_argument("--gpus", type=int, default=1, help="ours on this many ranks of the box (started by torchrun)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="with --gpus: cpu runs the ranks on the CPU (gloo)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()
     if args.gpus > 1 and "WORLD_SIZE" not in os.environ:
         return subprocess.call([*distributed.launcher(args.gpus), __file__, *sys.argv[1:]])
     config, layers = MODELS[args.model]
+    if args.smoke:
+        config, layers, args.tokens = SMOKE_MODELS[args.model], SMOKE_MODELS[args.model]["num_hidden_layers"], "small"
     args.config = {**config, **({"num_experts": args.experts} if args.experts else {})}
     args.layers = args.layers or layers
     if args.tokens == "small":
@@ -492,7 +500,7 @@ def main():
         # Same model, same data, same steps: replayed graphs must train as the eager steps do.
         graphed, eager = ok["ours"], ok["ours:eager"]
         summary["graphs_vs_eager_max_rel_diff"] = {
-            key: max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(graphed[key], eager[key]))
+            key: max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(graphed[key], eager[key], strict=True))
             for key in ("losses", "grad_norms_routed", "grad_norms_attention")
         }
     print(json.dumps(summary), flush=True)
