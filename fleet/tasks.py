@@ -70,7 +70,7 @@ def sync_instances() -> dict:
     (INSTANCE_SYNC_SECONDS) tries a failed one again. A provider whose last sync still runs (a slow API: a sync may
     take minutes, and a tick comes every few seconds) is skipped: two syncs acting on lists read at different times
     would bill segments twice over and take a machine one of them saw gone for one listed again."""
-    reports = {}
+    reports: dict[str, dict] = {}
     for provider in configured_providers():
         try:
             with locks.claim(f"fleet.sync.{provider}") as held:

@@ -78,7 +78,7 @@ def test_it_names_the_line_of_every_problem_for_each_phase_kind(tmp_path, kind):
     checked = datasets.check_file(path, kind, BYTES)
     expected = [f"line {n}: {words}" for n, (_, words) in enumerate(BAD[kind], 2)]
     assert len(checked.errors) == len(expected) + 1
-    for error, wanted in zip(checked.errors, expected):
+    for error, wanted in zip(checked.errors[:-1], expected, strict=True):  # the last: the line not JSON
         assert error.startswith(wanted), (error, wanted)
     assert checked.errors[-1].startswith(f"line {len(lines) + 2}: not JSON")
     assert checked.rows == 1 and datasets.check_file(path, kind, BYTES).sha256 == hashlib.sha256(
@@ -186,7 +186,7 @@ def test_the_box_fetches_each_phases_data_and_refuses_one_that_does_not_match(la
     spec = reports.spec(run.attempts.get())
     recipe_phases = run.recipe["phases"]
     phases = fetch_data(spec["phases"], recipe_phases, tmp_path / "box" / "data")
-    for phase, stored in zip(phases, run.phases.order_by("index")):
+    for phase, stored in zip(phases, run.phases.order_by("index"), strict=True):
         fetched = Path(phase["data"])
         assert fetched.parent.name == stored.dataset.sha256 and tmp_path / "box" in fetched.parents
         assert hashlib.sha256(fetched.read_bytes()).hexdigest() == stored.dataset.sha256

@@ -13,11 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from training import distributed, guards, phase, train  # noqa: E402
-from training.lora import attach_lora  # noqa: E402
-from training.recipe import ModelSettings  # noqa: E402
+from training import distributed, guards, phase, train
+from training.lora import attach_lora
+from training.recipe import ModelSettings
 
 CONFIG = {
     "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,

@@ -69,7 +69,7 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
     assert graphs.replaying
     assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
     assert eager_losses[-1] < eager_losses[0]
-    for got, want in zip(graph_params, eager_params):
+    for got, want in zip(graph_params, eager_params, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
 
 
@@ -140,7 +140,7 @@ def test_replayed_preference_micro_steps_train_like_eager_ones(kind, tiny_config
     replayed, graph_params, graphs, _ = train(True)
     assert widths == [128, 256, 128, 256]
     assert len(graphs.captured) == 2 and not graphs.failed
-    for got, want in zip(replayed, eager):
+    for got, want in zip(replayed, eager, strict=True):
         assert got["tokens"] == want["tokens"]
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-3)
         # Sums of about a hundred bf16 log-probs: replays and eager steps part by rounding (atomic adds in the
@@ -151,7 +151,7 @@ def test_replayed_preference_micro_steps_train_like_eager_ones(kind, tiny_config
         else:
             assert got["kto_kl"] == pytest.approx(want["kto_kl"], abs=0.02) and want["kto_kl"] > 0
     assert eager[-1]["loss"] < eager[0]["loss"]
-    for got, want in zip(graph_params, eager_params):
+    for got, want in zip(graph_params, eager_params, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
 
 

@@ -64,7 +64,7 @@ def test_padding_to_a_bucket_gives_the_loss_stats_and_gradients_of_padding_to_th
     pairs = [it[k] for it in items for k in ("chosen", "rejected")] if kind == "dpo" else [it["pair"] for it in items]
     assert int(bucket_stats["tokens"]) == sum(len(prompt) + len(completion) for prompt, completion in pairs)
     assert any(g.abs().sum() > 0 for g in longest_grads)
-    for got, want in zip(bucket_grads, longest_grads):
+    for got, want in zip(bucket_grads, longest_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
@@ -133,7 +133,7 @@ def test_the_training_loop_reports_the_same_on_bucketed_batches(tmp_path, monkey
     assert torch.equal(bucketed_refs[0], eager_refs[0]) and torch.equal(bucketed_refs[1], eager_refs[0])
     torch.testing.assert_close(bucketed_refs[2], eager_refs[2], rtol=1e-6, atol=0)
     assert [(r["kind"], r["step"]) for r in bucketed] == [(k, s) for k in ("dpo", "kto") for s in (1, 2, 3)]
-    for got, want in zip(bucketed, eager):
+    for got, want in zip(bucketed, eager, strict=True):
         assert got["tokens"] == want["tokens"] > 0 and isinstance(got["tokens"], int)
         for key in ("loss", "dpo_accuracy", "dpo_margin", "kto_kl", "grad_norm_total", "grad_norm_routed"):
             if key in want:

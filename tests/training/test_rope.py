@@ -36,7 +36,7 @@ def test_it_gives_transformers_embedding_and_gradients(dtype, exact, cos_batch):
     assert supported(q, k, cos, sin)
     got = _both(rotary_embedding, q, k, cos, sin)
     want = _both(REFERENCE, q, k, cos, sin)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         if exact:
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
@@ -80,7 +80,7 @@ def test_it_agrees_with_transformers_in_bf16_on_the_gpu_and_is_no_less_exact():
     want = _both(REFERENCE, q, k, cos, sin)
     as64 = [t.detach().double() for t in (q, k, cos, sin)]
     exact = _both(REFERENCE, as64[0].requires_grad_(), as64[1].requires_grad_(), as64[2], as64[3])
-    for g, w, e in zip(got, want, exact):
+    for g, w, e in zip(got, want, exact, strict=True):
         g, w, e = g.detach().double(), w.detach().double(), e.detach().double()
         # bf16 roundings apart from transformers' (at most two steps at the tensor's largest values)...
         assert (g - w).abs().max() <= 2**-6 * w.abs().max()
