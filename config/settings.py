@@ -10,6 +10,7 @@ import secrets
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -109,6 +110,7 @@ TEMPLATES = [
     },
 ]
 
+DATABASES: dict[str, Any]
 if EMBEDDED:
     DATABASES = {
         "default": {
@@ -191,12 +193,12 @@ STORAGES = {
 # Celery: Redis in production; on the embedded default a broker kept in files, which needs no server.
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_RESULT_BACKEND = REDIS_URL
+    CELERY_RESULT_BACKEND: str | None = REDIS_URL
 else:
     _broker_dir = DATA_DIR / "celery-broker"
     _broker_dir.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),
         "control_folder": str(DATA_DIR / "celery-control"),
@@ -214,7 +216,7 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # that must run on time; compose runs a worker for each (-Q fast, -Q slow), a worker given no -Q consumes both.
 # Every task is named here (tests/test_deploy_settings.py checks). Running several workers per queue is safe: each
 # task claims its rows (conditional UPDATE, SELECT ... SKIP LOCKED, an advisory lock or an idempotency key).
-CELERY_TASK_QUEUES = {"fast": {}, "slow": {}}
+CELERY_TASK_QUEUES: dict[str, dict[str, str]] = {"fast": {}, "slow": {}}
 CELERY_TASK_DEFAULT_QUEUE = "fast"
 _FAST_TASKS = ["fleet.tasks.refresh_offers", "fleet.tasks.rank_profiles", "fleet.tasks.sync_instances",
                "fleet.tasks.reconcile_charges", "fleet.tasks.probe_serving_instances", "fleet.tasks.deliver_webhook",
@@ -225,7 +227,7 @@ _SLOW_TASKS = ["fleet.tasks.rent_instance", "fleet.tasks.destroy_instance", "fle
 CELERY_TASK_ROUTES = {**{name: {"queue": "fast"} for name in _FAST_TASKS},
                       **{name: {"queue": "slow"} for name in _SLOW_TASKS}}
 OFFER_REFRESH_SECONDS = env_int("OFFER_REFRESH_SECONDS", 60, minimum=5)
-CELERY_BEAT_SCHEDULE = {
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "refresh-offers": {"task": "fleet.tasks.refresh_offers", "schedule": float(OFFER_REFRESH_SECONDS)},
 }
 
@@ -302,7 +304,8 @@ REAPER_NO_PROGRESS_MIN = env_float("REAPER_NO_PROGRESS_MIN", 30.0, minimum=1)
 SPEND_CAP_USD_PER_HOUR = env_decimal("SPEND_CAP_USD_PER_HOUR", Decimal("12"))  # 0 turns the cap off
 # A machine of ours whose price the provider does not give (adopted by its label) is counted at this until it does.
 UNKNOWN_PRICE_USD_PER_HOUR = env_decimal("UNKNOWN_PRICE_USD_PER_HOUR", Decimal("8"))
-CELERY_BEAT_SCHEDULE.update({"reap-instances": {"task": "fleet.tasks.reap_instances", "schedule": float(REAPER_SECONDS)}})
+CELERY_BEAT_SCHEDULE.update(
+    {"reap-instances": {"task": "fleet.tasks.reap_instances", "schedule": float(REAPER_SECONDS)}})
 
 # Webhook alerts
 WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 15.0, minimum=0.01)  # the whole attempt, not each read
@@ -312,7 +315,8 @@ WEBHOOK_BACKOFF_BASE_S = env_float("WEBHOOK_BACKOFF_BASE_S", 10.0, minimum=0.001
 WEBHOOK_BACKOFF_FACTOR = env_float("WEBHOOK_BACKOFF_FACTOR", 2.0, minimum=1.0)
 WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0, minimum=0.001)
 WEBHOOK_RETRY_SECONDS = env_int("WEBHOOK_RETRY_SECONDS", 60, minimum=5)  # beat: picks up deliveries whose task was lost
-CELERY_BEAT_SCHEDULE.update({"retry-webhooks": {"task": "fleet.tasks.retry_webhooks", "schedule": float(WEBHOOK_RETRY_SECONDS)}})
+CELERY_BEAT_SCHEDULE.update(
+    {"retry-webhooks": {"task": "fleet.tasks.retry_webhooks", "schedule": float(WEBHOOK_RETRY_SECONDS)}})
 # Redis hands an unacknowledged message (late acks) to another worker after its visibility timeout, counted from
 # when it was sent: it must outlast the longest countdown a task is queued with (a webhook's backoff) plus the
 # longest a task may run (TASK_TIME_LIMIT_MAX_S, every task's hard limit is within it), or the message runs
