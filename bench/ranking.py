@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.providers.records import OfferRecord
-from fleet.ranking import OfferFilters, Recipe, offer_prices, rank_offers
+from fleet.ranking import OfferFilters, Workload, offer_prices, rank_offers
 
 # name, GB per GPU, compute capability, on-demand $/h per GPU (low, high), listed TFLOPS per GPU, share of listings
 GPUS = [
@@ -125,10 +125,10 @@ def main() -> None:
 
     offers = build_offers(args.offers, args.seed)
     prices = [offer_prices(o) for o in offers]  # what the refresh stores with each offer
-    recipe, filters = Recipe(), OfferFilters()
+    recipe, filters = Workload(), OfferFilters()
     ranking = rank_offers(offers, recipe, filters, prices=prices)  # warm-up, and the figures to report
     times_ms, median, p95 = time_ms(offers, recipe, filters, args.repeat, prices)
-    all_pass_recipe, all_pass_filters = Recipe(vram_needed_gb=1), OfferFilters(**ALL_PASS)
+    all_pass_recipe, all_pass_filters = Workload(vram_needed_gb=1), OfferFilters(**ALL_PASS)
     all_pass = rank_offers(offers, all_pass_recipe, all_pass_filters, prices=prices)
     _, all_pass_median, all_pass_p95 = time_ms(offers, all_pass_recipe, all_pass_filters, args.repeat, prices)
     _, unstored_median, _ = time_ms(offers, all_pass_recipe, all_pass_filters, args.repeat, None)

@@ -31,7 +31,7 @@ from fleet.providers.registry import get_provider
 from fleet.providers.base import InstanceList
 from fleet.providers.errors import InstanceNotFound, OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
-from fleet.ranking import OfferFilters, Recipe, best_offer
+from fleet.ranking import OfferFilters, Workload, best_offer
 from fleet.ranking.price import per_hour, rental_price
 
 log = logging.getLogger(__name__)
@@ -579,7 +579,7 @@ class Rented:
     created: bool  # False: the key's row was there already (a retried task); it was rented at most once all the same
 
 
-def request_best(recipe: Recipe, filters: OfferFilters, *, idempotency_key: str, purpose: str,
+def request_best(recipe: Workload, filters: OfferFilters, *, idempotency_key: str, purpose: str,
                  image: str | None = None, disk_gb: int | None = None, avoid_machines=frozenset(),
                  avoid_offers=frozenset(), on_requested=None, now: datetime | None = None) -> Rented | None:
     """Records a rent of the best-ranked stored offer for the recipe and filters, off the machines and offers to
@@ -601,7 +601,7 @@ def request_best(recipe: Recipe, filters: OfferFilters, *, idempotency_key: str,
     return Rented(instance, created)
 
 
-def rent_best(recipe: Recipe, filters: OfferFilters, *, env=None, onstart: str = "", now: datetime | None = None,
+def rent_best(recipe: Workload, filters: OfferFilters, *, env=None, onstart: str = "", now: datetime | None = None,
               **request) -> Rented | None:
     """`request_best`, then the rent: the one way the product rents for its own work (a replacement, a run's box, an
     inference replica); None when no offer passes. `env` is what the box gets in its environment, or a function of

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from fleet.instances import disk
 from fleet.models import OfferProfile
 from fleet.offers.ranked import run_settings
-from fleet.ranking import OfferFilters, Recipe, micro_step_vram_gb
+from fleet.ranking import OfferFilters, Workload, micro_step_vram_gb
 from runs.models import Run
 from training.recipe import RunRecipe
 
@@ -16,7 +16,7 @@ from training.recipe import RunRecipe
 class BoxRequest:
     # The profile's model (or the defaults) with the run's own GPUs, batch shape, LoRA rank, disk and VRAM: what the
     # ranking prices the run's steps, downloads and uploads with.
-    figures: Recipe
+    figures: Workload
     filters: OfferFilters
     keep: int  # checkpoints the store keeps
     built_from_config: bool  # random weights built on the box: nothing to download

@@ -12,7 +12,7 @@ from django.db import transaction
 from fleet import enqueue
 from fleet.inference.adapters import MAX_SERVED_RANK, vllm_files
 from fleet.models import InferenceModel
-from fleet.ranking.recipe import PRESETS
+from fleet.ranking.workload import PRESETS
 from runs import storage
 from runs.models import Checkpoint, Run
 from training.recipe import RunRecipe

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_celery_beat.models import ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, SolarSchedule
 
 from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 from runs.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +47,7 @@ MAKERS = {
     Offer: _offer,
     Instance: _instance,
     OfferRefresh: lambda: OfferRefresh.objects.create(provider="vast", started_at=timezone.now()),
-    OfferProfile: lambda: OfferProfile.objects.create(name="h200", recipe=Recipe().to_dict(),
+    OfferProfile: lambda: OfferProfile.objects.create(name="h200", recipe=Workload().to_dict(),
                                                       filters=OfferFilters().to_dict()),
     ThroughputCalibration: lambda: ThroughputCalibration.objects.create(gpu_model="H200", kernel_path="triton",
                                                                         model_tflops=300.0, weight=1.0),

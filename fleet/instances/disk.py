@@ -1,7 +1,7 @@
 """The disk a run's box is rented with, worked out from its model, never typed. Pure.
 
     weights      the base model as the box downloads it: the ranking's model_download_gb (the figure it prices the
-                 download's traffic and start-up minutes with, fleet/ranking/recipe.py), or the size of the files
+                 download's traffic and start-up minutes with, fleet/ranking/workload.py), or the size of the files
                  when they were listed and are larger; nothing for a model built from its config on the box
     checkpoints  the ranking's checkpoint_gb (adapter and optimizer state) for each one the store keeps, the one
                  being written and the one a resume restores
@@ -13,7 +13,7 @@ A person may rent more, never less.
 import math
 from dataclasses import dataclass
 
-from fleet.ranking import Recipe
+from fleet.ranking import Workload
 
 HEADROOM_FRACTION = 0.2
 HEADROOM_MIN_GB = 10.0
@@ -47,7 +47,7 @@ class DiskNeed:
                 f"image {self.image_gb:g} GB and {self.headroom_gb:.0f} GB of headroom")
 
 
-def needed(figures: Recipe, *, keep: int, built_from_config: bool = False,
+def needed(figures: Workload, *, keep: int, built_from_config: bool = False,
            listed_weights_gb: float | None = None) -> DiskNeed:
     """What a box needs for a run whose model the ranking knows by `figures` (the recipe it ranks the run with),
     keeping `keep` checkpoints."""

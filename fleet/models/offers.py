@@ -101,7 +101,7 @@ class OfferProfile(models.Model):
     """A saved recipe and set of filters, so a user ranks offers for the same run the same way every time."""
 
     name = models.SlugField(max_length=60, unique=True)
-    recipe = models.JSONField(help_text="fleet.ranking.Recipe.to_dict()")
+    recipe = models.JSONField(help_text="fleet.ranking.Workload.to_dict()")
     filters = models.JSONField(help_text="fleet.ranking.OfferFilters.to_dict()")
     created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
     updated_at = models.DateTimeField(auto_now=True)

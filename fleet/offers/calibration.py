@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import transaction
 
 from fleet.models import Instance, Offer, ThroughputCalibration
-from fleet.ranking import SEED_CALIBRATION, Calibration, CalibrationEntry, Recipe, record_step_time
-from fleet.ranking.recipe import resolve_kernel_path
+from fleet.ranking import SEED_CALIBRATION, Calibration, CalibrationEntry, Workload, record_step_time
+from fleet.ranking.workload import resolve_kernel_path
 
 GPU_KERNEL_PATHS = ("grouped_mm", "triton")
 
@@ -29,7 +29,7 @@ def model_name(model) -> str:
     return model.rstrip("/").rsplit("/", 1)[-1] if isinstance(model, str) else ""
 
 
-def measurement_problem(*, simulated: bool, kernel_path: str, recipe: Recipe, run_model,
+def measurement_problem(*, simulated: bool, kernel_path: str, recipe: Workload, run_model,
                         compute_capability: int | None = None) -> str | None:
     """Why a finished run's step times are no measurement of `recipe` on its box's GPU; None when they are."""
     if simulated:
@@ -47,7 +47,7 @@ def measurement_problem(*, simulated: bool, kernel_path: str, recipe: Recipe, ru
     return None
 
 
-def box_measurement_problem(box: Instance, *, kernel_path: str, recipe: Recipe, run_model) -> str | None:
+def box_measurement_problem(box: Instance, *, kernel_path: str, recipe: Workload, run_model) -> str | None:
     """`measurement_problem` for a run's step times on a box, with the GPU architecture of the offer it was rented
     from (what "auto" resolves the kernel path by)."""
     capability = (Offer.objects.filter(provider=box.provider, offer_id=box.offer_id)
@@ -65,7 +65,7 @@ def load_calibration() -> Calibration:
     return replace(SEED_CALIBRATION, entries=entries)
 
 
-def record_finished_run(*, gpu_name: str, kernel_path: str, recipe: Recipe, step_seconds: float,
+def record_finished_run(*, gpu_name: str, kernel_path: str, recipe: Workload, step_seconds: float,
                         num_gpus: int = 1) -> CalibrationEntry:
     """Folds one finished run's steady-state step time into the stored table and returns the updated entry; the
     caller has checked it is a measurement (measurement_problem)."""

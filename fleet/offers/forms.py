@@ -1,4 +1,4 @@
-"""The Offers page's recipe and filter form: plain fields in, a Recipe and OfferFilters out."""
+"""The Offers page's recipe and filter form: plain fields in, a Workload and OfferFilters out."""
 
 import re
 from decimal import Decimal
@@ -6,8 +6,8 @@ from decimal import Decimal
 from django import forms
 from django.conf import settings
 
-from fleet.ranking import GPU_TIERS, PRESETS, OfferFilters, Phase, Recipe
-from fleet.ranking.recipe import KERNEL_PATHS, MAX_GPUS
+from fleet.ranking import GPU_TIERS, PRESETS, OfferFilters, Phase, Workload
+from fleet.ranking.workload import KERNEL_PATHS, MAX_GPUS
 
 SORTS = {
     "score": "steps per dollar",
@@ -95,7 +95,7 @@ class RankingForm(forms.Form):
     _SETS = {"checkpoint_interval_s": "checkpoint_interval_min"}
 
     @classmethod
-    def data_for(cls, recipe: Recipe, filters: OfferFilters, preset: str = "") -> dict:
+    def data_for(cls, recipe: Workload, filters: OfferFilters, preset: str = "") -> dict:
         """Form data that reproduces a recipe and filters (a profile, or the defaults)."""
         data = {name: getattr(recipe, name) for name in cls.RECIPE_FIELDS}
         data.update(preset=preset, phases=format_phases(recipe.phases),
@@ -120,9 +120,9 @@ class RankingForm(forms.Form):
         self._check_together(cleaned)
         if self.errors:
             return cleaned
-        base = PRESETS.get(cleaned.get("preset") or "", Recipe())
+        base = PRESETS.get(cleaned.get("preset") or "", Workload())
         try:
-            self.recipe = Recipe.from_dict({
+            self.recipe = Workload.from_dict({
                 **base.to_dict(), **{name: cleaned[name] for name in self.RECIPE_FIELDS},
                 "phases": [[p.name, p.steps] for p in cleaned["phases"]],
                 "checkpoint_interval_s": cleaned["checkpoint_interval_min"] * 60,

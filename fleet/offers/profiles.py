@@ -5,7 +5,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from fleet.models import OfferProfile
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 
 TAKEN = ("a profile of that name exists and runs may rank offers with it; replacing it needs the change offer "
          "profile permission. Save it under another name.")
@@ -15,7 +15,7 @@ class Refused(Exception):
     """The profile was not saved; the message says why."""
 
 
-def save(name: str, recipe: Recipe, filters: OfferFilters, *, by, may_add: bool, may_replace: bool) -> bool:
+def save(name: str, recipe: Workload, filters: OfferFilters, *, by, may_add: bool, may_replace: bool) -> bool:
     """Makes the profile `name` (may_add) or writes over the one of that name (may_replace). True when it replaced
     one; Refused when the permission it needed is not given."""
     values = {"recipe": recipe.to_dict(), "filters": filters.to_dict()}

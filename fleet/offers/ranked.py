@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from fleet.offers.calibration import load_calibration
 from fleet.models import Offer, OfferProfile
-from fleet.ranking import OfferFilters, Ranking, Recipe, rank_offers
+from fleet.ranking import OfferFilters, Ranking, Workload, rank_offers
 from fleet.ranking.filters import parse_version, version_at_least
 
 PROFILE_SUMMARY_SIZE = 5
@@ -19,16 +19,16 @@ def stored_offers() -> tuple[list, list]:
     return [row.to_record() for row in rows], [row.prices() for row in rows]
 
 
-def rank_stored_offers(recipe: Recipe, filters: OfferFilters) -> Ranking:
+def rank_stored_offers(recipe: Workload, filters: OfferFilters) -> Ranking:
     offers, prices = stored_offers()
     return rank_offers(offers, recipe, filters, calibration=load_calibration(), prices=prices)
 
 
-def profile_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
+def profile_settings(profile: OfferProfile | None) -> tuple[Workload, OfferFilters]:
     """A saved profile's recipe and filters, or the defaults without one."""
     if profile is None:
-        return Recipe(), OfferFilters()
-    return Recipe.from_dict(profile.recipe), OfferFilters.from_dict(profile.filters)
+        return Workload(), OfferFilters()
+    return Workload.from_dict(profile.recipe), OfferFilters.from_dict(profile.filters)
 
 
 def for_worker_image(filters: OfferFilters, *, cuda: str | None = None, driver: str | None = None) -> OfferFilters:
@@ -45,12 +45,12 @@ def for_worker_image(filters: OfferFilters, *, cuda: str | None = None, driver: 
     return filters
 
 
-def run_settings(profile: OfferProfile | None) -> tuple[Recipe, OfferFilters]:
+def run_settings(profile: OfferProfile | None) -> tuple[Workload, OfferFilters]:
     """What a training run ranks offers with: its profile (or the defaults), never below what the image needs."""
     return rent_settings(profile, settings.WORKER_IMAGE)
 
 
-def rent_settings(profile: OfferProfile | None, image: str) -> tuple[Recipe, OfferFilters]:
+def rent_settings(profile: OfferProfile | None, image: str) -> tuple[Workload, OfferFilters]:
     """What the product ranks offers with when it rents for its own work: the profile (or the defaults), and for
     the images it knows the CUDA of (the worker image, and the stock image it bootstraps) never below their needs."""
     recipe, filters = profile_settings(profile)

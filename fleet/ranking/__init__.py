@@ -3,13 +3,13 @@
 from .cost import CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
 from .filters import GPU_TIERS, REGIONS, OfferFilters, compile_filters, exclusion_reasons
 from .rank import Exclusion, RankedOffer, Ranking, best_offer, rank_offers
-from .recipe import PRESETS, Phase, Recipe, micro_step_vram_gb
 from .throughput import SEED_CALIBRATION, Calibration, CalibrationEntry, ThroughputModel, record_step_time
+from .workload import PRESETS, Phase, Workload, micro_step_vram_gb
 
 __all__ = [
     "GPU_TIERS", "PRESETS", "REGIONS", "SEED_CALIBRATION",
     "Calibration", "CalibrationEntry", "CostBreakdown", "CostModel", "Exclusion", "OfferFilters", "OfferPrices",
-    "Phase", "Projection", "RankedOffer", "Ranking", "Recipe", "ThroughputModel",
+    "Phase", "Projection", "RankedOffer", "Ranking", "ThroughputModel", "Workload",
     "best_offer", "compile_filters", "exclusion_reasons", "micro_step_vram_gb", "offer_prices", "rank_offers",
     "record_step_time",
 ]

@@ -34,7 +34,7 @@ import numpy as np
 
 from fleet.providers.records import OfferRecord
 
-from .recipe import Recipe
+from .workload import Workload
 
 HOURS_PER_MONTH = 720  # vast.ai prices storage per GB per 30-day month and bills it by the hour
 MEGABITS_PER_GB = 8000  # decimal GB, as marketplaces bill traffic
@@ -96,7 +96,7 @@ class CostBreakdown:
 class CostModel:
     """Per-recipe constants computed once; then one call per offer."""
 
-    def __init__(self, recipe: Recipe):
+    def __init__(self, recipe: Workload):
         self.recipe = recipe
         self.steps = recipe.total_steps
         self.interval_s = float(recipe.checkpoint_interval_s)

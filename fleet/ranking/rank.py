@@ -30,7 +30,7 @@ from fleet.providers.records import OfferRecord
 
 from .cost import CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
 from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
-from .recipe import Recipe
+from .workload import Workload
 from .speeds import OfferSpeeds, column
 from .throughput import SEED_CALIBRATION, Calibration, Throughput, ThroughputModel, interconnect
 
@@ -220,7 +220,7 @@ class RankedEntries(Sequence):
 class Ranking:
     entries: Sequence[RankedOffer]  # best first (RankedEntries)
     excluded: tuple[Exclusion, ...]  # in the order the offers came
-    recipe: Recipe
+    recipe: Workload
     filters: OfferFilters
 
     def find(self, offer_id: str, *, provider: str | None = None, is_bid: bool | None = None):
@@ -272,7 +272,7 @@ class _Pricing:
     __slots__ = ("speeds", "costs", "tokens_per_step", "tokens_per_run", "listed_ratio", "dlperf_ratio",
                  "any_listed", "any_dlperf")
 
-    def __init__(self, speeds: ThroughputModel, costs: CostModel, recipe: Recipe):
+    def __init__(self, speeds: ThroughputModel, costs: CostModel, recipe: Workload):
         self.speeds = speeds
         self.costs = costs
         self.tokens_per_step = recipe.tokens_per_step
@@ -304,7 +304,7 @@ def best_offer(ranked: list[OfferRecord], avoid_machines=frozenset(), avoid_offe
 
 def rank_offers(
     offers,
-    recipe: Recipe | None = None,
+    recipe: Workload | None = None,
     filters: OfferFilters | None = None,
     *,
     calibration: Calibration | None = None,
@@ -338,9 +338,9 @@ def _no_cycle_collection():
             gc.enable()
 
 
-def _rank(offers, recipe: Recipe | None, filters: OfferFilters | None, calibration: Calibration | None,
+def _rank(offers, recipe: Workload | None, filters: OfferFilters | None, calibration: Calibration | None,
           prices: Sequence[OfferPrices] | None) -> Ranking:
-    recipe = recipe or Recipe()
+    recipe = recipe or Workload()
     filters = filters or OfferFilters()
     compiled = compile_filters(filters, recipe)
     speeds = ThroughputModel(calibration or SEED_CALIBRATION, recipe)

@@ -15,7 +15,7 @@ import numpy as np
 
 from fleet.providers.records import OfferRecord
 
-from .recipe import Recipe
+from .workload import Workload
 from .throughput import DEFAULT_LISTED_TO_MODEL_TFLOPS, Throughput, ThroughputModel, anchor_ratio, model_tflops_of
 
 
@@ -25,7 +25,7 @@ class OfferSpeeds:
     The anchors the estimates took, per compute capability and across all (listed_ratio, any_listed for
     total_flops; dlperf_ratio, any_dlperf), are what an estimated offer's words are worked out from later."""
 
-    def __init__(self, offers: list[OfferRecord], speeds: ThroughputModel, recipe: Recipe):
+    def __init__(self, offers: list[OfferRecord], speeds: ThroughputModel, recipe: Workload):
         first_at: dict[tuple, int] = {}  # each model's first offer's place
         first = np.fromiter([first_at.setdefault(key, i) for i, key in enumerate(map(speeds.key, offers))], np.intp,
                             len(offers))  # each offer's model's
@@ -45,7 +45,7 @@ class OfferSpeeds:
             self._estimate(offers, model_offers, speeds, recipe)
 
     def _estimate(self, offers: list[OfferRecord], model_offers: list[OfferRecord], speeds: ThroughputModel,
-                  recipe: Recipe):
+                  recipe: Workload):
         calibrated = self.calibrated
         archs = [o.compute_capability for o in model_offers]
         per_gpu = [math.nan if t is None else model_tflops_of(speeds.one_gpu_share(o, t.tokens_per_s), recipe)

@@ -24,7 +24,7 @@ import numpy as np
 
 from fleet.providers.records import OfferRecord
 
-from .recipe import KERNEL_PATHS, Recipe, resolve_kernel_path
+from .workload import KERNEL_PATHS, Workload, resolve_kernel_path
 
 FLOPS_PER_ACTIVE_PARAM_PER_TOKEN = 6.0
 SEED_WEIGHT = 2.0
@@ -107,11 +107,11 @@ def gpu_model_key(name: str) -> str:
     return " ".join(w for w in words if w not in ("NVIDIA", "GEFORCE"))
 
 
-def tokens_per_s(model_tflops: float, recipe: Recipe) -> float:
+def tokens_per_s(model_tflops: float, recipe: Workload) -> float:
     return model_tflops * 1e12 / (FLOPS_PER_ACTIVE_PARAM_PER_TOKEN * recipe.active_params_b * 1e9)
 
 
-def model_tflops_of(tokens_per_second: float, recipe: Recipe) -> float:
+def model_tflops_of(tokens_per_second: float, recipe: Workload) -> float:
     return tokens_per_second * FLOPS_PER_ACTIVE_PARAM_PER_TOKEN * recipe.active_params_b * 1e9 / 1e12
 
 
@@ -142,7 +142,7 @@ def record_step_time(
     *,
     gpu_name: str,
     kernel_path: str,
-    recipe: Recipe,
+    recipe: Workload,
     step_seconds: float,
     num_gpus: int = 1,
 ) -> Calibration:
@@ -205,7 +205,7 @@ class ThroughputModel:
     (they are paid for and idle), at MULTI_GPU_EFFICIENCY each and PCIE_ALL_TO_ALL_FACTOR on a box without NVLink.
     """
 
-    def __init__(self, calibration: Calibration, recipe: Recipe):
+    def __init__(self, calibration: Calibration, recipe: Workload):
         self.calibration = calibration
         self.recipe = recipe
         self.multi_gpu = recipe.gpus > 1

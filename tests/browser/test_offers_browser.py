@@ -25,7 +25,7 @@ pytestmark = [
 @pytest.fixture
 def seeded(operator):
     from fleet.models import Offer, OfferProfile
-    from fleet.ranking import OfferFilters, Recipe
+    from fleet.ranking import OfferFilters, Workload
     from tests.fleet.offer_records import offer_record
 
     now = timezone.now()
@@ -41,7 +41,7 @@ def seeded(operator):
             geolocation="Sweden, SE" if i % 2 else "US-CA, US", num_gpus=1 if i % 13 else 8)
         rows.append(Offer(**Offer.field_values(record), first_seen_at=now - timedelta(hours=1), last_seen_at=now))
     Offer.objects.bulk_create(rows, batch_size=1000)
-    OfferProfile.objects.create(name="h200-eu-reliable-long-profile-name", recipe=Recipe().to_dict(),
+    OfferProfile.objects.create(name="h200-eu-reliable-long-profile-name", recipe=Workload().to_dict(),
                                 filters=OfferFilters(max_usd_per_hour=Decimal("6"), min_reliability=0.9,
                                                      gpu_tiers=()).to_dict())
     return Offer.objects.filter(is_bid=False, gpu_name="H200").order_by("offer_id").first()

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from fleet.models import Instance, Offer, ThroughputCalibration
 from fleet.offers.calibration import load_calibration, measurement_problem
-from fleet.ranking import Recipe
+from fleet.ranking import Workload
 from runs import supervisor
 from runs.models import MetricPoint, Run
 from tests.fleet.offer_records import offer_record
@@ -86,7 +86,7 @@ def test_it_records_a_gpu_measurement_of_the_recipe(settings):
 
 
 def test_it_says_why_a_measurement_does_not_count():
-    recipe = Recipe()
+    recipe = Workload()
     assert measurement_problem(simulated=False, kernel_path="grouped_mm", recipe=recipe, run_model=QWEN_35B,
                                compute_capability=90) is None
     assert measurement_problem(simulated=False, kernel_path="triton", recipe=recipe,

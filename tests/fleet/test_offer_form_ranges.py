@@ -9,14 +9,14 @@ from django.urls import reverse
 from fleet.models import OfferProfile
 from fleet.offers.forms import RankingForm
 from fleet.offers.refresh import refresh_offers
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 
 pytestmark = pytest.mark.django_db
 INTERNAL = re.compile(r"__all__|checkpoint_interval_s|[a-z]+_[a-z_]+ (must|is)|got inf")
 
 
 def _params(**changes) -> dict:
-    data = RankingForm.data_for(Recipe(), OfferFilters())
+    data = RankingForm.data_for(Workload(), OfferFilters())
     data.update(changes)
     return {k: v for k, v in data.items() if v is not None and v is not False and v != ""}
 

@@ -7,13 +7,13 @@ from django.urls import reverse
 
 from fleet.models import OfferProfile
 from fleet.offers.forms import RankingForm
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 
 pytestmark = pytest.mark.django_db
 
 
 def _form(**changes) -> dict:
-    data = RankingForm.data_for(Recipe(), OfferFilters())
+    data = RankingForm.data_for(Workload(), OfferFilters())
     data.update(changes)
     return {key: value for key, value in data.items() if value is not None}
 
@@ -21,7 +21,7 @@ def _form(**changes) -> dict:
 @pytest.fixture
 def shared_profile():
     """A profile someone else saved, with a $1.30/h cap that the runs ranked by it rent under."""
-    return OfferProfile.objects.create(name="team-h200", recipe=Recipe().to_dict(),
+    return OfferProfile.objects.create(name="team-h200", recipe=Workload().to_dict(),
                                        filters=OfferFilters.from_dict({"max_usd_per_hour": "1.30"}).to_dict())
 
 

@@ -15,13 +15,13 @@ from fleet.offers.forms import RankingForm
 from fleet.models import Offer, OfferProfile
 from fleet.offers.ranked import refresh_profile_rankings
 from fleet.offers.refresh import refresh_offers
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 
 pytestmark = pytest.mark.django_db
 
 
 def _params(**changes) -> dict:
-    data = RankingForm.data_for(Recipe(), OfferFilters())
+    data = RankingForm.data_for(Workload(), OfferFilters())
     data.update(changes)
     return {k: v for k, v in data.items() if v is not None and v is not False and v != ""}
 
@@ -136,7 +136,7 @@ def test_it_forbids_saving_a_profile_to_a_non_staff_user_who_holds_the_permissio
 
 
 def test_it_ranks_a_profile_from_the_command_line(listed):
-    OfferProfile.objects.create(name="cheap", recipe=Recipe().to_dict(),
+    OfferProfile.objects.create(name="cheap", recipe=Workload().to_dict(),
                                 filters=OfferFilters(max_usd_per_hour="5").to_dict())
     out = StringIO()
     call_command("rank_offers", "--profile", "cheap", "--json", "--limit", "3", stdout=out)
@@ -149,7 +149,7 @@ def test_it_ranks_a_profile_from_the_command_line(listed):
 
 
 def test_it_keeps_each_profiles_best_offer_for_the_dashboard(client, member, listed):
-    OfferProfile.objects.create(name="any-price", recipe=Recipe().to_dict(),
+    OfferProfile.objects.create(name="any-price", recipe=Workload().to_dict(),
                                 filters=OfferFilters(max_usd_per_hour=None).to_dict())
     assert refresh_profile_rankings() == 1
     best = OfferProfile.objects.get().last_ranking["ranked"][0]
@@ -160,7 +160,7 @@ def test_it_keeps_each_profiles_best_offer_for_the_dashboard(client, member, lis
 
 def test_it_stores_calibration_from_finished_runs():
     before = load_calibration().get("H200", "grouped_mm").model_tflops
-    entry = record_finished_run(gpu_name="NVIDIA H200", kernel_path="grouped_mm", recipe=Recipe(),
+    entry = record_finished_run(gpu_name="NVIDIA H200", kernel_path="grouped_mm", recipe=Workload(),
                                 step_seconds=14.0)
     assert entry.measured_runs == 1 and entry.model_tflops > before  # faster than the seed: the mean moves up
     assert load_calibration().get("H200", "grouped_mm") == entry

@@ -5,7 +5,7 @@ from decimal import Decimal
 import pytest
 
 from fleet.providers.records import OfferRecord
-from fleet.ranking import SEED_CALIBRATION, Calibration, Phase, Recipe, ThroughputModel, record_step_time
+from fleet.ranking import SEED_CALIBRATION, Calibration, Phase, Workload, ThroughputModel, record_step_time
 from fleet.ranking.throughput import (
     ESTIMATE_DISCOUNT,
     MAX_WEIGHT,
@@ -16,7 +16,7 @@ from fleet.ranking.throughput import (
 )
 
 # The seed report's SFT recipe: batch 2 x 16 accumulation x 2,048 tokens = 65,536 tokens a step, 3B active.
-SFT = Recipe(grad_accum=16, lora_rank=64, phases=(Phase("sft", 100),))
+SFT = Workload(grad_accum=16, lora_rank=64, phases=(Phase("sft", 100),))
 
 
 def make_offer(**changes) -> OfferRecord:
@@ -47,21 +47,21 @@ def test_it_reproduces_the_seed_step_times_for_the_seed_recipe():
 
 def test_it_runs_sm_120_on_the_fallback_at_about_half_the_triton_speed():
     pro = make_offer(gpu_name="RTX PRO 6000 WS", gpu_ram_gb=96.0, compute_capability=120)
-    triton = ThroughputModel(SEED_CALIBRATION, Recipe(kernel_path="triton")).calibrated(pro)
-    fallback = ThroughputModel(SEED_CALIBRATION, Recipe(kernel_path="grouped_mm")).calibrated(pro)
+    triton = ThroughputModel(SEED_CALIBRATION, Workload(kernel_path="triton")).calibrated(pro)
+    fallback = ThroughputModel(SEED_CALIBRATION, Workload(kernel_path="grouped_mm")).calibrated(pro)
     assert (triton.kernel_path, fallback.kernel_path) == ("triton", "grouped_mm")
     assert 0.45 < fallback.tokens_per_s / triton.tokens_per_s < 0.6  # 112 s vs 57-63 s a step
 
 
 def test_it_picks_the_kernel_path_from_the_architecture_on_auto():
-    model = ThroughputModel(SEED_CALIBRATION, Recipe())
+    model = ThroughputModel(SEED_CALIBRATION, Workload())
     assert model.calibrated(make_offer(compute_capability=90)).kernel_path == "grouped_mm"
     assert model.calibrated(
         make_offer(gpu_name="RTX PRO 6000 S", gpu_ram_gb=96.0, compute_capability=120)).kernel_path == "triton"
 
 
 def test_it_falls_back_to_the_gpu_family_for_name_variants():
-    model = ThroughputModel(SEED_CALIBRATION, Recipe())
+    model = ThroughputModel(SEED_CALIBRATION, Workload())
     nvl = model.calibrated(make_offer(gpu_name="NVIDIA H200 NVL"))
     assert nvl.source == "calibrated H200/grouped_mm (seed figure)"
     assert not nvl.estimated
@@ -69,7 +69,7 @@ def test_it_falls_back_to_the_gpu_family_for_name_variants():
 
 
 def test_it_scales_throughput_to_another_model_by_active_parameters():
-    small = Recipe(active_params_b=1.5, grad_accum=16)
+    small = Workload(active_params_b=1.5, grad_accum=16)
     assert step_s(make_offer(), recipe=small) == pytest.approx(28.5 / 2)
 
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from fleet.providers.records import OfferRecord
-from fleet.ranking import CostModel, Phase, Recipe
+from fleet.ranking import CostModel, Phase, Workload
 from fleet.ranking.cost import BID_RECLAIM_PER_HOUR
 
 
@@ -26,7 +26,7 @@ def make_offer(**changes) -> OfferRecord:
 
 # 1,000 steps at 72 s = 72,000 s = 20 h of training; 7 GB checkpoints every 30 min; 250 GB rented disk;
 # start-up = 52 s boot + (10 GB image + 67 GB model) x 8,000 Mb/GB / 2,000 Mb/s = 52 + 308 = 360 s = 6 min.
-RECIPE = Recipe(
+RECIPE = Workload(
     phases=(Phase("sft", 1000),), checkpoint_interval_s=1800, checkpoint_gb=7.0, model_download_gb=67.0,
     image_gb=10.0, boot_s=52.0, rent_disk_gb=250.0,
 )
@@ -102,7 +102,7 @@ def test_it_bills_start_up_at_the_offers_own_downlink():
 
 
 def test_it_writes_one_more_checkpoint_at_each_phase_end():
-    two_phases = Recipe(
+    two_phases = Workload(
         phases=(Phase("sft", 500), Phase("dpo", 500)), checkpoint_interval_s=1800, checkpoint_gb=7.0,
         model_download_gb=67.0, image_gb=10.0, boot_s=52.0,
     )

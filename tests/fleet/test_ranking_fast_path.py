@@ -14,7 +14,7 @@ import pytest
 from fleet.providers.records import OfferRecord
 from fleet.ranking import (
     OfferFilters,
-    Recipe,
+    Workload,
     compile_filters,
     rank_offers,
 )
@@ -78,11 +78,11 @@ def catalogue(count: int, seed: int, junk_share: float) -> list[OfferRecord]:
 
 
 SETTINGS = [
-    pytest.param(Recipe(), OfferFilters(), id="defaults"),
-    pytest.param(Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF), id="every-filter-off"),
-    pytest.param(Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0,
+    pytest.param(Workload(), OfferFilters(), id="defaults"),
+    pytest.param(Workload(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF), id="every-filter-off"),
+    pytest.param(Workload(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0,
                                         locations=["EU", "US"], require_verified=True), id="locations-verified"),
-    pytest.param(Recipe(kernel_path="triton"), OfferFilters(gpu_tiers="any", vram_min_gb=90, max_gpus=4, min_gpus=2,
+    pytest.param(Workload(kernel_path="triton"), OfferFilters(gpu_tiers="any", vram_min_gb=90, max_gpus=4, min_gpus=2,
                                                             allow_bids=True, max_usd_per_hour=None),
                  id="vram-range-gpu-count"),
 ]
@@ -119,7 +119,7 @@ def test_it_ranks_runs_that_cost_nothing_or_less_last_the_cheapest_first():
         credit = Decimal(-(i % 3)) / 4
         offers[i] = replace(o, gpu_usd_per_hour=credit, total_usd_per_hour=credit, inet_up_usd_per_gb=Decimal(0),
                             inet_down_usd_per_gb=Decimal(0), storage_usd_per_gb_month=Decimal(0))
-    recipe, filters = Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF)
+    recipe, filters = Workload(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF)
     ranking = rank_offers(offers, recipe, filters)
     expected, _ = reference_ranking(offers, recipe, filters)
     assert [(e.offer, e.steps_per_usd) for e in ranking.entries] == [(row[0], row[1]) for row in expected]
@@ -130,7 +130,7 @@ def test_it_ranks_runs_that_cost_nothing_or_less_last_the_cheapest_first():
 
 def test_the_junk_catalogue_reaches_the_paths_it_is_there_to_check():
     offers = catalogue(600, seed=5, junk_share=0.3)
-    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
+    ranking = rank_offers(offers, Workload(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
     reasons = {reason for x in ranking.excluded for reason in x.reasons}
     assert {"VRAM unknown", "disk unknown", "GPU count unknown", "reliability unknown"} <= reasons
     assert any(r.endswith("price unknown") for r in reasons) and any(r.startswith("no throughput") for r in reasons)
@@ -144,7 +144,7 @@ def test_it_leaves_cyclic_garbage_collection_as_it_found_it(enabled):
     was = gc.isenabled()
     try:
         gc.enable() if enabled else gc.disable()
-        rank_offers(catalogue(50, seed=3, junk_share=0.3), Recipe(), OfferFilters())
+        rank_offers(catalogue(50, seed=3, junk_share=0.3), Workload(), OfferFilters())
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()

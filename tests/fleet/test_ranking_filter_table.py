@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from fleet.offers.exclusions import HEADINGS
-from fleet.ranking import OfferFilters, Recipe, compile_filters
+from fleet.ranking import OfferFilters, Workload, compile_filters
 from fleet.ranking.filters import BITS, FILTERS, Filter
 from fleet.ranking.filters.compiled import _check_table
 
@@ -20,7 +20,7 @@ class Case:
     offer: dict  # changes to offer_record, which passes the default filters
     reason: str
     filters: dict = field(default_factory=dict)
-    recipe: Recipe = field(default_factory=Recipe)
+    recipe: Workload = field(default_factory=Workload)
     off: dict | None = None  # settings that turn the filter off: the same offer then passes
     passing: dict = field(default_factory=dict)  # changes to offer_record for an offer these settings pass
 
@@ -30,7 +30,7 @@ CASES = {
     "rentable": Case({"rentable": False}, "not rentable"),
     "bids": Case({"is_bid": True}, "interruptible (bid) offer; bids not allowed", off={"allow_bids": True}),
     "gpus_unknown": Case({"num_gpus": 0}, "GPU count unknown"),
-    "gpus_needed": Case({"num_gpus": 1}, "1 GPU < the 2 the recipe trains on", recipe=Recipe(gpus=2),
+    "gpus_needed": Case({"num_gpus": 1}, "1 GPU < the 2 the recipe trains on", recipe=Workload(gpus=2),
                         passing={"num_gpus": 2}),
     "gpu_count": Case({"num_gpus": 2}, "2 GPUs, need exactly 1", off={"max_gpus": None}),
     "vram_unknown": Case({"gpu_ram_gb": math.nan}, "VRAM unknown"),

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from fleet.providers.records import OfferRecord
-from fleet.ranking import OfferFilters, Recipe, compile_filters, exclusion_reasons
+from fleet.ranking import OfferFilters, Workload, compile_filters, exclusion_reasons
 
 
 def make_offer(**changes) -> OfferRecord:
@@ -47,7 +47,7 @@ def test_it_has_the_documented_defaults():
 @pytest.mark.parametrize("ram_gb, passes", [(89.9, False), (90.0, True), (100.0, True), (100.1, False)])
 def test_it_matches_the_rtx_pro_6000_tier_on_memory(ram_gb, passes):
     filters = OfferFilters(gpu_tiers=["RTX PRO 6000"])
-    got = reasons(make_offer(gpu_ram_gb=ram_gb), filters, Recipe(vram_needed_gb=80))
+    got = reasons(make_offer(gpu_ram_gb=ram_gb), filters, Workload(vram_needed_gb=80))
     assert got == (() if passes else (f"VRAM {ram_gb:g} GB outside 90-100 GB (RTX PRO 6000 tier)",))
 
 
@@ -198,7 +198,7 @@ def test_it_excludes_blank_listing_fields_with_a_reason_instead_of_crashing():
 
 
 def test_it_compiles_once_and_reports_a_bitmask_per_offer():
-    check = compile_filters(OfferFilters(), Recipe())
+    check = compile_filters(OfferFilters(), Workload())
     assert check.mask(make_offer()) == 0
     bad = make_offer(inet_up_mbps=120.0, reliability=0.5)
     assert check.reasons(bad, check.mask(bad)) == ("uplink 120 Mb/s < 200", "reliability 0.5 < 0.95")
@@ -263,7 +263,7 @@ def test_it_takes_a_nan_field_as_unknown_instead_of_letting_it_pass(field, words
 
 
 def test_the_ranking_stops_at_the_first_failed_filter_and_the_reasons_name_them_all():
-    check = compile_filters(OfferFilters(), Recipe())
+    check = compile_filters(OfferFilters(), Workload())
     bad = make_offer(num_gpus=2, disk_gb=10.0, reliability=0.5)
     assert check.first_failed(bad) and check.first_failed(bad) & check.mask(bad) == check.first_failed(bad)
     assert check.reasons(bad, check.mask(bad)) == ("2 GPUs, need exactly 1", "disk 10 GB < 250",

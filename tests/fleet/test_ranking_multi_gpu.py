@@ -9,8 +9,8 @@ import pytest
 from fleet.offers.forms import RankingForm
 from fleet.providers.records import OfferRecord
 from fleet.providers.vast import parse_offer
-from fleet.ranking import PRESETS, OfferFilters, Recipe, exclusion_reasons, rank_offers
-from fleet.ranking.recipe import SHAPES
+from fleet.ranking import PRESETS, OfferFilters, Workload, exclusion_reasons, rank_offers
+from fleet.ranking.workload import SHAPES
 from fleet.ranking.throughput import PCIE_ALL_TO_ALL_FACTOR
 
 ANY_BOX = OfferFilters(max_usd_per_hour=None, max_gpus=None)
@@ -47,7 +47,7 @@ def reasons_of(ranking, offer_id) -> tuple[str, ...]:
                                                   (4, ["four", "eight"], ["one", "two"])])
 def test_it_excludes_a_box_with_fewer_gpus_than_the_recipe_and_says_so(gpus, passing, short):
     offers = [box("one", 1), box("two", 2), box("four", 4), box("eight", 8)]
-    ranking = rank_offers(offers, Recipe(gpus=gpus), ANY_BOX)
+    ranking = rank_offers(offers, Workload(gpus=gpus), ANY_BOX)
     assert sorted(ranked_ids(ranking)) == sorted(passing)
     for offer_id in short:
         n = next(o.num_gpus for o in offers if o.offer_id == offer_id)
@@ -56,7 +56,7 @@ def test_it_excludes_a_box_with_fewer_gpus_than_the_recipe_and_says_so(gpus, pas
 
 def test_a_bigger_box_is_priced_whole_for_the_gpus_the_recipe_trains_on():
     two, four = box("two", 2), box("four", 4)  # the same price a GPU
-    ranking = rank_offers([four, two], Recipe(gpus=2), ANY_BOX)
+    ranking = rank_offers([four, two], Workload(gpus=2), ANY_BOX)
     assert ranked_ids(ranking) == ["two", "four"]
     pair, spare = ranking.entries
     assert spare.tokens_per_s == pair.tokens_per_s  # two of its four GPUs train, the other two idle
@@ -67,23 +67,23 @@ def test_a_bigger_box_is_priced_whole_for_the_gpus_the_recipe_trains_on():
 
 
 def test_the_default_cap_of_one_gpu_reads_as_none_to_spare_for_a_recipe_on_several():
-    ranking = rank_offers([box("two", 2), box("four", 4)], Recipe(gpus=2), OfferFilters(max_usd_per_hour=None))
+    ranking = rank_offers([box("two", 2), box("four", 4)], Workload(gpus=2), OfferFilters(max_usd_per_hour=None))
     assert ranked_ids(ranking) == ["two"]
     assert reasons_of(ranking, "four") == ("4 GPUs > the recipe's 2 (max GPUs 1 reads as no GPU to spare)",)
-    ranking = rank_offers([box("two", 2), box("four", 4)], Recipe(gpus=2),
+    ranking = rank_offers([box("two", 2), box("four", 4)], Workload(gpus=2),
                           OfferFilters(max_usd_per_hour=None, max_gpus=4))
     assert ranked_ids(ranking) == ["two", "four"]
 
 
 def test_the_price_cap_is_on_the_whole_box():
-    ranking = rank_offers([box("two", 2)], Recipe(gpus=2), OfferFilters(max_gpus=None))
+    ranking = rank_offers([box("two", 2)], Workload(gpus=2), OfferFilters(max_gpus=None))
     assert reasons_of(ranking, "two") == ("$2.43/h > cap $1.30",)
 
 
 def test_it_prefers_nvlink_over_pcie_even_when_pcie_lists_for_less():
     nvlink = box("nvlink", 2)
     pcie = box("pcie", 2, per_gpu_usd="0.80", nvlink_gb_s=0.0)  # a third cheaper
-    ranking = rank_offers([pcie, nvlink], Recipe(gpus=2), ANY_BOX)
+    ranking = rank_offers([pcie, nvlink], Workload(gpus=2), ANY_BOX)
     assert ranked_ids(ranking) == ["nvlink", "pcie"]
     fast, slow = ranking.entries
     assert slow.tokens_per_s == pytest.approx(fast.tokens_per_s * PCIE_ALL_TO_ALL_FACTOR)
@@ -93,14 +93,14 @@ def test_it_prefers_nvlink_over_pcie_even_when_pcie_lists_for_less():
 
 def test_the_interconnect_moves_nothing_for_a_recipe_on_one_gpu():
     offers = [box("nvlink", 2), box("pcie", 2, nvlink_gb_s=0.0)]
-    ranking = rank_offers(offers, Recipe(), ANY_BOX)
+    ranking = rank_offers(offers, Workload(), ANY_BOX)
     assert [e.tokens_per_s for e in ranking.entries] == [ranking.entries[0].tokens_per_s] * 2
     assert all("NVLink" not in line for e in ranking.entries for line in e.why)
 
 
 def test_an_interconnect_the_listing_leaves_out_is_not_taken_for_pcie_and_says_so():
     told, untold = box("told", 2), box("untold", 2, nvlink_gb_s=None, pcie_gb_s=None)
-    ranking = rank_offers([told, untold], Recipe(gpus=2), ANY_BOX)
+    ranking = rank_offers([told, untold], Workload(gpus=2), ANY_BOX)
     assert ranking.entries[0].tokens_per_s == ranking.entries[1].tokens_per_s
     assert ranking.find("untold").interconnect == "unlisted"
     assert "interconnect not listed" in ranking.find("untold").why[0]
@@ -126,14 +126,14 @@ def test_the_models_weights_are_spread_over_the_recipes_gpus():
 def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
     filters = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
     alone = ("VRAM 79.6 GB < needed 85 GB for Qwen3.6-35B-A3B",)  # 35B: 70 GB of weights + 15 on one GPU
-    assert exclusion_reasons(h100("one", 1), filters, Recipe()) == alone
-    assert exclusion_reasons(h100("pair", 2), filters, Recipe()) == alone  # a one-GPU recipe trains on one of them
-    assert exclusion_reasons(h100("pair", 2), filters, Recipe(gpus=2)) == ()  # 35 + 15 = 50 GB a GPU
+    assert exclusion_reasons(h100("one", 1), filters, Workload()) == alone
+    assert exclusion_reasons(h100("pair", 2), filters, Workload()) == alone  # a one-GPU recipe trains on one of them
+    assert exclusion_reasons(h100("pair", 2), filters, Workload(gpus=2)) == ()  # 35 + 15 = 50 GB a GPU
 
 
 def test_the_moe_family_figures_give_the_seed_reports_adapter_size():
     # 35B-A3B's routed-expert LoRA at rank 32, float32: the seed report's 7.4 GB file, and the default's figure.
-    assert round(SHAPES["Qwen3.5-35B-A3B"].routed_adapter_gb(32), 1) == Recipe().checkpoint_gb == 7.4
+    assert round(SHAPES["Qwen3.5-35B-A3B"].routed_adapter_gb(32), 1) == Workload().checkpoint_gb == 7.4
     assert (PRESETS["qwen3.5-35b-a3b"].model, PRESETS["qwen3.5-35b-a3b"].active_params_b) == ("Qwen3.5-35B-A3B", 3.0)
     big = PRESETS["qwen3-235b-a22b"]
     assert (big.model_download_gb, big.active_params_b, big.checkpoint_gb) == (470.0, 22.0, 19.7)
@@ -144,12 +144,12 @@ def test_the_moe_family_figures_give_the_seed_reports_adapter_size():
                                           (1.5, "gpus must be a whole number, got 1.5")])
 def test_a_recipes_gpu_count_is_checked(value, words):
     with pytest.raises(ValueError, match=words):
-        Recipe.from_dict({"gpus": value})
-    assert Recipe.from_dict({"gpus": "4"}).gpus == 4 and Recipe.from_dict({}).gpus == 1
+        Workload.from_dict({"gpus": value})
+    assert Workload.from_dict({"gpus": "4"}).gpus == 4 and Workload.from_dict({}).gpus == 1
 
 
 def test_the_offers_form_takes_the_gpu_count():
-    data = RankingForm.data_for(Recipe(gpus=4), OfferFilters())
+    data = RankingForm.data_for(Workload(gpus=4), OfferFilters())
     assert data["gpus"] == 4
     form = RankingForm(data)
     assert form.is_valid(), form.errors
@@ -182,7 +182,7 @@ def test_offers_sharing_a_gpu_model_share_a_throughput_only_with_the_same_interc
     rng = random.Random(11)
     offers = [replace(o, nvlink_gb_s=rng.choice((None, 0.0, 600.0, 900.0)), pcie_gb_s=rng.choice((None, 25.2)))
               for o in catalogue(1000, seed=9, junk_share=0.0)]
-    recipe = Recipe(gpus=gpus, vram_needed_gb=1)
+    recipe = Workload(gpus=gpus, vram_needed_gb=1)
     ranking = rank_offers(offers, recipe, OfferFilters(gpu_tiers="any", max_usd_per_hour=None, max_gpus=None,
                                                        allow_bids=True, min_reliability=0))
     speeds, costs = ThroughputModel(SEED_CALIBRATION, recipe), CostModel(recipe)

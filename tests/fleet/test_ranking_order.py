@@ -12,7 +12,7 @@ from fleet.ranking import (
     OfferFilters,
     Phase,
     RankedOffer,
-    Recipe,
+    Workload,
     rank_offers,
 )
 
@@ -65,7 +65,7 @@ def ids(entries):
 
 
 def test_it_ranks_the_passing_offers_by_steps_per_dollar():
-    ranking = rank_offers(CATALOGUE, Recipe(), OfferFilters())
+    ranking = rank_offers(CATALOGUE, Workload(), OfferFilters())
     # H100 NVL has no calibration: its estimate (835 listed TFLOPS at the ratio the calibrated offers in this
     # catalogue show, discounted) still beats the RTX PRO 6000's measured Triton speed at a similar price
     assert ids(ranking.entries) == ["h200-cheap", "h100-nvl", "pro-steady", "pro-flaky"]
@@ -75,14 +75,14 @@ def test_it_ranks_the_passing_offers_by_steps_per_dollar():
 
 
 def test_it_excludes_the_cheap_old_driver_host_with_its_reasons():
-    ranking = rank_offers(CATALOGUE, Recipe(), OfferFilters())
+    ranking = rank_offers(CATALOGUE, Workload(), OfferFilters())
     old = ranking.find("pro-old-driver")
     assert isinstance(old, Exclusion)
     assert old.reasons == ("driver 535.129.03 < needed 570", "CUDA 12.2 < needed 12.8")
 
 
 def test_it_excludes_the_expensive_h200_by_the_cap_and_the_bid_by_default():
-    ranking = rank_offers(CATALOGUE, Recipe(), OfferFilters())
+    ranking = rank_offers(CATALOGUE, Workload(), OfferFilters())
     assert ranking.find("h200-eu", is_bid=False).reasons == ("$2.93/h > cap $1.30",)
     assert ranking.find("h200-eu", is_bid=True).reasons == ("interruptible (bid) offer; bids not allowed",)
     assert ranking.find("pro-slow-uplink").reasons == ("uplink 120 Mb/s < 200",)
@@ -96,7 +96,7 @@ def test_it_excludes_the_expensive_h200_by_the_cap_and_the_bid_by_default():
 def test_it_does_not_rank_a_low_reliability_host_first_for_being_3_percent_cheaper():
     steady, flaky = CATALOGUE[1], CATALOGUE[2]
     assert flaky.total_usd_per_hour < steady.total_usd_per_hour * Decimal("0.975")
-    ranking = rank_offers([flaky, steady], Recipe(), OfferFilters())
+    ranking = rank_offers([flaky, steady], Workload(), OfferFilters())
     assert ids(ranking.entries) == ["pro-steady", "pro-flaky"]
     first, second = ranking.entries
     assert second.projection.expected_restarts > 4 * first.projection.expected_restarts
@@ -105,7 +105,7 @@ def test_it_does_not_rank_a_low_reliability_host_first_for_being_3_percent_cheap
 
 
 def test_it_includes_and_flags_a_bid_when_bids_are_allowed():
-    ranking = rank_offers(CATALOGUE, Recipe(), OfferFilters(allow_bids=True))
+    ranking = rank_offers(CATALOGUE, Workload(), OfferFilters(allow_bids=True))
     bid = ranking.find("h200-eu", is_bid=True)
     assert isinstance(bid, RankedOffer)
     assert bid.interruptible
@@ -116,7 +116,7 @@ def test_it_includes_and_flags_a_bid_when_bids_are_allowed():
 
 
 def test_it_marks_an_estimated_throughput_and_shows_the_run_it_projects():
-    ranking = rank_offers(CATALOGUE, Recipe(), OfferFilters())
+    ranking = rank_offers(CATALOGUE, Workload(), OfferFilters())
     estimated = ranking.find("h100-nvl")
     assert estimated.estimated and any("estimate" in line for line in estimated.why)
     best = ranking.entries[0]
@@ -124,18 +124,18 @@ def test_it_marks_an_estimated_throughput_and_shows_the_run_it_projects():
     # 5,000 steps x 32,768 tokens at the seeded 2,300 tok/s: about 19.8 h of steps, plus start-up and uploads
     assert 19.8 < best.wall_hours < 21.5
     assert isinstance(best.total_usd, Decimal) and Decimal("20") < best.total_usd < Decimal("35")
-    assert best.tokens_per_usd == best.steps_per_usd * Recipe().tokens_per_step
+    assert best.tokens_per_usd == best.steps_per_usd * Workload().tokens_per_step
 
 
 def test_it_changes_the_list_when_the_filters_change():
-    no_cap = rank_offers(CATALOGUE, Recipe(), OfferFilters(max_usd_per_hour=None, min_inet_up_mbps=100))
+    no_cap = rank_offers(CATALOGUE, Workload(), OfferFilters(max_usd_per_hour=None, min_inet_up_mbps=100))
     assert "h200-eu" in ids(no_cap.entries) and "pro-slow-uplink" in ids(no_cap.entries)
-    only_h200 = rank_offers(CATALOGUE, Recipe(), OfferFilters(gpu_tiers=["h200"]))
+    only_h200 = rank_offers(CATALOGUE, Workload(), OfferFilters(gpu_tiers=["h200"]))
     assert ids(only_h200.entries) == ["h200-cheap"]
 
 
 def test_it_serialises_for_the_command_line():
-    data = rank_offers(CATALOGUE, Recipe(), OfferFilters()).to_dict(limit=2)
+    data = rank_offers(CATALOGUE, Workload(), OfferFilters()).to_dict(limit=2)
     text = json.dumps(data)
     assert [r["offer_id"] for r in data["ranked"]] == ["h200-cheap", "h100-nvl"]
     assert {"offer_id": "pro-old-driver", "provider": "vast", "is_bid": False,
@@ -144,16 +144,16 @@ def test_it_serialises_for_the_command_line():
 
 
 def test_it_handles_an_empty_catalogue_and_an_unmeasurable_offer():
-    assert rank_offers([], Recipe(), OfferFilters()).entries == ()
+    assert rank_offers([], Workload(), OfferFilters()).entries == ()
     blind = make_offer("blind", gpu_name="Mystery", total_flops=None, dlperf=None)
-    ranking = rank_offers([blind], Recipe(), OfferFilters())
+    ranking = rank_offers([blind], Workload(), OfferFilters())
     assert ranking.find("blind").reasons == (
         "no throughput figure: Mystery has no calibration and the listing has no TFLOPS or DLPerf",)
 
 
 def test_it_is_deterministic_for_equal_scores():
     twins = [make_offer("b"), make_offer("a")]
-    assert ids(rank_offers(twins, Recipe(), OfferFilters()).entries) == ["a", "b"]
+    assert ids(rank_offers(twins, Workload(), OfferFilters()).entries) == ["a", "b"]
 
 
 # A seeded catalogue of a few hundred offers for comparing rank_offers with the reference ranking
@@ -211,9 +211,9 @@ def seeded_catalogue(count=400, seed=7) -> list[OfferRecord]:
 
 
 @pytest.mark.parametrize("recipe, filters", [
-    (Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF)),
-    (Recipe(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0)),
-    (Recipe(vram_needed_gb=1, kernel_path="triton", phases=(Phase("sft", 3),)), OfferFilters(**ALL_FILTERS_OFF)),
+    (Workload(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF)),
+    (Workload(), OfferFilters(allow_bids=True, max_usd_per_hour=None, max_gpus=None, min_inet_up_mbps=0)),
+    (Workload(vram_needed_gb=1, kernel_path="triton", phases=(Phase("sft", 3),)), OfferFilters(**ALL_FILTERS_OFF)),
 ])
 def test_it_ranks_a_seeded_catalogue_exactly_as_the_reference_ranking(recipe, filters):
     offers = seeded_catalogue()
@@ -233,7 +233,7 @@ def test_it_ranks_a_seeded_catalogue_exactly_as_the_reference_ranking(recipe, fi
 
 
 def test_its_entries_read_like_a_tuple_best_first_whatever_is_read_first():
-    ranking = rank_offers(seeded_catalogue(), Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
+    ranking = rank_offers(seeded_catalogue(), Workload(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
     entries = ranking.entries
     fifth, last = entries[4], entries[-1]  # read before the rest
     assert entries[2:6][2] is fifth and entries[::-1][0] is last
@@ -247,7 +247,7 @@ def test_its_entries_read_like_a_tuple_best_first_whatever_is_read_first():
 
 def test_the_seeded_catalogue_reaches_every_path_it_is_there_to_check():
     offers = seeded_catalogue()
-    ranking = rank_offers(offers, Recipe(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
+    ranking = rank_offers(offers, Workload(vram_needed_gb=1), OfferFilters(**ALL_FILTERS_OFF))
     reasons = {reason for x in ranking.excluded for reason in x.reasons}
     assert any(r.startswith("no throughput figure") for r in reasons)
     assert any(r.startswith("downlink 0 Mb/s") for r in reasons) and any(r.startswith("uplink 0") for r in reasons)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from fleet.models import Offer
 from fleet.offers.ranked import rank_stored_offers
 from fleet.offers.refresh import store_offers
-from fleet.ranking import OfferFilters, OfferPrices, Recipe, offer_prices, rank_offers
+from fleet.ranking import OfferFilters, OfferPrices, Workload, offer_prices, rank_offers
 
 from .offer_records import offer_record
 from .reference_ranking import reference_ranking
@@ -76,7 +76,7 @@ def test_it_stores_the_float_twins_of_the_prices_and_ranks_the_stored_offers_as_
     assert Offer.objects.get(offer_id="1").usd_per_hour_float == 0.99
 
     Offer.objects.update(available=True)  # the others were retired by that refresh: list them again
-    recipe, filters = Recipe(), OfferFilters(max_usd_per_hour=None)
+    recipe, filters = Workload(), OfferFilters(max_usd_per_hour=None)
     stored = rank_stored_offers(recipe, filters)
     expected = rank_offers([row.to_record() for row in Offer.objects.filter(available=True).order_by("id")],
                            recipe, filters)

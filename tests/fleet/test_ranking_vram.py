@@ -7,12 +7,12 @@ from decimal import Decimal
 
 import pytest
 
-from fleet.ranking import PRESETS, OfferFilters, Recipe, exclusion_reasons, micro_step_vram_gb
-from fleet.ranking.recipe import ACTIVATION_BYTES, ADAPTER_STATE_BYTES, CALIBRATION_MODEL, SHAPES
+from fleet.ranking import PRESETS, OfferFilters, Workload, exclusion_reasons, micro_step_vram_gb
+from fleet.ranking.workload import ACTIVATION_BYTES, ADAPTER_STATE_BYTES, CALIBRATION_MODEL, SHAPES
 from tests.fleet.test_ranking_multi_gpu import box
 
-RECIPES = [Recipe(), PRESETS["qwen3-30b-a3b"], PRESETS["qwen3-235b-a22b"], Recipe(model="unlisted-MoE"),
-           Recipe(batch_size=4, seq_len=1024, lora_rank=16), Recipe(vram_needed_gb=120.0), Recipe(gpus=2)]
+RECIPES = [Workload(), PRESETS["qwen3-30b-a3b"], PRESETS["qwen3-235b-a22b"], Workload(model="unlisted-MoE"),
+           Workload(batch_size=4, seq_len=1024, lora_rank=16), Workload(vram_needed_gb=120.0), Workload(gpus=2)]
 
 
 def need(recipe, batch_size=None, seq_len=None, lora_rank=None):
@@ -23,7 +23,7 @@ def need(recipe, batch_size=None, seq_len=None, lora_rank=None):
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: f"{r.model}-{r.gpus}-{r.vram_needed_gb}")
 def test_it_is_the_recipes_own_figure_when_the_run_trains_as_the_recipe_says(recipe):
     assert need(recipe) == recipe.vram_gb  # exactly: no surprise for a run launched before
-    assert need(Recipe(), 2, 2048, 32) == 85.0  # the defaults: 70 GB of weights + RANK_OVERHEAD_GB
+    assert need(Workload(), 2, 2048, 32) == 85.0  # the defaults: 70 GB of weights + RANK_OVERHEAD_GB
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: f"{r.model}-{r.gpus}-{r.vram_needed_gb}")
@@ -57,8 +57,8 @@ def test_on_several_gpus_the_experts_adapter_state_is_shared_and_the_activations
 
 
 def test_a_recipes_own_figure_grows_the_same_way():
-    stated = Recipe(vram_needed_gb=120.0)
-    assert need(stated, seq_len=8192) - 120.0 == pytest.approx(need(Recipe(), seq_len=8192) - 85.0, abs=0.1)
+    stated = Workload(vram_needed_gb=120.0)
+    assert need(stated, seq_len=8192) - 120.0 == pytest.approx(need(Workload(), seq_len=8192) - 85.0, abs=0.1)
 
 
 def test_a_card_the_profile_fits_is_excluded_for_a_run_with_four_times_the_tokens():

@@ -9,7 +9,7 @@ import pytest
 from fleet import actions
 from fleet.models import Offer
 from fleet.offers.refresh import refresh_offers
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 from fleet.simulator.agents import AgentProcesses
 from tests.marketplace import MARKET_KEY
 
@@ -32,7 +32,7 @@ def test_it_lists_boxes_of_two_four_and_eight_gpus_over_nvlink_and_over_pcie(mar
 
 def test_it_rents_a_two_gpu_box_over_nvlink_for_a_recipe_on_two(market):
     refresh_offers()
-    rented = actions.rent_best(Recipe(gpus=2), OfferFilters(max_usd_per_hour=Decimal("6")),
+    rented = actions.rent_best(Workload(gpus=2), OfferFilters(max_usd_per_hour=Decimal("6")),
                                idempotency_key="two-gpus", purpose="training")
     assert rented is not None
     box = rented.instance
@@ -70,7 +70,7 @@ def test_the_offers_page_shows_each_boxs_gpu_count_and_link_for_a_recipe_on_two(
 
     refresh_offers()
     client.force_login(member)
-    data = RankingForm.data_for(Recipe(gpus=2), OfferFilters(max_usd_per_hour=Decimal("6"), max_gpus=None))
+    data = RankingForm.data_for(Workload(gpus=2), OfferFilters(max_usd_per_hour=Decimal("6"), max_gpus=None))
     body = client.get(reverse("offers"), {k: v for k, v in data.items() if v not in (None, False, "")}).content
     table = body.decode().split('id="ranked"', 1)[1].split("</table>", 1)[0]
     rows = re.findall(r'<td class="gpu">(\d+)× ([^(]+) \(.*?<td class="gpu-link" data-label="link">(.*?)</td>', table,

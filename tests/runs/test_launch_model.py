@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from fleet.instances.disk import needed
 from fleet.offers.refresh import refresh_offers
-from fleet.ranking import Recipe
+from fleet.ranking import Workload
 from runs import reports, supervisor
 from runs.launch import LaunchError, launch
 from runs.models import Run
@@ -50,19 +50,19 @@ def _hub_form(page: str) -> dict:
 def test_the_page_says_the_disk_the_model_needs(client, launcher):
     client.force_login(launcher)
     page = client.get(reverse("run_launch")).content.decode()
-    tiny = needed(Recipe(), keep=3, built_from_config=True)
+    tiny = needed(Workload(), keep=3, built_from_config=True)
     assert f"Disk each box needs for this model: {tiny.total_gb} GB: no weights to download" in page
     page = client.post(reverse("run_launch"), {**_hub_form(page), "disk_gb": "1"}).content.decode()
-    hub = needed(Recipe(), keep=3)
+    hub = needed(Workload(), keep=3)
     assert f"Disk each box needs for this model: {hub.total_gb} GB: the weights of Qwen3.6-35B-A3B 67 GB" in page
 
 
 def test_it_refuses_less_disk_than_the_model_needs_by_the_field(client, launcher):
     client.force_login(launcher)
     form = _hub_form(client.get(reverse("run_launch")).content.decode())
-    need = needed(Recipe(), keep=3).total_gb
+    need = needed(Workload(), keep=3).total_gb
     page = client.post(reverse("run_launch"), {**form, "disk_gb": str(need - 1)}).content.decode()
-    assert _errors_of(page, "disk_gb") == [f"At least {needed(Recipe(), keep=3)}."]
+    assert _errors_of(page, "disk_gb") == [f"At least {needed(Workload(), keep=3)}."]
     assert not Run.objects.exists()
 
 
@@ -82,7 +82,7 @@ def test_a_hub_model_launches_with_more_disk_and_its_boxes_get_it(client, launch
     refresh_offers()
     client.force_login(launcher)
     form = _hub_form(client.get(reverse("run_launch")).content.decode())
-    need = needed(Recipe(), keep=3).total_gb
+    need = needed(Workload(), keep=3).total_gb
     response = client.post(reverse("run_launch"), {**form, "disk_gb": str(need + 40)})
     run = Run.objects.get()
     assert response.status_code == 302 and run.disk_gb == need + 40
@@ -102,7 +102,7 @@ def test_a_hub_model_launches_with_more_disk_and_its_boxes_get_it(client, launch
 def test_a_launch_without_a_disk_takes_the_need(tmp_path):
     run = launch(name="hub", recipe=tiny_recipe(model={"path": HUB}), bucket=str(tmp_path), budget_usd=5,
                  max_restarts=1)
-    assert run.disk_gb == needed(Recipe(), keep=3).total_gb
+    assert run.disk_gb == needed(Workload(), keep=3).total_gb
     with pytest.raises(LaunchError) as refused:
         launch(name="hub", recipe=tiny_recipe(model={"path": HUB}), bucket=str(tmp_path), budget_usd=5,
                max_restarts=1, disk_gb=10)

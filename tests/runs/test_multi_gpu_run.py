@@ -9,7 +9,7 @@ import pytest
 
 from fleet.models import Instance, Offer, OfferProfile
 from fleet.offers.refresh import refresh_offers
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 from fleet.simulator import SimulatedMarketplace
 from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch
@@ -43,7 +43,7 @@ def boxes(tmp_path, settings, live_server):
 # destroyed.
 def test_a_run_on_two_gpus_rents_a_two_gpu_box_and_trains_on_both(boxes, beat, tmp_path):  # noqa: F811
     market, agents = boxes
-    profile = OfferProfile.objects.create(name="two-gpus", recipe=Recipe(gpus=2).to_dict(),
+    profile = OfferProfile.objects.create(name="two-gpus", recipe=Workload(gpus=2).to_dict(),
                                           filters=OfferFilters(max_usd_per_hour=Decimal("6")).to_dict())
     phases = [dict(p, steps=3) for p in tiny_recipe()["phases"] if p["kind"] in ("cpt", "sft")]
     run = launch(name="two-gpus", recipe=tiny_recipe(phases=phases, gpus=2), bucket=str(tmp_path / "bucket"),

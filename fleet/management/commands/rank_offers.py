@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleet.models import OfferProfile
 from fleet.offers.ranked import profile_settings, rank_stored_offers
-from fleet.ranking import OfferFilters, Recipe
+from fleet.ranking import OfferFilters, Workload
 
 
 class Command(BaseCommand):
@@ -23,7 +23,7 @@ class Command(BaseCommand):
                 names = ", ".join(OfferProfile.objects.values_list("name", flat=True)) or "none saved"
                 raise CommandError(f"No offer profile {profile!r} (profiles: {names}).") from None
         else:
-            recipe, filters = Recipe(), OfferFilters()
+            recipe, filters = Workload(), OfferFilters()
         ranking = rank_stored_offers(recipe, filters)
         if json:
             self.stdout.write(jsonlib.dumps(ranking.to_dict(limit=limit), indent=2))

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleet.providers.records import OfferRecord
 
-from ..recipe import Recipe
+from ..workload import Workload
 from .settings import OfferFilters
 from .table import FILTERS, TEST_NAMES, WORDS, Filter
 
@@ -31,7 +31,7 @@ def _check_table(table: tuple[Filter, ...]) -> None:
 _check_table(FILTERS)
 
 
-def _applies(f: OfferFilters, r: Recipe) -> int:
+def _applies(f: OfferFilters, r: Workload) -> int:
     """A bit for each entry that can exclude something under these settings; one given an entry that is off is off."""
     on, names = 0, set()
     for i, entry in enumerate(FILTERS):
@@ -79,7 +79,7 @@ class CompiledFilters:
     `mask(offer)` has a bit for every filter it fails, and `reasons(offer, mask)` turns them into words.
     """
 
-    def __init__(self, filters: OfferFilters, recipe: Recipe):
+    def __init__(self, filters: OfferFilters, recipe: Workload):
         self.filters = filters
         self.recipe = recipe
         on = _applies(filters, recipe)
@@ -108,10 +108,10 @@ class CompiledFilters:
         return tuple(words)
 
 
-def compile_filters(filters: OfferFilters, recipe: Recipe) -> CompiledFilters:
+def compile_filters(filters: OfferFilters, recipe: Workload) -> CompiledFilters:
     return CompiledFilters(filters, recipe)
 
 
-def exclusion_reasons(offer: OfferRecord, filters: OfferFilters, recipe: Recipe | None = None) -> tuple[str, ...]:
+def exclusion_reasons(offer: OfferRecord, filters: OfferFilters, recipe: Workload | None = None) -> tuple[str, ...]:
     """Every reason the filters exclude one offer (() when it passes); for a page that looks one offer up."""
-    return CompiledFilters(filters, recipe or Recipe()).check(offer)
+    return CompiledFilters(filters, recipe or Workload()).check(offer)

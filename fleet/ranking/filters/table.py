@@ -11,17 +11,17 @@ from decimal import Decimal
 
 from fleet.providers.records import OfferRecord
 
-from ..recipe import Recipe
+from ..workload import Workload
 from .settings import GPU_TIERS, OfferFilters, parse_version, version_at_least
 
-Words = Callable[[OfferRecord, OfferFilters, Recipe], str]
+Words = Callable[[OfferRecord, OfferFilters, Workload], str]
 
 
-def _always(f: OfferFilters, r: Recipe) -> bool:
+def _always(f: OfferFilters, r: Workload) -> bool:
     return True
 
 
-def _nothing(f: OfferFilters, r: Recipe) -> dict:
+def _nothing(f: OfferFilters, r: Workload) -> dict:
     return {}
 
 
@@ -35,8 +35,8 @@ class Filter:
     heading: str  # the Offers page's group of the offers it excludes first
     test: str
     words: Words  # the reason a user reads
-    when: Callable[[OfferFilters, Recipe], bool] = _always  # off, it reads nothing of the offer
-    binds: Callable[[OfferFilters, Recipe], dict] = _nothing  # worked out once per ranking
+    when: Callable[[OfferFilters, Workload], bool] = _always  # off, it reads nothing of the offer
+    binds: Callable[[OfferFilters, Workload], dict] = _nothing  # worked out once per ranking
     reads: str = ""  # "name = o.field", read once for this test and the entries given it
     given: str = ""  # the "... unknown" entry above: this one runs only where that one passes
 
@@ -71,7 +71,7 @@ def _vram_needed_words(o, f, r) -> str:
             f"{_num(r.vram_total_gb)} GB for {r.model} on {r.gpus} GPUs ({_num(r.vram_gb)} GB each)")
 
 
-def _max_gpus(f: OfferFilters, r: Recipe) -> int:
+def _max_gpus(f: OfferFilters, r: Workload) -> int:
     """The most GPUs a box may have: the filters' cap, never below the recipe's own count (a cap of 1, the default,
     reads as "no GPU to spare" for a recipe on several); no cap when the filters set none."""
     return 1 << 30 if f.max_gpus is None else max(f.max_gpus, r.gpus)

@@ -1,6 +1,6 @@
-"""The fine-tune a user ranks offers for.
+"""The workload: the ranking's view of a fine-tune (a run's recipe, `training.recipe.RunRecipe`, or a profile's).
 
-The ranking prices a whole run, not an hour, so the recipe carries everything that turns a step time into money:
+The ranking prices a whole run, not an hour, so the workload carries everything that turns a step time into money:
 the work per step (tokens and active parameters), the number of steps, how often and how big the checkpoints are
 (uploads and the work a lost host throws away), and what a fresh box must fetch before its first step (billed
 start-up minutes and download traffic), and how many GPUs of one box it trains on (`gpus`: one rank each, the
@@ -32,7 +32,7 @@ class Phase:
 
 
 @dataclass(frozen=True, slots=True)
-class Recipe:
+class Workload:
     model: str = "Qwen3.6-35B-A3B"
     total_params_b: float = 35.0
     active_params_b: float = 3.0
@@ -110,7 +110,7 @@ class Recipe:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Recipe":
+    def from_dict(cls, data: dict) -> "Workload":
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -195,7 +195,7 @@ ACTIVATION_BYTES = (CALIBRATION_RESERVED_GB - CALIBRATION_WEIGHTS_GB - SHAPES[CA
     CALIBRATION_TOKENS * SHAPES[CALIBRATION_MODEL].layers * SHAPES[CALIBRATION_MODEL].hidden)
 
 
-def micro_step_vram_gb(recipe: Recipe, *, batch_size: int, seq_len: int, lora_rank: int) -> float:
+def micro_step_vram_gb(recipe: Workload, *, batch_size: int, seq_len: int, lora_rank: int) -> float:
     """What each GPU must hold for a run that trains `recipe`'s model on its GPUs with its own micro-step (batch_size
     x seq_len tokens per rank) and LoRA rank: `recipe.vram_gb`, the figure for the recipe's own micro-step and rank,
     plus what the run's rank holds beyond that, never less.
@@ -232,10 +232,10 @@ def micro_step_vram_gb(recipe: Recipe, *, batch_size: int, seq_len: int, lora_ra
 # and the routed-expert adapter each checkpoint uploads. 235B-A22B: 470 GB of BF16 weights that fit no single GPU,
 # so it ranks for 4 (H200 or B200; 8 take 80-96 GB cards too); its disk holds the base, a merged and an FP8 copy.
 PRESETS = {
-    "qwen3.6-35b-a3b": Recipe(),
-    "qwen3.5-35b-a3b": Recipe(model="Qwen3.5-35B-A3B"),
-    "qwen3-30b-a3b": Recipe(model="Qwen3-30B-A3B", total_params_b=30.5, active_params_b=3.3, model_download_gb=61.0),
-    "qwen3-235b-a22b": Recipe(model="Qwen3-235B-A22B", total_params_b=235.0, active_params_b=22.0,
+    "qwen3.6-35b-a3b": Workload(),
+    "qwen3.5-35b-a3b": Workload(model="Qwen3.5-35B-A3B"),
+    "qwen3-30b-a3b": Workload(model="Qwen3-30B-A3B", total_params_b=30.5, active_params_b=3.3, model_download_gb=61.0),
+    "qwen3-235b-a22b": Workload(model="Qwen3-235B-A22B", total_params_b=235.0, active_params_b=22.0,
                               model_download_gb=470.0, rent_disk_gb=1200.0, gpus=4,
                               checkpoint_gb=round(SHAPES["Qwen3-235B-A22B"].routed_adapter_gb(32), 1)),
 }
