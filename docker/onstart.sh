@@ -2,8 +2,8 @@
 # Bootstraps a box rented with a marketplace's stock PyTorch image instead of the worker image: installs the pinned
 # training package, proves the install with the import probe, then hands the box to the agent.
 #
-# Remote exit codes lie (seed report: a `| tail` ate pip's failure and three boxes died later with "No module named
-# peft"), so nothing here is piped, every failure stops the script with a non-zero status and a line saying what
+# Remote exit codes lie (docs/field-notes.md: a `| tail` ate pip's failure and three boxes died later with "No module
+# named peft"), so nothing here is piped, every failure stops the script with a non-zero status and a line saying what
 # failed, and the install counts only if the probe printed its sentinel line.
 #
 # Usage: onstart.sh [command ...]        runs the command when the install is proven (default: the agent)

@@ -1,23 +1,5 @@
-"""Causal attention over whole or packed rows without a (batch, 1, L, L) mask.
-
-transformers gives SDPA an explicit mask whenever it cannot prove on the host that a batch is plain causal: for
-packed rows (their positions restart), and for every batch while a CUDA graph is being captured, since it may not
-read the device then (masking_utils' `is_tracing`). With a mask, cuDNN computes every block of the score matrix
-instead of the causal half and reads the mask too: in a captured 30B-A3B micro-step that made attention three times
-slower (bench/NOTES_train_step.md). The rows' shape is known where they are built, so the trainer says it:
-
-- `RowSegments.whole_rows()`: every row is one sample, so SDPA runs with `is_causal` and no mask;
-- `RowSegments(cu_seq_lens)`: the cumulative sample boundaries over the flattened batch (device int32, made on the
-  host by training/packing.py `cu_seq_lens`; trailing entries equal to the token count are empty samples, so a
-  padded length can stay fixed for a graph), so the attention runs flash attention's variable-length kernel,
-  causal within each sample.
-
-The model's attention implementation becomes "packed_sdpa" (`use_packed_attention`): its mask function gives no
-mask where there is no padding mask and no cache, and its attention function falls back to transformers' own SDPA
-path for everything else (padding masks, caches, dropout, shapes the flash kernel does not cover), building the
-same block-diagonal mask transformers would from the positions when a caller passes packed positions without
-saying what its rows are. So results are transformers' in every case, and only the kernels change.
-"""
+"""Causal attention over whole or packed rows without a (batch, 1, L, L) mask: the trainer says what its rows are, so
+SDPA runs causal or flash attention runs per sample (docs/training.md, "training/attention.py")."""
 
 from dataclasses import dataclass
 

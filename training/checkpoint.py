@@ -1,15 +1,5 @@
-"""Checkpoints that survive a dead host: written to a local folder or any S3-compatible store, marker last.
-
-A checkpoint is a folder named ckpt-p<phase>-s<step> holding
-    adapter/            the LoRA adapter in peft's format (attention and routed experts; `PeftModel.from_pretrained`)
-    vllm/               a phase's final checkpoint only: the same adapter in the layout vLLM loads
-                        (training/export_adapter.py)
-    trainer.pt          optimizer, scheduler, RNG states, data position, phase index and step, DPO/KTO reference
-    COMPLETE            written last: a folder without it (a host died mid-upload) is never resumed from
-The training loop snapshots to a local staging folder (quick, on the box's disk) and a background thread uploads it,
-so a slow uplink does not stall steps; only one upload is in flight, and old checkpoints are pruned to a keep count.
-boto3 is imported only when an s3:// store is configured.
-"""
+"""Checkpoints that survive a dead host: written to a local folder or any S3-compatible store, marker last
+(docs/training.md, "training/checkpoint.py")."""
 
 import logging
 import os

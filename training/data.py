@@ -1,17 +1,5 @@
-"""Phase data: JSONL in, token tensors out. What each kind's record holds and how a conversation is rendered (its
-chat template, loss on the assistant's tokens only, tool calls included) is in training/records.py.
-
-    cpt   packed into seq_len rows, loss on every token
-    sft   packed; loss only on the assistant's tokens
-(packed: whole samples per row, each with its own positions, kept apart in the forward: training/packing.py)
-    dpo, kto, grpo   one example per record, the prompt cut from the left to fit
-
-Batches are drawn by position: micro-batch p holds samples p*B .. p*B+B-1 of an endless sequence of seeded
-permutations, so a checkpoint only has to remember p.
-
-DPO and KTO rows are right-padded; where micro-steps replay from CUDA graphs (training/graphs.py) they are padded to
-one of a few lengths (`length_buckets`), so a phase's batches come in a handful of shapes, one graph each.
-"""
+"""Phase data: JSONL in, token tensors out, drawn by position so a checkpoint only remembers where it was
+(docs/training.md, "training/data.py")."""
 
 import functools
 
@@ -23,10 +11,8 @@ from training.records import (IGNORE, ByteTokenizer, encode, load_tokenizer, rea
 
 
 def _pack(samples, seq_len, pad_id):
-    """Pack (ids, labels) samples into rows of seq_len tokens, in order, each sample whole in one row (one longer
-    than seq_len is cut into seq_len pieces, each a sample of its own); the tail of a row padded, out of the loss.
-    Every row carries its positions, restarting at each sample (training/packing.py keeps the samples apart), and a
-    sample's first token is no target: nothing before it in the row belongs to it."""
+    """Pack (ids, labels) samples into rows of seq_len tokens, each sample whole in one row, its positions restarting
+    and its first token no target (docs/training.md, "training/data.py")."""
     pieces = [(ids[i:i + seq_len], labels[i:i + seq_len])
               for ids, labels in samples for i in range(0, len(ids), seq_len)]
     rows, current = [], []
@@ -141,10 +127,8 @@ def pad_pairs(pairs, pad_id, seq_len=None):
 
 
 def boundaries_width(items, batch_size):
-    """How many entries a packed micro-batch's `cu_seq_lens` needs at most, over every micro-batch of `batch_size`
-    of these rows (the fullest row's sample count times the batch size, since a micro-batch that spans two of the
-    data order's permutations may hold a row twice; plus one, to the next power of two): with that width for the
-    whole phase, its micro-batches have one shape, so one CUDA graph replays them all."""
+    """How many entries a packed micro-batch's `cu_seq_lens` needs at most over the phase, so its micro-batches have one
+    shape and one CUDA graph (docs/training.md, "training/data.py")."""
     most = max(len(sample_starts(it["position_ids"])) for it in items)
     return 1 << (most * batch_size).bit_length()
 

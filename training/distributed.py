@@ -1,19 +1,5 @@
-"""The trainer on the GPUs of one box: `torchrun --nproc-per-node N -m training.train --recipe r.yaml`, for a recipe
-that says `gpus: N` (`command` builds that line).
-
-Each rank is one process and one GPU (gloo on the CPU where there is none). The dense parts (attention, norms,
-embeddings, routers and their LoRA) are sharded with PyTorch FSDP2 (`fully_shard`, one unit per decoder layer and
-one for the rest), and their gradients averaged over the ranks by FSDP's reduce-scatter. The routed experts are
-expert parallel instead (training/expert_parallel.py): each rank holds a contiguous slice of every layer's experts
-and their LoRA factors, kept out of FSDP. LoRA is attached before either, so that its factors are sharded (and
-averaged) with the modules they belong to; LoRA attached after `fully_shard` would stay a plain replicated tensor
-on every rank, never averaged, each rank training its own adapter.
-
-Each rank reads its own slice of every global batch (`rank_slice`); the loss is each rank's mean, averaged over the
-ranks. The guards run on every rank and stop every rank when one fails (`everywhere`). Checkpoints:
-training/sharded_checkpoint.py. A one-process run gets a `OneRank`, with the same methods, so the trainer's loop
-never asks how many ranks there are.
-"""
+"""The trainer on the GPUs of one box: FSDP2 for the dense parts, expert parallel for the routed experts; `command`
+builds the torchrun line (docs/training.md, "training/distributed.py")."""
 
 import functools
 import os
@@ -176,11 +162,8 @@ class Ranks:
         return torch.device("cpu") if self.main else torch.device("meta")
 
     def shard(self, model):
-        """Split the routed experts over the ranks, then shard the rest with FSDP2, one decoder layer at a time:
-        each layer is moved to this rank's device (on every rank but the first, which loaded the model, made there
-        and filled with the first rank's values: `build_device`), its experts sliced, its MoE blocks probed by the
-        start-up guard (our experts forward must run, on every rank), then sharded. So no rank holds more than one
-        whole layer on its device, and only the first rank ever holds the whole model, in host memory."""
+        """Split the routed experts over the ranks, then shard the rest with FSDP2 one decoder layer at a time, so no
+        rank's device holds more than one whole layer (docs/training.md, "training/distributed.py")."""
         from torch.distributed.fsdp import fully_shard
 
         self.slices = expert_parallel.plan_slices(model, dist.group.WORLD, self.rank, self.size)

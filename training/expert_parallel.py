@@ -1,19 +1,5 @@
-"""Expert parallelism: each rank of a group holds a contiguous slice of every layer's routed experts (base weights
-and their LoRA factors), and the (token, expert) pairs routed to experts held elsewhere travel there and back with
-two all-to-alls.
-
-One exchange per MoE layer, as in transformers' `AllToAllEP` and torchtitan's expert parallel style: the pairs are
-sorted by global expert id (which groups them by owner rank, the slices being contiguous), the per-expert counts go
-first so every rank knows what it receives, the rows go in one all-to-all, this rank's experts run on them top-1
-with unit weights through our experts backend (local expert ids only, never out of range), and the results come back
-in a second all-to-all, where the sender applies the routing weights and sums each token's K choices. The split
-sizes are read to the host once a layer, so this does not capture in a CUDA graph.
-
-Gradients: both all-to-alls are autograd functions whose backward is the reverse exchange, so every rank's tokens get
-their gradient from the experts that saw them. A rank's expert LoRA factors are trained by the tokens of every rank:
-their gradient is the sum of every rank's loss gradient, where FSDP averages the dense parameters'. The trainer
-divides them by the group size (`average_expert_grads`) so that both are the gradient of the mean loss.
-"""
+"""Expert parallelism: each rank holds a contiguous slice of every layer's routed experts, and the routed tokens travel
+there and back in two all-to-alls (docs/training.md, "training/expert_parallel.py")."""
 
 from dataclasses import dataclass, field
 

@@ -1,24 +1,6 @@
-"""Adapters out: a trained LoRA adapter in peft's format, in the layout vLLM loads for the model, or merged into the
-base weights. `python -m training.export_adapter --format {peft,vllm,merged} --adapter DIR --base MODEL --out DIR`.
-
-peft keeps the routed experts' LoRA as two wrappers nested on each experts module, saved as
-`<experts>.lora_A/B.weight` and `<experts>.base_layer.lora_A/B.weight`: A (r * E, in) with rows grouped by expert,
-B (out, r * E) with columns rank-major, expert-minor (training/grouped_ops.py `experts_a` / `experts_b`). Which of
-the two is gate_up_proj is read from the shapes (gate_up: H -> 2I, down: I -> H), never from the nesting order.
-
-vLLM reads a MoE adapter in one of two layouts, fixed by the model class it serves (its `is_3d_moe_weight`):
-- 2-D (Qwen3-MoE): a module per expert and projection, `<experts>.<e>.gate_proj|up_proj|down_proj.lora_A/B.weight`,
-  A (r, in) and B (out, r); gate_proj and up_proj share the gate_up A and take the first and second half of B's rows
-  (transformers' gate_up_proj is [gate; up]);
-- 3-D (the Qwen3.5/3.6-MoE checkpoints, `Qwen3_5MoeForConditionalGeneration`): peft's fused tensors as they are,
-  under fixed names: `<experts>.base_layer.lora_A/B.weight` is gate_up_proj, `<experts>.lora_A/B.weight` down_proj.
-Every other module (attention, Gated DeltaNet, shared expert) is copied as peft wrote it. The scale stays
-lora_alpha / r, which both peft and vLLM apply. tests/training/test_export_adapter.py writes down the reshape rules
-read from vLLM's source and checks each layout's W + s B A against peft's for every expert.
-
-Each phase's final checkpoint holds `adapter/` (peft) and `vllm/` (`write_vllm_export`, from the files just saved:
-no second model load). The merged option loads the base model and writes safetensors and its config.
-"""
+"""Adapters out: peft's format, vLLM's layout for the model, or merged into the base weights. `python -m
+training.export_adapter --format {peft,vllm,merged} --adapter DIR --base MODEL --out DIR` (docs/training.md,
+"training/export_adapter.py")."""
 
 import argparse
 import json

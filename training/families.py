@@ -1,13 +1,5 @@
-"""Which modules of each model family get LoRA by default, grouped as the metrics and the step-1 guard see them.
-
-One row per family. Module paths are relative to a decoder layer (`model.layers.N.` in a causal LM,
-`model.language_model.layers.N.` in the multimodal Qwen3.5/3.6 checkpoints), so nothing outside the text decoder
-(the vision tower, the embeddings, the LM head) is ever targeted. The routed experts are always targeted, through
-peft's parameter targets and our experts backend (training/lora.py). What a family leaves frozen is written down too:
-the routers, `shared_expert_gate`, the DeltaNet short convolution and its decay parameters, and every norm.
-
-A recipe's `lora.targets` replaces the family's modules group by group (an empty list turns a group off).
-"""
+"""Which modules of each model family get LoRA by default, grouped as the metrics and the step-1 guard see them
+(docs/training.md, "training/families.py")."""
 
 import re
 from dataclasses import dataclass, field

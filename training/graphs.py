@@ -1,25 +1,5 @@
-"""Micro-steps (forward, loss, backward) captured in CUDA graphs and replayed: no Python, no launch overhead.
-
-A MoE layer's forward and backward is a few hundred small kernels; enqueued one by one from Python the host, not the
-GPU, sets the pace (bench/NOTES_train_step.md). Packed CPT/SFT micro-batches all have one shape, and DPO/KTO ones
-one of a few (their rows padded to a length bucket, training/data.py), so the trainer runs the first ones of a shape
-eagerly (Triton autotuning, cuBLAS and allocator warm-up), then captures one micro-step and replays it for every
-later batch of that shape, copying each batch into the captured input tensors first. The graphs share one memory
-pool: what a micro-step frees by its end (its activations) the next capture reuses, so the pool holds about what the
-largest micro-step needs, however many graphs there are. That is safe in any order of replays because none
-overlaps another and nothing a graph leaves behind is read by another (its outputs are kept, and cloned at once).
-
-What makes this correct:
-- the captured backward adds into the parameters' `.grad` tensors in place, so those tensors must exist at capture
-  and never be replaced: `zero_grads` zeroes them in place (never `set_to_none`), and every trainable parameter gets
-  a `.grad` before the capture;
-- the parameters are updated in place by the optimizer, so the graph always reads their current values;
-- everything the caller keeps from a replay (loss, statistics) is cloned before the next replay overwrites it;
-  a statistic that is a host value (CPT's token count, DPO's signal) is the one the capture saw, so a loss gives
-  those only where they are the same for every batch of one shape, and a device tensor otherwise;
-- only losses without a host synchronisation are captured (`GRAPH_SAFE`); others, a phase kind's shapes beyond
-  `max_graphs`, and any capture that fails run eagerly, which computes the same thing.
-"""
+"""Micro-steps (forward, loss, backward) captured in CUDA graphs and replayed: no Python, no launch overhead
+(docs/training.md, "training/graphs.py")."""
 
 import logging
 

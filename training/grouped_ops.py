@@ -1,22 +1,5 @@
-"""The three ways to run the grouped matmuls of the experts: our Triton kernels, `torch._grouped_mm`, a per-expert loop.
-
-Each backend offers the same operations over rows sorted by expert (`Groups` says where each expert's rows are):
-- `mm(x, w, groups, rows, lora, z)`: y[j] = x[rows[j]] @ w[e]^T (+ s * z[j] @ l2[e]^T), w any (E, N, K) view;
-  with lora = (l1 (E, R, K), l2 (E, N, R), s), z[j] = x[rows[j]] @ l1[e]^T unless z is given (else None). l1 and l2
-  may be float32;
-- `weight_grad(p, q, groups, q_rows, scale, row_scale, out_dtype, out)`:
-  out[e] = scale * (row_scale * p)[e's rows]^T @ q[q_rows[e's rows]] (E, P, Q), added into `out` when given;
-- `combine(src, slots, weights)`: out[t] = sum_k weights[t, k] * src[slots[t, k]];
-- `swiglu(gate_up, groups, a)`: the gated activation h on (S, 2I) [gate | up] rows, and z = h @ a[e]^T (the down
-  projection's LoRA input product) when a (E, r, I) is given;
-- `swiglu_backward(gate_up, g, weights, order, groups, b, h)`: its backward from G (the down projection's input
-  gradient before the routing weight), with the routing weights' gradient in their (T, K) layout, the row weights in
-  sorted order (accumulation type), and u = d gate_up @ b[e]^T when b (E, r, 2I) is given; the activation written
-  into h when given (so the forward's need not be kept);
-- `peft_b_to_experts(weight_b, E, dtype)` / `experts_to_peft_b(b, dtype, out)`: peft's (out, r * E) LoRA B matrix
-  (columns rank-major, expert-minor) to (E, r, out) and back (added into `out` when given).
-The loop is the reference in tests and the CPU fallback; it is never chosen on a GPU.
-"""
+"""The three ways to run the experts' grouped matmuls (our Triton kernels, `torch._grouped_mm`, a per-expert loop), each
+offering the same operations (docs/training.md, "training/grouped_ops.py")."""
 
 from dataclasses import dataclass
 

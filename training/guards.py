@@ -1,13 +1,5 @@
-"""Checks that abort a run before it wastes hours training routed-expert LoRA that never learns.
-
-1. At start: the experts forward that actually runs is ours (an import that replaced a forward, as unsloth's
-   patching did, is caught by probing every MoE block, not by trusting the config).
-2. At start: the routed LoRA delta is in the forward (nonzero B changes the loss).
-3. After the first backward: every routed-expert LoRA factor pair got a gradient, checked on its own, apart from
-   attention (with B initialised to zero only B gets one at step 1; A must too once B is nonzero); and so did every
-   other targeted module (attention, DeltaNet projections, shared expert), each group reported on its own, so a
-   shared expert or a DeltaNet projection cut from the graph stops the run as surely as the experts.
-"""
+"""Checks that abort a run before it wastes hours training routed-expert LoRA that never learns (docs/training.md,
+"training/guards.py")."""
 
 import torch
 

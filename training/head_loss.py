@@ -1,21 +1,5 @@
-"""The head and next-token loss in one pass over the vocabulary, a chunk of tokens at a time, never holding the
-whole (tokens x vocabulary) logits.
-
-The LM head is frozen in LoRA training, so its only gradient is the one with respect to the hidden states. For a
-token t with hidden state h_t, target y_t and logits z_t = W h_t, the loss is l_t = logsumexp(z_t) - z_t[y_t] and
-dl_t/dh_t = (softmax(z_t) - onehot(y_t)) W, which does not depend on anything downstream. The forward works that
-row of the gradient out while the chunk's logits are at hand and keeps it (tokens x hidden, in the hidden states'
-dtype); the backward only scales it by the incoming gradient of each token's loss. So one matmul over the vocabulary
-forward and one for the gradient, as the plain path needs, but a chunk's logits at a time in float32: at a 248k
-vocabulary and 4,096 tokens the plain path holds about 10 GB of logits, their float copy and its softmax; this holds
-one chunk (CHUNK_TOKENS x vocabulary x 4 bytes) and the gradient rows.
-
-Numerically it is the plain path: logits come out of the matmul in the hidden states' dtype and are then taken to
-float32, the gradient of the logits goes back to that dtype before it meets the head's weight, as autograd does
-through `lm_head(h).float()`. Ignored targets (IGNORE) give loss 0 and gradient 0. On a GPU each chunk's loss and
-gradient come out of one Triton kernel that writes the gradient over the chunk's logits; elsewhere PyTorch's ops
-do the same in float32 passes.
-"""
+"""The head and next-token loss in one pass over the vocabulary, a chunk of tokens at a time, never holding the whole
+logits (docs/training.md, "training/head_loss.py")."""
 
 import torch
 

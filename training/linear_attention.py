@@ -1,17 +1,5 @@
 """Gated DeltaNet layers (Qwen3.5/3.6-MoE, Qwen3-Next) on packed rows: each sample's recurrent state and short
-convolution start from zero at its first token.
-
-Where the forward is given the sample boundaries (`cu_seq_lens_q` over the batch flattened into one stream, and the
-same ends on the host as `sample_ends`; training/packing.py) and no cache, one of two paths runs:
-- the fast path, where flash-linear-attention (FLA) runs on the device: the whole stream goes through the layer at
-  once, FLA's chunked gated delta rule restarting its state at every boundary (`cu_seqlens`, with their host copy so
-  FLA sizes its chunk index without reading the device), and the short convolution kept within each sample by
-  causal-conv1d's `seq_idx` where causal-conv1d is installed, else by PyTorch's conv1d one sample at a time;
-- the reference path everywhere else: transformers' DeltaNet keeps no boundaries, so the layer's own forward runs
-  once per sample and the outputs are put back in place. The fast path is tested against it.
-The attention layers keep samples apart through per-sample `position_ids` (transformers builds the block-diagonal
-causal mask from them). Which DeltaNet kernels a box has is reported by `deltanet_path`.
-"""
+convolution start from zero (docs/training.md, "training/linear_attention.py")."""
 
 import functools
 import importlib

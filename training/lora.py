@@ -1,16 +1,5 @@
 """LoRA on the family's module targets (peft's own layers) and on the routed experts (peft's parameter layout, our
-forward).
-
-Which modules get LoRA comes from the model family's row in training/families.py (attention, Gated DeltaNet
-projections, shared expert), optionally overridden by the recipe; the resolved targets stay on the PeftModel so
-the metrics and the step-1 guard can tell the groups apart (`module_lora_parameters`).
-
-The routed-expert adapter is created by peft itself (`target_parameters`), so it is saved and loaded in peft's format
-and a plain `PeftModel.from_pretrained` serves it. Only the forward differs: peft's ParamWrapper would fold W + BA
-into a full expert-stack-sized tensor on every call; `RoutedExpertsLora` keeps peft's parameters but calls the experts
-directly, and the "moe_lora" experts forward reads the factors and runs them as grouped matmuls. The module
-targets stay peft's too, with their forward fused into one autograd function (`training/lora_linear.py`).
-"""
+forward) (docs/training.md, "training/lora.py")."""
 
 import torch
 from peft import LoraConfig, get_peft_model, inject_adapter_in_model

@@ -1,17 +1,5 @@
-"""peft's LoRA Linear (attention q/k/v/o) with one fused autograd function instead of peft's chain of ops.
-
-peft keeps the adapter in float32 over a bf16 model, so its forward casts the activations to float32, runs both
-factors in float32, scales, adds into a float32 copy of the base output and casts back: about ten kernels and three
-activation-sized float32 temporaries per projection, forward and backward. Here the (small) factors are cast to the
-activation type instead, and the whole projection is three matmuls forward and five backward:
-
-    y = x W^T + b + s (x A^T) B^T           dx = dy W + s (dy B) A     dA = s (dy B)^T x     dB = s dy^T (x A^T)
-
-The module stays peft's (`LoraLinear.adopt` only swaps the class, like `RoutedExpertsLora`): same parameters, same
-state-dict keys, `save_pretrained` unchanged. Whatever the fused path does not cover (dropout, DoRA and other
-variants, LoRA bias, several active adapters, mixed-adapter batches, a non-Linear or trainable base) runs peft's own
-forward.
-"""
+"""peft's LoRA Linear (attention q/k/v/o) with one fused autograd function instead of peft's chain of ops
+(docs/training.md, "training/lora_linear.py")."""
 
 import torch
 import torch.nn.functional as F

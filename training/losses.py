@@ -1,18 +1,5 @@
-"""The five phase losses. Each takes (model, batch, phase, ctx) and returns (loss, stats); the training loop owns
-everything else (accumulation, guards, clipping, metrics), so every phase runs the same loop.
-
-stats: tokens (tokens through the forward), signal (False when the batch carries no gradient by construction, e.g.
-a GRPO group whose rewards are all equal: the step-1 gradient guard waits for a step with signal), and extras for
-the metrics (DPO accuracy and margin, KTO KL estimate, GRPO reward). The losses replayed from CUDA graphs (CPT, SFT,
-DPO, KTO: training/graphs.py) never read the device on the host: a statistic that depends on the batch's values is a
-device tensor, read by the training loop once a step; a host value is the same for every batch of one shape.
-
-DPO and KTO compare with a reference: the adapter as it stood when the phase began (not the bare base), scored once
-per item at phase start and kept in the checkpoint (as TRL's precompute_ref_log_probs). KTO estimates the KL term from
-the batch (mean policy/reference log-ratio, clamped at 0, no gradient) instead of TRL's mismatched pairs. GRPO is
-on-policy with one update per generation batch, so the clipped ratio is 1 and the loss is the token-level policy
-gradient with group-normalised advantages (no KL term).
-"""
+"""The five phase losses: each takes (model, batch, phase, ctx) and returns (loss, stats); the training loop owns the
+rest (docs/training.md, "training/losses.py")."""
 
 import torch
 import torch.nn.functional as F
@@ -25,13 +12,8 @@ from training.rollout import sample
 
 
 def token_logps(model, input_ids, attention_mask, labels, padding=None):
-    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss). padding "right": every row's
-    padding comes after its tokens, so causality alone keeps it from them, and a model on packed_sdpa
-    (training/attention.py) runs the rows as whole ones, with no mask: the same for every token in the loss.
-    padding "left" (GRPO's prompts): on packed_sdpa each row is first turned so that its tokens start at column 0
-    (`left_aligned`), and runs the same way; the columns of what comes back are then those of the turned rows (the
-    losses take per-row sums). RoPE sees only the distances between positions, so moving a whole row changes no
-    attention score. Else (None) the mask goes to the model as it is."""
+    """(per-token log-prob of the next label (B, L-1), mask of tokens in the loss), for right- or left-padded rows
+    (docs/training.md, "training/losses.py")."""
     if padding is not None and uses_packed_attention(model):
         if padding == "left":
             input_ids, labels = left_aligned(attention_mask, input_ids, labels)

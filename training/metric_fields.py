@@ -1,8 +1,5 @@
-"""The metric record of one training step, as it travels: trainer -> metrics.jsonl -> agent -> agent API ->
-database -> CSV and charts. Every field is named here once, with its unit in its name where it has one, and each
-layer is built from this table (tests/runs/test_metric_contract.py breaks if one drifts). Plain Python: the
-dashboard imports it without torch, and the trainer without Django.
-"""
+"""The metric record of one training step, each field named once with its unit, from trainer to charts; plain Python
+(docs/training.md, "training/metric_fields.py")."""
 
 from dataclasses import dataclass
 from datetime import UTC, datetime

@@ -1,17 +1,5 @@
-"""Where a run's base model comes from, and its weights brought onto the box's disk once.
-
-A recipe's model.path is one of
-    a folder               read where the trainer runs
-    owner/name             a Hugging Face hub id (the hub's own rules: 1 to 96 characters of letters, digits, "-",
-                           "_" and ".", one "/" at most, no "--" or "..", not ending in ".git")
-    s3://bucket/prefix     a folder of files in an S3-compatible bucket
-The on-box agent downloads a hub id or an s3:// model into its work folder before the trainer starts and points the
-recipe at that folder. A killed download continues where it stopped when the agent starts again on the same box:
-a hub model through huggingface_hub's own partial files in the folder, an s3:// model through ranged GETs from the
-bytes already on disk. A folder counts as downloaded only once every file is there (an s3:// model's each of the
-size the dashboard listed), said by a marker written last; a folder with its marker is never fetched again.
-Imports no Django; huggingface_hub only when a hub model is fetched.
-"""
+"""Where a run's base model comes from (a folder, a hub id, an s3:// prefix), and its weights brought onto the box's
+disk once (docs/training.md, "training/model_source.py")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The LoRA-aware experts forward: y = x W^T + s * (x A^T) B^T per expert, as grouped matmuls, with its own backward.
-
-Registered with transformers' experts interface under the name "moe_lora". The frozen base weights are read as they
-are (W + BA is never formed) and get no gradient; the LoRA factors get dA and dB, the hidden states dX, and the
-routing weights their gradient (the router itself may be frozen, but the hidden states still feed it).
-
-Shapes (Qwen3-MoE layout): gate_up_proj W1 (E, 2I, H), down_proj W2 (E, H, I); per projection the LoRA factors as
-peft keeps them, A (r * E, in) and B (out, r * E), read per expert as A_e (r, in) and B_e (out, r).
-S = tokens * top_k routed rows, sorted by expert.
-"""
+"""The LoRA-aware experts forward ("moe_lora"): y = x W^T + s * (x A^T) B^T per expert, as grouped matmuls, with its own
+backward (docs/training.md, "training/moe_lora.py")."""
 
 import logging
 import os
@@ -73,12 +65,8 @@ def set_kernels(experts, kernels: Kernels) -> None:
 
 @contextmanager
 def grads_accumulated_in_place(module):
-    """Within it, the backward of `module`'s experts adds the LoRA factor gradients into their `.grad` where one
-    exists (the micro-steps of an accumulation window, CUDA-graph replays included) instead of returning them for
-    autograd to add: one read-modify-write inside the gradient kernels instead of a separate pass over every factor
-    gradient. Decided at each forward, so forward and backward both belong inside. Only for callers that take
-    gradients through `backward()` into `.grad` and hook no gradient of these parameters (autograd does not see the
-    in-place add); the trainer is one."""
+    """Within it, the experts' backward adds the LoRA factor gradients into their existing `.grad` instead of returning
+    them; only for callers that hook none (docs/training.md, "training/moe_lora.py")."""
     kernels = kernels_of(module)
     before, kernels.accumulate_in_place = kernels.accumulate_in_place, True
     try:
@@ -119,11 +107,8 @@ def route(top_k_index, num_experts, path="loop"):
 
 
 class MoeLoraExperts(torch.autograd.Function):
-    """Experts MLP (SwiGLU) with LoRA on both projections, on peft's own factor matrices.
-
-    a1/b1 (gate_up) and a2/b2 (down) are peft's parameters as they are: A (r * E, in), B (out, r * E), float32 or
-    the model's type; both may be None (base only). Their gradients come back in the same form, so nothing is copied
-    or converted around the call but B, once per forward, into the kernels' (E, r, out) layout in x's type."""
+    """Experts MLP (SwiGLU) with LoRA on both projections, on peft's own factor matrices as they are (docs/training.md,
+    "training/moe_lora.py")."""
 
     @staticmethod
     def forward(ctx, x, top_k_index, top_k_weights, w1, w2, a1, b1, a2, b2, s1, s2, path, accumulate):

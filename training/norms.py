@@ -1,15 +1,5 @@
-"""The model's RMSNorm layers on the fused Triton kernels (training/kernels/rmsnorm.py), where they apply.
-
-Only the norm classes known to compute `weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)` are switched
-(a variant such as Gemma's `(1 + weight)` is not this), by swapping each instance's class for a subclass whose
-forward runs the kernels on a GPU with a frozen weight and the class's own forward otherwise
-(training/class_switch.py). Parameters, buffers and state-dict keys are untouched.
-
-The decoder layer's two norms before attention and before the MLP hand their output to modules that keep it for
-their own backward (the q/k/v projections' LoRA, the router and experts), so these norms' backward works from that
-output (`keep_output`, training/kernels/rmsnorm.py) and keeps nothing else: two activations a layer fewer. A norm
-whose weight has a zero (its output then says nothing of that column) keeps its input as before.
-"""
+"""The model's RMSNorm layers on the fused Triton kernels (training/kernels/rmsnorm.py), where they apply
+(docs/training.md, "training/norms.py")."""
 
 from training.class_switch import switch_class
 

@@ -1,12 +1,5 @@
-"""Packed rows: several samples in one row of seq_len tokens, kept apart in the forward.
-
-Each sample's positions restart at 0 (`position_ids`), from which transformers builds a block-diagonal causal mask
-for the attention layers (with no attention mask and no cache); the DeltaNet layers of a hybrid family also get the
-sample boundaries over the batch flattened into one stream (`cu_seq_lens_q`, transformers' name for them, and
-`sample_ends`, the same on the host; see training/linear_attention.py). The trainer finds them on the host, where
-the positions are made (`with_host_ends`), so the forward reads nothing back from the device; a caller's own
-positions are read once per forward, and only for families with linear attention.
-"""
+"""Packed rows: several samples in one row of seq_len tokens, kept apart in the forward (docs/training.md,
+"training/packing.py")."""
 
 from itertools import pairwise
 
@@ -49,11 +42,8 @@ def cu_seq_lens(position_ids, width=None):
 
 
 def boundaries(position_ids, ends=None, device_ends=None):
-    """transformers' packed-sequence arguments for (B, L) position ids: cumulative sample ends over the flattened
-    rows (every row starts a sample, so a sample never runs from one row into the next), on the device as
-    `cu_seq_lens_q`/`_k` and on the host as `sample_ends`. Given the ends as the batch carries them (`ends` on the
-    host, `device_ends` their padded device copy: `with_host_ends`) nothing is read from the device; else the
-    positions are read on the host once here, so no DeltaNet layer has to read the device again."""
+    """transformers' packed-sequence arguments for (B, L) position ids: cumulative sample ends, on the device and on the
+    host (docs/training.md, "training/packing.py")."""
     if ends is None:
         ends = tuple(sample_ends(position_ids.cpu().tolist()))
         device_ends = torch.tensor(ends, dtype=torch.int32).to(position_ids.device, non_blocking=True)

@@ -1,11 +1,5 @@
-"""A phase as it trains, and the optimizer step every phase goes through.
-
-`Trainee` is what the whole run shares: the model, its trainable parameters by group, the ranks it is spread over
-(training/distributed.py), the CUDA graphs its micro-steps replay from. Its `optimizer_step` gives every phase (CPT,
-SFT, DPO, KTO, GRPO) the same step-1 routed-gradient guard, the same clipping and the same metrics. `Phase` is one
-of the recipe's phases: its data, optimizer and schedule, where it stands (step, data position, the DPO/KTO
-reference), and where its steps and checkpoints go (the metrics sinks, the printed line, the uploader).
-"""
+"""A phase as it trains (`Phase`), and what the whole run shares with the optimizer step every phase goes through
+(`Trainee`) (docs/training.md, "training/phase.py")."""
 
 import dataclasses
 import functools

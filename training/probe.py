@@ -1,20 +1,5 @@
-"""The install step's import probe: `python -m training.probe`.
-
-Imports everything the trainer needs, initialises CUDA where a GPU is present (and runs one matmul on it), and prints
-SENTINEL only if all of that worked; otherwise it says what failed and exits non-zero. A host whose driver is older
-than the build's CUDA is reported as "CUDA error 803". Remote exit codes get lost (a `| tail`, an SSH wrapper), so
-the installer looks for the sentinel line, not the status.
-
-Extra modules to import can be named in TRAINING_PROBE_EXTRA (comma-separated), e.g. boto3 when the run writes to
-S3; the tests use it to simulate a missing module.
-
-For a model family with Gated DeltaNet layers (`--recipe FILE`, or `--family MODEL_TYPE` as the worker image's build
-gives it) on a CUDA build of torch, the probe also fails where training would run but not as it should: without
-flash-linear-attention (FLA) transformers falls back to its reference DeltaNet, correct but many times slower; and
-FLA 0.6's gated backward refuses to run on Hopper with Triton >= 3.4.0 and < 3.7.1 unless tilelang is installed
-(those Tritons give wrong gradients there). With no GPU in sight (the image's build) the stack is judged for Hopper,
-the strictest case. A CPU build of torch runs the reference DeltaNet by design and passes.
-"""
+"""The install step's import probe: `python -m training.probe` prints SENTINEL only if the trainer's imports and CUDA
+work (docs/training.md, "training/probe.py")."""
 
 import argparse
 import glob

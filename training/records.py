@@ -1,19 +1,5 @@
-"""Phase data records, without torch: what each phase kind's JSONL line must hold, the tokenizer, and conversations
-rendered into token ids with the assistant mask. The trainer trains from exactly this, and the dashboard checks an
-upload with it before anything is rented.
-
-    cpt   {"text": "..."}
-    sft   {"messages": [...], "tools"?: [...]}          OpenAI's chat format: roles system, developer, user,
-          assistant (content, and/or tool_calls: [{"type": "function", "function": {"name", "arguments"}}], the
-          arguments a JSON object or a string of one) and tool (content, tool_call_id?); a content is a string or
-          a list of text parts ([{"type": "text", "text": "..."}], joined as one string: the model reads text)
-    dpo   {"prompt": str | messages, "chosen": str, "rejected": str}
-    kto   {"prompt": str | messages, "completion": str, "label": true | false}
-    grpo  {"prompt": str | messages, ...anything the reward function reads (e.g. "answer")}
-
-Loss is on the assistant's own tokens (its content, its tool calls and the template's end of its turn), never on the
-header the template opens a turn with nor on anything a system, user or tool message says.
-"""
+"""Phase data records, without torch: what each kind's JSONL line must hold, the tokenizer, and conversations rendered
+with the assistant mask (docs/training.md, "training/records.py")."""
 
 import json
 import re
@@ -267,11 +253,8 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def render_chat(tokenizer, messages, tools=None) -> tuple[list[int], list[int]]:
-    """(ids, labels) of a conversation; labels are IGNORE everywhere but the assistant's own tokens.
-
-    With a chat template the conversation is rendered once, whole. A template with {% generation %} marks says
-    which tokens are the assistant's; otherwise an assistant turn starts where the conversation before it, rendered
-    with the generation prompt, ends, and ends where the conversation through it ends."""
+    """(ids, labels) of a conversation; labels are IGNORE everywhere but the assistant's own tokens (docs/training.md,
+    "training/records.py")."""
     messages = openai_messages(messages)
     if not getattr(tokenizer, "chat_template", None):
         return _render_plain(tokenizer, messages)
@@ -304,10 +287,7 @@ def _assistant_span(tokenizer, messages, tools, i, full) -> tuple[int, int]:
 
 def _opening(tokenizer, messages, tools, i) -> list[int]:
     """What the template renders before assistant turn i, its header included: the conversation before it with the
-    generation prompt. For a conversation that opens with the assistant that is the template's own preamble (a
-    system block with the tools, the header): an empty conversation with the generation prompt, or, where a template
-    cannot render one (it reads messages[0]), the turn itself emptied, whose rendering parts from the whole
-    conversation's where the turn's own words begin."""
+    generation prompt (docs/training.md, "training/records.py")."""
     if i:
         return _template(tokenizer, messages[:i], tools, generation_prompt=True)
     try:

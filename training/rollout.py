@@ -1,29 +1,5 @@
-"""GRPO's rollouts: sampling completions from a preallocated KV cache, each decode step replayed from a CUDA graph.
-
-transformers' `generate` grows a dynamic cache and enqueues every decode step's kernels from Python, a few hundred
-per MoE layer, for a handful of tokens each: at rollout batch sizes the host, not the GPU, sets the pace, as it did
-for the training micro-steps (training/graphs.py). Here the prompts run once, eagerly, into a StaticCache sized for
-prompt and completion; every decode step after that reads and writes only tensors that live as long as the cache (the
-token fed, its position, the cache slots each row attends to, the completion column, the rows that have ended), so
-after two eager warm-up steps one step is captured in a CUDA graph and replayed for the rest of the rollout and for
-later rollouts of the same shape (rows, cache length, completion length, greedy or not). The step samples on the
-device, Gumbel-max (the argmax of logits / temperature plus Gumbel noise from a generator registered with the
-graph; temperature 0 is greedy), writes the token (padding once its row has ended) and moves every counter on; the
-host looks only every CHECK_EVERY steps whether all rows have ended. On a CPU the same steps run eagerly.
-
-What keeps the replays right:
-- the attention mask is 4-D, built here from the slot buffer, and transformers uses a 4-D mask as given
-  (masking_utils' `_preprocess_mask_arguments`, 5.17 and 5.24 alike): no mask is made from the data on the host;
-- the cache's layers keep their write position on the device (StaticLayer's `cumulative_length`, moved on by the
-  captured step itself), so no cache position is passed (neither version's Qwen3-MoE forward takes one);
-- the optimizer updates the parameters in place between rollouts, so a replay reads their current values; should a
-  parameter move to other memory, the graph is made again;
-- only the last position's logits are made: the body's last hidden state through the head (training/head_loss.py),
-  never the prompt's full-vocabulary logits.
-Models with other than full-attention layers (DeltaNet, sliding windows) or an attention implementation other
-than sdpa, eager or packed_sdpa, for which this mask is not the one they need, sample through transformers'
-`generate` instead.
-"""
+"""GRPO's rollouts: sampling completions from a preallocated KV cache, each decode step replayed from a CUDA graph
+(docs/training.md, "training/rollout.py")."""
 
 import inspect
 import logging
@@ -62,10 +38,8 @@ def capacity_for(width: int, max_new_tokens: int) -> int:
 
 @torch.no_grad()
 def sample(model, input_ids, attention_mask, max_new_tokens, temperature, eos_token_id, pad_token_id, generator=None):
-    """Completions (B, max_new_tokens) of the left-padded prompts `input_ids` (B, W) under `attention_mask`, sampled
-    at `temperature` (0: greedy), in eval mode. A row ends at its first eos (kept); what follows is padding, and
-    sampling stops once every row has ended. generator: seeds the sampling (None: torch's default generator does);
-    the models that sample through transformers' `generate` use torch's default generator whatever it is."""
+    """Completions (B, max_new_tokens) of the left-padded prompts `input_ids` (B, W), sampled at `temperature` (0:
+    greedy); a row ends at its first eos (docs/training.md, "training/rollout.py")."""
     causal = model.get_base_model() if hasattr(model, "get_base_model") else model
     was_training = model.training
     model.eval()

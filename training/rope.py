@@ -1,11 +1,5 @@
-"""The model's rotary position embeddings on the fused Triton kernels (training/kernels/rope.py), where they apply.
-
-transformers' attention layers call their modeling module's `apply_rotary_pos_emb(q, k, cos, sin)`, a module-level
-function, so that function is what gets replaced (as the module's RMSNorm classes are switched): for the families
-listed here, whose function is the standard rotate-half embedding, and only where an attention class's forward
-really looks it up by that name. The replacement runs the kernels for CUDA tensors of the shapes they cover and the
-original function for everything else (CPU, partial shapes, a cos/sin that needs a gradient, other arguments).
-"""
+"""The model's rotary position embeddings on the fused Triton kernels (training/kernels/rope.py), where they apply
+(docs/training.md, "training/rope.py")."""
 
 import functools
 import inspect

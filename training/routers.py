@@ -1,11 +1,5 @@
-"""The model's top-k softmax routers on the fused Triton kernels (training/kernels/router.py), where they apply.
-
-Only the router classes whose forward is `logits = linear(x, weight)`, softmax in fp32, top-k, the chosen
-probabilities renormalised (per `norm_topk_prob`, or always) and cast back to the logits' type are switched, by
-swapping each instance's class for a subclass (training/class_switch.py, as for RMSNorm). The linear layer stays
-torch's, and the logits are returned as before (an auxiliary balancing loss still sees them); only what follows
-them runs in one kernel each way, on a GPU. Parameters, buffers and state-dict keys are untouched.
-"""
+"""The model's top-k softmax routers on the fused Triton kernels (training/kernels/router.py), where they apply
+(docs/training.md, "training/routers.py")."""
 
 import torch
 import torch.nn.functional as F

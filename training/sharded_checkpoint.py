@@ -1,23 +1,5 @@
-"""Checkpoints of a run on several ranks: every rank's shard written with torch.distributed.checkpoint, one adapter.
-
-The checkpoint folder is the one-process layout (training/checkpoint.py) plus
-    sharded/            the LoRA factors and the optimizer's state, each rank's part (DCP: one file a rank and
-                        .metadata); FSDP's shards as they are, each rank's slice of the experts as row `rank` of a
-                        (ranks, ...) tensor, so it resumes on a box with the same rank count
-    rng-<rank>.pt       each rank's random state
-adapter/ is the whole adapter gathered on rank 0, one peft adapter (`PeftModel.from_pretrained` reads it, the vLLM
-export is made from it); trainer.pt (rank 0) holds the rest of the trainer's state, the optimizer's parameter
-groups without their tensors.
-
-Every rank writes its shard into a staging folder of the box; after a barrier (every shard written) rank 0 moves
-them into the snapshot and hands it to the one uploader, which writes the completion marker last, once.
-
-A checkpoint was written by a box whose host had root, so resuming reads DCP's folder without running anything it
-holds: DCP's own reader unpickles `.metadata` and its planner unpickles any entry the metadata calls bytes. Here
-the metadata goes through an unpickler that builds only the records DCP writes for tensors (SafeReader), every
-shard file it names must be a plain name in the folder, and an entry of bytes is refused (TensorsOnly): this
-state holds only tensors, and each is read by torch.load(weights_only=True).
-"""
+"""Checkpoints of a run on several ranks: every rank's shard written with torch.distributed.checkpoint, one adapter
+(docs/training.md, "training/sharded_checkpoint.py")."""
 
 import io
 import pickle

@@ -1,11 +1,5 @@
-"""The MoE-LoRA trainer: `python -m training.train --recipe recipe.yaml`.
-
-Read `run` top to bottom: load the recipe as typed values, join the ranks (one process is a OneRank: the loop never
-asks how many there are), build the model (or a random one from a config), put LoRA on attention and routed
-experts, run the start-up guards, resume from the newest complete checkpoint if there is one, then for each of the
-recipe's phases: restore or start it, step, log, checkpoint (training/phase.py). Started again with the same recipe
-after a kill, it continues from the last complete checkpoint.
-"""
+"""The MoE-LoRA trainer: `python -m training.train --recipe recipe.yaml`; started again after a kill, it continues from
+the last complete checkpoint (docs/training.md, "training/train.py")."""
 
 import argparse
 import dataclasses

@@ -1,9 +1,5 @@
-"""Autotune configs shared by the kernels; the CPU interpreter gets one small config (it would time them all).
-
-The configs were chosen on an H200; a device with less shared memory per program (sm_120: about 99 KB against
-227 KB) gets them with fewer pipeline stages, or not at all, so that no config that cannot launch is ever picked
-(`shared_memory_prune`, from each kernel's estimate of its tiles' shared memory).
-"""
+"""Autotune configs shared by the kernels, pruned to what a device's shared memory can launch; the CPU interpreter gets
+one small config (docs/training.md, "training/kernels/_config.py")."""
 
 import copy
 import os

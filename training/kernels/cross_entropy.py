@@ -1,15 +1,5 @@
-"""Next-token cross-entropy over a chunk of logits rows, and the gradient of those logits, in one kernel.
-
-The fused head loss (training/head_loss.py) takes a chunk of tokens' logits out of the head's matmul in the hidden
-states' type. In PyTorch the loss and d logits = softmax - onehot then cost about eight passes over the chunk in
-float32 (the cast, max, exp and sum of logsumexp, the gather, exp again, the scatter, the mask, the cast back): at
-1,024 tokens and a 152k vocabulary each pass moves 0.6-1.2 GB, 12 ms a micro-step of the 30B shape on an H200.
-Here one program per row reads the row twice (an online max and sum of exponentials, then the gradient) and writes
-the gradient over the logits in their own type, in place, which is the type the head's weight then meets
-(as autograd rounds it through `lm_head(h).float()`).
-
-Per row with target y (IGNORE: loss 0, gradient 0): loss = logsumexp(z) - z[y], d z = softmax(z) - onehot(y).
-"""
+"""Next-token cross-entropy over a chunk of logits rows, and the gradient of those logits written in place, in one
+kernel (docs/training.md, "training/kernels/cross_entropy.py")."""
 
 import torch
 import triton

@@ -1,24 +1,5 @@
-"""Grouped GEMM over rows sorted by expert: y[j] = x[rows[j]] @ W[e(j)]^T (+ s * (x[rows[j]] @ L1[e]^T) @ L2[e]^T).
-
-`w` is any (E, N, K) view, so one kernel serves both expert layouts and both directions: the forward passes
-`gate_up_proj` (E, 2I, H) or `down_proj` (E, H, I) as they are, the input gradient passes them transposed.
-With LoRA, the rank-wide product z = x L1^T runs first as its own narrow grouped GEMM (the backward needs z for the
-factor gradients), then z L2^T is added into the base product's fp32 accumulator after its K loop, so W + BA never
-exists. L1 and L2 may be float32 (peft keeps adapters in float32): they are cast to x's type as they are loaded.
-(Accumulating z inside the base K loop instead, which saves a launch and a second read of x, measured slower on an
-H200: 2.12 vs 1.84 ms for the four GEMMs of a 30B-shaped block at 4096 tokens, bench/NOTES_moe_block.md.)
-`rows` gathers the input rows inside the kernel (the token -> sorted-slot gather of the first MoE GEMM).
-The SwiGLU backward is not fused into the epilogue of the down projection's input gradient: on an H200 (30B shape,
-4096 tokens) the fused product took 0.383 ms at its best config, even in column sub-tiles, against 0.294 for the plain
-product that stores G and the SwiGLU backward kernel after it (bench/NOTES_moe_block.md).
-
-Tiles are found without a host sync: every program reads the per-expert row counts and locates its own
-(expert, row block) from the cumulative block counts, so empty and uneven groups cost nothing.
-
-Two kernels: on Hopper and newer (and wherever the layouts allow it) a persistent one that loads the expert weights,
-and the input rows when they need no gather, with the tensor memory accelerator (TMA) through tensor descriptors;
-elsewhere a plain one with pointer loads.
-"""
+"""Grouped GEMM over rows sorted by expert: y[j] = x[rows[j]] @ W[e(j)]^T (+ s * (x[rows[j]] @ L1[e]^T) @ L2[e]^T)
+(docs/training.md, "training/kernels/grouped_gemm.py")."""
 
 import os
 
@@ -205,13 +186,8 @@ def _grouped_gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
-    """Persistent: each program walks tiles pid, pid + programs, ... (n fastest, as above). The weights are one 2D
-    tensor per layout: (E * N, K) rows (w[e] as it is) or, with W_T, (E * K, N) rows (w[e] transposed in memory);
-    a tile that runs past an expert's N (or K) reads the next expert's rows, which land in masked columns (or meet
-    zero-filled x columns). Rows past the expert's end are computed and not stored. FLATTEN lets Triton's pipeliner
-    see the tile loop and the K loop as one, so the next tile's loads are in flight during this tile's epilogue:
-    4-14% faster for the bare products on an H200, but slower with the LoRA epilogue in one block step,
-    so it is tuned like a block size."""
+    """Persistent TMA kernel: each program walks tiles pid, pid + programs, ..., loading the weights through tensor
+    descriptors (docs/training.md, "training/kernels/grouped_gemm.py")."""
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
@@ -322,15 +298,8 @@ def _ensure_allocator():
 
 
 def grouped_gemm(x, w, counts, *, rows=None, lora=None, z=None, tma=None):
-    """(y (M, N), z (M, R) or None): y[j] = x[rows[j]] @ w[e]^T + s * z[j] @ l2[e]^T with z[j] = x[rows[j]] @ l1[e]^T,
-    for the rows j of expert e.
-
-    x: (T, K) or (M, K); w: (E, N, K), any strides; counts: (E,) int32 rows per expert, in sorted order;
-    rows: (M,) source row of x for each sorted row (None: x is already sorted);
-    lora: None or (l1 (E, R, K), l2 (E, N, R), s), any strides, x's type or float32;
-    z: (M, R), the rank-wide product when the caller already has it (the SwiGLU kernels make it); l1 is then unused;
-    tma: None (where the layout and device allow it), True or False: which kernel runs the base product.
-    """
+    """(y (M, N), z (M, R) or None): y[j] = x[rows[j]] @ w[e]^T + s * z[j] @ l2[e]^T, z[j] = x[rows[j]] @ l1[e]^T, for
+    the rows j of expert e (arguments: docs/training.md, "grouped_gemm")."""
     if lora is None or z is None:
         z = _narrow(x, counts, rows, lora)
     return _launch(x, w, counts, rows, lora, z, _layout(x, w, tma)), z

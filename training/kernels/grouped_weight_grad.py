@@ -1,10 +1,5 @@
-"""Grouped weight gradient over rows sorted by expert: out[e] = scale * sum_{j in e} (c[j] p[j])^T q[q_rows[j]].
-
-p is the narrow (rank-wide) side, q the wide one, c an optional per-row factor (the routing weight of the row).
-
-This gives the LoRA factor gradients (dA = dxa^T x, dB = s * dy^T xa) of every expert in one launch. Each program
-owns one (expert, P block, Q block) tile and walks that expert's rows; an empty group writes zeros.
-"""
+"""Grouped weight gradient over rows sorted by expert: out[e] = scale * sum_{j in e} (c[j] p[j])^T q[q_rows[j]], every
+expert's LoRA factor gradient in one launch (docs/training.md, "training/kernels/grouped_weight_grad.py")."""
 
 import torch
 import triton

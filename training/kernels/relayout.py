@@ -1,11 +1,5 @@
-"""peft's routed-expert LoRA B layout to the kernels' layout and back, with a type cast, in one pass.
-
-peft keeps B of every expert in one (out, r * E) matrix whose columns are rank-major, expert-minor:
-P[o, i * E + e] = B_e[o, i]. The kernels want X[e, i, o] (E, r, out): each expert's factor in one block, contiguous
-along `out`, so that both B_e and B_e^T tiles load coalesced. A strided torch copy between the two runs about ten
-times slower than memory speed, because consecutive elements of one side are E apart on the other; here each program
-moves a (BLOCK_O, BLOCK_C) tile and Triton stages it through shared memory, so both sides are read and written whole.
-"""
+"""peft's routed-expert LoRA B layout to the kernels' layout and back, with a type cast, in one pass (docs/training.md,
+"training/kernels/relayout.py")."""
 
 import torch
 import triton

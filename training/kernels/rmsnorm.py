@@ -1,21 +1,5 @@
-"""RMSNorm forward and backward, one pass over memory each, with transformers' rounding.
-
-transformers' Qwen3-MoE RMSNorm is `weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)`: eight
-kernels forward and about ten backward, each an fp32 pass over the activations, four norms per layer. Here the
-forward keeps the same two roundings (the normalised row to x's type, then the product with the weight to the
-result type) and the backward recomputes the row's scale from x instead of keeping fp32 copies:
-
-    n = x r,  r = (mean(x^2) + eps)^-1/2,   dn = round(dy * w),   dx = r dn - x r^3 mean(dn x)
-
-The weight is frozen here (LoRA training); a trainable weight keeps transformers' forward.
-
-With `keep_output` the backward works from the output instead of the input, for a norm whose output the next
-layer keeps anyway (the q/k/v projections' LoRA, the experts): then the norm keeps nothing of its own but r, and
-a decoder layer holds two activations fewer. The normalised row comes back as y / w (w with no zero: the caller
-checks), one rounding away from the forward's n, so dx agrees with the input path to about one step of x's type:
-
-    dx = r (dn - n mean(dn n))
-"""
+"""RMSNorm forward and backward, one pass over memory each, with transformers' rounding (docs/training.md,
+"training/kernels/rmsnorm.py")."""
 
 import torch
 import triton

@@ -1,18 +1,5 @@
-"""Rotary position embeddings (transformers' rotate-half form) on queries and keys, one kernel each way.
-
-transformers computes `q * cos + rotate_half(q) * sin` for q and k: a slice, a negation, a concatenation, two
-products and a sum each, forward, and about as many backward (the slices' backward fills zeros and copies), on
-queries laid out (batch, heads, tokens, head_dim) over (batch, tokens, heads, head_dim) memory, which PyTorch's
-elementwise kernels walk without vectorising: about 0.5 ms a layer of the 30B shape at 4,096 tokens on an H200.
-Here one launch does both tensors each way, each program a block of tokens of one head, in float32 with one
-rounding at the end (PyTorch's eager ops round each product and the sum to bf16; the results agree within one bf16
-step and these are the closer to exact):
-
-    forward   out1 = x1 c1 - x2 s1          out2 = x2 c2 + x1 s2
-    backward  dx1  = g1 c1 + g2 s2          dx2  = g2 c2 - g1 s1
-
-with x = [x1 | x2], cos = [c1 | c2], sin = [s1 | s2] split at half the head dim.
-"""
+"""Rotary position embeddings (transformers' rotate-half form) on queries and keys, one kernel each way
+(docs/training.md, "training/kernels/rope.py")."""
 
 import torch
 import triton

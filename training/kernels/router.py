@@ -1,17 +1,5 @@
-"""A top-k softmax router in one kernel each way: the routing weights and experts of every token from its logits.
-
-What transformers' Qwen2/Qwen3-MoE routers compute after their linear layer, in the same arithmetic:
-
-    p = softmax(logits.float()),  (v, index) = topk(p, K) in descending order,  w = v / sum(v) (if normalised),
-    weights = w.to(logits.dtype)
-
-there in about six kernels forward (the top-k alone about 40 us for 4096 tokens and 128 experts on an H200) and six
-backward. Here each program takes BLOCK_T tokens with all their logits in registers and picks the K largest by K
-rounds of max (ties to the lower expert index). The backward recomputes p from the logits:
-
-    dv = (dw - <dw, w>) / sum(v)  (dv = dw unnormalised),   dp = dv scattered to the chosen experts,
-    d logits = p * (dp - <dp, p>)
-"""
+"""A top-k softmax router in one kernel each way: the routing weights and experts of every token from its logits
+(docs/training.md, "training/kernels/router.py")."""
 
 import torch
 import triton

@@ -1,11 +1,5 @@
-"""Sort the (token, choice) pairs of a router by expert, stably, in one launch: what `torch.sort` and a handful of
-index kernels did before (about 60 us of radix-sort passes per MoE block at 4096 tokens on an H200).
-
-Program e reads the flat expert indices twice: first it counts the pairs that go to experts below e (where e's rows
-start) and to e itself; then it walks them again and gives each of e's pairs its sorted position, start + the number
-of e's pairs before it (a prefix sum within the block plus a running count). Equal experts keep their pair order, so
-the result is exactly a stable sort, and deterministic.
-"""
+"""Sort the (token, choice) pairs of a router by expert, stably and deterministically, in one launch (docs/training.md,
+"training/kernels/routing.py")."""
 
 import torch
 import triton

@@ -1,20 +1,5 @@
-"""The experts' gated activation on rows [gate | up] sorted by expert, forward and backward, each in one pass over
-memory that also does the rank-wide LoRA product on its result.
-
-Forward: h = silu(gate) * up and z = h @ A[e]^T, the down projection's LoRA input product (the down GEMM then adds
-s * z @ B[e]^T in its epilogue), so h is not read again for it.
-Backward, from G = dy[token] @ (W2 + s B2 A2) (the down projection's input gradient before the routing weight w):
-dw = <G, h>, dh = w * G, d gate_up from dh, and u = d gate_up @ B1[e] (the gate_up projection's LoRA product for its
-input gradient), so d gate_up is not read again for it. h is recomputed rather than kept from the forward, and
-written out on the way when the caller needs it (the down factor's gradient), so the forward's h need not be kept
-for the backward: 50 MB a layer at 4,096 tokens of the 30B shape. The routing weight of each row is read through
-`order` (the pair at each sorted row) and its gradient written back through it, in the routing weights' own
-(tokens, top_k) layout; the row weights come back as fp32 in sorted order for
-the down projection's factor gradients.
-
-Each program owns BLOCK_M rows of one expert (as in the grouped GEMM) and walks the intermediate width in
-BLOCK_I columns, so the expert's factor tile is one small load per step.
-"""
+"""The experts' gated activation on rows [gate | up] sorted by expert, forward and backward, each one pass that also
+does the rank-wide LoRA product (docs/training.md, "training/kernels/swiglu.py")."""
 
 import torch
 import triton
@@ -185,10 +170,8 @@ def swiglu(gate_up, counts, a=None):
 
 
 def swiglu_backward(gate_up, g, weights, order, counts, b=None, h=None):
-    """From G (S, I), the routing weights (T, K) and `order` (S,) (the pair at each sorted row) ->
-    (d gate_up (S, 2I), d weights (T, K) in the weights' type, row weights (S,) fp32 in sorted order,
-    u (S, r) or None): with b (E, r, 2I) (any strides, any float type), u[j] = d gate_up[j] @ b[e]^T; with h (S, I)
-    given, the activation silu(gate) * up is written into it, as the forward made it."""
+    """From G (S, I), the routing weights (T, K) and `order` (S,): d gate_up, d weights, fp32 row weights in sorted
+    order and u = d gate_up @ b[e]^T or None (docs/training.md, "training/kernels/swiglu.py")."""
     rows, two_inter = gate_up.shape
     grad_gate_up = torch.empty_like(gate_up)
     weights_flat = weights.reshape(-1).contiguous()
