@@ -1,11 +1,7 @@
 """Health checks for the containers: `/healthz` for web, `python -m config.health beat` for beat.
 
-/healthz needs no login and answers plain HTTP even where HTTPS is enforced (SECURE_REDIRECT_EXEMPT), because the
-container's health check runs inside the compose network; it says only whether the database answers.
-
-Beat's check asks the database, not the process: beat (django-celery-beat's DatabaseScheduler) writes each periodic
-task's last_run_at back every few minutes, so a newest last_run_at older than the limit means no beat is sending the
-schedule, whatever its process looks like.
+/healthz needs no login and says only whether the database answers; beat's check asks the database when a periodic
+task last ran (docs/runs.md, "config/health.py").
 """
 
 import argparse

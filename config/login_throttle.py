@@ -1,9 +1,6 @@
 """Login throttling (django-axes, settings in config/settings.py): failed logins are counted per username and client
-address, on the dashboard's login and the admin's alike; past LOGIN_FAILURE_LIMIT that pair is refused, even with the
-right password, for LOGIN_COOLOFF_MIN minutes. Guesses spread over many addresses are bounded per account:
-past LOGIN_ACCOUNT_FAILURE_LIMIT failures for one username from all addresses together within the cool-off, that
-username is refused from everywhere until the failures age out. Staff unlock early by deleting the access attempts
-in the admin.
+address and per username from all addresses; past a limit the login is refused for a cool-off (docs/runs.md,
+"config/login_throttle.py").
 """
 
 from axes.backends import AxesStandaloneBackend

@@ -1,10 +1,7 @@
 """The GPU worker image: the one place for its reference, its CUDA version and the libraries it pins.
 
-The launcher rents with WORKER_IMAGE and a run's offer ranking asks for at least the driver and CUDA that
-WORKER_IMAGE_CUDA needs; both settings are worked out here from one another, so they cannot disagree (a host whose
-driver is older than the image's CUDA rents fine and then fails CUDA init with error 803). docker/worker.Dockerfile
-and docker/onstart.sh carry the same pins as their defaults; tests/test_worker_image.py holds them to this module.
-Imports nothing from Django: settings turn a ValueError here into ImproperlyConfigured naming the variable.
+WORKER_IMAGE and WORKER_IMAGE_CUDA are worked out here from one another, so they cannot disagree. Imports nothing
+from Django (docs/runs.md, "config/worker_image.py").
 """
 
 import re

@@ -1,9 +1,6 @@
 """The agent API that rented boxes report to, with its OpenAPI schema at /api/agent/v1/openapi.json.
 
-Every call carries the box's own token (Authorization: Bearer run_...), which opens that box's attempt of its run and
-nothing else, while the attempt is current and the token unexpired (runs.tokens). Payloads are validated and
-size-limited; bad input gets a 4xx with a message and changes nothing. Numbers and booleans are taken strictly
-(`"step": true`, "7" or 7.0 is no step number) and bodies as JSON only (anything else is answered 415).
+Every call carries its box's own token (runs.tokens), and input is taken strictly (docs/runs.md, "runs/api.py").
 """
 
 import functools

@@ -17,10 +17,8 @@ class CheckpointRefused(Exception):
 
 
 def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
-    """Records a checkpoint the box began or finished uploading. Declared complete, it needs a manifest of every file
-    that the store holds at those sizes; a complete checkpoint is never reopened or given another manifest, unless a
-    box refused it or it was pruned: then the step trained again (on a box resumed from an older one) is recorded
-    in its place, or the run could never get that step's checkpoint (a phase's final adapter) again."""
+    """Records a checkpoint the box began or finished uploading. Declared complete, it needs a manifest the store
+    matches, and is never reopened unless a box refused it or it was pruned (docs/runs.md, "runs/checkpoints.py")."""
     now = now or timezone.now()
     run = attempt.run
     phase = run.phases.filter(index=notice["phase"]).first()

@@ -1,15 +1,7 @@
 """Data sets: each phase's JSONL checked before anything is rented, stored once in the run's bucket, kept for reuse.
 
-A launch turns each phase's `data` into a DataSet:
-    sft.jsonl           a file uploaded with the launch, by its name; else the newest data set of the phase's kind
-                        that the launching user stored under that name in the run's bucket (never someone else's,
-                        never one in another bucket: the run's boxes are granted its own bucket)
-    s3://bucket/key     an object the dashboard reads with its own key
-    example:sft.jsonl   the product's example data (training/examples)
-A new file is checked line by line for its phase kind (every error with its line number), its first records are
-rendered with the model's tokenizer and chat template and counted in tokens, and it is stored content-addressed in
-<bucket>/datasets/<sha256>/data.jsonl. A box reads it through an expiring read grant and checks its sha256; a path
-on the dashboard's own disk is never handed on, since a box is another machine.
+A phase's `data` is a file uploaded with the launch or a name its user stored, an s3:// object, or `example:<file>`
+(docs/runs.md, "runs/datasets.py").
 """
 
 import hashlib
@@ -188,11 +180,8 @@ def _is_a_name(source: str) -> bool:
 
 
 def _stored(name: str, kind: str, bucket: str, user) -> DataSet | None:
-    """The newest data set of this kind that `user` stored under `name` in `bucket` (DataSetName), or None.
-
-    Only the launching user's own names count: another user's file of that name is other data, and may be theirs
-    alone. Only the run's bucket counts: a box's grant (box_grant) reaches that bucket, and a set stored elsewhere
-    is uploaded again. A launch by no one (user None: a command, a test) finds only names stored with user None."""
+    """The newest data set of this kind that `user` stored under `name` in `bucket` (DataSetName), or None. Only the
+    user's own names in the run's bucket count (docs/runs.md, "runs/datasets.py")."""
     if not _is_a_name(name):
         return None
     named = DataSetName.objects.filter(name=name, user=user, dataset__bucket=bucket, dataset__kind=kind)
@@ -253,11 +242,7 @@ def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
 
 def _kept(checked: Inspection, path: Path, name: str, kind: str, bucket: str, user, now) -> DataSet:
     """The checked file stored in the bucket and its row, new or the one already there, recorded under this name for
-    this user (DataSetName, what _stored finds later).
-
-    The file and its row are kept once per content (bucket, sha256, kind), whoever uploads it: a second user who
-    uploads the same bytes shares the row, which shows them nothing they did not just upload, and gets a name of
-    their own on it; the row's own name and uploader stay its first upload's."""
+    this user (DataSetName, what _stored finds later). One row per content (docs/runs.md, "runs/datasets.py")."""
     dataset = DataSet.objects.filter(bucket=bucket, sha256=checked.sha256, kind=kind).first()
     if dataset is None:
         uri = _store(path, checked.sha256, bucket)

@@ -1,9 +1,5 @@
-"""Downsampling a run's series for its charts, pure over plain values.
-
-Downsampling is min/max per bucket: steps are grouped into buckets of equal width (in SQL, runs/run_data.py), and
-each bucket gives its smallest and largest value, so a spike or a zero never disappears, and a chart never carries
-more than about 2 x MAX_BUCKETS points whatever the run's length. The first and last point of every phase are kept
-exactly."""
+"""Downsampling a run's series for its charts, pure over plain values: min/max per bucket, so no spike is lost, and
+every phase's first and last point kept (docs/runs.md, "runs/downsample.py")."""
 
 import math
 from dataclasses import dataclass

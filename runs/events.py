@@ -11,11 +11,8 @@ from runs.models import Run, RunEvent
 
 
 def record(run: Run, kind: str, message: str, *, now=None, from_box: int | None = None) -> tuple[str, str]:
-    """Writes the event; if it moves the run, claims the move with a conditional update so that two reports of the
-    same thing (a retried post, two supervisor passes) move it once. A box's own report (`from_box`, its instance)
-    moves the run only while that box is still the run's: one replaced while its report was on the way (its
-    'finished' or 'trainer_failed' racing the supervisor's move) is kept as history and moves nothing. Returns
-    (before, after)."""
+    """Writes the event and, if it moves the run, moves it once however often it is reported; a replaced box's
+    report moves nothing. Returns (before, after) (docs/runs.md, "runs/events.py")."""
     now = now or timezone.now()
     with transaction.atomic():
         RunEvent.objects.create(run=run, at=now, kind=kind, message=message)

@@ -63,9 +63,8 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
 
 
 def model_size_gb(model: dict) -> float | None:
-    """The size of a checked recipe's model where the dashboard can see it (an s3:// prefix's files, listed with
-    its own key); None for a hub id or a config. LaunchError by the recipe when the model cannot be used from a box:
-    a folder on the dashboard's machine (a box is another machine), an s3:// prefix the dashboard cannot read."""
+    """The size of a checked recipe's model where the dashboard can see it (an s3:// prefix's files); None for a hub
+    id or a config. LaunchError by the recipe when a box could not use the model (docs/runs.md, "runs/launch.py")."""
     if "config" in model:
         return None
     path = model["path"]

@@ -1,14 +1,7 @@
 """A run's state machine: the state is a pure function of the events that happened to it, in order.
 
-    pending ──rented──> provisioning ──agent_started──> installing ──probe_ok──> training ──finished──> finished
-       ^                     │                              │                       │
-       └──── recovering <────┴── host_lost / probe_failed ──┴── host_lost / hung ───┘
-                 │ rented: back to provisioning on a new box
-    any active state ──trainer_failed / outputs_lost / restarts_exhausted / budget_exhausted / no_offer──> failed
-    any active state ──cancelled──> cancelled
-
-An event that does not apply in the current state (a late heartbeat after a failure, a duplicate notice) changes
-nothing, so replaying the events always gives the same state.
+An event that does not apply in the current state changes nothing, so replaying the events always gives the same
+state (the diagram: docs/runs.md, "runs/lifecycle.py").
 """
 
 # A run's states, defined here only (Run.State is made from them).

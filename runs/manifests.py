@@ -1,9 +1,6 @@
 """A checkpoint's manifest: every file it holds, with its size and sha256, as the box that wrote it declared them.
 
-The dashboard records it when the checkpoint is declared complete, after checking that the store holds every file at
-that size; the box that resumes gets download grants for exactly these files and loads them only if every one hashes
-to what was recorded. A file planted or changed later (by a stale box or anyone with a grant) is never loaded.
-Pure functions over plain values.
+Pure functions over plain values; how it guards a resume: docs/runs.md, "runs/manifests.py".
 """
 
 import re

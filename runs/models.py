@@ -86,8 +86,7 @@ class DataSet(models.Model):
 
 class DataSetName(models.Model):
     """A name one user stored a data set under: what a later launch of theirs finds by `data: <name>`, and no one
-    else's. A data set is one row per content (its bucket, sha256 and kind), so two users who upload the same bytes
-    share it, each under the name they gave it; a launch by no one (a command, a test) has names with user None."""
+    else's (docs/runs.md, "runs/datasets.py")."""
 
     dataset = models.ForeignKey(DataSet, on_delete=models.CASCADE, related_name="names")
     user = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.CASCADE,

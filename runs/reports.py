@@ -28,13 +28,8 @@ def renewed_until(now: datetime) -> datetime:
 
 def standing_order(*, run_active: bool, spent, budget, supervisor_age_s: float | None,
                    stale_after_s: float) -> tuple[str, str]:
-    """What a heartbeat answer tells the box, as (command, why). Pure.
-
-    continue      keep training;
-    stop          stop the trainer (it checkpoints) and upload: the dashboard takes the box down;
-    stop_machine  the same, then stop this machine from inside: nothing on the dashboard's side would take it down
-                  (its supervisor has not finished a pass for a while), or the run's money is spent and the box must
-                  not bill another hour whatever happens to the dashboard next.
+    """What a heartbeat answer tells the box, as (command, why): continue, stop (checkpoint and upload; the dashboard
+    takes the box down) or stop_machine (the same, then the box stops itself). Pure (docs/runs.md, "runs/reports.py").
     """
     if not run_active:
         return "stop", "the run has ended"

@@ -1,7 +1,5 @@
-"""Which of a run's checkpoints its store keeps: the recipe's `checkpoint.keep` newest complete ones, plus every
-phase's final one (its adapter is an output of the run; kept even when a box refused it, since a box's word is no
-proof and the dashboard can check the files itself), and nothing older than the newest that was never finished or
-that a box refused. Pure."""
+"""Which of a run's checkpoints its store keeps: the recipe's `checkpoint.keep` newest complete ones, every phase's
+final one, and nothing older than the newest never finished or refused. Pure (docs/runs.md, "runs/retention.py")."""
 
 from typing import NamedTuple
 

@@ -82,10 +82,8 @@ SUMMABLE = sys.float_info.max / ((metric_fields.KEY_LIMITS[metric_fields.PHASE] 
 
 
 def summable_avg(name: str) -> Avg:
-    """The mean of a metric over the points whose value a sum can hold. The agent API bounds every value far below
-    (training/metric_fields.py), but a point stored before those bounds (two step times of 1e308) would overflow
-    PostgreSQL's float8 sum and fail every page that shows the run: it is left out, as NaN and the infinities are.
-    Any other stored value counts as it did."""
+    """The mean of a metric over the points whose value a sum can hold: NaN, the infinities and values that would
+    overflow PostgreSQL's float8 sum are left out (docs/runs.md, "runs/run_data.py")."""
     return Avg(name, filter=Q(**{f"{name}__gte": -SUMMABLE, f"{name}__lte": SUMMABLE}))
 
 

@@ -1,10 +1,5 @@
-"""Where a run's checkpoints live, and the scoped, short-lived access a rented box gets to them.
-
-A box never holds the account's storage key: for an S3-compatible bucket it gets a presigned POST whose policy only
-admits keys under the run's own prefix, and presigned GETs for the files of the checkpoint it resumes from, all
-expiring (the dashboard renews them with each heartbeat). Every POST is SigV4-signed and capped in size; a GET is
-signed only for a file the checkpoint's recorded manifest names. For a local folder (the embedded default, where the
-simulated box is a process on this machine) it gets the folder's path.
+"""Where a run's checkpoints live, and the scoped, short-lived access a rented box gets to them: expiring presigned
+URLs under the run's own prefix, never the account's key (docs/runs.md, "runs/storage.py").
 """
 
 import functools

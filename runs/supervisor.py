@@ -1,13 +1,6 @@
-"""The run supervisor, one pass on the beat schedule: carries every active run through its states, rents its box,
-notices a lost or hung host within a heartbeat timeout, and resumes on a new box from the last complete checkpoint
-until the run finishes, or its restarts or budget run out. Teardown is the default on every way out.
-
-Each run is claimed for the pass (fleet.locks) and read again under the claim, so two passes at once never both
-rent for it. A run's box is asked for (the row and its attempt in one transaction) before the provider is called, and
-the run moves to "provisioning" in the transaction that attaches the machine (on_box_attached), so a pass that dies
-anywhere in between leaves a current box the next pass finds: a rent never attempted is attempted, one in flight or
-of unknown outcome is waited for (the sync adopts it by its label or gives up on it), one that never became a
-machine is dropped for another, and no box is ever rented twice or left behind."""
+"""The run supervisor, one pass on the beat schedule: carries every active run through its states, rents its box, and
+resumes on a new box from the last complete checkpoint when its host is lost or hung. Teardown is the default on every
+way out (docs/runs.md, "runs/supervisor.py")."""
 
 import logging
 import statistics
@@ -35,9 +28,8 @@ ONSTART_SCRIPT = Path(settings.BASE_DIR) / "docker" / "onstart.sh"  # for a stoc
 
 
 def supervise(*, now: datetime | None = None) -> int:
-    """One pass over every run that is active or not yet wound up. Each run is judged at the time its turn comes
-    (unless `now` is given): a pass spends minutes in slow rent calls, and a rent stamped with the pass's start
-    would look long overdue to the sync running beside it, which would give up on a box still being rented."""
+    """One pass over every run that is active or not yet wound up, each judged at the time its turn comes unless `now`
+    is given (docs/runs.md, "runs/supervisor.py")."""
     runs = Run.objects.filter(Q(state__in=Run.ACTIVE_STATES) | Q(wound_up_at=None))
     count = 0
     for pk in runs.values_list("pk", flat=True):
@@ -119,8 +111,8 @@ def _leave_box(run: Run, kind: str, reason: str, now: datetime) -> None:
 
 def _abandon_box(run: Run, reason: str, now: datetime) -> None:
     """The run is done with this box: it is destroyed and its host is not rented for the run again. The destroy
-    comes before the run lets go of the box: a pass that dies in between leaves it the run's current box, which the
-    next pass abandons again (the destroy is idempotent), never a box no run points at that bills on."""
+    comes before the run lets go of the box, so no box bills on that no run points at (docs/runs.md,
+    "runs/supervisor.py")."""
     box = run.current_instance
     if box is not None:
         actions.destroy(box, reason=f"run {run.name}: {reason}", now=now)
@@ -140,10 +132,8 @@ class _NoLongerWanted(Exception):
 
 
 def box_step(box: Instance | None) -> str:
-    """What a run that needs a box does with its current one. Pure over the row: ASK for one (it has none), RENT the
-    one asked for (its renter died before calling the provider), WAIT (the rent is in flight or its outcome unknown:
-    the sync adopts it by its label or gives up on it after RENT_OUTCOME_GRACE_S), ON_IT (a machine is attached), or
-    DROP it (refused outright, never listed, cancelled: it never became a box the run could go onto)."""
+    """What a run that needs a box does with its current one, pure over the row: ASK, RENT, WAIT, ON_IT or DROP
+    (docs/runs.md, "runs/supervisor.py")."""
     if box is None:
         return ASK
     if box.state == Instance.State.REQUESTED:
@@ -252,8 +242,7 @@ def _end(run: Run, kind: str, reason: str, now: datetime) -> None:
 
 def _wind_up(run: Run, now: datetime) -> None:
     """A run that ended: destroy its box, alert, and feed the calibration table; claimed, so done once. The box is
-    destroyed before the claim: a pass that dies in between leaves a run the next pass winds up (destroying again is
-    a no-op), whereas a claim taken first would leave the box billing with no pass ever coming back to it."""
+    destroyed before the claim, so it never bills on (docs/runs.md, "runs/supervisor.py")."""
     box = run.current_instance
     if box is not None:
         actions.destroy(box, reason=f"run {run.name} {run.state}: {run.state_reason}", now=now)

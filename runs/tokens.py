@@ -1,12 +1,7 @@
 """Agent tokens: one per attempt (one box of a run), signed with the server's key, never stored.
 
-A token names its run, its attempt and both their nonces. It opens that attempt only, and only while
-- the attempt is the run's current one (a replaced box's token gets 401: its late heartbeats, metrics and checkpoints
-  cannot land on the box that replaced it),
-- the run is active (a finished, failed or cancelled run's boxes get 401),
-- it has not expired: each heartbeat renews it for the dead-man window, so a token read off a box's environment is
-  dead soon after that box stops reporting,
-- neither nonce changed (a new run nonce revokes every token of the run).
+A token opens only its attempt, while that attempt is the run's current one, the run is active, the token unexpired
+and neither nonce changed (docs/runs.md, "runs/tokens.py").
 """
 
 import secrets

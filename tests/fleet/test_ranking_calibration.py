@@ -15,7 +15,7 @@ from fleet.ranking.throughput import (
     tokens_per_s,
 )
 
-# The seed report's SFT recipe: batch 2 x 16 accumulation x 2,048 tokens = 65,536 tokens a step, 3B active.
+# docs/field-notes.md's SFT recipe: batch 2 x 16 accumulation x 2,048 tokens = 65,536 tokens a step, 3B active.
 SFT = Workload(grad_accum=16, lora_rank=64, phases=(Phase("sft", 100),))
 
 

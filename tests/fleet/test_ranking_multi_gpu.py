@@ -132,7 +132,7 @@ def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
 
 
 def test_the_moe_family_figures_give_the_seed_reports_adapter_size():
-    # 35B-A3B's routed-expert LoRA at rank 32, float32: the seed report's 7.4 GB file, and the default's figure.
+    # 35B-A3B's routed-expert LoRA at rank 32, float32: the 7.4 GB file of docs/field-notes.md and the default's figure.
     assert round(SHAPES["Qwen3.5-35B-A3B"].routed_adapter_gb(32), 1) == Workload().checkpoint_gb == 7.4
     assert (PRESETS["qwen3.5-35b-a3b"].model, PRESETS["qwen3.5-35b-a3b"].active_params_b) == ("Qwen3.5-35B-A3B", 3.0)
     big = PRESETS["qwen3-235b-a22b"]
