@@ -1,13 +1,5 @@
-"""The only code that rents or destroys machines.
-
-Renting is two steps: `request_rent` writes the row (idempotent per request key) and `rent` calls the provider,
-labelling the machine with the row's own id. A worker that dies between the two leaves a requested row that
-`rent_waiting` rents or gives up on; a call that fails after the provider acted leaves a row that `sync` reconciles by
-that label, so nothing bills without a row. Destroying moves the row to "stopping"; only a sync that no longer sees
-the machine marks it destroyed, and one that still sees it after DESTROY_VERIFY_S destroys it again (and raises an
-alert if a destroy had been sent). Every failure of a box ends in `fail`, which tears the
-machine down unless a person asked to keep it, until a time (`keep_until`), never by the mere presence of a flag.
-"""
+"""The only code that rents or destroys machines: renting in two steps (a row, then the provider call), destroying
+verified by the sync, and every failure ending in `fail` (docs/fleet.md, "fleet/actions.py")."""
 
 import json
 import logging
@@ -129,9 +121,8 @@ def without_secrets(message: str, env: dict[str, str]) -> str:
 
 
 def _attach(instance: Instance, provider_id: str, now: datetime, *, how: str) -> None:
-    """Links a row to the machine the provider made for it and starts billing it; destroys it at once if the row was
-    cancelled or failed meanwhile (teardown wins over a late rent). The attach hooks (`fleet.hooks`) run in the same
-    transaction, so the work the box is for (a run) learns of it whichever path attached it, or not at all."""
+    """Links a row to the machine the provider made for it and starts billing it, destroying it at once if the row was
+    cancelled or failed meanwhile; the attach hooks run in the same transaction."""
     with transaction.atomic():
         Instance.objects.filter(pk=instance.pk).update(provider_instance_id=provider_id)
         Instance.objects.filter(pk=instance.pk, state=State.REQUESTED).update(state=State.PROVISIONING)
@@ -194,10 +185,8 @@ class KeepRefused(ValueError):
 
 def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: datetime | None = None,
                        then_destroy: str = "") -> Instance:
-    """Keeps the machine until now + hours; returns the row as kept. One the product decided to destroy but has not
-    yet asked the provider to (a reaper's or a wind-up's destroy still queued) goes back to running: the keep wins,
-    and the queued destroy then finds it kept. Once a destroy was sent there is nothing left to keep (KeepRefused).
-    `then_destroy` is why the box is done with: the sync destroys it for that reason the moment the keep expires."""
+    """Keeps the machine until now + hours and returns the row as kept; `then_destroy` is why the box is done with,
+    acted on when the keep expires (docs/fleet.md, "Keeps and destroys")."""
     now = now or timezone.now()
     hours = min(float(hours), settings.MAX_KEEP_FOR_DEBUG_HOURS)
     who = by.get_username() if by else "the product"
@@ -225,10 +214,8 @@ def keep_for_debugging(instance: Instance, hours: float, *, by=None, now: dateti
 
 
 def request_destroy(instance: Instance, *, reason: str, by=None, now: datetime | None = None) -> Instance:
-    """A person's destroy, recorded before its provider call is queued (`destroy` on a worker sends it): the row is
-    stopping at once and the keep for debugging it overrides is cleared, so a task lost with its broker is sent by
-    the next sync (DESTROY_VERIFY_S), and a keep asked for after it still withdraws it while the call is unsent (the
-    queued destroy then finds the box kept). A row nothing was rented for is cancelled here and then."""
+    """A person's destroy, recorded (the row stopping, its keep cleared) before its provider call is queued; a row
+    nothing was rented for is cancelled here (docs/fleet.md, "Keeps and destroys")."""
     now = now or timezone.now()
     instance.refresh_from_db()  # the page's copy may be minutes old
     if instance.state in ENDED:
@@ -344,10 +331,8 @@ class SyncReport:
 
 
 def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncReport:
-    """Brings every row in line with what the provider lists, adopting our labelled machines it has and we lack.
-
-    One row's trouble (a field the database cannot hold, a failing call) is logged and leaves the others to go on: a
-    sync that stopped at it would retry no destroy and notice no lost host behind it, every pass, while it is listed."""
+    """Brings every row in line with what the provider lists, adopting our labelled machines it has and we lack; one
+    row's trouble is logged and the others go on."""
     now = now or timezone.now()
     with get_provider(provider_name) as provider:
         records = provider.list_instances()
@@ -582,11 +567,8 @@ class Rented:
 def request_best(recipe: Workload, filters: OfferFilters, *, idempotency_key: str, purpose: str,
                  image: str | None = None, disk_gb: int | None = None, avoid_machines=frozenset(),
                  avoid_offers=frozenset(), on_requested=None, now: datetime | None = None) -> Rented | None:
-    """Records a rent of the best-ranked stored offer for the recipe and filters, off the machines and offers to
-    avoid, or returns None when none passes; `rent` then calls the provider. `on_requested(instance)` runs in the
-    transaction that records the rent, before the provider is called, so what the caller ties to the row (a run's
-    attempt, a replica's model) is never missing from it, and a caller that dies before `rent` finds its row again
-    through what it tied."""
+    """Records a rent of the best-ranked stored offer for the recipe and filters (or returns None);
+    `on_requested(instance)` runs in the recording transaction, before `rent` calls the provider."""
     now = now or timezone.now()
     ranked = [entry.offer for entry in rank_stored_offers(recipe, filters).entries]
     best = best_offer(ranked, avoid_machines, avoid_offers)

@@ -1,11 +1,5 @@
-"""Where the product may send a request of its own (a probe of a serving box, a webhook): the address guard.
-
-A name is resolved once and the request goes to the address that was checked (a name resolved here and again by the
-HTTP client could point somewhere else the second time: DNS rebinding). Loopback, private, link-local, multicast,
-reserved, unspecified and non-global addresses are refused (including IPv4 addresses embedded in IPv6: mapped,
-6to4, Teredo, NAT64) unless private addresses are allowed (tests, a lab); cloud metadata, unspecified and multicast
-addresses are refused even then.
-"""
+"""Where the product may send a request of its own (a probe, a webhook): the address guard, which resolves a name once
+and refuses non-global addresses (docs/fleet.md, "fleet/addresses.py")."""
 
 import ipaddress
 import socket

@@ -1,13 +1,5 @@
-"""The one way that services, views and the admin ask for background work.
-
-They name the task and its arguments; Celery's app sends it by that name. So nothing outside the task layer
-imports `fleet.tasks` (which imports the services), and no import runs in a circle. The task layer registers each
-task under the name given here, so a name is written once.
-
-A broker that cannot be reached raises `QueueUnavailable` after a short, bounded wait (the publish retry policy in
-settings), never a transport's own error: a caller that has recorded its work in the database says so and lets a sweep
-pick it up (requested rents, webhook deliveries and reaped instances all have one).
-"""
+"""The one way that services, views and the admin ask for background work, by task name; an unreachable broker raises
+`QueueUnavailable` (docs/fleet.md, "fleet/enqueue.py")."""
 
 import logging
 

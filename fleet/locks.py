@@ -1,7 +1,5 @@
 """A claim on a named piece of work that two workers never hold at once, taken without waiting: a PostgreSQL advisory
-lock, or on the embedded default (SQLite, every process on one machine) an exclusive lock on a file under DATA_DIR.
-Both belong to the holder's connection or open file, so a worker that dies mid-pass lets go of its claims with it,
-and rows stay free for everyone else to update meanwhile (a heartbeat never waits for a supervisor pass)."""
+lock, or a file lock under DATA_DIR on SQLite (docs/fleet.md, "fleet/locks.py")."""
 
 import fcntl
 import re

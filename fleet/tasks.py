@@ -1,11 +1,5 @@
-"""The task layer: what Celery workers and beat run. Each task is registered under its name in `fleet.enqueue`,
-through which everything else asks for it; tasks call the services, and only Celery calls the tasks.
-
-Every task has a soft time limit (it raises inside the task, which can end cleanly) and a hard one (its process is
-killed) within settings.TASK_TIME_LIMIT_MAX_S. A one-off task that is safe to run twice (each claims what it acts
-on) is acknowledged late and requeued if its worker process dies (reject_on_worker_lost); a periodic task is not:
-beat sends the next one anyway.
-"""
+"""The task layer: what Celery workers and beat run, each task registered under its name in `fleet.enqueue`; only Celery
+calls the tasks (docs/fleet.md, "fleet/tasks.py")."""
 
 import logging
 
@@ -66,10 +60,7 @@ def destroy_instance(instance_id: int, reason: str) -> str:
 
 @shared_task(expires=30, soft_time_limit=240, time_limit=270)
 def sync_instances() -> dict:
-    """Each provider on its own: one that is down must not keep the others' rows from their sync. The next beat tick
-    (INSTANCE_SYNC_SECONDS) tries a failed one again. A provider whose last sync still runs (a slow API: a sync may
-    take minutes, and a tick comes every few seconds) is skipped: two syncs acting on lists read at different times
-    would bill segments twice over and take a machine one of them saw gone for one listed again."""
+    """Syncs each provider on its own, skipping one whose last sync still runs (docs/fleet.md, "fleet/tasks.py")."""
     reports: dict[str, dict] = {}
     for provider in configured_providers():
         try:

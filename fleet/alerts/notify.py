@@ -1,10 +1,5 @@
-"""Alerts and their webhook deliveries.
-
-An alert is a row first, so nothing a person should know is lost if delivery fails later. Each delivery is a row
-written in the same transaction, before anything is sent; a worker claims it with a conditional UPDATE (pending or
-retrying and due -> sending, attempts + 1) and only the claimer sends, so a retried task or two workers never send
-the same attempt twice. States: pending -> sending -> sent | retrying (-> sending again) | failed.
-"""
+"""Alerts and their webhook deliveries: each a row before anything is sent, a delivery sent only by the worker that
+claimed it (docs/fleet.md, "fleet/alerts/notify.py")."""
 
 import logging
 import uuid

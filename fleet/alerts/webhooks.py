@@ -1,14 +1,5 @@
-"""Webhooks as the Standard Webhooks spec says: secrets, signatures, bodies, the retry schedule, and one POST.
-
-Everything here but `post` and `url_refusal` is pure; the database side (claiming a delivery, recording its
-outcome) is in fleet/alerts/notify.py.
-
-A webhook URL is a user's, but the request comes from the dashboard's own network: the receiver's name is resolved
-once, every address it stands for must pass the address guard (fleet/addresses.py: no loopback, private, link-local
-or metadata address unless WEBHOOK_ALLOW_PRIVATE_ADDRESSES), and the POST goes to the address that was checked, with
-the name in the Host header and TLS's server name. The whole attempt has one deadline, whatever the receiver
-drips, and nothing of its body is read.
-"""
+"""Webhooks as the Standard Webhooks spec says: secrets, signatures, bodies, the retry schedule, and one guarded POST
+(docs/fleet.md, "fleet/alerts/webhooks.py")."""
 
 import asyncio
 import base64

@@ -1,7 +1,5 @@
-"""Runs on a serving box before vLLM starts, on the standard library alone (the start script sends this file's
-text): fetches the adapter's files through the read grant in FLEET_ADAPTER_0, _1, ... (FLEET_ADAPTER_PARTS of them,
-joined), checks each against its manifest entry (size and sha256), and prints the --max-lora-rank vLLM needs for the
-adapter's r. A file missing or not matching exits 1 naming it, and leaves nothing in the folder for vLLM to load."""
+"""Runs on a serving box before vLLM starts, on the standard library alone: fetches the adapter's files through its read
+grant, checks each against the manifest, prints the --max-lora-rank vLLM needs."""
 
 import hashlib
 import json

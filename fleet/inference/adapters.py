@@ -1,13 +1,5 @@
-"""Serving a fine-tuned adapter: what its box runs before vLLM starts, and how a probe tells that vLLM serves it.
-
-A box of an adapter model gets in its environment (FLEET_ADAPTER_*, in parts) a read grant for exactly the adapter's
-files, presigned GETs that expire after STORAGE_GRANT_S (or the folder, on the embedded default), made when the box is
-rented by `fleet.hooks.read_grant` (fleet never reads runs, where the store's credentials live), and the files'
-manifest. Its start script fetches every file (fleet/inference/adapter_fetch.py, sent as text), refuses the lot
-unless each has the manifest's size and sha256, and only then starts `vllm serve BASE --enable-lora --lora-modules
-NAME=FOLDER`. vLLM lists the base and each adapter as entries of /v1/models, an adapter's `parent` naming its base:
-a box whose list lacks the adapter, or has it on another base, is failing however well the base answers.
-"""
+"""Serving a fine-tuned adapter: what its box runs before vLLM starts, and how a probe tells that vLLM serves it
+(docs/fleet.md, "fleet/inference/adapters.py")."""
 
 import json
 import re

@@ -1,22 +1,5 @@
-"""Probing the inference fleet: every serving box's /v1/models, all at once, in one round.
-
-A hung vLLM still looks alive to a process check, so the only proof a serving box works is that its OpenAI-compatible
-endpoint lists the model it is meant to serve. One round sends every probe concurrently (one httpx AsyncClient,
-bounded by PROBE_CONCURRENCY, each probe cut off PROBE_TIMEOUT_S after the round starts, or after it got a slot if it
-had to wait for one: with at least as many slots as boxes the whole round is over in one timeout, however slow every
-box is), then writes what it saw in a few bulk queries:
-a ProbeResult per box and the box's last_probe_* fields, its consecutive failures (counted up on failure, reset on
-success) and last_process_at (a serving process answered). The round in which a box reaches the failing threshold
-raises one PROBE_FAILING alert; the reaper, not this module, destroys it.
-
-Where a probe may go (`probe_url`): only the instance's own public address, as a literal IP, and the public port
-the provider maps to the model's container port. Hostnames are refused rather than resolved: the provider reports an
-IP, and a name resolved here and again by the HTTP client could point somewhere else the second time (DNS
-rebinding). Loopback, private, link-local, multicast, reserved, unspecified and non-global addresses are refused
-(including IPv4 addresses embedded in IPv6: mapped, 6to4, Teredo, NAT64) unless PROBE_ALLOW_PRIVATE_ADDRESSES is
-set, for tests and a lab; cloud metadata, unspecified and multicast addresses are refused even then. A refused
-target is a failed probe with the reason and no request sent. Redirects are not followed: a 30x is a failure.
-"""
+"""Probing the inference fleet: every serving box's /v1/models, all at once, in one round, and only at the instance's
+own public IP and mapped port (docs/fleet.md, "fleet/inference/probes.py")."""
 
 import asyncio
 import ipaddress

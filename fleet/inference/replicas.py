@@ -1,15 +1,5 @@
-"""The inference fleet: keep each InferenceModel at its desired number of replicas, within a daily budget.
-
-A replica is a serving box of the model in a live state that is not failing (fewer consecutive failed probes than
-the reaper's threshold, not being destroyed). When a model has fewer than it wants, the fleet rents replacements from
-the best-ranked offer (the model's profile, or the defaults), skipping machines where a box of this model failed
-recently, through the actions module. Each rent's idempotency key names the model, the replica slot, the day and
-the replacement count of that day, so a retried or doubled task asks for the same row and rents once. Replacements
-rented today count against max_replacements_per_day; a model over budget is not rented for, and is alerted once a
-day instead.
-
-`plan` is the decision, pure over plain records; `maintain` reads the database, plans, and calls actions.
-"""
+"""The inference fleet: keep each InferenceModel at its desired number of replicas, within a daily budget; `plan`
+decides, `maintain` acts (docs/fleet.md, "fleet/inference/replicas.py")."""
 
 import dataclasses
 import logging

@@ -17,12 +17,8 @@ TRAFFIC_KINDS = ("bwu", "bwd")
 
 
 def reconcile(provider_name: str = "vast", *, now=None) -> int:
-    """Stores each instance's traffic charges and the provider's total, so its page can show our ledger against the
-    provider's bill. Returns how many instances were matched.
-
-    An instance whose charges could not all be read (or whose sums its columns cannot hold) is left as it was, with
-    the reason logged: a part of its bill taken for the whole would understate what it cost. It is not marked
-    reconciled, so the next pass tries it again; the other instances are reconciled all the same."""
+    """Stores each instance's traffic charges and the provider's total, and returns how many instances were matched; one
+    whose charges could not all be read is left unreconciled for the next pass."""
     now = now or timezone.now()
     with get_provider(provider_name) as provider:
         lines = provider.charges()

@@ -1,14 +1,5 @@
-"""The disk a run's box is rented with, worked out from its model, never typed. Pure.
-
-    weights      the base model as the box downloads it: the ranking's model_download_gb (the figure it prices the
-                 download's traffic and start-up minutes with, fleet/ranking/workload.py), or the size of the files
-                 when they were listed and are larger; nothing for a model built from its config on the box
-    checkpoints  the ranking's checkpoint_gb (adapter and optimizer state) for each one the store keeps, the one
-                 being written and the one a resume restores
-    image        the ranking's image_gb
-    headroom     a fifth of the rest, at least HEADROOM_MIN_GB: logs, caches, a filesystem never run full
-A person may rent more, never less.
-"""
+"""The disk a run's box is rented with, worked out from its model (weights, checkpoints, image, headroom), never typed;
+a person may rent more, never less. Pure (docs/fleet.md, "fleet/instances/disk.py")."""
 
 import math
 from dataclasses import dataclass

@@ -1,8 +1,5 @@
-"""The throughput calibration table: the seeded figures, overlaid with what finished runs measured on a GPU.
-
-Only a measurement of the recipe the ranking prices counts: the run trained that model, on a GPU, through the kernel
-path the recipe ranks that GPU with. A CPU demo (kernel path "loop") or a box on the simulated marketplace (it trains
-a tiny model on this machine's CPU whatever GPU it lists) says nothing about a GPU, and is never folded in."""
+"""The throughput calibration table: the seeded figures, overlaid with what finished runs of the priced recipe measured
+on a GPU (docs/fleet.md, "fleet/offers/calibration.py")."""
 
 from dataclasses import replace
 

@@ -1,9 +1,5 @@
-"""Storing what a marketplace lists: upsert the offers a search returned, retire the ones it no longer lists.
-
-A record the database cannot hold (text longer than its column, a count past its column's range, a price with more
-digits than the column keeps, a NaN) is skipped with the reason before the save, against the limits of the Offer
-model's own columns, so one such record never fails the save of all the others.
-"""
+"""Storing what a marketplace lists: upsert the offers a search returned, retire the ones it no longer lists, skipping
+(with the reason) a record the database cannot hold."""
 
 import functools
 import logging

@@ -1,14 +1,5 @@
-"""Reading one field of a marketplace's answer strictly: the value, or a BadField that names the field.
-
-Both provider clients build their offer records through these readers, so whatever a listing holds in place of a
-value (NaN or an infinity, which JSON's 1e400 parses to; a fraction where a count belongs; a negative size; a
-number written as a string; "false" where a flag belongs; text the database cannot hold) is refused with the
-field's name, and only that listing is skipped. `column_problem` is the second half: whether a record's value fits
-a database column, whose limits the offer refresh takes from the model.
-
-Numbers come only as JSON numbers and flags only as JSON booleans: a marketplace that sends "0.9" or "false" sent
-something its API does not document, and guessing what it meant is how "false" once became True.
-"""
+"""Reading one field of a marketplace's answer strictly: the value, or a BadField that names the field; `column_problem`
+says whether a value fits its column (docs/fleet.md, "fleet/providers/fields.py")."""
 
 import math
 import unicodedata

@@ -43,13 +43,8 @@ class RetryingClient:
 
     def request(self, method: str, url: str, *, what: str, idempotent: bool = True,
                 rate_limit_wait_s: float | None = None, **kwargs) -> httpx.Response:
-        """Sends a request, retrying 429s, 5xx and network failures with backoff. A 429 waits at least
-        `rate_limit_wait_s` (the client's default when None), the interval its answer names, or its Retry-After.
-
-        A call that is not idempotent (a rent) is retried only where the marketplace cannot have acted on it: a
-        refused connection or a 429. After a timeout or a 5xx it may have rented, so OutcomeUnknown is raised and
-        the caller reconciles by the machine's label instead of renting again.
-        """
+        """Sends a request, retrying 429s, 5xx and network failures with backoff; a call that is not idempotent raises
+        OutcomeUnknown where the marketplace may have acted (docs/fleet.md, "Retrying requests")."""
         for attempt in range(self.max_retries + 1):
             last_attempt = attempt == self.max_retries
             try:

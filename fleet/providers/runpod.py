@@ -1,21 +1,5 @@
-"""RunPod over its GraphQL API (https://api.runpod.io/graphql), behind the same interface as the vast.ai client.
-
-Every call is one POST of a query with `variables`; the key travels as `Authorization: Bearer`, never in the URL
-(RunPod's older `?api_key=` form would put it in every access log). Answers are converted here, once, into the
-same records and the same status words as vast.ai's, so nothing past the client knows which marketplace it is.
-
-What RunPod's API does not tell, and the product must live without:
-- An offer is a GPU type x cloud (SECURE, COMMUNITY) x GPU count at a list price, not a host: there is no machine
-  or host id, driver or CUDA version, disk, bandwidth, reliability or location before renting. Those fields carry
-  the product's "unknown" values ("" and 0), so the ranking excludes such offers with a reason unless its filters
-  are relaxed. Compute capability is a property of the GPU model and is filled from a small table.
-- RunPod does not bill traffic, so the $/GB fields are a true 0. Disk is priced at RunPod's published $/GB/month,
-  which the API does not return (`storage_usd_per_gb_month` in the constructor).
-- There is no per-instance charges endpoint in this API subset: `charges()` returns [] and the cost ledger relies on
-  per-second accrual from each pod's `costPerHr` alone, with nothing to reconcile against.
-- A pod's start time is not returned; `started_at` is now minus the runtime's uptime, so it moves by a second or so
-  between polls, and it is None until the container runs.
-"""
+"""RunPod over its GraphQL API, behind the same interface and records as the vast.ai client; what its API does not tell
+is in docs/fleet.md, "fleet/providers/runpod.py"."""
 
 import json
 import logging
@@ -360,13 +344,8 @@ def in_stock(stock_status: str | None) -> bool:
 
 def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: bool = False,
                  storage_usd_per_gb_month: Decimal = STORAGE_USD_PER_GB_MONTH) -> list[OfferRecord]:
-    """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine.
-
-    The per-cloud list price is used where RunPod gives it, that cloud's lowestPrice otherwise. A bid offer is
-    priced at the minimum bid. `rentable` says whether that cloud has a machine of this count free now (its
-    lowestPrice's stockStatus). A count over the cloud's maximum or under the type's minimum makes no offer. Anything
-    the GPU type holds in place of a value raises BadField (a ValueError naming the field).
-    """
+    """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine; a value that
+    cannot be read raises BadField (docs/fleet.md, "RunPod offers")."""
     if not isinstance(raw, dict):
         raise TypeError("GPU type is not an object")
     gpu_type_id = fields.text(raw, "id", blank=False)

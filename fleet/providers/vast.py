@@ -141,10 +141,8 @@ class VastClient(HttpProvider):
         return True
 
     def charges(self, *, days: int = CHARGE_DAYS) -> ChargeReport:
-        """The charge lines of our instances created in the last `days`: vast.ai's report, which requires its day
-        range (select_filters day gte/lte), gives a result per instance ("source": "instance-<id>") whose items are
-        its gpu, disk and traffic lines. A result with a line that cannot be read gives none of its lines and names
-        its instance in the report's `unreadable` (its total would be short); the other instances' lines stand."""
+        """The charge lines of our instances created in the last `days`, per instance; a result with an unreadable line
+        gives none of its lines and is named in `unreadable`."""
         now = datetime.now(UTC).timestamp()
         filters = json.dumps({"day": {"gte": int(now - days * 86400), "lte": int(now + 86400)}})
         results = self._pages("/charges/", {"select_filters": filters, "limit": CHARGE_PAGE}, "results", "charges")

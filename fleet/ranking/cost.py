@@ -1,29 +1,5 @@
-"""What a whole run costs on one offer, not what its hour costs.
-
-The listed $/h hides most of the difference between hosts (seed reports): a 67 GB model download and 7 GB checkpoint
-uploads are billed at the host's own $/GB (one 7B run: $0.81, mostly download traffic, then $0.19 on hosts chosen by
-total price); 4.5 to 8.5 minutes are billed before the first step, more on a slow downlink; a slow uplink stalls
-training when an upload outlasts the checkpoint interval; and a host that dies throws away work and the start-up.
-
-The model, per run:
-  start-up   boot + image pull + model download at the offer's downlink, billed at GPU + disk $/h.
-  training   steps x step time, plus any stall where a checkpoint upload outlasts the interval, plus the final
-             upload the box must finish before it is destroyed; billed at GPU $/h and disk $/h (the rented disk at
-             the offer's $/GB/month over a 30-day month, as vast.ai bills it hourly).
-  traffic    the model download once, and a checkpoint every interval and at every phase end, at the offer's $/GB.
-  restarts   expected host losses x what one loss costs. A loss throws away up to one checkpoint interval (the
-             bound the recovery design guarantees; priced at the bound, not the average, because the checkpoint in
-             flight may not have landed), the time to notice, a new start-up and a new model download. We read
-             1 - reliability as the chance of losing the host in an hour of rental: pessimistic for good hosts and
-             about right for the cheap 0.95-0.99 tier the seeds describe, and it is what keeps a 0.95 host from
-             ranking first for being a few percent cheaper. Interruptible (bid) rentals add a reclaim rate (seed:
-             reclaimed twice in one session). Restarts are themselves exposed to loss, hence the 1 / (1 - rate x
-             loss) factor.
-
-Scoring needs this for thousands of offers, so `CostModel.total_usd_columns` does it in floats over numpy columns,
-`CostModel.estimate` in the same floats for one offer, and `CostModel.breakdown` redoes it in Decimal, once per ranked
-offer read, for the money the page shows.
-"""
+"""What a whole run costs on one offer, not what its hour costs: start-up, training, traffic and expected restarts
+(docs/fleet.md, "fleet/ranking/cost.py")."""
 
 import math
 from dataclasses import dataclass
@@ -39,7 +15,7 @@ from .workload import Workload
 HOURS_PER_MONTH = 720  # vast.ai prices storage per GB per 30-day month and bills it by the hour
 MEGABITS_PER_GB = 8000  # decimal GB, as marketplaces bill traffic
 LOSS_DETECTION_S = 60.0  # the recovery design's goal for noticing a lost host
-BID_RECLAIM_PER_HOUR = 0.2  # interruptible boxes: two reclaims in one session in the seed report
+BID_RECLAIM_PER_HOUR = 0.2  # interruptible boxes: two reclaims in one session (docs/field-notes.md)
 MIN_RESTART_DENOMINATOR = 0.1  # keeps the restart factor finite for hosts that lose more than they train
 
 _CENT_HUNDREDTHS = Decimal("0.0001")
@@ -147,11 +123,8 @@ class CostModel:
 
     def total_usd_columns(self, step_s: np.ndarray, down_mbps: np.ndarray, up_mbps: np.ndarray,
                           reliability: np.ndarray, interruptible: np.ndarray, prices: np.ndarray) -> np.ndarray:
-        """`estimate(offer, step_s, interruptible).total_usd` for many offers at once, bit for bit: one value per
-        offer in each column (prices: one OfferPrices row per offer, as stored), the same float operations in
-        `estimate`'s order. The ranking scores thousands of offers and keeps the Projection of none; a RankedOffer
-        calls `estimate` when someone reads it (the ranking's tests check the two agree). A bandwidth of zero gives
-        an infinite total, as in `estimate`, without a warning."""
+        """`estimate(offer, step_s, interruptible).total_usd` for many offers at once, bit for bit, one value per offer
+        in each column; a bandwidth of zero gives an infinite total without a warning."""
         interval = self.interval_s
         box_usd_per_hour, storage_usd_per_gb_month, down_usd_per_gb, up_usd_per_gb = prices.T
         with np.errstate(all="ignore"):

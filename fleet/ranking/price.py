@@ -1,10 +1,5 @@
-"""What a rental costs by the hour: the one figure the Offers page, the rent confirmation and the instance show.
-
-A marketplace bills a box by the hour for its machine (or the bid) and for the disk rented with it, at the offer's
-$/GB over a 30-day month. A listing's all-in price (vast.ai dph_total) counts only a token disk, so it is never the
-price of what is rented. Traffic is billed per GB on top, never by the hour: the ranking prices it into the run's
-cost (cost.py), and pages show it beside this figure, not inside it. Pure: plain values in, Decimal out.
-"""
+"""What a rental costs by the hour (machine or bid, plus the rented disk): the one figure the Offers page, the rent
+confirmation and the instance show. Pure (docs/fleet.md, "fleet/ranking/price.py")."""
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal

@@ -1,19 +1,5 @@
-"""rank_offers: which offer runs this recipe for the fewest dollars, and why every other offer does not.
-
-Score is steps per dollar of the whole run: the recipe's steps over its expected total cost on the offer (cost.py),
-which is throughput (throughput.py) over the full hourly cost with start-up, traffic and expected restarts spread
-over the run. Ranking on the listed $/h alone is what put runs on hosts that were cheap and then failed; here the
-filters drop what cannot work at all, and the cost model prices what works badly.
-
-Pure and fast: plain records in, plain records out, no database or network, so the Offers page, a Celery task and
-the rank_offers command share it. The filters run as one function per offer that stops at the first failed
-(filters.py); the offers that pass are scored a column at a time in numpy floats, the same floats as the offer-by-offer
-cost model (speeds.py, CostModel.total_usd_columns), and sorted on the float score. A ranked offer's RankedOffer,
-its projection, throughput words and Decimal money, the words of an exclusion and the "why" lines are made when
-something reads them. 10,000 offers rank in about 5 ms with the default filters and 14-15 ms with every filter off
-(with the prices the refresh stores as floats) on the 2-core control-plane machine when it is not busy with much
-else (bench/ranking.py, bench/NOTES_control_plane.md).
-"""
+"""rank_offers: which offer runs this recipe for the fewest dollars (steps per dollar of the whole run), and why every
+other offer does not. Pure and fast (docs/fleet.md, "fleet/ranking/rank.py")."""
 
 import gc
 import math
@@ -160,12 +146,8 @@ class Exclusion:
 
 
 class RankedEntries(Sequence):
-    """A ranking's ranked offers, best first, each made a RankedOffer when it is first read: a profile's summary
-    reads five and the Offers page the hundred it shows, so a ranking of 10,000 offers makes only those. Iterating
-    makes them all. Equal to any tuple or list of the same RankedOffers.
-
-    Built from the scoring's columns, one value per offer that passed the filters, and `order`: the places in them
-    of the ranked ones, best first."""
+    """A ranking's ranked offers, best first, each made a RankedOffer when it is first read; iterating makes them all.
+    Equal to any tuple or list of the same RankedOffers."""
 
     __slots__ = ("_order", "_offers", "_scores", "_totals", "_models", "_throughputs", "_pricing", "_made",
                  "_missing")
@@ -310,13 +292,8 @@ def rank_offers(
     calibration: Calibration | None = None,
     prices: Sequence[OfferPrices] | None = None,
 ) -> Ranking:
-    """Every offer either ranked (best steps per dollar first) or excluded with all of its reasons.
-
-    recipe and filters default to the product's defaults; calibration to the seeded throughput table. prices, one
-    per offer in the same order: the float twins of their Decimal prices (fleet.models.Offer stores them when the
-    offers are refreshed), so that scoring converts no Decimal; without them each scored offer's are worked out.
-    The ranking is the same either way.
-    """
+    """Every offer either ranked (best steps per dollar first) or excluded with all of its reasons; `prices`, one per
+    offer, are the float twins of their Decimal prices, worked out when absent."""
     if prices is not None and len(prices) != len(offers):
         raise ValueError(f"rank_offers: {len(prices)} prices for {len(offers)} offers")
     with _no_cycle_collection():
@@ -325,10 +302,8 @@ def rank_offers(
 
 @contextmanager
 def _no_cycle_collection():
-    """Ranking 10,000 offers allocates thousands of objects that outlive the call (the Exclusions) or die young
-    without a cycle among them; a cyclic collection that those allocations start walks the objects of the process
-    and frees nothing (6-12% of a ranking in bench/ranking.py). It runs after the ranking instead. The switch is
-    process-wide: a ranking in another thread meanwhile finds it off and leaves it so, this one turns it back on."""
+    """Runs the ranking with the cyclic garbage collector off and turns it back on after, since its allocations hold no
+    cycles (docs/fleet.md, "fleet/ranking/rank.py")."""
     enabled = gc.isenabled()
     gc.disable()
     try:

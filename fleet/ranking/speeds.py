@@ -1,11 +1,5 @@
-"""How fast the recipe runs on each offer that passed the filters, as one numpy column for the whole catalogue.
-
-The calibration is looked up once per GPU model and count (ThroughputModel.key); an uncalibrated model's offers get
-spec-sheet estimates, one per offer, at the ratio of achieved to listed compute that the calibrated offers of this
-same catalogue show (whatever unit the marketplace lists total_flops and dlperf in), per architecture where one is
-calibrated, because the kernel path (and so the achieved share of the listed figure) follows the architecture. The
-floats are those of ThroughputModel.calibrated and .estimate_tokens_per_s, bit for bit.
-"""
+"""How fast the recipe runs on each offer that passed the filters, as one numpy column for the whole catalogue
+(docs/fleet.md, "fleet/ranking/speeds.py")."""
 
 import math
 from itertools import compress
@@ -20,10 +14,8 @@ from .throughput import DEFAULT_LISTED_TO_MODEL_TFLOPS, Throughput, ThroughputMo
 
 
 class OfferSpeeds:
-    """tokens_per_s: one per offer (NaN where there is no estimate). models: each offer's GPU model, by number in
-    the order the models first come; throughputs: each model's calibrated Throughput, None for an estimated one.
-    The anchors the estimates took, per compute capability and across all (listed_ratio, any_listed for
-    total_flops; dlperf_ratio, any_dlperf), are what an estimated offer's words are worked out from later."""
+    """Per-offer tokens/s (NaN without an estimate), each offer's GPU model by number, each model's calibrated
+    Throughput (None if estimated), and the anchors the estimates took."""
 
     def __init__(self, offers: list[OfferRecord], speeds: ThroughputModel, recipe: Workload):
         first_at: dict[tuple, int] = {}  # each model's first offer's place
@@ -78,10 +70,8 @@ class _Anchors:
         self.num_gpus = np.array(num_gpus, float)[models]
 
     def ratios(self, figures: list, column: np.ndarray) -> tuple[dict, float | None]:
-        """anchor_ratio per compute capability and across all, for one listed figure (per offer as listed, and as
-        a float column). A capability is in the ratios where one of its calibrated offers lists the figure at all:
-        where they list it only as 0 or less, or NaN, its ratio is None, which takes the default, not the ratio
-        across all."""
+        """anchor_ratio per compute capability and across all, for one listed figure; a capability whose calibrated
+        offers list the figure only as 0 or less, or NaN, gets None (the default)."""
         with np.errstate(invalid="ignore"):
             listed = column[self.calibrated] / self.num_gpus
             usable = listed > 0

@@ -1,19 +1,5 @@
-"""How fast the recipe runs on an offer's GPU: measured where we can, estimated (and marked so) where we cannot.
-
-The recipe, not the card, sets the speed (seed report): on sm_120 (RTX PRO 6000) torch's grouped matmul silently
-falls back to a host sync and one matmul per group, half the speed of the Triton grouped GEMM; B200 matched H200
-within noise although it has 2.3x the compute. A table of measured throughput per (GPU model, kernel path) is
-therefore worth more than any spec sheet, and spec-sheet estimates are capped at the best measured card.
-
-Throughput is stored as achieved model TFLOP/s (tokens/s x 6 x active parameters: forward, input-gradient backward
-and the checkpointing recompute), so a step time measured with one recipe carries over to another model size or
-batch shape; LoRA rank and sequence length move it by a few percent and are left out.
-
-Finished runs report their steady-state step time; `record_step_time` folds each run in as one observation with a
-count-weighted mean. Seeds count as a couple of runs, so the first real measurement moves an entry a lot, and the
-weight stops growing at MAX_WEIGHT, after which the mean tracks recent runs (an exponentially weighted mean), because
-drivers, images and kernels change under a fixed GPU name.
-"""
+"""How fast the recipe runs on an offer's GPU: measured where we can, estimated (and marked so) where we cannot
+(docs/fleet.md, "fleet/ranking/throughput.py")."""
 
 import math
 from dataclasses import dataclass, replace
@@ -120,7 +106,7 @@ def _seed(gpu: str, path: str, step_s: float, tokens_per_step: int, active_b: fl
     return CalibrationEntry(gpu, path, tflops, SEED_WEIGHT, 0, note)
 
 
-# Seed figures from the seed report's SFT recipe on Qwen3.6-35B-A3B (3B active; batch 2 x 16 accumulation x 2048
+# Seed figures from the field notes' SFT recipe on Qwen3.6-35B-A3B (3B active; batch 2 x 16 accumulation x 2048
 # tokens = 65,536 tokens a step). H200 has no SFT figure of its own: its continued-pretraining step time matched the
 # B200's within noise, so it takes the B200's. The RTX PRO 6000 Triton figure (57 s) ran without the routed-expert
 # LoRA math (the import bug), so it is seeded 10% slower until a run measures it.
@@ -197,13 +183,8 @@ def interconnect(offer: OfferRecord) -> str:
 
 
 class ThroughputModel:
-    """Calibration lookups for one recipe, cached per (GPU name, compute capability, GPU count), and for a recipe on
-    several GPUs per interconnect too.
-
-    A recipe on one GPU takes a box's throughput as all of its GPUs' (as the ranking always has: only filters that
-    lift Max GPUs let such a box through). A recipe on N GPUs trains on N of the box's GPUs, whatever more it has
-    (they are paid for and idle), at MULTI_GPU_EFFICIENCY each and PCIE_ALL_TO_ALL_FACTOR on a box without NVLink.
-    """
+    """Calibration lookups for one recipe, cached per (GPU name, compute capability, GPU count), and per interconnect
+    for a recipe on several GPUs (docs/fleet.md, "Several GPUs")."""
 
     def __init__(self, calibration: Calibration, recipe: Workload):
         self.calibration = calibration
@@ -314,10 +295,8 @@ class ThroughputModel:
 
     def estimate_columns(self, total_flops: np.ndarray, dlperf: np.ndarray, num_gpus: np.ndarray,
                          listed_to_model: np.ndarray, dlperf_to_model: np.ndarray, scale: np.ndarray) -> np.ndarray:
-        """`estimate_tokens_per_s` for many offers at once, one value per offer in each column, bit for bit: the
-        same float operations in the same order. num_gpus is `offer.num_gpus or 1`, listed_to_model the ratio or the
-        default where there is none, dlperf_to_model the ratio or 0 where there is none, scale `estimate_scale`.
-        A blank figure is NaN; NaN comes out where `estimate_tokens_per_s` says None."""
+        """`estimate_tokens_per_s` for many offers at once, bit for bit, one value per offer in each column; a blank
+        figure is NaN, and NaN comes out where `estimate_tokens_per_s` says None."""
         with np.errstate(invalid="ignore"):
             per_gpu_tflops = np.where(
                 total_flops > 0, total_flops / num_gpus * listed_to_model,

@@ -1,11 +1,5 @@
-"""The workload: the ranking's view of a fine-tune (a run's recipe, `training.recipe.RunRecipe`, or a profile's).
-
-The ranking prices a whole run, not an hour, so the workload carries everything that turns a step time into money:
-the work per step (tokens and active parameters), the number of steps, how often and how big the checkpoints are
-(uploads and the work a lost host throws away), and what a fresh box must fetch before its first step (billed
-start-up minutes and download traffic), and how many GPUs of one box it trains on (`gpus`: one rank each, the
-model's weights sharded over them).
-"""
+"""The workload: the ranking's view of a fine-tune (a run's recipe, `training.recipe.RunRecipe`, or a profile's),
+carrying everything that turns a step time into a whole run's money."""
 
 import math
 from dataclasses import asdict, dataclass, fields
@@ -16,7 +10,7 @@ KERNEL_PATHS = ("auto", "grouped_mm", "triton")
 MAX_GPUS = 16  # the GPUs of one box, as the trainer's recipe allows (training/recipe.py)
 # What each rank holds beside its share of the BF16 weights: its activations at the recipe's own micro-step (2 x 2048
 # tokens by default), the adapters with their optimizer state, and the allocator's headroom. One GPU with 35B gives
-# 85 GB, what the seed report measured for a 30B vanilla-peft run that OOMed on an 80 GB card. A run whose micro-step
+# 85 GB, what docs/field-notes.md gives for a 30B vanilla-peft run that OOMed on an 80 GB card. A run whose micro-step
 # or LoRA rank differs from its profile's needs more: micro_step_vram_gb.
 RANK_OVERHEAD_GB = 15.0
 
@@ -46,10 +40,10 @@ class Workload:
         Phase("dpo", 800),
         Phase("kto", 800),
         Phase("grpo", 400),
-    )  # about 20 h on an H200, the seed report's full run
+    )  # about 20 h on an H200 (docs/field-notes.md)
     kernel_path: str = "auto"  # "auto" resolves per GPU architecture, see resolve_kernel_path
     checkpoint_interval_s: float = 1800.0
-    checkpoint_gb: float = 7.4  # routed-expert adapter at rank 32 (seed report); attention adapter is small
+    checkpoint_gb: float = 7.4  # routed-expert adapter at rank 32 (docs/field-notes.md); attention adapter is small
     model_download_gb: float = 67.0  # BF16 base
     image_gb: float = 12.0  # worker image pulled at the host's downlink
     boot_s: float = 120.0  # rent -> container running, before the image pull and model download
@@ -159,12 +153,12 @@ class MoeShape:
 
     def routed_adapter_gb(self, rank: int, bytes_per_value: int = 4) -> float:
         """The routed experts' LoRA factors as saved (float32): gate_up A (r x H) and B (2I x r), down A (r x I) and
-        B (H x r), per expert and layer. 35B-A3B at rank 32 gives 7.4 GB, the seed report's file."""
+        B (H x r), per expert and layer. 35B-A3B at rank 32 gives 7.4 GB (docs/field-notes.md)."""
         per_expert = rank * (self.hidden + 2 * self.moe_intermediate + self.moe_intermediate + self.hidden)
         return self.layers * self.experts * per_expert * bytes_per_value / 1e9
 
 
-# Published shapes (the models' config.json; DESIGN.md "Facts for the next steps" for Qwen3.5/3.6).
+# Published shapes (the models' config.json; docs/field-notes.md for Qwen3.5/3.6).
 SHAPES = {
     "Qwen3.6-35B-A3B": MoeShape(hidden=2048, layers=40, experts=256, top_k=8, moe_intermediate=512,
                                 shared_intermediate=512, vocab=248_320),
@@ -196,28 +190,8 @@ ACTIVATION_BYTES = (CALIBRATION_RESERVED_GB - CALIBRATION_WEIGHTS_GB - SHAPES[CA
 
 
 def micro_step_vram_gb(recipe: Workload, *, batch_size: int, seq_len: int, lora_rank: int) -> float:
-    """What each GPU must hold for a run that trains `recipe`'s model on its GPUs with its own micro-step (batch_size
-    x seq_len tokens per rank) and LoRA rank: `recipe.vram_gb`, the figure for the recipe's own micro-step and rank,
-    plus what the run's rank holds beyond that, never less.
-
-    The per-rank overhead has a part that grows with the tokens of a micro-step (activations kept for the backward
-    pass, and the allocator's cache around them) and one that grows with the LoRA rank (the adapters' float32 values,
-    gradients and AdamW moments: ADAPTER_STATE_BYTES per parameter, the routed experts' parameters sharded over the
-    GPUs by expert parallelism); each is scaled by the run's figure over the recipe's:
-
-        overhead = RANK_OVERHEAD_GB + A x (tokens / recipe tokens - 1) + D x (rank / recipe rank - 1)
-
-    where A = ACTIVATION_BYTES x recipe tokens x layers x hidden (the model's shape, SHAPES; the calibration's when
-    unknown) and D = the routed adapter's state at the recipe's rank over its GPUs. So a run whose micro-step and rank
-    are the recipe's gets today's figure exactly, and a bigger micro-step or rank gets more, by what the calibration
-    measured (ACTIVATION_BYTES: one H200, Qwen3-30B-A3B, r=32, 2 x 2048 tokens, no gradient checkpointing, peak
-    reserved 89.2 GiB; 36 bytes per token, layer and hidden unit). A and D are absolute figures, not shares of
-    RANK_OVERHEAD_GB: that constant (a practitioner's 85 GB for 35B on one GPU) is below what the calibration holds
-    beside the weights (34.8 GB for 30B at 2 x 2048), so shares of it would under-state the growth. The result is
-    never below `recipe.vram_gb`: a smaller micro-step or rank does not lower it, since the constant is already short;
-    a larger figure is rounded up to a tenth of a GB.
-    A recipe's own vram_needed_gb is taken as its figure at its micro-step and rank and grows the same way. Gradient
-    checkpointing is not counted: it only needs less."""
+    """What each GPU must hold for a run of `recipe`'s model with its own micro-step and LoRA rank: `recipe.vram_gb`,
+    plus what grows with tokens and rank, never less (docs/fleet.md, "Memory per GPU")."""
     shape = SHAPES.get(recipe.model, SHAPES[CALIBRATION_MODEL])
     per_token_gb = ACTIVATION_BYTES * shape.layers * shape.hidden / 1e9
     activations_gb = per_token_gb * (batch_size * seq_len - recipe.batch_size * recipe.seq_len)

@@ -1,12 +1,5 @@
-"""Reaper policies: which live instances to destroy or move, and why. Pure: plain records in, decisions out.
-
-Every rule was paid for (seed reports): boxes forgotten for days (maximum age), boxes that never booted, boxes that
-never started their work (no training or serving process after a grace period), a hung vLLM that still looks alive
-to a process check (failed /v1/models probes), a hung host that bills while nothing trains (GPU not answering, or no
-step progress while the GPU idles: the run moves to a new box), and an account-wide spend cap that sheds the newest
-boxes first.
-A box kept for debugging is skipped until its keep time passes, and the decision says so.
-"""
+"""Reaper policies: which live instances to destroy or move, and why. Pure: plain records in, decisions out
+(docs/fleet.md, "fleet/reaper/policy.py")."""
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -70,10 +63,8 @@ def _limit(delta: timedelta) -> str:
 
 def hung(*, progress_at: datetime | None, gpu_util_percent: float | None, gpu_last_ok_at: datetime | None,
          policy: ReaperPolicy, now: datetime, first_step_since: datetime | None = None) -> str | None:
-    """Why a training box counts as hung (it bills while nothing trains), or None. The reaper and the run supervisor
-    both judge by this rule: its GPU stopped answering, or it idles with no step progress for too long, or, with no
-    step at all since `first_step_since` (its rent), for longer than a first step may take (a model download and
-    the kernels' first compile included); the agent's heartbeats say it lives, not that anything trains."""
+    """Why a training box counts as hung (it bills while nothing trains), or None: the rule the reaper and the run
+    supervisor both judge by (docs/fleet.md, "Hung boxes")."""
     if gpu_last_ok_at is not None and now - gpu_last_ok_at > policy.gpu_unresponsive:
         return f"GPU not responding for {_span(now - gpu_last_ok_at)}"
     idle = gpu_util_percent is not None and gpu_util_percent < policy.gpu_idle_percent
@@ -88,7 +79,7 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
     """The first rule that condemns this box, as (action, rule, reason), or None if it may live."""
     started = box.running_at or box.requested_at
     age = now - started
-    # A run of several phases takes days (33 h in the seed report): a training box that is making progress is not
+    # A run of several phases takes days (33 h in docs/field-notes.md): a training box that is making progress is not
     # "forgotten", and killing it at 12 h would cost a restart. The hung-training rules below still watch it.
     training = box.purpose == "training" and box.last_step_at is not None \
         and now - box.last_step_at <= policy.no_progress

@@ -1,11 +1,5 @@
-"""Running the reaper: snapshot the live instances in one query, decide (fleet.reaper), claim each condemned row
-with a conditional update so two passes at once act once, then hand the destroys and moves to the actions module
-through tasks. A dry run reports the same decisions and touches nothing.
-
-A claimed row moves to "stopping" in the reaper's own transaction, before any task is queued: a hand-over lost to a
-broker outage then leaves a row the sync destroys (it retries the destroy of every stopping row still listed), never a
-box marked reaped that bills outside every rule. A reaped row found still billing as if alive (a pass that ran
-before this rule) is moved to stopping and handed over again."""
+"""Running the reaper: snapshot the live instances, decide, claim each condemned row, then hand the destroys and moves
+to the actions module through tasks (docs/fleet.md, "fleet/reaper/sweep.py")."""
 
 import logging
 from dataclasses import dataclass, field

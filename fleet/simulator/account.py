@@ -1,14 +1,5 @@
-"""The account behind the API key: the user record, and the bills as vast.ai's invoice and charge reports show them.
-
-Everything is worked out from the instances' charge lines (billing.py) at the simulated time, so the reports and
-`GET /charges/` always agree. The account starts with one deposit of `starting_credit_usd`.
-
-vast.ai documents none of these shapes; they are what its official CLI and SDK (vastai 1.9) read: `show user`
-(`GET /users/current`), `show invoices` (`GET /users/me/invoices`: `invoices` rows with `type` "charge" or "payment",
-`timestamp`, `amount`, and a `current` summary), `show invoices-v1 --invoices` (`GET /api/v1/invoices/`) and
-`show invoices-v1 --charges` (`GET /api/v0/charges/` with `select_filters`): `results`, `count`, `total`,
-`next_token`, each result with `type`, `source`, `description`, `amount`, `start`, `end`, `items`, `metadata`.
-"""
+"""The account behind the API key: the user record, and the bills as vast.ai's invoice and charge reports show them
+(docs/fleet.md, "fleet/simulator/account.py")."""
 
 from . import billing
 from .instances import Instance

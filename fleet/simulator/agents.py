@@ -1,17 +1,5 @@
-"""Simulated boxes that run the real thing: when a simulated instance boots, the command it was rented with (the
-on-box agent, `python -m training.agent`) starts as a local process with the instance's environment, in a folder of
-its own (its "local disk"). The marketplace's faults act on that process: a dead host kills it and loses its
-folder, a hung host freezes it (SIGSTOP: alive to a process check, making no progress), a destroy kills it.
-
-A command that is not a plain `python ...` line (a serving box's start script) runs under `sh -c`, with `python3` and
-`vllm` on its PATH standing for this Python and the simulated vLLM (fleet/simulator/vllm.py), an `nvidia-smi -L` that
-lists the box's GPUs (FLEET_SIM_NUM_GPUS), and the ports the marketplace mapped in FLEET_SIM_PORTS, so a serving box
-fetches its adapter and answers /v1/models for real.
-
-A box's processes see none of this machine's GPUs (CUDA_VISIBLE_DEVICES is empty unless the caller's extra_env sets
-it), so whatever GPUs its offer lists, it trains on the CPU: a box of several GPUs runs the same agent, which starts
-one trainer rank per GPU the recipe asks for (torchrun), joined over gloo, as it would on a laptop.
-"""
+"""Simulated boxes that run the real thing: a booted instance's command runs as a local process that the marketplace's
+faults act on (docs/fleet.md, "fleet/simulator/agents.py")."""
 
 import json
 

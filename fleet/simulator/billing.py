@@ -1,11 +1,5 @@
-"""Per-second charges, worked out from an instance's timestamps at a given simulated time.
-
-- gpu: the hourly rate (dph_base, or the bid) from the rent on, including the boot; not while stopped, and not
-  after the host died or the instance was destroyed. quantity: hours.
-- disk: storage_cost ($/GB/month, 30-day month) times the rented disk, from the rent until destroyed (also while
-  stopped, and on a dead host until the instance vanishes from the list). quantity: GB-hours.
-- bwu / bwd: traffic the instance reported, at the offer's inet_up_cost / inet_down_cost. quantity: GB.
-"""
+"""Per-second charges (gpu, disk, bwu / bwd), worked out from an instance's timestamps at a given simulated time
+(docs/fleet.md, "fleet/simulator/billing.py")."""
 
 from .catalogue import HOURS_PER_MONTH
 from .instances import Instance

@@ -1,10 +1,5 @@
-"""The seeded catalogue of offers: what the simulated marketplace lists, and what it hides.
-
-Figures follow DESIGN.md "Market facts": a cheap tier (RTX PRO 6000 about $1.00-1.23/h, H200 about $1.20/h) sitting
-at reliability 0.95-0.99, a pricier tier ($1.90-2.50/h for the same RTX PRO 6000) at 0.99+, so a 0.99 floor empties
-the cheap tier; old drivers, small disks, slow or only-local uplinks and steep traffic prices hide among cheap hosts.
-Every offer is its own machine (vast.ai also lists slices of one machine; the simulation does not).
-"""
+"""The seeded catalogue of offers: what the simulated marketplace lists, and what it hides (figures from
+docs/field-notes.md, "Hosts"; docs/fleet.md, "fleet/simulator/catalogue.py")."""
 
 import random
 from dataclasses import dataclass, field

@@ -1,10 +1,5 @@
-"""The seam where a simulated instance will run something real (the on-box agent as a local process).
-
-The market calls one `InstanceHooks` object on every lifecycle event, after it has released its lock (so a hook may
-call back into the market), in the order the events happened. Each method gets the instance's control view: the
-vast.ai fields (image, env, onstart, label, ...) plus the hidden ones (hung, cuda_init_error, ...). A hook that
-raises is logged and ignored: a broken agent must not break the marketplace's HTTP API.
-"""
+"""The seam where a simulated instance will run something real (the on-box agent as a local process); a hook that raises
+is logged and ignored (docs/fleet.md, "fleet/simulator/hooks.py")."""
 
 
 class InstanceHooks:

@@ -1,9 +1,5 @@
-"""A rented machine and how it looks through vast.ai's API at a given simulated time.
-
-Status words follow vast.ai: `actual_status` is what the container is doing (created -> loading -> running;
-stopped; exited), `intended_status` what the user asked for, `cur_state`/`next_state` the machine's contract state.
-The status is derived from the instance's timestamps, never stored, so moving the clock is enough to move it.
-"""
+"""A rented machine and how it looks through vast.ai's API at a given simulated time, its status derived from its
+timestamps (docs/fleet.md, "fleet/simulator/instances.py")."""
 
 import re
 from dataclasses import dataclass, field

@@ -1,9 +1,5 @@
-"""The simulated marketplace's state and rules, pure of HTTP. One lock guards all of it.
-
-Time-driven changes (an instance finishing its boot, a host with a hidden `dies_after_s` dying, a dead host's
-instance vanishing) are not scheduled: every call first brings the state up to the clock's "now" (`_sync`), so
-advancing the clock and then asking is enough. Hooks are called after the lock is released.
-"""
+"""The simulated marketplace's state and rules, pure of HTTP, under one lock; every call first brings the state up to
+the clock's "now"."""
 
 import logging
 import random

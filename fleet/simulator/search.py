@@ -1,16 +1,5 @@
-"""vast.ai's search query (`POST /bundles/`): parse it, then filter, order and cut a list of listings.
-
-Unknown fields in a filter are ignored, as vast.ai's own default query names fields the simulation does not model
-(and a client's typo therefore filters nothing: the client's tests must catch it). An unknown operator, a
-non-list for in/nin, or a value that cannot be compared with the field is a 400 (`invalid_args`).
-
-Values are coerced to the field's type before they are compared, as vast.ai does for what its official CLI sends:
-the CLI passes every number it parsed from `reliability>0.98` as the string "0.98" and booleans as JSON booleans,
-other clients send "true"/"false". `driver_version` is compared as the CLI's number (535.129.03 -> 535129003), a
-dotted string as the same number. The wildcards "any", "*" and "?" match everything; `null` with eq/neq asks
-whether the field is empty. The CLI spells "not in" as `notin`, the API documents `nin`: both are accepted. vast.ai
-documents none of these coercions; they are what its CLI needs to work.
-"""
+"""vast.ai's search query (`POST /bundles/`): parse it, then filter, order and cut a list of listings (docs/fleet.md,
+"fleet/simulator/search.py")."""
 
 import operator
 from dataclasses import dataclass

@@ -1,11 +1,5 @@
-"""The HTTP face of the market: vast.ai's REST subset under /api/v0, and the simulation's control API under /_sim.
-
-Order of checks for /api/v0, as vast.ai's front does it: injected faults (a proxy's 429/5xx), then the API key,
-then the rate limits, then the request itself. Errors come back as `{"success": false, "error", "msg"}`, except
-injected 502/503, which come back as the HTML page a proxy sends.
-The control API needs no vast.ai key; it answers only clients on a loopback address, and when the marketplace has a
-control token, only requests whose `X-Sim-Token` header carries it.
-"""
+"""The HTTP face of the market: vast.ai's REST subset under /api/v0, and the simulation's control API under /_sim
+(docs/fleet.md, "fleet/simulator/server.py")."""
 
 import hmac
 import ipaddress

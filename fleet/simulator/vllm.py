@@ -1,13 +1,5 @@
-"""`python -m fleet.simulator.vllm serve MODEL ...`: what a simulated serving box runs for `vllm serve`. Standard
-library only.
-
-It takes vLLM's own arguments (the ones the product sends; others are ignored), refuses what vLLM refuses at start
-(LoRA modules without --enable-lora, an adapter folder without adapter_config.json and adapter_model.safetensors, an
-adapter rank above --max-lora-rank, a --tensor-parallel-size above the box's GPUs), and answers GET /v1/models as
-vLLM's OpenAI server does: the base model, then each `--lora-modules name=path` (or its JSON form) as an entry of its
-own whose `parent` is the base. It listens on the host port the simulated marketplace maps to --port
-(FLEET_SIM_PORTS, {"8000/tcp": "41234"}), on loopback.
-"""
+"""`python -m fleet.simulator.vllm serve MODEL ...`: what a simulated serving box runs for `vllm serve`, on the standard
+library only (docs/fleet.md, "fleet/simulator/vllm.py")."""
 
 import argparse
 import json

@@ -1,9 +1,5 @@
-"""FILTERS turned into two plain functions per filters-and-recipe pair, made from the entries' tests.
-
-The ranking runs a test of every offer of the catalogue, and a call per filter cost twice the tests themselves, so
-the entries that apply are written out as the lines of one function (per set of entries that apply, compiled once):
-`first_failed` returns at the first failed filter, `mask` goes on through all of them.
-"""
+"""FILTERS turned into two plain functions per filters-and-recipe pair (`first_failed`, `mask`), compiled once from the
+entries' tests (docs/fleet.md, "fleet/ranking/filters/compiled.py")."""
 
 import linecache
 from collections.abc import Callable
