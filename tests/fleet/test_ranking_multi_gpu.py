@@ -131,7 +131,7 @@ def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
     assert exclusion_reasons(h100("pair", 2), filters, Workload(gpus=2)) == ()  # 35 + 15 = 50 GB a GPU
 
 
-def test_the_moe_family_figures_give_the_seed_reports_adapter_size():
+def test_the_moe_family_figures_give_the_field_notes_adapter_size():
     # 35B-A3B's routed-expert LoRA at rank 32, float32: the 7.4 GB file of docs/field-notes.md and the default's figure.
     assert round(SHAPES["Qwen3.5-35B-A3B"].routed_adapter_gb(32), 1) == Workload().checkpoint_gb == 7.4
     assert (PRESETS["qwen3.5-35b-a3b"].model, PRESETS["qwen3.5-35b-a3b"].active_params_b) == ("Qwen3.5-35B-A3B", 3.0)
