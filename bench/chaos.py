@@ -21,6 +21,7 @@ The last line is JSON; the goal is scenarios >= 200 and every count 0. --smoke: 
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -93,10 +94,10 @@ class Chaos:
         for _ in range(rounds):
             self.market.advance(step_s)
             now = self.now()
-            for work in (lambda: actions.sync(now=now), lambda: actions.rent_waiting(now=now),  # noqa: B023
-                         lambda: supervisor.supervise(now=now), lambda: sweep.reap(now=now, dry_run=False)):  # noqa: B023
+            for work in (actions.sync, actions.rent_waiting, supervisor.supervise,
+                         functools.partial(sweep.reap, dry_run=False)):
                 try:
-                    work()
+                    work(now=now)
                 except Exception as exc:  # noqa: BLE001 - a pass that fails is retried by the next, as on beat
                     self.failures.append(f"periodic pass: {type(exc).__name__}: {exc}"[:200])
             wait_for_worker()
