@@ -25,7 +25,7 @@ class InstanceSnapshot:
     gpu_util_percent: float | None = None
     consecutive_probe_failures: int = 0
     # Asked to stop, and still listed after a destroy was due to be carried out: no rule acts on it (its destroy is
-    # retried by the sync), but it bills, so the spend cap counts it.
+    # retried by the sync); it bills, and the spend cap counts its dollars as already being shed.
     destroy_overdue: bool = field(default=False, kw_only=True)
 
 
@@ -122,22 +122,22 @@ def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -
     cap = policy.spend_cap_usd_per_hour
     if cap is not None:
         billing = [b for b in boxes if b.pk not in condemned]
-        # A box whose destroy the provider has not carried out bills all the same: the account pays for it, so the
-        # cap sheds live boxes in its place (it cannot be shed twice).
-        overdue = sum((b.usd_per_hour for b in stopping), Decimal(0))
-        spend = overdue + sum((b.usd_per_hour for b in billing), Decimal(0))
-        if spend > cap:
+        # A box whose destroy is overdue bills, so the spend counts it; but its destroy was asked for already (the
+        # sync retries it), so its dollars count as shed too: no live box is destroyed in its place, pass after pass.
+        shed = sum((b.usd_per_hour for b in stopping), Decimal(0))
+        spend = shed + sum((b.usd_per_hour for b in billing), Decimal(0))
+        if spend - shed > cap:
             cause = f"spend ${spend:.2f}/h > cap ${cap:.2f}/h: newest first"
-            if overdue:
-                cause = f"spend ${spend:.2f}/h (${overdue:.2f}/h of it in destroys not yet carried out) > " \
+            if shed:
+                cause = f"spend ${spend:.2f}/h (${shed:.2f}/h of it in destroys asked for, not yet carried out) > " \
                         f"cap ${cap:.2f}/h: newest first"
             for box in sorted(billing, key=lambda b: (b.requested_at, b.pk), reverse=True):
-                if spend <= cap:
+                if spend - shed <= cap:
                     break
                 decision = _protect(box, DESTROY, "spend_cap", cause, now)
                 decisions.append(decision)
                 if decision.action != SKIP:
-                    spend -= box.usd_per_hour
+                    shed += box.usd_per_hour
     return decisions
 
 

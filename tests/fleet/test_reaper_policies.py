@@ -1,5 +1,6 @@
 """Each reaper rule at its boundaries, on plain snapshots (no database)."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -112,13 +113,29 @@ def test_it_passes_over_a_kept_box_when_shedding_spend():
     assert [(d.pk, d.action) for d in decide(boxes, policy, NOW)] == [(2, SKIP), (1, DESTROY)]
 
 
-def test_a_destroy_not_carried_out_still_counts_against_the_spend_cap():
-    policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("3.20"))
+def test_a_destroy_not_carried_out_counts_as_spend_already_shed():
+    policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("2.00"))
     stuck = box(1, usd_per_hour=Decimal("2.00"), destroy_overdue=True, age=timedelta(hours=30), process=False)
     live = [box(pk, age=timedelta(hours=5 - pk), usd_per_hour=Decimal("1.20")) for pk in (2, 3)]
     decisions = decide([stuck, *live], policy, NOW)
-    # 2.00 still billing + 2.40 live = 4.40 > 3.20: the newest live box goes; the stuck one is judged by no rule
-    # (its destroy is the sync's to retry), though it is 30 h old and idle.
+    # 2.00 still billing + 2.40 live = 4.40, of which 2.00 is being shed: 2.40 > 2.00, so the newest live box goes;
+    # the stuck one is judged by no rule (its destroy is the sync's to retry), though it is 30 h old and idle.
     assert [(d.pk, d.action) for d in decisions] == [(3, DESTROY)]
-    assert decisions[0].reason == ("spend $4.40/h ($2.00/h of it in destroys not yet carried out) > cap $3.20/h: "
-                                   "newest first")
+    assert decisions[0].reason == ("spend $4.40/h ($2.00/h of it in destroys asked for, not yet carried out) > "
+                                   "cap $2.00/h: newest first")
+
+
+def test_the_spend_cap_never_sheds_a_live_box_in_place_of_a_destroy_already_asked_for():
+    """Destroys lagging a minute once took 8 healthy boxes to 0 in three minutes: each pass shed 2 more in place of
+    the 2 the pass before had shed, their destroys overdue."""
+    healthy = [box(pk, age=timedelta(hours=9 - pk)) for pk in range(1, 9)]  # the newest last, 1.20/h each
+    pending = [box(pk, destroy_overdue=True, process=False) for pk in (9, 10)]
+    at_cap = ReaperPolicy(spend_cap_usd_per_hour=Decimal("9.60"))
+    assert decide([*healthy, *pending], at_cap, NOW) == []  # 12.00/h billing, 2.40/h of it being shed
+
+    policy = ReaperPolicy(spend_cap_usd_per_hour=Decimal("7.20"))  # 6 boxes' worth
+    fleet = healthy
+    for _ in range(4):  # a pass a minute; each box shed stays listed, its destroy overdue
+        shed = {d.pk for d in decide(fleet, policy, NOW) if d.action == DESTROY}
+        fleet = [replace(b, destroy_overdue=True) if b.pk in shed else b for b in fleet]
+    assert [b.pk for b in fleet if not b.destroy_overdue] == [1, 2, 3, 4, 5, 6]

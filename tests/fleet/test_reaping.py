@@ -123,17 +123,39 @@ def test_it_alerts_once_when_the_spend_cap_is_hit(market, settings):
 def test_the_spend_cap_counts_a_box_whose_destroy_the_marketplace_has_not_carried_out(market, settings):
     now = timezone.now()
     stuck, older, newest = _working_boxes(now, "s")
-    # Asked to stop ten minutes ago, still on the marketplace: it bills whatever its row says.
+    # Asked to stop ten minutes ago, still on the marketplace: it bills whatever its row says, and is being shed.
     Instance.objects.filter(pk=stuck.pk).update(state=State.STOPPING, destroy_attempts=2,
                                                 destroy_requested_at=now - timedelta(minutes=10))
-    settings.SPEND_CAP_USD_PER_HOUR = stuck.usd_per_hour + older.usd_per_hour
+    settings.SPEND_CAP_USD_PER_HOUR = older.usd_per_hour
     report = sweep.reap(now=now)
     assert report.acted == [newest.pk]
-    assert "in destroys not yet carried out" in newest.events.get(kind="reaped").message
+    assert "in destroys asked for, not yet carried out" in newest.events.get(kind="reaped").message
     stuck.refresh_from_db()
     assert stuck.state == State.STOPPING and stuck.reaped_at is None  # not claimed a second time
     # The rent page's "over the cap" warning counts what the reaper counts.
     assert ledger.committed_usd_per_hour() == stuck.usd_per_hour + older.usd_per_hour
+
+
+@pytest.mark.django_db
+def test_the_spend_cap_sheds_once_while_its_destroys_lag_pass_after_pass(market, settings):
+    """Destroys lagging a minute once took 8 healthy boxes to 0 in three minutes: each pass shed 2 live boxes in
+    place of the 2 whose destroys were overdue."""
+    settings.DESTROY_VERIFY_S = 60
+    now = timezone.now()
+    boxes = _working_boxes(now, "lag", n=8)  # the cheapest first, so the two newest cover the excess
+    settings.SPEND_CAP_USD_PER_HOUR = sum(b.usd_per_hour for b in boxes[:6])
+    shed = {b.pk for b in boxes[6:]}
+    assert set(sweep.reap(now=now).acted) == shed
+    for minute in (1, 2, 3, 4):
+        # No worker takes the hand-overs here: each shed box stays on the marketplace, its destroy overdue.
+        later = now + timedelta(minutes=minute)
+        assert {s.pk for s in sweep.snapshots(later) if s.destroy_overdue} == shed
+        assert sweep.reap(now=later).acted == []
+    with get_provider() as provider:
+        listed = {i.instance_id for i in provider.list_instances()}
+    assert {b.provider_instance_id for b in boxes} <= listed
+    assert set(Instance.objects.filter(state=State.RUNNING).values_list("pk", flat=True)) == {
+        b.pk for b in boxes[:6]}
 
 
 @pytest.mark.django_db
