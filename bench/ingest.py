@@ -31,6 +31,7 @@ from runs import tokens  # noqa: E402
 from runs.models import MetricPoint, Run, RunAttempt  # noqa: E402
 
 POINTS, SMOKE_POINTS, BATCH, CLIENTS = 100_000, 4_000, 500, 4
+RECIPE = {"phases": [{"kind": "cpt", "data": "bench", "steps": POINTS}]}  # the API takes only steps a recipe trains
 
 
 def free_port() -> int:
@@ -47,7 +48,7 @@ def make_runs() -> list[str]:
                                       state=Instance.State.RUNNING, purpose="training", offer_id=str(i),
                                       gpu_name="H200", image="img", disk_gb=250, requested_at=now, running_at=now,
                                       usd_per_hour=Decimal("1.00"))
-        run = Run.objects.create(name=f"bench-{i}", recipe={}, bucket="/tmp/bench", budget_usd=Decimal(100),
+        run = Run.objects.create(name=f"bench-{i}", recipe=RECIPE, bucket="/tmp/bench", budget_usd=Decimal(100),
                                  token_nonce=tokens.new_nonce(), created_at=now, state="training",
                                  current_instance=box)
         attempt = RunAttempt.objects.create(run=run, instance=box, started_at=now, token_nonce=tokens.new_nonce())

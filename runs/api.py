@@ -87,6 +87,11 @@ def refused(request, exc):
     return api.create_response(request, {"detail": str(exc)}, status=409)
 
 
+@api.exception_handler(reports.PointsRefused)
+def points_refused(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=422)
+
+
 class ErrorOut(Schema):
     detail: str
 

@@ -12,6 +12,7 @@ from runs import checkpoints, datasets, events, lifecycle, pulse, storage
 from runs.costs import run_cost
 from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields, model_source
+from training.recipe import RunRecipe
 
 METRIC_FIELDS = list(metric_fields.NAMES)
 AGENT_EVENTS = ("agent_started", "probe_ok", "probe_failed", "finished", "trainer_failed", "log")
@@ -72,10 +73,30 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
             "upload": storage.upload_grant(storage.location(run.bucket, run.pk), settings.STORAGE_GRANT_S)}
 
 
+class PointsRefused(Exception):
+    """A metric batch the dashboard stores none of (the agent API answers 422 with the reason)."""
+
+
+def outside_recipe(points: list[dict], phase_steps: list[int]) -> str | None:
+    """Why a batch names a step its recipe does not train (each phase's steps given by index), or None. Pure."""
+    for point in points:
+        phase, step = point["phase"], point["step"]
+        if phase >= len(phase_steps):
+            return f"phase {phase} step {step}: the recipe has phases 0 to {len(phase_steps) - 1}"
+        if not 0 <= step <= phase_steps[phase]:
+            return f"phase {phase} step {step}: the recipe trains phase {phase} for {phase_steps[phase]} steps"
+    return None
+
+
 def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
-    """Stores a batch of steps in one statement. A step trained again after a resume replaces the earlier one."""
+    """Stores a batch of steps in one statement, or none of it if one lies outside the recipe's phases and steps. A
+    step trained again after a resume replaces the earlier one."""
     now = now or timezone.now()
     run = attempt.run
+    # Every stored row is a box's word: a step the recipe never trains would be one more row per post, without end.
+    why = outside_recipe(points, [phase.steps for phase in RunRecipe.from_stored(run.recipe).phases])
+    if why:
+        raise PointsRefused(f"Metric points refused, none stored: {why}.")
     latest = {(p["phase"], p["step"]): p for p in points}  # a step sent twice in one batch: the later one counts
     rows = [MetricPoint(run_id=run.pk, instance_id=attempt.instance_id, phase=p["phase"], step=p["step"],
                         at=p.get("at") or now, **{f: p.get(f) for f in METRIC_FIELDS if f != "kernel_path"},

@@ -110,7 +110,7 @@ def test_it_destroys_the_box_alerts_and_calibrates_when_the_run_finishes(launche
     box = run.current_instance
     agent = Agent(frozen_market, run)
     agent.starts_training()
-    agent.steps(*range(1, 8), step_s=1.5)
+    agent.steps(*range(1, 5), step_s=1.5)
     agent.stores_final_adapters(run)
     agent.post("/events", {"kind": "finished", "message": "all 5 phases done"})
     run = _supervise(run)
