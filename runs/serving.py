@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from fleet import enqueue
 from fleet.inference.adapters import MAX_SERVED_RANK, vllm_files
@@ -99,15 +99,27 @@ def adapter_folder(run: Run, checkpoint: Checkpoint) -> str:
     return str(Path(where.bucket) / where.prefix / checkpoint.uri / "vllm")
 
 
+class NameTaken(Exception):
+    """The name asked for is another inference model's (taken since the form checked it)."""
+
+
 def serve(run: Run, adapter: Servable, data: dict, *, user=None) -> InferenceModel:
-    """The inference model serving this adapter; the fleet rents its replicas as soon as it commits."""
-    model = InferenceModel.objects.create(
-        name=data["name"], base_model=data["base_model"], base_revision=data.get("base_revision") or "",
-        image=data["image"], port=data["port"],
-        desired_replicas=data["desired_replicas"], max_replacements_per_day=data["max_replacements_per_day"],
-        profile=data["profile"], vram_needed_gb=data["vram_needed_gb"],
-        adapter_uri=adapter_folder(run, adapter.checkpoint), adapter_manifest=adapter.files,
-        adapter_source=f"run {run.name} #{run.pk}, {adapter.label}"[:300])
+    """The inference model serving this adapter; the fleet rents its replicas as soon as it commits. NameTaken when
+    another model has its name."""
+    try:
+        with transaction.atomic():  # a savepoint: a lost race leaves the request's transaction usable
+            model = InferenceModel.objects.create(
+                name=data["name"], base_model=data["base_model"], base_revision=data.get("base_revision") or "",
+                image=data["image"], port=data["port"],
+                desired_replicas=data["desired_replicas"], max_replacements_per_day=data["max_replacements_per_day"],
+                profile=data["profile"], vram_needed_gb=data["vram_needed_gb"],
+                adapter_uri=adapter_folder(run, adapter.checkpoint), adapter_manifest=adapter.files,
+                adapter_source=f"run {run.name} #{run.pk}, {adapter.label}"[:300])
+    except IntegrityError:
+        # Two posts at once both pass the form's check; the name's unique index lets one through.
+        if not InferenceModel.objects.filter(name=data["name"]).exists():
+            raise
+        raise NameTaken(f"An inference model named {data['name']} exists already.") from None
     log.info("%s serves %s (%s) on %s with %s replica(s)", user.get_username() if user else "the product", model.name,
              model.adapter_source, model.base_model, model.desired_replicas)
     transaction.on_commit(enqueue.maintain_inference_fleet, robust=True)

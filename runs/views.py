@@ -90,8 +90,13 @@ def run_serve(request, pk):
     form = ServeAdapterForm(request.POST or None, adapters=[(k, a.label) for k, a in adapters.items()],
                             initial=serving.initial(run, next(iter(adapters.values()))))
     if request.method == "POST" and form.is_valid():
-        model = serving.serve(run, adapters[form.cleaned_data["checkpoint"]], form.cleaned_data, user=request.user)
-        messages.success(request, f"{model.name}: {model.desired_replicas} replica(s) of {model.adapter_source} on "
-                                  f"{model.base_model}; the fleet rents them now.")
-        return redirect("inference")
+        try:
+            model = serving.serve(run, adapters[form.cleaned_data["checkpoint"]], form.cleaned_data,
+                                  user=request.user)
+        except serving.NameTaken as exc:
+            form.add_error("name", str(exc))
+        else:
+            messages.success(request, f"{model.name}: {model.desired_replicas} replica(s) of {model.adapter_source} "
+                                      f"on {model.base_model}; the fleet rents them now.")
+            return redirect("inference")
     return render(request, "runs/serve_adapter.html", {"run": run, "form": form}, status=400 if form.errors else 200)

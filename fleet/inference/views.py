@@ -5,7 +5,7 @@ change them."""
 import logging
 
 from django.contrib import messages
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -83,9 +83,9 @@ def change_model(request, pk):
 def _model_form(request, model: InferenceModel):
     adding = model.pk is None
     form = InferenceModelForm(request.POST or None, instance=model)
-    if request.method == "POST" and form.is_valid():
+    if request.method == "POST" and form.is_valid() and _saved(form):
         changed = ", ".join(form.changed_data) or "nothing"
-        model = form.save()
+        model = form.instance
         log.info("%s %s inference model %s (%s)", request.user.get_username(), "added" if adding else "changed",
                  model.name, changed)
         # The fleet follows at once rather than at the next beat tick; a broker that is down only delays it.
@@ -95,3 +95,16 @@ def _model_form(request, model: InferenceModel):
         return redirect("inference")
     return render(request, "fleet/inference_model.html", {"form": form, "model": model, "adding": adding},
                   status=400 if form.errors else 200)
+
+
+def _saved(form: InferenceModelForm) -> bool:
+    """Saves the form, or says on its name field why not when another model took the name since it was checked."""
+    try:
+        with transaction.atomic():  # a savepoint: a lost race leaves the request's transaction usable
+            form.save()
+    except IntegrityError:
+        if not InferenceModel.objects.filter(name=form.cleaned_data["name"]).exclude(pk=form.instance.pk).exists():
+            raise
+        form.add_error("name", f"An inference model named {form.cleaned_data['name']} exists already.")
+        return False
+    return True
