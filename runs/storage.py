@@ -61,6 +61,9 @@ def validate_bucket(bucket_uri: str) -> str:
     folder = Path(parsed.path if parsed.scheme else bucket_uri)
     if not folder.is_absolute():
         raise ValueError("A local checkpoint folder must be an absolute path.")
+    data_dir = Path(settings.DATA_DIR).resolve()
+    if not folder.resolve().is_relative_to(data_dir):  # the dashboard creates it: never wherever it may write
+        raise ValueError(f"A local checkpoint folder must lie under the dashboard's DATA_DIR ({data_dir}).")
     try:  # a folder no upload can reach would lose every checkpoint and the adapter
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):

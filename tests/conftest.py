@@ -30,12 +30,13 @@ def staff(django_user_model):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _local_buckets():
+def _local_buckets(tmp_path_factory):
     # The tests' boxes run on this machine (the simulated marketplace's, or the agent in a test), so a temporary
-    # folder serves as their bucket; tests/runs/test_run_outputs.py checks the refusal where they would not.
+    # folder serves as their bucket (one lies under DATA_DIR); tests/runs/test_run_outputs.py checks the refusals.
     from django.conf import settings
 
     settings.LOCAL_BUCKETS = True
+    settings.DATA_DIR = tmp_path_factory.getbasetemp()
 
 
 @pytest.fixture(autouse=True, scope="session")

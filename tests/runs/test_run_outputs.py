@@ -91,10 +91,22 @@ def test_retention_drops_refused_and_unfinished_ones_older_than_the_newest():
     assert retention.to_prune([retention.Stored(0, 5, False)], keep=1, finals=set()) == []
 
 
-@pytest.mark.parametrize("folder", ["/proc/nope", "/dev/null/checkpoints"])
-def test_a_folder_no_upload_can_reach_is_refused_at_launch(folder):
+def test_a_folder_no_upload_can_reach_is_refused_at_launch(settings):
+    (settings.DATA_DIR / "a-file").write_text("")
     with pytest.raises(ValueError, match="cannot be written"):
-        storage.validate_bucket(folder)
+        storage.validate_bucket(str(settings.DATA_DIR / "a-file" / "checkpoints"))
+
+
+@pytest.mark.parametrize("folder", ["/proc/nope", "/dev/null/checkpoints", "relative/../../etc/fleet",
+                                    "/usr/local/fleet-bucket", "file:///home/fleet-bucket"])
+def test_a_local_folder_outside_data_dir_is_refused_and_not_created(settings, tmp_path, folder):
+    settings.DATA_DIR = tmp_path / "data"
+    for outside in (folder, str(tmp_path / "bucket"), str(settings.DATA_DIR / ".." / "bucket")):
+        with pytest.raises(ValueError, match="under the dashboard's DATA_DIR|must be an absolute path"):
+            storage.validate_bucket(outside)
+    assert not (tmp_path / "bucket").exists() and not Path("/usr/local/fleet-bucket").exists()
+    assert storage.validate_bucket(str(settings.DATA_DIR / "checkpoints")) == str(settings.DATA_DIR / "checkpoints")
+    assert (settings.DATA_DIR / "checkpoints").is_dir()
 
 
 
@@ -125,3 +137,23 @@ def test_where_boxes_are_rented_machines_a_local_folder_is_refused_before_anythi
     settings.LOCAL_BUCKETS = True  # the simulated marketplace: its boxes share this machine's disk
     default = settings.DATA_DIR / "checkpoints"
     assert f'name="bucket" value="{default}"' in client.get(reverse("run_launch")).content.decode()
+
+
+def test_the_launch_form_refuses_a_local_folder_outside_data_dir(client, staff, settings, tmp_path):
+    import yaml
+    from django.contrib.auth.models import Permission
+    from django.urls import reverse
+
+    from runs.launch import demo_recipe
+    from runs.models import Run
+
+    settings.DATA_DIR = tmp_path / "data"
+    staff.user_permissions.add(Permission.objects.get(codename="launch_run"))
+    client.force_login(staff)
+    folder = tmp_path / "elsewhere"
+    response = client.post(reverse("run_launch"), {
+        "name": "outside", "recipe": yaml.safe_dump(demo_recipe()), "bucket": str(folder), "budget_usd": "5",
+        "max_restarts": 1})
+    page = response.content.decode()
+    assert response.status_code == 200 and "must lie under the dashboard&#x27;s DATA_DIR" in page
+    assert not Run.objects.exists() and not folder.exists()
