@@ -41,6 +41,12 @@ def _embedded_secret_key() -> str:
 SECRET_KEY = env_str("SECRET_KEY", "") or (_embedded_secret_key() if EMBEDDED else "")
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY is required when DATABASE_URL is set.")
+# Django's own rule (`check --deploy`, security.W009), whatever HTTPS says: sessions, password resets and every signed
+# value rest on it. The message never shows the key.
+if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure-"):
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be 50 or more random characters (5 or more different ones, not starting with "
+        "'django-insecure-'): python -c \"import secrets; print(secrets.token_urlsafe(50))\" makes one.")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -52,8 +58,6 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 HTTPS = env_bool("HTTPS", not EMBEDDED and bool(set(ALLOWED_HOSTS) - _LOOPBACK_HOSTS))
 if HTTPS:
-    if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5:
-        raise ImproperlyConfigured("SECRET_KEY must be 50 or more random characters on a deployment served over HTTPS.")
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # the container health check speaks plain HTTP inside the network
     SESSION_COOKIE_SECURE = True

@@ -27,7 +27,7 @@ COPY docker/onstart.sh ./docker/onstart.sh
 RUN pip install --no-deps --no-build-isolation . \
     && pip check \
     && mkdir -p "$DATA_DIR" \
-    && SECRET_KEY=build-only python manage.py collectstatic --noinput \
+    && SECRET_KEY="$(python -c 'import secrets; print(secrets.token_urlsafe(50))')" python manage.py collectstatic --noinput \
     && useradd --system --home /srv/app fleet \
     && chown -R fleet "$DATA_DIR"
 USER fleet

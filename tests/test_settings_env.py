@@ -1,5 +1,6 @@
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_it_runs_embedded_without_database_url(tmp_path):
 
 def test_it_switches_to_postgres_and_redis(tmp_path):
     result = _settings_in_fresh_process(tmp_path, DATABASE_URL="postgres://u@db.example:5432/fleet",
-                                        REDIS_URL="redis://cache.example:6379/0", SECRET_KEY="s" * 50,
+                                        REDIS_URL="redis://cache.example:6379/0", SECRET_KEY=secrets.token_urlsafe(50),
                                         SIMULATOR="0")
     assert result.returncode == 0, result.stderr
     engine, broker, vast_url = json.loads(result.stdout.strip().splitlines()[-1])
@@ -93,3 +94,21 @@ def test_it_refuses_a_stock_image_bootstrap_without_its_package(tmp_path):
     result = _settings_in_fresh_process(tmp_path, WORKER_BOOTSTRAP="onstart")
     assert result.returncode != 0
     assert "WORKER_BOOTSTRAP=onstart needs WORKER_STOCK_IMAGE and TRAINING_PACKAGE" in result.stderr
+
+
+@pytest.mark.parametrize("key", ["k", "tests-only-secret-key", "s" * 60, "abcd" * 20,
+                                 "django-insecure-" + "x1y2z3" * 10])
+@pytest.mark.parametrize("https", ["0", "1"])
+def test_it_refuses_a_weak_secret_key_whatever_https_says_without_printing_it(tmp_path, key, https):
+    result = _settings_in_fresh_process(tmp_path, DATABASE_URL="postgres://u@db.example:5432/fleet", SECRET_KEY=key,
+                                        HTTPS=https)
+    assert result.returncode != 0
+    assert "SECRET_KEY must be 50 or more random characters" in result.stderr
+    assert repr(key) not in result.stderr and (len(key) == 1 or key not in result.stderr)
+
+
+def test_the_embedded_default_generates_a_strong_key(tmp_path):
+    result = _settings_in_fresh_process(tmp_path)
+    assert result.returncode == 0, result.stderr
+    key = (tmp_path / "secret_key").read_text().strip()
+    assert len(key) >= 50 and len(set(key)) >= 5 and not key.startswith("django-insecure-")
