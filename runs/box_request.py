@@ -38,11 +38,10 @@ class BoxRequest:
             figures = replace(figures, rent_disk_gb=float(disk_gb))
             filters = replace(filters, min_disk_gb=max(filters.min_disk_gb, float(disk_gb)))
         # The VRAM grows from the profile's figure at its own micro-step and rank (micro_step_vram_gb), never below.
-        vram_gb = micro_step_vram_gb(figures, batch_size=recipe.batch_size, seq_len=recipe.seq_len,
-                                     lora_rank=recipe.lora.r)
+        rank = recipe.lora.r
+        vram_gb = micro_step_vram_gb(figures, batch_size=recipe.batch_size, seq_len=recipe.seq_len, lora_rank=rank)
         if vram_gb != figures.vram_gb:
             figures = replace(figures, vram_needed_gb=vram_gb)
-        rank = recipe.lora.r
         if rank > figures.lora_rank:
             # A checkpoint is mostly the adapters and their optimizer state, whose size goes with the rank: the
             # profile's figure is for its own rank (r 1024 instead of 32 is 32 times the disk). Never below it.

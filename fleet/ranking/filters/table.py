@@ -77,6 +77,17 @@ def _max_gpus(f: OfferFilters, r: Workload) -> int:
     return 1 << 30 if f.max_gpus is None else max(f.max_gpus, r.gpus)
 
 
+def _at_least(name: str, heading: str, field: str, setting: str, unit: str) -> tuple[Filter, Filter]:
+    """An offer figure a setting asks a minimum of: "NAME unknown" where the offer leaves it blank, then the floor
+    (off at 0), said as "NAME 100 UNIT < 250"."""
+    return (Filter(f"{name}_unknown", f"{name} unknown", reads=f"{name} = o.{field}",
+                   test=f"not known({name})", words=_said(f"{name} unknown")),
+            Filter(name, heading, given=f"{name}_unknown", when=lambda f, r: getattr(f, setting) > 0,
+                   binds=lambda f, r: {f"min_{name}": getattr(f, setting)},
+                   test=f"{name} < min_{name}",
+                   words=lambda o, f, r: f"{name} {_num(getattr(o, field))} {unit} < {_num(getattr(f, setting))}"))
+
+
 FILTERS: tuple[Filter, ...] = (
     Filter("rentable", "not rentable",
            test="not o.rentable", words=_said("not rentable")),
@@ -127,25 +138,10 @@ FILTERS: tuple[Filter, ...] = (
            test="round(cuda, 3) < cuda_floor",
            words=lambda o, f, r: f"CUDA {_num(o.cuda_max)} < needed {_num(f.min_cuda)}"),
     # 250 GB holds the 67 GB base plus a merged and an FP8 copy.
-    Filter("disk_unknown", "disk unknown", reads="disk = o.disk_gb",
-           test="not known(disk)", words=_said("disk unknown")),
-    Filter("disk", "too little disk", given="disk_unknown", when=lambda f, r: f.min_disk_gb > 0,
-           binds=lambda f, r: {"min_disk": f.min_disk_gb},
-           test="disk < min_disk",
-           words=lambda o, f, r: f"disk {_num(o.disk_gb)} GB < {_num(f.min_disk_gb)}"),
+    *_at_least("disk", "too little disk", "disk_gb", "min_disk_gb", "GB"),
     # A slow link turns every 7 GB checkpoint into idle GPU hours.
-    Filter("downlink_unknown", "downlink unknown", reads="down = o.inet_down_mbps",
-           test="not known(down)", words=_said("downlink unknown")),
-    Filter("downlink", "downlink too slow", given="downlink_unknown", when=lambda f, r: f.min_inet_down_mbps > 0,
-           binds=lambda f, r: {"min_down": f.min_inet_down_mbps},
-           test="down < min_down",
-           words=lambda o, f, r: f"downlink {_num(o.inet_down_mbps)} Mb/s < {_num(f.min_inet_down_mbps)}"),
-    Filter("uplink_unknown", "uplink unknown", reads="up = o.inet_up_mbps",
-           test="not known(up)", words=_said("uplink unknown")),
-    Filter("uplink", "uplink too slow", given="uplink_unknown", when=lambda f, r: f.min_inet_up_mbps > 0,
-           binds=lambda f, r: {"min_up": f.min_inet_up_mbps},
-           test="up < min_up",
-           words=lambda o, f, r: f"uplink {_num(o.inet_up_mbps)} Mb/s < {_num(f.min_inet_up_mbps)}"),
+    *_at_least("downlink", "downlink too slow", "inet_down_mbps", "min_inet_down_mbps", "Mb/s"),
+    *_at_least("uplink", "uplink too slow", "inet_up_mbps", "min_inet_up_mbps", "Mb/s"),
     # Advertised bandwidth is local, so hosts must sit near the checkpoint bucket.
     Filter("location_unknown", "location unknown", when=lambda f, r: bool(f.locations),
            binds=lambda f, r: {"codes": _CountryCodes()}, reads="code = codes[o.geolocation]",
