@@ -136,6 +136,16 @@ class RunAttempt(models.Model):
         ordering = ["started_at", "id"]
 
 
+class ModelGrant(models.Model):
+    """An s3:// base model's read grant (or its refusal) as signed for one attempt, answered again while it lasts
+    (runs.model_grants): its presigned GETs open the model's files until `expires_at`."""
+
+    attempt = models.OneToOneField(RunAttempt, on_delete=models.CASCADE, related_name="model_grant")
+    uri = models.TextField(help_text="the recipe's model.path it was signed for")
+    grant = models.JSONField(help_text="the spec's model, as the box receives it")
+    expires_at = models.DateTimeField(help_text="its presigned GETs stop working then")
+
+
 class MetricPoint(models.Model):
     """One training step as the box reported it."""
 
