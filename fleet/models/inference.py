@@ -26,6 +26,8 @@ class InferenceModel(models.Model):
     adapter_source = models.CharField(max_length=300, blank=True, help_text="the run and checkpoint it comes from")
     vram_needed_gb = models.FloatField(null=True, blank=True,
                                        help_text="per GPU, what offers are ranked with; empty: the profile's recipe")
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL,
+                                   help_text="its owner: only they and operators see it (none: operators only)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):

@@ -81,7 +81,8 @@ class Instance(models.Model):
                                     condition=models.Q(provider_instance_id__isnull=False)),
         ]
         indexes = [models.Index(fields=["state"])]
-        permissions = [("rent_instance", "Can rent instances"), ("destroy_instance", "Can destroy instances")]
+        permissions = [("rent_instance", "Can rent instances"), ("destroy_instance", "Can destroy instances"),
+                       ("operator", "Operator: sees and acts on every user's runs, data sets and inference models")]
 
     def __str__(self):
         return f"{self.label or self.pk} ({self.num_gpus}x {self.gpu_name}, {self.state})"
