@@ -167,7 +167,16 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MIN", 15, minimum=1
 # One account guessed from many addresses: this many failures for a username from all addresses within the cool-off
 # refuse it from everywhere until they age out (high, so that a stranger cannot lock an operator out with a few tries).
 LOGIN_ACCOUNT_FAILURE_LIMIT = env_int("LOGIN_ACCOUNT_FAILURE_LIMIT", 50, minimum=1)
+# Each address counts toward the account's limit at most LOGIN_FAILURE_LIMIT failures, so an account limit above it
+# takes several addresses to reach; at or below it one address could lock the username out for everyone.
+if LOGIN_ACCOUNT_FAILURE_LIMIT <= AXES_FAILURE_LIMIT:
+    raise ImproperlyConfigured(
+        f"LOGIN_ACCOUNT_FAILURE_LIMIT={LOGIN_ACCOUNT_FAILURE_LIMIT} must be above LOGIN_FAILURE_LIMIT="
+        f"{AXES_FAILURE_LIMIT}, or one address could lock the username out from every address.")
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# A login refused because its pair or its account is locked is not recorded: it would count toward the account's
+# limit and renew the lock's start, so one address could keep a username locked out for everyone.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "config.login_throttle.client_address"
 AXES_LOCKOUT_CALLABLE = "config.login_throttle.locked_out"

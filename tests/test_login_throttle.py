@@ -4,12 +4,15 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import requests
 from axes.models import AccessAttempt
 from django.conf import settings
+from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
@@ -86,6 +89,86 @@ def test_it_bounds_guesses_at_one_account_spread_over_many_addresses(client, ope
     assert _post(client, LOGIN, "operator", "operator-pass-123", address="192.0.2.200").status_code == 302
 
 
+def _age_attempts(by: timedelta) -> None:
+    """Moves every recorded failure `by` into the past, as if that much time had gone by."""
+    AccessAttempt.objects.update(attempt_time=F("attempt_time") - by)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("door", [LOGIN, ADMIN_LOGIN])
+def test_it_lets_the_right_password_in_from_another_address_after_sixty_failures_from_one(client, operator, door):
+    attacker, owner = "203.0.113.5", "198.51.100.7"
+    _fail(client, door, "operator", times=60, address=attacker)
+    for url, home in ((LOGIN, "/"), (f"{ADMIN_LOGIN}?next=/admin/", "/admin/")):
+        response = _post(client, url, "operator", "operator-pass-123", address=owner)
+        assert response.status_code == 302 and response["Location"] == home, url
+        assert _logged_in(client) and client.get(home).status_code == 200
+        client.logout()
+    # The address that guessed is still locked out, on both doors.
+    for url in (LOGIN, ADMIN_LOGIN):
+        locked = _post(client, url, "operator", "operator-pass-123", address=attacker)
+        assert locked.status_code == 429 and "from your address" in locked.content.decode()
+        assert not _logged_in(client)
+
+
+def _login_over_http(base_url: str, client_address: str, password: str) -> int:
+    """One login through the running server as a browser behind the proxy makes it: the login page, then the post."""
+    with requests.Session() as browser:
+        headers = {"X-Forwarded-For": client_address}
+        browser.get(base_url + LOGIN, headers=headers, timeout=30)
+        response = browser.post(base_url + LOGIN, headers={**headers, "Referer": base_url + LOGIN}, timeout=30,
+                                allow_redirects=False, data={"username": "operator", "password": password,
+                                                             "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
+        return response.status_code
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_a_burst_of_guesses_from_one_address_to_that_address(live_server, operator, settings):
+    # Sixty guesses at once all pass the lock check before any is recorded: however many get counted for the
+    # address, it counts toward the account's limit no more than its own.
+    settings.LOGIN_CLIENT_IP_META_KEY = "HTTP_X_FORWARDED_FOR"
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        statuses = list(pool.map(lambda _: _login_over_http(live_server.url, "203.0.113.5", "wrong-password"),
+                                 range(60)))
+    assert set(statuses) <= {200, 429} and 429 in statuses
+    assert _login_over_http(live_server.url, "198.51.100.7", "operator-pass-123") == 302
+    assert _login_over_http(live_server.url, "203.0.113.5", "operator-pass-123") == 429
+
+
+@pytest.mark.django_db
+def test_it_does_not_extend_a_lock_with_the_attempts_made_during_it(client, operator):
+    _fail(client, LOGIN, "operator")
+    _age_attempts(settings.AXES_COOLOFF_TIME - timedelta(minutes=1))
+    _fail(client, LOGIN, "operator", times=20)  # a minute before the lock ends, refused, every one
+    _fail(client, ADMIN_LOGIN, "operator", times=20)
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 429
+    _age_attempts(timedelta(minutes=1, seconds=1))  # the cool-off since the failure that locked it is over
+    assert _post(client, LOGIN, "operator", "operator-pass-123").status_code == 302
+    assert _logged_in(client)
+
+
+@pytest.mark.django_db
+def test_it_does_not_extend_the_account_lock_with_the_attempts_made_during_it(client, operator, settings):
+    settings.LOGIN_ACCOUNT_FAILURE_LIMIT = 12
+    for n in range(3):
+        _fail(client, LOGIN, "operator", times=4, address=f"198.51.100.{n + 10}")
+    _age_attempts(settings.AXES_COOLOFF_TIME - timedelta(minutes=1))
+    latecomer = "192.0.2.200"  # refused by the account's lock; its guesses count for neither lock
+    _fail(client, LOGIN, "operator", times=10, address=latecomer)
+    assert _post(client, LOGIN, "operator", "operator-pass-123", address=latecomer).status_code == 429
+    _age_attempts(timedelta(minutes=1, seconds=1))
+    assert _post(client, LOGIN, "operator", "operator-pass-123", address=latecomer).status_code == 302
+
+
+@pytest.mark.django_db
+def test_it_counts_an_ipv6_client_by_its_64_bit_network(client, operator):
+    # One IPv6 machine is given a whole /64: counted address by address, it could guess without end.
+    _fail(client, LOGIN, "operator", times=1, address="2001:db8:1:2::1")
+    _fail(client, LOGIN, "operator", times=settings.AXES_FAILURE_LIMIT - 1, address="2001:db8:1:2:aa::7")
+    assert _post(client, LOGIN, "operator", "operator-pass-123", address="2001:db8:1:2:ffff::9").status_code == 429
+    assert _post(client, LOGIN, "operator", "operator-pass-123", address="2001:db8:1:3::1").status_code == 302
+
+
 @pytest.mark.django_db
 def test_it_lets_the_pair_in_again_after_the_cool_off(client, operator):
     _fail(client, LOGIN, "operator")
@@ -146,3 +229,13 @@ def test_its_settings_come_from_the_environment(tmp_path):
     assert json.loads(chosen.stdout.strip().splitlines()[-1]) == [3, 3600.0, "HTTP_X_FORWARDED_FOR"]
     bad = _settings_in_fresh_process(tmp_path, LOGIN_CLIENT_IP_HEADER="X-Forwarded-For: 1.2.3.4")
     assert bad.returncode != 0 and "LOGIN_CLIENT_IP_HEADER" in bad.stderr
+
+
+def test_it_refuses_an_account_limit_that_one_address_could_reach(tmp_path):
+    # Each address counts toward the account's limit only up to its own: an account limit at or below it would let
+    # one address lock the username out for everyone.
+    refused = _settings_in_fresh_process(tmp_path, LOGIN_FAILURE_LIMIT="10", LOGIN_ACCOUNT_FAILURE_LIMIT="10")
+    assert refused.returncode != 0
+    assert "LOGIN_ACCOUNT_FAILURE_LIMIT" in refused.stderr and "LOGIN_FAILURE_LIMIT" in refused.stderr
+    allowed = _settings_in_fresh_process(tmp_path, LOGIN_FAILURE_LIMIT="10", LOGIN_ACCOUNT_FAILURE_LIMIT="11")
+    assert allowed.returncode == 0, allowed.stderr
