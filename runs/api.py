@@ -104,11 +104,42 @@ class PhaseOut(Schema):
     data: dict | None = None  # {dataset_id, name, sha256, manifest, download}: what the agent fetches and checks
 
 
+class PresignedGetsOut(Schema):
+    kind: Literal["s3-get"]
+    files: dict[str, str] = Field(..., description="{file name: its presigned GET}")
+
+
+class HubModelOut(Schema):
+    kind: Literal["hub"]
+    repo_id: str
+    revision: str | None = None
+
+
+class S3ModelOut(Schema):
+    kind: Literal["s3"]
+    uri: str
+    files: dict[str, int] = Field(..., description="{file name under the prefix: its size in bytes}, what each "
+                                                   "download is checked against")
+    download: PresignedGetsOut
+    expires_at: datetime = Field(..., description="the presigned GETs stop working then")
+
+
+class RefusedModelOut(Schema):
+    kind: Literal["refused"]
+    uri: str
+    reason: str = Field(..., description="why the dashboard could not grant the model; the box reports it and stops")
+
+
+ModelOut = Annotated[HubModelOut | S3ModelOut | RefusedModelOut, Field(discriminator="kind")]
+
+
 class SpecOut(Schema):
     run_id: int
     name: str
     recipe: dict
     phases: list[PhaseOut]
+    model: ModelOut | None = Field(None, description="the base model the box downloads; none when it is built from "
+                                                     "the recipe's config")
     resume: list[dict]
     upload: dict
     heartbeat_interval_s: int

@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Instance
-from runs import checkpoints, datasets, events, lifecycle, pulse, storage
+from runs import checkpoints, datasets, events, lifecycle, model_grants, pulse, storage
 from runs.costs import run_cost
 from runs.models import MetricPoint, Run, RunAttempt
-from training import metric_fields, model_source
+from training import metric_fields
 from training.recipe import RunRecipe
 
 METRIC_FIELDS = list(metric_fields.NAMES)
@@ -167,8 +167,9 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         "phases": [{"index": p.index, "name": p.name, "kind": p.kind, "steps": p.steps,
                     "data": datasets.box_grant(p.dataset, settings.STORAGE_GRANT_S) if p.dataset else None}
                    for p in run.phases.select_related("dataset")],
-        # The base model, when the box downloads it: a hub id, or an s3:// prefix's files by size with their GETs.
-        "model": model_grant(run.recipe.get("model"), settings.STORAGE_GRANT_S),
+        # The base model, when the box downloads it: a hub id, or an s3:// prefix's files by size with their GETs
+        # (signed once per attempt).
+        "model": model_grants.for_attempt(attempt, now=now),
         "resume": [{"phase": c.phase, "step": c.step, "uri": c.uri, "manifest": c.manifest,
                     "download": storage.download_grant(where, c.uri, c.manifest, settings.STORAGE_GRANT_S)}
                    for c in candidates],
@@ -178,21 +179,3 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         "renewed_until": renewed_until(now),
         "max_metric_points": settings.AGENT_MAX_METRIC_POINTS,
     }
-
-
-def model_grant(model, expires_s: int) -> dict | None:
-    """What a box needs to download the run's base model (training.model_source.fetch), or None when it builds it
-    from a config or reads a folder. An s3:// model that can no longer be listed is refused in the grant's words,
-    for the box to report."""
-    path = model.get("path") if isinstance(model, dict) and "config" not in model else None
-    if not isinstance(path, str):
-        return None
-    kind = model_source.kind_of(path)
-    if kind == "hub":
-        return {"kind": "hub", "repo_id": path, "revision": model.get("revision")}
-    if kind == "s3":
-        try:
-            return storage.model_read_grant(path, expires_s)
-        except storage.ModelUnreadable as exc:
-            return {"kind": "refused", "uri": path, "reason": str(exc)}
-    return None

@@ -194,7 +194,10 @@ def model_read_grant(model_uri: str, expires_s: int) -> dict:
         error = exc.response.get("Error", {})
         raise ModelUnreadable(f"{model_uri} cannot be listed with the dashboard's key: "
                               f"{error.get('Code', '')} {error.get('Message') or exc}".strip()) from None
-    except (botocore.exceptions.BotoCoreError, TooManyObjects) as exc:
+    except TooManyObjects:
+        raise ModelUnreadable(f"{model_uri} holds more than {MAX_MODEL_OBJECTS:,} objects, more than any model's "
+                              "folder: name the folder of the model's own files") from None
+    except botocore.exceptions.BotoCoreError as exc:
         raise ModelUnreadable(f"{model_uri} cannot be listed: {exc}") from None
     if not sizes:
         raise ModelUnreadable(f"{model_uri} holds no files")

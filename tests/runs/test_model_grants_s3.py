@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from runs import reports, storage
+from runs import model_grants, storage
 from runs.launch import LaunchError, disk_need, example_recipe, launch
 from tests.runs.conftest import tiny_recipe
 from training import model_source
@@ -39,21 +39,21 @@ def _put_model(client, files=FILES):
 
 def test_it_grants_each_file_under_the_models_prefix_only_by_size_and_expiring(s3):  # noqa: F811
     _put_model(s3)
-    grant = reports.model_grant({"path": MODEL}, expires_s=600)
+    grant = model_grants.grant({"path": MODEL}, expires_s=600)
     assert grant["kind"] == "s3" and grant["files"] == {name: len(data) for name, data in FILES.items()}
     for name, url in grant["download"]["files"].items():
         query = parse_qs(urlparse(url).query)
         assert urlparse(url).path == f"/{BUCKET}/models/qwen3-tiny/{name}" and "account-secret" not in url
         assert query["X-Amz-Expires"] == ["600"] and query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
         assert datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ") > datetime.utcnow() - timedelta(minutes=1)
-    assert reports.model_grant({"path": "Qwen/Qwen3-30B-A3B", "revision": "main"}, 600) == {
+    assert model_grants.grant({"path": "Qwen/Qwen3-30B-A3B", "revision": "main"}, 600) == {
         "kind": "hub", "repo_id": "Qwen/Qwen3-30B-A3B", "revision": "main"}
-    assert reports.model_grant({"config": {"model_type": "qwen3_moe"}}, 600) is None
+    assert model_grants.grant({"config": {"model_type": "qwen3_moe"}}, 600) is None
 
 
 def test_the_agent_downloads_the_model_continues_a_partial_file_and_hands_over_the_folder(s3, tmp_path):  # noqa: F811
     _put_model(s3)
-    grant = reports.model_grant({"path": MODEL}, expires_s=600)
+    grant = model_grants.grant({"path": MODEL}, expires_s=600)
     root = tmp_path / "box" / "model"
     folder = root / model_source.folder_name(MODEL)
     (folder).mkdir(parents=True)
@@ -72,7 +72,7 @@ def test_the_agent_downloads_the_model_continues_a_partial_file_and_hands_over_t
 
 def test_the_agent_refuses_a_file_whose_size_is_not_the_listed_one(s3, tmp_path):  # noqa: F811
     _put_model(s3)
-    grant = reports.model_grant({"path": MODEL}, expires_s=600)
+    grant = model_grants.grant({"path": MODEL}, expires_s=600)
     s3.put_object(Bucket=BUCKET, Key="models/qwen3-tiny/model-00001.safetensors", Body=b"A" * 3500)  # changed since
     with pytest.raises(model_source.ModelRefused, match="model-00001.safetensors is larger than the 3,000 bytes"):
         fetch_model(_Recorder(), grant, {"path": MODEL}, tmp_path)

@@ -1,0 +1,65 @@
+"""The run's base model as its box downloads it (the spec's `model`): a hub id, or an s3:// prefix's files by size with
+their presigned GETs, listed and signed once per attempt (docs/runs.md, "runs/model_grants.py")."""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from runs import storage
+from runs.models import ModelGrant, RunAttempt
+from training import model_source
+
+
+def model_path(model) -> str | None:
+    """The recipe's model.path when the box downloads the model, None when it builds it from a config."""
+    path = model.get("path") if isinstance(model, dict) and "config" not in model else None
+    return path if isinstance(path, str) else None
+
+
+def grant(model, expires_s: int) -> dict | None:
+    """What a box needs to download the run's base model (training.model_source.fetch), or None when it builds it
+    from a config or reads a folder. An s3:// model that cannot be listed is refused in the grant's words, for the
+    box to report."""
+    path = model_path(model)
+    if path is None:
+        return None
+    kind = model_source.kind_of(path)
+    if kind == "hub":
+        return {"kind": "hub", "repo_id": path, "revision": model.get("revision")}
+    if kind == "s3":
+        try:
+            return storage.model_read_grant(path, expires_s)
+        except storage.ModelUnreadable as exc:
+            return {"kind": "refused", "uri": path, "reason": str(exc)}
+    return None
+
+
+def reusable(expires_at: datetime, now: datetime, life_s: int) -> bool:
+    """Whether a grant signed for `life_s` seconds may be answered again at `now`: while half its life is left, the
+    least a box is given to start its downloads. Pure."""
+    return expires_at - now >= timedelta(seconds=life_s / 2)
+
+
+def for_attempt(attempt: RunAttempt, *, now: datetime | None = None) -> dict | None:
+    """The spec's model for one attempt. An s3:// model's grant (or refusal) is signed on the attempt's first ask and
+    answered again while reusable; a new attempt, or an old grant, is listed and signed anew."""
+    now = now or timezone.now()
+    model = attempt.run.recipe.get("model")
+    path, life_s = model_path(model), settings.STORAGE_GRANT_S
+    if path is None or model_source.kind_of(path) != "s3":
+        return grant(model, life_s)
+    kept = ModelGrant.objects.filter(attempt=attempt, uri=path).first()
+    if kept is not None and reusable(kept.expires_at, now, life_s):
+        return kept.grant
+    expires_at = timezone.now() + timedelta(seconds=life_s)  # taken before signing: never later than the GETs expire
+    fresh = grant(model, life_s)
+    assert fresh is not None  # an s3:// path always has a grant or a refusal
+    if fresh["kind"] == "s3":
+        fresh["expires_at"] = expires_at.isoformat()
+    # A run keeps its current attempt's grant only: a replaced box's is of no use to anyone.
+    ModelGrant.objects.filter(attempt__run_id=attempt.run_id).exclude(attempt=attempt).delete()
+    ModelGrant.objects.bulk_create([ModelGrant(attempt=attempt, uri=path, grant=fresh, expires_at=expires_at)],
+                                   update_conflicts=True, unique_fields=["attempt"],
+                                   update_fields=["uri", "grant", "expires_at"])
+    return fresh
