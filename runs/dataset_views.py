@@ -4,6 +4,7 @@ from django.db.models import Count
 from django.shortcuts import get_object_or_404, render
 
 from runs.models import DataSet
+from runs.sample_render import shown_sample
 
 
 def dataset_list(request):
@@ -14,5 +15,6 @@ def dataset_list(request):
 def dataset_detail(request, pk):
     dataset = get_object_or_404(DataSet.objects.select_related("uploaded_by"), pk=pk)
     runs = (dataset.phases.select_related("run").order_by("-run__created_at", "index"))[:100]
+    sample = shown_sample(dataset.report.get("sample") or {})  # cut again: an older row may hold one whole
     return render(request, "runs/dataset_detail.html", {"dataset": dataset, "report": dataset.report,
-                                                        "sample": (dataset.report.get("sample") or {}), "uses": runs})
+                                                        "sample": sample, "uses": runs})

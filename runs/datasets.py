@@ -5,9 +5,9 @@ A phase's `data` is a file uploaded with the launch or a name its user stored, a
 """
 
 import hashlib
-import json
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -16,7 +16,7 @@ import botocore.exceptions
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from runs import storage
+from runs import sample_render, storage
 from runs.models import DataSet, DataSetName
 import training
 from training import records
@@ -24,7 +24,9 @@ from training import records
 EXAMPLE_PREFIX = "example:"
 EXAMPLES = Path(training.__file__).resolve().parent / "examples"
 MAX_ERRORS = 20  # per file: enough to see a pattern, few enough to read
-SAMPLE_RECORDS = 200  # rendered and counted in tokens; every line is checked
+SAMPLE_RECORDS = 200  # rendered and counted in tokens; every line is checked, within CHECK_SECONDS
+CHECK_SECONDS = 15.0  # a launch's data checks together: the web server answers within 30 s
+RENDER_MAX_BYTES = 256 * 1024  # a longer record is checked, not rendered in the sample
 NAME_MAX = DataSet._meta.get_field("name").max_length  # a data set's name: an upload's file name or its s3:// URI
 
 
@@ -70,11 +72,15 @@ def model_tokenizer(model: dict) -> Tokenizer:
     return Tokenizer(tokenizer, name)
 
 
-def check_file(path: Path, kind: str, tokenizer: Tokenizer) -> Inspection:
-    """Every line of a phase's JSONL checked for its kind, the first SAMPLE_RECORDS rendered and counted."""
+def check_file(path: Path, kind: str, tokenizer: Tokenizer, deadline: float | None = None) -> Inspection:
+    """Every line of a phase's JSONL checked for its kind until `deadline` (time.monotonic(); CHECK_SECONDS from now
+    when None), its first SAMPLE_RECORDS of at most RENDER_MAX_BYTES rendered and counted within the rest of it
+    (docs/runs.md, "runs/datasets.py")."""
+    deadline = time.monotonic() + CHECK_SECONDS if deadline is None else deadline
     sha, size, rows, errors = hashlib.sha256(), 0, 0, []
     sample: list[tuple[int, dict]] = []  # (line number, record)
-    limit = settings.DATASET_MAX_LINE_BYTES
+    unchecked_from, too_large = None, []  # the first line left unchecked; lines too large to render
+    limit = min(settings.DATASET_MAX_LINE_BYTES, records.MAX_RECORD_BYTES)
     with open(path, "rb") as f:
         for number, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
             if len(raw) > limit and not raw.endswith(b"\n"):
@@ -84,46 +90,62 @@ def check_file(path: Path, kind: str, tokenizer: Tokenizer) -> Inspection:
             size += len(raw)
             if not raw.strip():
                 continue
-            problems = _line_problems(kind, raw)
+            if unchecked_from is not None:  # hashed and counted, not parsed: the check's time is spent
+                rows += 1
+                continue
+            problems = _line_problems(kind, raw, limit)
             if isinstance(problems, dict):
                 rows += 1
-                if len(sample) < SAMPLE_RECORDS:
+                if len(raw) > RENDER_MAX_BYTES:
+                    too_large.append(number)
+                elif len(sample) < SAMPLE_RECORDS:
                     sample.append((number, problems))
             else:
                 errors += [f"line {number}: {p}" for p in problems]
+            if time.monotonic() > deadline:
+                unchecked_from = number + 1
     if not rows and not errors:
         errors.append("no records: the file is empty")
-    report = {"tokenizer": tokenizer.name, "notes": [tokenizer.note] if tokenizer.note else []}
-    if tokenizer.tokenizer is not None and sample:
-        report.update(_measured(kind, sample, tokenizer.tokenizer, errors))
+    notes = [tokenizer.note] if tokenizer.note else []
+    if unchecked_from is not None and rows > 0:
+        notes.append(f"lines {unchecked_from:,} on were not checked here: a launch checks its data for at most "
+                     f"{CHECK_SECONDS:g} s (the box checks every record before it trains)")
+    if too_large:
+        more = f" and {len(too_large) - 1:,} more" if len(too_large) > 1 else ""
+        notes.append(f"line {too_large[0]:,}{more} not rendered here: a launch renders records of at most "
+                     f"{RENDER_MAX_BYTES:,} bytes (the box renders every record)")
+    report: dict = {"tokenizer": tokenizer.name, "notes": notes}
+    if tokenizer.tokenizer is not None and sample and not errors:
+        report.update(_measured(kind, sample, tokenizer.tokenizer, errors, deadline, notes))
     return Inspection(sha.hexdigest(), size, rows, _capped(errors), report)
 
 
-def _line_problems(kind: str, raw: bytes):
+def _line_problems(kind: str, raw: bytes, limit: int):
     """The record, or the problems of its line."""
     try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return ["not UTF-8 text"]
-    except ValueError as exc:
-        return [f"not JSON ({exc})"]
+        record = records.parse_record(raw, limit)
+    except records.RecordUnreadable as exc:
+        return [str(exc)]
     problems = records.record_problems(kind, record)
     return problems or record
 
 
-def _measured(kind: str, sample: list[tuple[int, dict]], tokenizer, errors: list[str]) -> dict:
-    tokens, trained, longest, shown = 0, 0, 0, None
-    for number, record in sample:
-        try:
-            ids, labels = records.render_record(kind, record, tokenizer)
-        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja, a missing key) names the line
-            errors.append(f"line {number}: the chat template cannot render it: {type(exc).__name__}: {exc}")
+def _measured(kind: str, sample: list[tuple[int, dict]], tokenizer, errors: list[str], deadline: float,
+              notes: list[str]) -> dict:
+    """The sample rendered in a bounded child (runs/sample_render.py): its counts; its errors and stops said."""
+    results, stopped = sample_render.rendered(kind, sample, tokenizer, seconds=deadline - time.monotonic())
+    tokens, trained, longest, measured, shown = 0, 0, 0, 0, None
+    for result in results:
+        if "error" in result:
+            errors.append(f"line {result['line']}: {result['error']}")
             continue
-        tokens, longest = tokens + len(ids), max(longest, len(ids))
-        trained += sum(label != records.IGNORE for label in labels)
-        if shown is None:
-            shown = {"line": number, "segments": records.trained_segments(tokenizer, ids, labels)}
-    measured = len(sample)
+        measured += 1
+        tokens, longest = tokens + result["tokens"], max(longest, result["tokens"])
+        trained += result["trained"]
+        if "segments" in result:
+            shown = {"line": result["line"], "segments": result["segments"], "more_chars": result["more_chars"]}
+    if stopped and not errors:
+        notes.append(f"{measured} of the first {len(sample)} record(s) rendered: {stopped}")
     return {"records_measured": measured, "tokens_measured": tokens, "trained_tokens_measured": trained,
             "longest_tokens": longest, "sample": shown}
 
@@ -140,7 +162,7 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
     """One stored DataSet per phase of a checked recipe (in order), or DataError with every problem at once (and
     nothing stored). `uploads` maps a file name to a Django uploaded file; `user` is who launches (None: the
     product), whose own stored data sets in `bucket` are the only ones a name finds (_stored)."""
-    tokenizer = None
+    tokenizer, deadline = None, time.monotonic() + CHECK_SECONDS
     found: list[DataSet | tuple[Inspection, Path, str, str]] = []  # stored, or checked and to be kept
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="launch-data-") as scratch:
@@ -163,7 +185,7 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
                 problems.append(f"{where}: {exc}")
                 continue
             tokenizer = tokenizer or model_tokenizer(recipe["model"])
-            checked = check_file(path, phase["kind"], tokenizer)
+            checked = check_file(path, phase["kind"], tokenizer, deadline)
             if checked.errors:
                 problems += [f"{where}: {e}" for e in checked.errors]
                 continue

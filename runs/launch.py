@@ -40,6 +40,7 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
         raise LaunchError(str(exc), "bucket") from None
     if budget_usd <= 0:
         raise LaunchError("The budget must be more than $0.", "budget_usd")
+    refuse_local_tokenizer(checked["model"])
     need = disk_need(checked, profile, listed_weights_gb=model_size_gb(checked["model"]))
     try:
         disk_gb = disk.chosen_disk_gb(need, disk_gb)
@@ -86,6 +87,16 @@ def model_size_gb(model: dict) -> float | None:
                           f"{', ...' if len(files) > 5 else ''}): name the folder that holds the model's files",
                           "recipe")
     return sum(files.values()) / 1e9
+
+
+def refuse_local_tokenizer(model: dict) -> None:
+    """LaunchError by the recipe when model.tokenizer is not a hub id: a folder here is read by no box, and the
+    dashboard would load it from its own disk as it checks the data (docs/runs.md, "runs/launch.py")."""
+    tokenizer = model.get("tokenizer")
+    if tokenizer is not None and model_source.kind_of(tokenizer) != "hub":
+        raise LaunchError(f"model.tokenizer {tokenizer}: a folder on the dashboard's machine is not read by a box (a "
+                          "box is another machine): name a hub id (owner/name), or leave it out for model.path's own",
+                          "recipe")
 
 
 def disk_need(recipe: dict, profile=None, *, listed_weights_gb: float | None = None) -> disk.DiskNeed:

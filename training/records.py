@@ -11,6 +11,14 @@ _GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # How many tokens a template may add to a conversation's final assistant turn that the same turn inside a longer
 # conversation lacks (Qwen3 opens the last one with an empty reasoning block: 4 tokens).
 _MAX_LAST_TURN_EXTRA = 64
+# A record's bounds, the box's and the launch check's alike: far past any real conversation, short of what makes
+# parsing one line costly (json.loads recurses once per level and gives up near 1000).
+MAX_RECORD_BYTES = 64 * 1024**2  # the launch check reads at most DATASET_MAX_LINE_BYTES of it, 16 MiB by default
+MAX_RECORD_DEPTH = 64  # objects and lists inside one another
+
+
+class RecordUnreadable(ValueError):
+    """A JSONL line that is not read as a record: too long, not UTF-8, not JSON or nested too deep."""
 
 
 class ByteTokenizer:
@@ -182,18 +190,42 @@ def _tools(tools) -> list[str]:
             or not isinstance(tool["function"].get("name"), str)]
 
 
-def read_records(path, kind: str) -> list[dict]:
+def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES):
+    """One JSONL line's value, within bounds: RecordUnreadable (a ValueError) in words when it is longer than
+    `max_bytes`, not UTF-8, not JSON, or nested deeper than MAX_RECORD_DEPTH (docs/training.md,
+    "training/records.py")."""
+    if len(raw) > max_bytes:
+        raise RecordUnreadable(f"longer than {max_bytes:,} bytes: not read")
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RecordUnreadable("not UTF-8 text") from None
+    except RecursionError:  # json's decoder gives up near the interpreter's recursion limit
+        raise RecordUnreadable(f"nested deeper than {MAX_RECORD_DEPTH} levels") from None
+    except ValueError as exc:
+        raise RecordUnreadable(f"not JSON ({exc})") from None
+    stack = [(value, 1)]  # measured without recursion: the checks after this one recurse, within the bound
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_RECORD_DEPTH:
+                raise RecordUnreadable(f"nested deeper than {MAX_RECORD_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
+
+
+def read_records(path, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> list[dict]:
     """Every record of a phase's JSONL file; the first unusable line raises ValueError with its line number."""
     records = []
     # Lines end at "\n" alone, as the launch check splits them: a "\r" inside a line (JSON whitespace) is no end.
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, line in enumerate(iter(lambda: f.readline(max_bytes + 1), b""), 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+                record = parse_record(line, max_bytes)
+            except RecordUnreadable as exc:
+                raise RecordUnreadable(f"{path}:{number}: {exc}") from None
             problems = record_problems(kind, record)
             if problems:
                 raise ValueError(f"{path}:{number}: {'; '.join(problems)}")
