@@ -1,5 +1,12 @@
-// The Offers page: a ranking request that fails (the server answers an error, or cannot be reached) leaves the
-// table as it was, so say so in its place instead of showing a stale table as if it were current.
+// The Offers page: choosing a saved profile loads the page with that profile's recipe and filters.
+document.addEventListener("change", (event) => {
+  if (event.target.matches("#ranking-form select[name=profile]")) {
+    window.location = "?profile=" + encodeURIComponent(event.target.value);
+  }
+});
+
+// A ranking request that fails (the server answers an error, or cannot be reached) leaves the table as it was, so
+// say so in its place instead of showing a stale table as if it were current.
 document.addEventListener("htmx:afterRequest", (event) => {
   const ranking = document.getElementById("ranking");
   if (!ranking || event.detail.target !== ranking || event.detail.successful) return;

@@ -2,6 +2,7 @@
 as one of the users tests/conftest.py makes."""
 
 import os
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -34,3 +35,12 @@ def log_in(page, live_server, username):
     page.fill("input[name=password]", f"{username}-pass-123")
     page.click("main button[type=submit]")
     page.wait_for_url(f"{live_server.url}/")
+
+
+def wait_until(page, expression: str, timeout_ms: int = 10_000) -> None:
+    """Waits until `expression` is true in the page. Playwright's wait_for_function evaluates its predicate with eval,
+    which the pages' Content-Security-Policy refuses; page.evaluate is not subject to it."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true within {timeout_ms} ms: {expression}"
+        page.wait_for_timeout(100)

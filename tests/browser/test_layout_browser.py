@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium
+from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium, wait_until
 
 WIDTHS = (1400, 390)
 UNBROKEN = "Traceback:/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/" + "x" * 220
@@ -87,8 +87,8 @@ def overflow(page) -> dict:
 
 
 def wait_for_charts(page):
-    page.wait_for_function("""() => [...document.querySelectorAll('[data-chart]')].every(
-        el => el.dataset.rendered || el.dataset.empty)""", timeout=30_000)
+    wait_until(page, """() => [...document.querySelectorAll('[data-chart]')].every(
+        el => el.dataset.rendered || el.dataset.empty)""", timeout_ms=30_000)
 
 
 def tick_labels(page, chart: str, axis: str) -> list[str]:
@@ -183,7 +183,7 @@ def test_the_compare_charts_show_every_gpu_name_whole(live_server, seeded, long_
     page = browser.new_page(viewport={"width": width, "height": 1000})
     log_in(page, live_server)
     page.goto(f"{live_server.url}/runs/compare/")
-    page.wait_for_function("() => document.querySelectorAll('.xtick text').length > 0")
+    wait_until(page, "() => document.querySelectorAll('.xtick text').length > 0")
     clipped = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
         const edge = plot.getBoundingClientRect();
         return [...plot.querySelectorAll('.xtick text')].filter(label => {

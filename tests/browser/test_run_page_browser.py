@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium
+from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium, wait_until
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHARTS = {
@@ -45,7 +45,7 @@ def log_in(page, live_server):
 
 
 def rendered_traces(page) -> dict[str, list[str]]:
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 8", timeout=20_000)
+    wait_until(page, "document.querySelectorAll('.js-plotly-plot').length >= 8", timeout_ms=20_000)
     return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.js-plotly-plot')].map(
         el => [el.dataset.chart, (el.data || []).map(t => t.name)]))""")
 
@@ -79,7 +79,7 @@ def test_it_renders_every_chart_with_named_traces_and_warns_only_for_zero_routed
     page.screenshot(path=str(ARTIFACTS / "run_page_zero_gradient.png"), full_page=True)
 
     page.goto(f"{live_server.url}/runs/compare/")
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=20_000)
+    wait_until(page, "document.querySelectorAll('.js-plotly-plot').length >= 3", timeout_ms=20_000)
     compare = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(
         el => (el.data || []).map(t => t.name))""")
     assert all(names == ["triton kernels"] for names in compare), compare
