@@ -10,6 +10,7 @@ from config.dashboard import dashboard
 from config.health import healthz
 from fleet import instance_views
 from fleet.alerts import views as alert_views
+from fleet.inference import checkin_views
 from fleet.inference import views as inference_views
 from fleet.offers import views as offer_views
 from runs import chart_views, dataset_views, prometheus
@@ -62,4 +63,5 @@ urlpatterns = [
     path("favicon.ico", login_not_required(RedirectView.as_view(url=lazy(static, str)("favicon.svg"), permanent=True)),
          name="favicon"),
     path("api/agent/v1/", (_without_login(agent_api.urls[0]), *agent_api.urls[1:])),
+    path("api/serving/v1/instances/<int:pk>/checkin", checkin_views.checkin_view, name="serving_checkin"),
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 from django.conf import settings
 
 from fleet import hooks
+from fleet.inference import checkin
 
 ENV = "FLEET_ADAPTER"
 VLLM_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM loads an adapter from
@@ -60,9 +61,9 @@ TENSOR_PARALLEL = (
 
 
 def start_script(model) -> str:
-    """The box's start script: the adapter fetched and checked into its work folder, then vLLM in the background with
-    it (an ssh-type box does not run the image's entrypoint). A failed fetch ends the script before vLLM starts, so
-    the probes fail and the fleet replaces the box."""
+    """The box's start script: the watchdog (checkin.START), the adapter fetched and checked into its work folder, then
+    vLLM in the background with it (an ssh-type box does not run the image's entrypoint). A failed fetch ends the
+    script before vLLM starts, so the probes fail and the fleet replaces the box."""
     if FETCH_END in FETCH_SOURCE:
         raise ValueError("the fetch program holds its own heredoc end marker")
     name, base = shlex.quote(model.name), shlex.quote(model.base_model)
@@ -72,6 +73,7 @@ def start_script(model) -> str:
         "set -eu",
         'root="${FLEET_WORKDIR:-/workspace}"',
         'mkdir -p "$root"',
+        checkin.START,
         f'adapter="$root/adapters/"{name}',
         f"rank=$(python3 - \"$adapter\" <<'{FETCH_END}'",
         FETCH_SOURCE.rstrip("\n"),

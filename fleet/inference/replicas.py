@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.alerts.notify import raise_alert
-from fleet.inference import adapters
+from fleet.inference import adapters, checkin
 from fleet.models import Alert, InferenceModel, Instance, Offer
 from fleet.offers.ranked import rent_settings
 
@@ -34,6 +34,20 @@ def failing_threshold() -> int:
 
 def is_replica(state: str, consecutive_probe_failures: int, threshold: int) -> bool:
     return state in REPLICA_STATES and consecutive_probe_failures < threshold
+
+
+def checkin_refusal(*, state: str, serves_model: bool, kept: bool) -> str:
+    """Why the dashboard no longer wants a serving box that checks in (it then stops its own machine), or "" to
+    let it go on. A box kept for debugging goes on; a failing one too (the reaper, not its own switch, ends it)."""
+    if kept:
+        return ""
+    if state == State.STOPPING:
+        return "it is being destroyed"
+    if state not in REPLICA_STATES:
+        return f"it is {state}"
+    if not serves_model:
+        return "its inference model is gone"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -152,22 +166,25 @@ def machines_to_avoid(model: InferenceModel, now: datetime) -> set[str]:
     return machines
 
 
-def serving_env(model: InferenceModel) -> dict[str, str]:
-    """What a box of this model gets in its environment, made when it is rented (an adapter's read grant expires)."""
+def serving_env(model: InferenceModel, instance: Instance) -> dict[str, str]:
+    """What a box of this model gets in its environment, made when it is rented (an adapter's read grant expires):
+    its own check-in token and the watchdog's files too."""
     # vast.ai maps the ports named as docker "-p" options in env keys; without it /v1/models has no public port.
-    env = {f"-p {model.port}:{model.port}": "1"}
+    env = {f"-p {model.port}:{model.port}": "1", **checkin.box_env(instance)}
     if model.serves_adapter:
         env.update(adapters.box_env(model))
     return env
 
 
 def serving_onstart(model: InferenceModel) -> str:
+    """The box's start script: the watchdog first (checkin.START), then vLLM."""
     if model.serves_adapter:
         return adapters.start_script(model)
     # An ssh-type box does not run the image's entrypoint, so the serving command is the box's start script.
-    return "\n".join([*adapters.TENSOR_PARALLEL,
+    return "\n".join(['root="${FLEET_WORKDIR:-/workspace}"', 'mkdir -p "$root"', checkin.START,
+                      *adapters.TENSOR_PARALLEL,
                       f"nohup vllm serve {shlex.quote(model.name)} --host 0.0.0.0 --port {model.port} "
-                      '--tensor-parallel-size "$tp" >> /var/log/vllm.log 2>&1 &', ""])
+                      '--tensor-parallel-size "$tp" >> "$root/vllm.log" 2>&1 &', ""])
 
 
 def rank_settings(model: InferenceModel):
@@ -191,7 +208,7 @@ def _resume_unrented(model: InferenceModel, now: datetime) -> list[str]:
     never rented: rent it now (actions.rent calls the provider at most once per row)."""
     rented = []
     for instance in Instance.objects.filter(serving_model=model, state=State.REQUESTED, rent_attempted_at=None):
-        rented.append(actions.rent(instance.pk, now=now, env=serving_env(model),
+        rented.append(actions.rent(instance.pk, now=now, env=serving_env(model, instance),
                                    onstart=serving_onstart(model)).label)
     return rented
 
@@ -228,7 +245,7 @@ def _rent_replacements(model: InferenceModel, rentals, now: datetime, entry: Mod
 
         done = actions.rent_best(*rank_settings(model), idempotency_key=rental.idempotency_key,
                                  purpose="serving", image=model.image, avoid_machines=avoid,
-                                 avoid_offers=frozenset(taken), env=serving_env(model),
+                                 avoid_offers=frozenset(taken), env=lambda row: serving_env(model, row),
                                  onstart=serving_onstart(model), on_requested=replica, now=now)
         if done is None:
             entry.note += f"; no offer passes the filters{' off the machines that failed' if avoid else ''}"

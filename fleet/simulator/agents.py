@@ -27,6 +27,10 @@ class AgentProcesses(InstanceHooks):
         self.extra_env = dict(extra_env or {})
         self.processes: dict[int, subprocess.Popen] = {}
         self._lock = threading.Lock()
+        self.api_url = ""  # the marketplace's, once it listens: a box stops its own machine there
+
+    def on_listening(self, api_url: str) -> None:
+        self.api_url = api_url
 
     def shims(self) -> Path:
         """The folder whose `python3`, `python` and `vllm` a start script finds first on its PATH."""
@@ -62,6 +66,8 @@ class AgentProcesses(InstanceHooks):
                                                   for port, mapped in (instance.get("ports") or {}).items()})}
             if instance.get("num_gpus"):
                 env["FLEET_SIM_NUM_GPUS"] = str(instance["num_gpus"])
+            if self.api_url and instance.get("container_api_key"):  # as vast.ai gives each machine its own key
+                env |= {"CONTAINER_API_KEY": instance["container_api_key"], "FLEET_VAST_API_URL": self.api_url}
             argv = shlex.split(command) if "\n" not in command else []
             if argv and argv[0] in ("python", "python3"):
                 argv[0] = self.python

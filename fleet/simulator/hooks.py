@@ -5,6 +5,9 @@ is logged and ignored (docs/fleet.md, "fleet/simulator/hooks.py")."""
 class InstanceHooks:
     """Does nothing; subclass and override what you need."""
 
+    def on_listening(self, api_url: str) -> None:
+        """The marketplace's API is served at `api_url`, where a machine stops itself with its own key."""
+
     def on_rented(self, instance: dict) -> None:
         """Right after the rent; the container is only being created."""
 

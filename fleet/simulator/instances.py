@@ -71,6 +71,7 @@ class Instance:
     traffic_first_at: float | None = None
     traffic_last_at: float | None = None
     log_lines: list = field(default_factory=list)  # (simulated time, text) of the container's log
+    container_api_key: str = ""  # the key vast.ai gives the machine itself: it opens only this instance's stop
 
     @property
     def dph_total(self) -> float:
@@ -191,4 +192,5 @@ class Instance:
             "upload_gb": self.upload_gb,
             "download_gb": self.download_gb,
             "offer_id": self.offer.id,
+            "container_api_key": self.container_api_key,
         }

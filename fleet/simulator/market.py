@@ -1,8 +1,10 @@
 """The simulated marketplace's state and rules, pure of HTTP, under one lock; every call first brings the state up to
 the clock's "now"."""
 
+import hmac
 import logging
 import random
+import secrets
 import socket
 import threading
 import time
@@ -112,6 +114,12 @@ class Market:
             if not instance.offer.gone:
                 instance.offer.rented_by = None  # the machine goes back on the market
             self._emit("on_destroyed", instance, now)
+
+    def container_instance(self, key: str) -> int | None:
+        """The listed instance whose own key (CONTAINER_API_KEY) this is, or None."""
+        with self._transaction() as now:
+            return next((i.id for i in self._instances.values() if i.listed(now) and i.container_api_key
+                         and hmac.compare_digest(i.container_api_key.encode(), key.encode())), None)
 
     def manage(self, instance_id: int, body: dict) -> None:
         """`PUT /instances/{id}/`: {"state": "stopped"|"running"} and/or {"label": ...}."""
@@ -420,6 +428,7 @@ class Market:
             cuda_init_error=cuda_init_error,
             dies_at=now + offer.dies_after_s if offer.dies_after_s else None,
             effective_inet_up_mbps=offer.effective_inet_up_mbps,
+            container_api_key=secrets.token_hex(16),
         )
 
     def _sync(self, now: float) -> None:

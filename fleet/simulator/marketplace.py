@@ -40,6 +40,7 @@ class SimulatedMarketplace:
             raise RuntimeError("already started")
         self._server = SimulatorServer((self.host, self.port), self.market, self.api_key, self.control_token)
         self.port = self._server.server_address[1]
+        self.market.hooks.on_listening(self.base_url)
         self._stopping.clear()
         self._threads = [
             threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},

@@ -45,6 +45,9 @@ class SimulatorServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
 
 
+MACHINE_STOP = re.compile(r"/instances/(\d+)/?")
+
+
 def _route(method: str, pattern: str):
     return method, re.compile(pattern + r"/?$")
 
@@ -138,7 +141,7 @@ class Handler(BaseHTTPRequestHandler):
         if failure is not None:
             self._injected(failure)
             return
-        if not self._authorised():
+        if not self._authorised() and not self._machines_own_stop(method, path, routes):
             self._error(401, "invalid_user_key", "Invalid user key: check the Authorization: Bearer header")
             return
         self._dispatch(routes, method, path)
@@ -170,11 +173,23 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, "not_found", f"No route for {path}")
 
-    def _authorised(self) -> bool:
+    def _key(self) -> str:
         header = self.headers.get("Authorization", "")
         key = header[len("Bearer "):].strip() if header.startswith("Bearer ") else ""
-        key = key or self.query.get("api_key", "")  # vast.ai also takes ?api_key=
+        return key or self.query.get("api_key", "")  # vast.ai also takes ?api_key=
+
+    def _authorised(self) -> bool:
+        key = self._key()
         return bool(key) and hmac.compare_digest(key.encode(), self.server.api_key.encode())
+
+    def _machines_own_stop(self, method: str, path: str, routes) -> bool:
+        """A machine's own key (CONTAINER_API_KEY) opens one call: its own instance's state change (a stop)."""
+        found = MACHINE_STOP.fullmatch(path)
+        key = self._key()
+        if routes is not API_ROUTES or method != "PUT" or found is None or not key:
+            return False
+        return (isinstance(self.body, dict) and set(self.body) == {"state"}
+                and self.server.market.container_instance(key) == int(found.group(1)))
 
     # --- vast.ai API ---
 

@@ -86,10 +86,18 @@ def _box_answers(port: int, timeout_s=30) -> dict:
     raise AssertionError(f"nothing answered on port {port}")
 
 
+def _row(model) -> Instance:
+    """The serving box's row as the fleet writes it before the rent (its check-in token is bound to it)."""
+    return Instance.objects.create(provider="vast", idempotency_key=f"serve-{Instance.objects.count()}",
+                                   label="serve-1", purpose="serving", offer_id="1", gpu_name="H100 SXM",
+                                   image=model.image, disk_gb=100, requested_at=timezone.now(), serving_model=model)
+
+
 def _start_box(model, tmp_path, port, gpus=1) -> AgentProcesses:
     """The box as the simulated marketplace runs it: the start script and environment the fleet rents it with."""
     boxes = AgentProcesses(tmp_path / "boxes")
-    boxes.on_running({"id": 1, "onstart": replicas.serving_onstart(model), "env": replicas.serving_env(model),
+    env = replicas.serving_env(model, _row(model))
+    boxes.on_running({"id": 1, "onstart": replicas.serving_onstart(model), "env": env,
                       "num_gpus": gpus, "ports": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}})
     return boxes
 
@@ -296,7 +304,7 @@ def test_it_grants_a_serving_box_the_adapters_files_only_and_for_a_while(setting
                      "adapter/adapter_model.safetensors", "trainer.pt"):
             s3.put_object(Bucket="store", Key=f"team/runs/3/ckpt-p00-s00000004/{name}", Body=name.encode())
         settings.STORAGE_GRANT_S = 600
-        env = replicas.serving_env(model)
+        env = replicas.serving_env(model, _row(model))
         parts = int(env[f"{adapters.ENV}_PARTS"])
         grant = json.loads("".join(env[f"{adapters.ENV}_{i}"] for i in range(parts)))["grant"]
         assert "account-secret" not in json.dumps(env)
