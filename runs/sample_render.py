@@ -4,11 +4,13 @@ tokenizer or record can hold the launch request (docs/runs.md, "runs/sample_rend
 import multiprocessing
 import os
 import resource
+import signal
 import time
 
 from training import records
 
-RECORD_SECONDS = 2.0  # one record: a real chat template renders one in milliseconds
+RECORD_SECONDS = 2.0  # one record's processor time: a real chat template renders one in milliseconds
+RECORD_WALL_SECONDS = 3 * RECORD_SECONDS  # the same measured from outside, for a child stuck in native code
 MEMORY_BYTES = 1024**3  # what the child may map beyond the launch process's own memory
 SAMPLE_CHARS = 20_000  # of the rendered sample kept and shown
 ERROR_CHARS = 500  # of a template's own error message
@@ -16,8 +18,8 @@ ERROR_CHARS = 500  # of a template's own error message
 
 def rendered(kind: str, sample: list[tuple[int, dict]], tokenizer, *, seconds: float) -> tuple[list[dict], str]:
     """Each sample record measured in order, as {"line", "tokens", "trained", "segments" (the first only)} or
-    {"line", "error"}, and why it stopped early ("" when it did not): a record over RECORD_SECONDS or the memory
-    limit is an error; `seconds` over is a stop."""
+    {"line", "error"}, and why it stopped early ("" when it did not): a record over its time or the memory limit
+    is an error; `seconds` over is a stop."""
     context = multiprocessing.get_context("fork")  # the child has the tokenizer without loading it again
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_render_all, args=(kind, sample, tokenizer, send), daemon=True)
@@ -28,15 +30,16 @@ def rendered(kind: str, sample: list[tuple[int, dict]], tokenizer, *, seconds: f
     try:
         while len(results) < len(sample):
             line = sample[len(results)][0]
-            wait = min(RECORD_SECONDS, end - time.monotonic())
+            wait = min(RECORD_WALL_SECONDS, end - time.monotonic())
             if wait <= 0 or not receive.poll(wait):
-                if wait < RECORD_SECONDS:
+                if wait < RECORD_WALL_SECONDS:
                     return results, f"the check's time ran out after {len(results)} of {len(sample)} record(s)"
-                results.append({"line": line, "error": f"rendering it took longer than {RECORD_SECONDS:g} s (the "
-                                                       "chat template does too much work for one record)"})
+                results.append({"line": line, "error": f"rendering it took longer than {RECORD_WALL_SECONDS:g} s"})
                 return results, "stopped at a record too slow to render"
             try:
                 results.append(receive.recv())
+                if results[-1].get("stop"):
+                    return results, "stopped at a record too slow to render"
             except EOFError:  # the child died: killed for its memory, or the tokenizer's library aborted
                 results.append({"line": line, "error": "rendering it needed more than the "
                                                        f"{MEMORY_BYTES // 1024**2:,} MiB of memory the check allows"})
@@ -52,8 +55,10 @@ def _render_all(kind, sample, tokenizer, send) -> None:
     """The child: renders one record after another and sends each one's measure."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its threads' stacks and arenas would count against the limit
     _limit_memory(MEMORY_BYTES)
+    signal.signal(signal.SIGVTALRM, _too_slow)
     shown = False
     for number, record in sample:
+        signal.setitimer(signal.ITIMER_VIRTUAL, RECORD_SECONDS)  # this process's own time: none lost to a busy host
         try:
             ids, labels = records.render_record(kind, record, tokenizer)
             measure = {"line": number, "tokens": len(ids), "trained": sum(t != records.IGNORE for t in labels)}
@@ -61,6 +66,11 @@ def _render_all(kind, sample, tokenizer, send) -> None:
                 measure["segments"] = records.trained_segments(tokenizer, ids, labels)
                 measure.update(shown_sample(measure))
                 shown = True
+        except TooSlow:
+            send.send({"line": number, "error": f"rendering it took longer than {RECORD_SECONDS:g} s of processor "
+                                                "time (the chat template does too much work for one record)",
+                       "stop": True})
+            return
         except MemoryError:
             send.close()  # read as the memory limit, like a child killed for it
             return
@@ -68,8 +78,18 @@ def _render_all(kind, sample, tokenizer, send) -> None:
             words = f"{type(exc).__name__}: {exc}"
             cut = f" ... ({len(words) - ERROR_CHARS:,} more characters)" if len(words) > ERROR_CHARS else ""
             measure = {"line": number, "error": f"the chat template cannot render it: {words[:ERROR_CHARS]}{cut}"}
+        finally:
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         send.send(measure)
     send.close()
+
+
+class TooSlow(BaseException):
+    """A record's render past RECORD_SECONDS: no Exception, which a template's caller may catch and render again."""
+
+
+def _too_slow(signum, frame):
+    raise TooSlow
 
 
 def _limit_memory(extra_bytes: int) -> None:

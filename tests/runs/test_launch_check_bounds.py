@@ -95,9 +95,10 @@ def test_a_chat_template_that_loops_too_long_is_refused_in_seconds(client, launc
     monkeypatch.setattr(records, "load_tokenizer", lambda model, vocab_size: tiny_tokenizer(LOOP_BOMB))
     client.force_login(launcher)
     status, page, seconds = _post(client, tmp_path, "sft", jsonl(GOOD["sft"]))
-    assert status == 200 and seconds < 20, (status, seconds)
+    assert status == 200 and seconds < 30, (status, seconds)  # the sft phase's and the dpo phase's prompts
     refused = "phases[1] (sft).data upload.jsonl: line 1: rendering it "
-    assert (f"{refused}took longer than {sample_render.RECORD_SECONDS:g} s" in page
+    assert (f"{refused}took longer than {sample_render.RECORD_SECONDS:g} s of processor time" in page
+            or f"{refused}took longer than {sample_render.RECORD_WALL_SECONDS:g} s" in page  # a busy host
             or f"{refused}needed more than the {sample_render.MEMORY_BYTES // 1024**2:,} MiB" in page), page[-3000:]
     assert not Run.objects.exists() and not DataSet.objects.filter(name="upload.jsonl").exists()
 
