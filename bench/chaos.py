@@ -8,7 +8,9 @@ moved by the bench, a real Celery worker process taking the hand-overs (destroys
 the beat's periodic work (instance sync, rent sweep, supervisor, reaper) run by the bench at a fast tempo on the
 marketplace's clock. A fault is a worker killed at one point (an exception nothing in the product catches, raised
 where the kill would land), a broker that refuses hand-overs, passes that overlap in threads, a box killed or hung
-mid-upload, a stale or forged token, a tampered checkpoint, or malformed offers in a search answer.
+mid-upload, a stale or forged token, a tampered checkpoint, malformed offers in a search answer, destroys the
+marketplace refuses while the spend cap is crossed, or a dashboard that goes silent (or refuses a box) while serving
+boxes check in (their watchdog, training/agent/serving_watchdog.py, run on the marketplace's clock).
 
 After each scenario the audit counts, at the marketplace and in the database:
     orphaned_boxes                a machine the marketplace bills for that no live row of the dashboard tracks
@@ -17,13 +19,17 @@ After each scenario the audit counts, at the marketplace and in the database:
     lost_offers                   a well-formed offer missing from the store after a refresh with bad neighbours
     unverified_checkpoints_loaded a resume that put files into the trainer's store that do not match their manifest
     hostile_posts_accepted        a post with a stale, foreign or forged token that the agent API answered with 2xx
-The last line is JSON; the goal is scenarios >= 200 and every count 0. --smoke: each scenario once.
+    healthy_boxes_shed_beyond_cap a box the spend cap destroyed beyond those its crossing required (destroys lagging)
+    serving_boxes_billing_past_window  a serving box whose GPU still bills the dead-man window and a margin after its
+                                  dashboard went silent (or a check-in refused it)
+The last line is JSON; the goal is scenarios >= 250 and every count 0. --smoke: each scenario once.
 """
 
 import argparse
 import functools
 import hashlib
 import json
+import logging
 import os
 import random
 import subprocess
@@ -33,11 +39,13 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
+from types import SimpleNamespace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from unittest import mock
 
+import httpx
 import support
 
 support.setup_django("chaos", RENT_QUEUE_GRACE_S="60", RENT_OUTCOME_GRACE_S="60", AGENT_HEARTBEAT_TIMEOUT_S="60",
@@ -49,7 +57,8 @@ from django.test import Client  # noqa: E402
 from kombu.exceptions import OperationalError  # noqa: E402
 
 from fleet import actions, enqueue  # noqa: E402
-from fleet.models import Instance, Offer  # noqa: E402
+from fleet.inference import replicas  # noqa: E402
+from fleet.models import InferenceModel, Instance, Offer  # noqa: E402
 from fleet.offers.refresh import refresh_offers  # noqa: E402
 from fleet.reaper import sweep  # noqa: E402
 from fleet.simulator import SimulatedMarketplace  # noqa: E402
@@ -57,6 +66,7 @@ from runs import supervisor, tokens  # noqa: E402
 from runs.launch import example_recipe, launch  # noqa: E402
 from runs.models import Run, RunAttempt  # noqa: E402
 from training import agent  # noqa: E402
+from training.agent import serving_watchdog  # noqa: E402
 
 KEY = "chaos-key"
 API = "/api/agent/v1"
@@ -85,8 +95,11 @@ class Chaos:
 
     # -- time and the beat ---------------------------------------------------------------------------------------
 
+    def clock(self) -> float:
+        return self.market.market.clock.now()  # what state()["clock"] says, without building the whole state
+
     def now(self) -> datetime:
-        return datetime.fromtimestamp(self.market.state()["clock"], tz=UTC)
+        return datetime.fromtimestamp(self.clock(), tz=UTC)
 
     def passes(self, rounds: int = 4, step_s: float = 45) -> None:
         """The beat's periodic work, `rounds` times, the marketplace's clock moving `step_s` between them; the worker
@@ -136,6 +149,7 @@ class Chaos:
         # Each scenario starts from nothing: the marketplace back to its catalogue, the database's rows gone.
         Run.objects.all().delete()
         Instance.objects.all().delete()
+        InferenceModel.objects.all().delete()
         self.market.reset()
         refresh_offers()
 
@@ -361,6 +375,121 @@ def hostile_posts(chaos: Chaos) -> None:
         chaos.counts["hostile_posts_accepted"] += 1
 
 
+def spend_cap_while_destroys_lag(chaos: Chaos) -> None:
+    """Healthy boxes, then a cap below their spend while the marketplace refuses every destroy: the cap sheds the
+    newest boxes it must, once, and no more pass after pass while those destroys stay overdue."""
+    offers = list(Offer.objects.filter(is_bid=False, provider="vast", disk_gb__gte=settings.RENT_DISK_GB,
+                                       cuda_max__gte=settings.WORKER_IMAGE_CUDA).order_by("gpu_usd_per_hour")[:30])
+    rows = []
+    for offer in chaos.rng.sample(offers, chaos.rng.randint(3, 7)):
+        instance, _ = actions.request_rent(offer=offer, idempotency_key=f"cap-{chaos.rng.random()}", now=chaos.now())
+        rows.append(actions.rent(instance.pk, now=chaos.now()))
+        chaos.market.advance(chaos.rng.uniform(1, 20))
+    chaos.passes(rounds=1)  # booted and synced: healthy boxes, all billing
+    live = sorted(Instance.objects.filter(pk__in=[r.pk for r in rows], state=State.RUNNING),
+                  key=lambda r: (r.requested_at, r.pk))
+    if len(live) < 2:
+        raise RuntimeError(f"{len(live)} of {len(rows)} boxes run: " + ", ".join(
+            f"{r.state} {r.failure_reason[:80]}" for r in Instance.objects.filter(pk__in=[r.pk for r in rows])))
+    kept = chaos.rng.randint(1, len(live) - 1)
+    cap = sum((r.usd_per_hour for r in live[:kept]), Decimal(0)) + Decimal("0.01")
+    spend, required = sum((r.usd_per_hour for r in live), Decimal(0)), 0
+    for row in reversed(live):  # what the cap requires: the newest first, until the spend is under it
+        if spend <= cap:
+            break
+        spend, required = spend - row.usd_per_hour, required + 1
+    lagging = [f"/instances/{r.provider_instance_id}/" for r in live]
+    for path in lagging:
+        chaos.market.inject_faults(http_5xx=10**4, status_5xx=chaos.rng.choice((500, 502, 503)), path_contains=path)
+    saved, settings.SPEND_CAP_USD_PER_HOUR = settings.SPEND_CAP_USD_PER_HOUR, cap
+    try:
+        chaos.passes(rounds=chaos.rng.randint(3, 6))  # the destroys it asked for lag: overdue, billing on
+    finally:
+        settings.SPEND_CAP_USD_PER_HOUR = saved
+        for path in lagging:  # the marketplace recovers: the destroys go through in the passes after this
+            while chaos.market.market.take_request_fault(path) is not None:
+                pass
+    shed = Instance.objects.filter(pk__in=[r.pk for r in live], reap_reason__startswith="spend").count()
+    if shed > required:
+        chaos.counts["healthy_boxes_shed_beyond_cap"] += shed - required
+        chaos.failures.append(f"spend cap: {shed} boxes shed where {required} were required")
+
+
+class ServingBox:
+    """A serving box's watchdog as its start script runs it, on the marketplace's clock, checking in with the
+    dashboard in this process and stopping its own machine at the marketplace with its own key."""
+
+    def __init__(self, chaos: Chaos, row: Instance, window_s: float):
+        machine = next(m for m in chaos.market.state()["instances"] if m["label"] == row.label)
+        self.chaos, self.row, self.env = chaos, row, machine["env"]
+        self.machine_env = {"CONTAINER_ID": str(machine["id"]), "CONTAINER_API_KEY": machine["container_api_key"],
+                            "FLEET_VAST_API_URL": chaos.market.base_url, "FLEET_SELF_STOP": ""}
+        self.watchdog = serving_watchdog.Watchdog(self.env["FLEET_CHECKIN_URL"], self.env["FLEET_CHECKIN_TOKEN"],
+                                                  window_s, clock=chaos.clock)
+        self.due = chaos.clock()
+
+    def tick(self, dashboard_up: bool) -> None:
+        def post(url, json, headers, timeout):
+            if not dashboard_up:
+                raise httpx.ConnectError("chaos: the dashboard is silent")
+            answer = Client(HTTP_AUTHORIZATION=headers["Authorization"]).post(
+                "/" + url.split("/", 3)[3], "{}", content_type="application/json")
+            return httpx.Response(answer.status_code, content=answer.content)
+
+        transport = SimpleNamespace(post=post, HTTPError=httpx.HTTPError, Response=httpx.Response)
+        with mock.patch.object(serving_watchdog, "httpx", transport), mock.patch.dict(os.environ, self.machine_env):
+            self.watchdog.tick()
+        self.due = self.chaos.clock() + (serving_watchdog.STOP_AGAIN_S if self.watchdog.reason
+                                         else float(self.env["FLEET_CHECKIN_S"]))
+
+    def gpu_billing(self) -> bool:
+        status = self.chaos.market.market.get_instance(int(self.machine_env["CONTAINER_ID"]))["actual_status"]
+        return status not in ("stopped", "exited")  # stopped by its own key, or its host dead: no GPU billing
+
+
+def serving_dashboard_goes_silent(chaos: Chaos) -> None:
+    """Serving boxes check in, then the dashboard goes silent (one box refused first, a stop call lost): every box
+    must stop its own machine, and its GPU billing, within the dead-man window and a margin."""
+    window_s = 600
+    saved, settings.AGENT_DEAD_MAN_WINDOW_S = settings.AGENT_DEAD_MAN_WINDOW_S, window_s
+    try:
+        model = InferenceModel.objects.create(name=f"chaos/serve-{chaos.rng.randrange(10**6)}",
+                                              image="vllm/vllm-openai:v0.11.2", port=8000,
+                                              desired_replicas=chaos.rng.randint(1, 3), max_replacements_per_day=5)
+        replicas.maintain(now=chaos.now())
+        chaos.passes(rounds=1)  # booted and synced
+        boxes = [ServingBox(chaos, row, window_s) for row in
+                 Instance.objects.filter(serving_model=model, state=State.RUNNING)]
+        interval_s = float(boxes[0].env["FLEET_CHECKIN_S"]) if boxes else 15.0
+        silent_at = chaos.clock() + chaos.rng.uniform(0, 10) * interval_s
+        refused = chaos.rng.choice(boxes) if boxes and chaos.rng.random() < 0.4 else None
+        if boxes and chaos.rng.random() < 0.4:  # a stop call the marketplace loses: asked for again
+            lost = chaos.rng.choice(boxes).row.provider_instance_id
+            chaos.market.inject_faults(http_5xx=1, path_contains=f"/instances/{lost}/")
+        if refused is not None:  # its destroy asked for, the call not sent (the broker is down): it must stop itself
+            with broker_down():
+                try:
+                    actions.request_destroy(refused.row, reason="chaos: no longer wanted", now=chaos.now())
+                except enqueue.QueueUnavailable:
+                    pass
+        deadline = silent_at + window_s + interval_s + serving_watchdog.STOP_AGAIN_S
+        while chaos.clock() < deadline:
+            step = max(1.0, min(box.due for box in boxes) - chaos.clock()) if boxes else interval_s
+            chaos.market.advance(step)
+            for box in boxes:
+                if box.due <= chaos.clock() and box.gpu_billing():
+                    box.tick(dashboard_up=chaos.clock() < silent_at)
+            for box in [b for b in boxes if b is not refused and b.watchdog.reason and chaos.clock() < silent_at]:
+                chaos.failures.append(f"serving box stopped while its dashboard answered: {box.watchdog.reason}")
+                boxes.remove(box)
+        billing = [box.row.label for box in boxes if box.gpu_billing()]
+        if billing:
+            chaos.counts["serving_boxes_billing_past_window"] += len(billing)
+            chaos.failures.append(f"serving boxes billing past the window: {billing}")
+    finally:
+        settings.AGENT_DEAD_MAN_WINDOW_S = saved
+
+
 BAD_VALUES = (float("nan"), float("inf"), -1, "12", "false", 1.5, None, 10**30, "x" * 5000, [], {})
 FIELDS = ("id", "num_gpus", "gpu_ram", "dph_total", "reliability2", "inet_down", "disk_space", "cuda_max_good",
           "compute_cap", "gpu_name", "verified", "machine_id", "storage_cost", "driver_version")
@@ -395,7 +524,7 @@ def malformed_offers(chaos: Chaos) -> None:
 SCENARIOS = [killed_before_the_rent_call, killed_after_the_claim, killed_after_the_provider_rented,
              broker_down_at_the_reapers_hand_over, broker_down_at_a_manual_rent, overlapping_supervisor_passes,
              supervisor_and_reaper_on_a_hung_box, box_killed_mid_upload, tampered_checkpoint, hostile_posts,
-             malformed_offers]
+             malformed_offers, spend_cap_while_destroys_lag, serving_dashboard_goes_silent]
 
 
 def start_worker(database_url: str) -> subprocess.Popen:
@@ -406,6 +535,7 @@ def start_worker(database_url: str) -> subprocess.Popen:
 
 
 def main() -> int:
+    logging.getLogger("serving-watchdog").setLevel(logging.ERROR)  # a line per silent check-in, by design
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=19, help="times each scenario runs")
     parser.add_argument("--seed", type=int, default=7)
@@ -435,7 +565,8 @@ def main() -> int:
     summary = {"scenarios": sum(chaos.scenarios.values()), "kinds": len(chaos.scenarios),
                **{key: chaos.counts[key] for key in ("orphaned_boxes", "double_rents", "boxes_outside_reaper",
                                                      "lost_offers", "unverified_checkpoints_loaded",
-                                                     "hostile_posts_accepted")},
+                                                     "hostile_posts_accepted", "healthy_boxes_shed_beyond_cap",
+                                                     "serving_boxes_billing_past_window")},
                "errors": len(chaos.failures), "wall_s": round(wall_s, 1)}
     print(json.dumps(summary))
     return 0 if all(summary[k] == 0 for k in summary if k not in ("scenarios", "kinds", "wall_s")) else 1
