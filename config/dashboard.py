@@ -7,10 +7,12 @@ from django.db.models import Count
 from django.shortcuts import render
 from django.utils import timezone
 
+from fleet.access import alerts_for
 from fleet.instances import ledger
-from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh
+from fleet.models import Instance, Offer, OfferProfile, OfferRefresh
 from runs.lifecycle import shown_state
 from runs.models import Run
+from runs.sharing import runs_for
 
 
 def _spend_against_cap(account) -> dict:
@@ -25,13 +27,14 @@ def dashboard(request):
     states = dict(Instance.objects.values_list("state").annotate(n=Count("id")).order_by())
     account = ledger.account_cost(now)
     run_states = Counter()
-    for state, restarts, n in Run.objects.values_list("state", "restarts").annotate(n=Count("id")).order_by():
+    shown = runs_for(request.user).values_list("state", "restarts").annotate(n=Count("id")).order_by()
+    for state, restarts, n in shown:
         run_states[shown_state(state, restarts)] += n
     return render(request, "dashboard.html", {
         "account": account,
         "spend": _spend_against_cap(account),
         "run_states": [(state, run_states.get(state, 0)) for state, _ in Run.State.choices],
-        "recent_alerts": Alert.objects.select_related("instance").order_by("-created_at", "-id")[:8],
+        "recent_alerts": alerts_for(request.user).select_related("instance").order_by("-created_at", "-id")[:8],
         "instance_states": [(state, states.get(state, 0)) for state, _ in Instance.State.choices],
         "offer_count": Offer.objects.filter(available=True).count(),
         "last_refresh": OfferRefresh.objects.order_by("-started_at").first(),

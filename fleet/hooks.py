@@ -5,12 +5,16 @@ from collections.abc import Callable
 from datetime import datetime
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Q, QuerySet
 
 from fleet.models import Instance
 
 AttachHandler = Callable[[Instance, datetime], None]
 MoveHandler = Callable[[Instance, str, datetime], bool]
 ReadGrant = Callable[[str, list[str], int], dict]
+BoxesOf = Callable[[object], QuerySet]
+
+_boxes_of: list[BoxesOf] = []
 
 _attach: list[AttachHandler] = []
 _move: list[MoveHandler] = []
@@ -35,6 +39,11 @@ def on_read_grant(grant: ReadGrant) -> ReadGrant:
     return _register(_read_grant, grant)
 
 
+def on_boxes_of(handler: BoxesOf) -> BoxesOf:
+    """`handler(user)`: the ids (a values queryset) of the boxes that did that user's work, such as their runs'."""
+    return _register(_boxes_of, handler)
+
+
 def _register(handlers: list, handler):
     if handler not in handlers:  # ready() may run again (a test's app registry): once is enough
         handlers.append(handler)
@@ -55,3 +64,11 @@ def read_grant(folder_uri: str, names: list[str], expires_s: int) -> dict:
     if not _read_grant:
         raise ImproperlyConfigured("No app registered a read grant for adapters (runs does, in its ready()).")
     return _read_grant[0](folder_uri, names, expires_s)
+
+
+def boxes_of(user) -> Q:
+    """The boxes that did `user`'s work: those serving their inference models, and those each app's handler names."""
+    found = Q(serving_model__created_by=user)
+    for handler in _boxes_of:
+        found |= Q(pk__in=handler(user))
+    return found

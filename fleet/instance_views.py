@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
 from fleet import actions, enqueue
-from fleet.access import require_permission
+from fleet.access import boxes_for, require_permission
 from fleet.instances import ledger
 from fleet.models import Instance, Offer
 from fleet.ranking.price import RentalPrice, per_hour, rental_price
@@ -19,9 +19,9 @@ from fleet.ranking.price import RentalPrice, per_hour, rental_price
 RECENT_ENDED = 20
 
 
-def instance_rows(now):
-    live = list(Instance.objects.filter(state__in=Instance.LIVE_STATES).order_by("-requested_at"))
-    ended = list(Instance.objects.exclude(state__in=Instance.LIVE_STATES).order_by("-requested_at")[:RECENT_ENDED])
+def instance_rows(now, boxes):
+    live = list(boxes.filter(state__in=Instance.LIVE_STATES).order_by("-requested_at"))
+    ended = list(boxes.exclude(state__in=Instance.LIVE_STATES).order_by("-requested_at")[:RECENT_ENDED])
     costs = ledger.instance_costs(live + ended, now)
     for instance in live + ended:
         instance.cost_usd = costs[instance.pk]
@@ -30,14 +30,14 @@ def instance_rows(now):
 
 def instance_list(request):
     now = timezone.now()
-    live, ended = instance_rows(now)
+    live, ended = instance_rows(now, boxes_for(request.user))
     context = {"live": live, "ended": ended, "account": ledger.account_cost(now), "now": now}
     template = "fleet/_instances.html" if request.headers.get("HX-Request") else "fleet/instances.html"
     return render(request, template, context)
 
 
 def instance_detail(request, pk):
-    instance = get_object_or_404(Instance, pk=pk)
+    instance = get_object_or_404(boxes_for(request.user), pk=pk)
     now = timezone.now()
     instance.cost_usd = ledger.instance_cost(instance, now)
     difference = None

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from django.db.models import Count
 from django.http import HttpResponse, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.text import slugify
@@ -19,7 +19,7 @@ from fleet.models import Instance
 from fleet.ranking.throughput import gpu_model_key
 from plotly.io.json import to_json_plotly
 
-from runs import figures, run_data
+from runs import figures, run_data, sharing
 from runs.projection import STEPS_PER_PRICE
 from runs.models import MetricPoint, Run
 
@@ -29,7 +29,7 @@ WARMUP_STEPS = 3  # the first steps of a box compile kernels and fill caches; co
 
 @require_GET
 def run_chart_data(request, pk):
-    run = get_object_or_404(Run.objects.select_related("current_instance"), pk=pk)
+    run = sharing.run_or_404(request.user, pk, Run.objects.select_related("current_instance"))
     inputs = run_data.chart_inputs(run, timezone.now())
     data = inputs.data
     summary = render_to_string("runs/_run_summary.html", {"run": run, "data": data, "now": data.now},
@@ -59,7 +59,7 @@ def _csv_cell(value):
 @require_GET
 def run_metrics_csv(request, pk):
     """Every step the run's boxes reported, streamed so a long run never sits in memory."""
-    run = get_object_or_404(Run, pk=pk)
+    run = sharing.run_or_404(request.user, pk)
     rows = MetricPoint.objects.filter(run=run).order_by("phase", "step").values_list(*run_data.CSV_COLUMNS)
     writer = csv.writer(_Echo())
     header = [c.replace("instance__label", "box").replace("instance__gpu_name", "gpu") for c in run_data.CSV_COLUMNS]
@@ -74,9 +74,11 @@ def run_metrics_csv(request, pk):
         "Content-Disposition": f'attachment; filename="run-{run.pk}-{name}-metrics.csv"'})
 
 
-def comparison_rows() -> list[dict]:
-    """Steady-state step time, tokens/s and $ per 1k steps of every box every run trained on, from one GROUP BY."""
-    steady = (MetricPoint.objects.filter(step__gte=WARMUP_STEPS, instance__isnull=False)
+def comparison_rows(user) -> list[dict]:
+    """Steady-state step time, tokens/s and $ per 1k steps of every box each run `user` sees trained on, from one
+    GROUP BY."""
+    steady = (MetricPoint.objects.filter(step__gte=WARMUP_STEPS, instance__isnull=False,
+                                         run__in=sharing.runs_for(user))
               .exclude(step_s=None).values("run_id", "instance_id", "kernel_path").order_by()
               .annotate(step_s=run_data.summable_avg("step_s"), tokens_per_s=run_data.summable_avg("tokens_per_s"),
                         steps=Count("id")))
@@ -132,7 +134,7 @@ def _bar_figure(chart_id: str, title: str, y_title: str, groups: list[dict], fie
 
 
 def compare(request):
-    rows = comparison_rows()
+    rows = comparison_rows(request.user)
     groups = by_gpu_model(rows)
     figures = [
         _bar_figure("compare-step-time", "Step time by GPU model", "seconds per step", groups, "step_s"),

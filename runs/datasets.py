@@ -16,7 +16,7 @@ import botocore.exceptions
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from runs import sample_render, storage
+from runs import sample_render, sharing, storage
 from runs.models import DataSet, DataSetName
 import training
 from training import records
@@ -180,7 +180,7 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
                 problems.append(f"{where}: its name is {len(name)} characters; a data set's is at most {NAME_MAX}")
                 continue
             try:
-                path = _fetched(source, uploads, Path(scratch) / f"{i}.jsonl", phase["kind"])
+                path = _fetched(source, uploads, Path(scratch) / f"{i}.jsonl", phase["kind"], user, bucket)
             except DataError as exc:
                 problems.append(f"{where}: {exc}")
                 continue
@@ -227,8 +227,9 @@ def _not_stored(name: str, kind: str, bucket: str, user) -> str:
             "name an s3://bucket/key object")
 
 
-def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
-    """The phase's file on this machine, for checking: an upload, an s3:// object or an example."""
+def _fetched(source: str, uploads: dict, dest: Path, kind: str, user, bucket: str) -> Path:
+    """The phase's file on this machine, for checking: an upload, an s3:// object (in the product's own storage only
+    the user's own data set: runs.sharing.may_import, asked before anything is read) or an example."""
     if source in uploads:
         with open(dest, "wb") as f:
             for chunk in uploads[source].chunks():
@@ -236,16 +237,20 @@ def _fetched(source: str, uploads: dict, dest: Path, kind: str) -> Path:
         return dest
     if source.startswith("s3://"):
         parsed = urlparse(source)
-        if "?" in source or "#" in source or not parsed.netloc or not parsed.path.strip("/"):
+        key = parsed.path.lstrip("/")
+        # An empty, "." or ".." part could name one object two ways (a store that cleans paths reads "a/../b" as b).
+        if "?" in source or "#" in source or not parsed.netloc or any(p in ("", ".", "..") for p in key.split("/")):
             raise DataError("is not an s3://bucket/key this can read as named (a key with ? or # would be read "
-                            "cut short)")
+                            "cut short, and one with an empty, . or .. part is not taken)")
+        if not sharing.may_import(user, parsed.netloc, key, bucket):
+            raise DataError(sharing.PRODUCT_STORAGE)
         try:
             client = storage.s3_client()
-            size = client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["ContentLength"]
+            size = client.head_object(Bucket=parsed.netloc, Key=key)["ContentLength"]
             if size > settings.DATASET_MAX_BYTES:
                 raise DataError(f"is {size:,} bytes, more than the {settings.DATASET_MAX_BYTES:,} a data file may be "
                                 "(DATASET_MAX_BYTES)")
-            client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(dest))
+            client.download_file(parsed.netloc, key, str(dest))
         except botocore.exceptions.BotoCoreError as exc:
             raise DataError(f"cannot be read: {exc}") from None
         except botocore.exceptions.ClientError as exc:

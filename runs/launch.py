@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.instances import disk
-from runs import datasets, events, storage, tokens
+from runs import datasets, events, sharing, storage, tokens
 from runs.box_request import BoxRequest
 from runs.models import Phase, Run
 import training
@@ -40,6 +40,9 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
         raise LaunchError(str(exc), "bucket") from None
     if budget_usd <= 0:
         raise LaunchError("The budget must be more than $0.", "budget_usd")
+    if sharing.model_in_product_storage(checked["model"], bucket):  # refused before anything there is listed
+        raise LaunchError(f"model.path {checked['model']['path']}: lies in the product's own storage (runs' "
+                          "checkpoints and stored data sets), which no model is read from", "recipe")
     refuse_local_tokenizer(checked["model"])
     need = disk_need(checked, profile, listed_weights_gb=model_size_gb(checked["model"]))
     try:

@@ -114,7 +114,7 @@ def serve(run: Run, adapter: Servable, data: dict, *, user=None) -> InferenceMod
                 desired_replicas=data["desired_replicas"], max_replacements_per_day=data["max_replacements_per_day"],
                 profile=data["profile"], vram_needed_gb=data["vram_needed_gb"],
                 adapter_uri=adapter_folder(run, adapter.checkpoint), adapter_manifest=adapter.files,
-                adapter_source=f"run {run.name} #{run.pk}, {adapter.label}"[:300])
+                adapter_source=f"run {run.name} #{run.pk}, {adapter.label}"[:300], created_by=user)
     except IntegrityError:
         # Two posts at once both pass the form's check; the name's unique index lets one through.
         if not InferenceModel.objects.filter(name=data["name"]).exists():

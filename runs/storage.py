@@ -23,6 +23,27 @@ MAX_MODEL_OBJECTS = 20000
 _RUN_PREFIX = re.compile(r"(^|/)runs/\d+(/|$)")
 
 
+# What the dashboard writes under a run's bucket: each run's checkpoints and the stored data sets.
+PRODUCT_FOLDERS = ("runs/", "datasets/")
+
+
+def product_areas(bucket_uris) -> set[tuple[str, str]]:
+    """(bucket, key prefix) of each folder the product writes under these s3:// bucket URIs; other URIs add none."""
+    areas = set()
+    for uri in bucket_uris:
+        parsed = urlparse(uri)
+        if parsed.scheme == "s3" and parsed.netloc:
+            base = parsed.path.strip("/")
+            areas |= {(parsed.netloc.lower(), f"{base + '/' if base else ''}{folder}") for folder in PRODUCT_FOLDERS}
+    return areas
+
+
+def in_areas(bucket: str, key: str, areas: set[tuple[str, str]]) -> bool:
+    """Whether the object `key`, or anything under `key` when it ends in "/" (a prefix to list), lies in an area."""
+    return any(bucket.lower() == where and (key.startswith(prefix) or (key.endswith("/") and prefix.startswith(key)))
+               for where, prefix in areas)
+
+
 @dataclass(frozen=True)
 class Location:
     kind: str  # "s3" or "local"

@@ -1,14 +1,14 @@
 import yaml
 from django.conf import settings
 from django.contrib import messages
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from fleet.access import require_permission
 from fleet.inference.forms import ServeAdapterForm
 from runs.run_data import projections
-from runs import launch as launching, serving, wording
+from runs import launch as launching, serving, sharing, wording
 from runs.forms import LaunchForm
 from runs.models import Run
 
@@ -19,7 +19,8 @@ def require_launch_permission(user) -> None:
 
 def run_list(request):
     now = timezone.now()
-    runs = list(Run.objects.select_related("current_instance").prefetch_related("phases")[:200])
+    runs = list(sharing.runs_for(request.user, Run.objects.select_related("current_instance")
+                                                   .prefetch_related("phases"))[:200])
     projected = projections(runs, now)
     for run in runs:
         run.projection = projected[run.pk]
@@ -50,7 +51,7 @@ def run_launch(request):
 
 
 def run_detail(request, pk):
-    run = get_object_or_404(Run.objects.select_related("current_instance", "profile"), pk=pk)
+    run = sharing.run_or_404(request.user, pk, Run.objects.select_related("current_instance", "profile"))
     phases = list(run.phases.all())
     context = {"run": run, "status": wording.describe(run, phases),
                "projection": projections([run], timezone.now())[run.pk],
@@ -67,7 +68,7 @@ def run_detail(request, pk):
 def run_cancel(request, pk):
     """GET asks to confirm (cancelling destroys the run's box); POST cancels."""
     require_launch_permission(request.user)
-    run = get_object_or_404(Run.objects.select_related("current_instance"), pk=pk)
+    run = sharing.run_or_404(request.user, pk, Run.objects.select_related("current_instance"))
     if request.method == "GET" or not run.is_active:
         if not run.is_active:
             messages.info(request, f"Run {run.name} #{run.pk} is {run.state} already.")
@@ -82,7 +83,7 @@ def run_cancel(request, pk):
 def run_serve(request, pk):
     """GET: the form that serves one of a finished run's adapters; POST: the inference model serving it."""
     require_permission(request.user, serving.PERMISSION)
-    run = get_object_or_404(Run, pk=pk)
+    run = sharing.run_or_404(request.user, pk)
     adapters = {adapter.checkpoint.pk: adapter for adapter in serving.servable(run)}
     if not adapters:
         messages.error(request, serving.why_not(run))

@@ -11,7 +11,7 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_POST
 
 from fleet.alerts import notify, webhooks
-from fleet.access import can, require_permission
+from fleet.access import alerts_for, can, require_permission
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
 
 RECENT_ALERTS = 50
@@ -56,7 +56,7 @@ def endpoint_rows():
 
 def _page(request, *, form=None, created=None, secret=None, status=200):
     return render(request, "fleet/alerts.html", {
-        "alerts": Alert.objects.select_related("instance")[:RECENT_ALERTS],
+        "alerts": alerts_for(request.user).select_related("instance")[:RECENT_ALERTS],
         "endpoints": endpoint_rows(),
         "can_manage": can(request.user, MANAGE),
         "can_change": can(request.user, CHANGE),

@@ -1,20 +1,20 @@
 """The Inference fleet page: each model's desired and live replicas, each serving box's last probes; adding a model
 to serve for staff who may add inference models, and changing one (its desired replicas too) for staff who may
-change them."""
+change them. A user sees and changes only their own models, an operator every one (fleet.access.owned)."""
 
 import logging
 
 from django.contrib import messages
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, Q
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from fleet import enqueue
 from fleet.inference.forms import MAX_DESIRED_REPLICAS, DesiredReplicasForm, InferenceModelForm
 from fleet.inference.replicas import failing_threshold, model_states
-from fleet.access import can, require_permission
+from fleet.access import can, is_operator, owned, owned_or_404, require_permission
 from fleet.models import InferenceModel, Instance, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -24,21 +24,24 @@ ADD_MODELS = "fleet.add_inferencemodel"
 CHANGE_MODELS = "fleet.change_inferencemodel"
 
 
-def _serving_boxes():
+def _serving_boxes(user):
     recent = ProbeResult.objects.order_by("-at", "-id")[:PROBES_SHOWN]
-    return (Instance.objects.filter(Q(purpose="serving") | Q(serving_model__isnull=False),
-                                    state__in=Instance.LIVE_STATES)
+    # A serving box whose model is gone has no owner left: an operator's to see.
+    serving = (Q(purpose="serving") | Q(serving_model__isnull=False) if is_operator(user)
+               else Q(serving_model__created_by=user))
+    return (Instance.objects.filter(serving, state__in=Instance.LIVE_STATES)
             .select_related("serving_model").prefetch_related(Prefetch("probes", queryset=recent, to_attr="recent"))
             .order_by("serving_model__name", "requested_at"))
 
 
 def inference(request):
     now = timezone.now()
-    states = model_states(now)
+    visible = set(owned(InferenceModel.objects.all(), request.user).values_list("pk", flat=True))
+    states = [(m, s) for m, s in model_states(now) if m.pk in visible]
     context = {
         "models": [{"model": m, "live": s.live_replicas, "rented_today": s.rented_today,
                     "short": max(0, s.desired_replicas - s.live_replicas)} for m, s in states],
-        "boxes": list(_serving_boxes()),
+        "boxes": list(_serving_boxes(request.user)),
         "threshold": failing_threshold(),
         "probes_shown": PROBES_SHOWN,
         "now": now,
@@ -52,7 +55,7 @@ def inference(request):
 @require_POST
 def set_desired_replicas(request, pk):
     require_permission(request.user, CHANGE_MODELS)
-    model = get_object_or_404(InferenceModel, pk=pk)
+    model = owned_or_404(InferenceModel.objects.all(), request.user, pk)
     form = DesiredReplicasForm(request.POST)
     if not form.is_valid():
         messages.error(request, f"Desired replicas for {model.name}: 0 to {MAX_DESIRED_REPLICAS}.")
@@ -71,13 +74,13 @@ def set_desired_replicas(request, pk):
 @require_http_methods(["GET", "POST"])
 def add_model(request):
     require_permission(request.user, ADD_MODELS)
-    return _model_form(request, InferenceModel())
+    return _model_form(request, InferenceModel(created_by=request.user))
 
 
 @require_http_methods(["GET", "POST"])
 def change_model(request, pk):
     require_permission(request.user, CHANGE_MODELS)
-    return _model_form(request, get_object_or_404(InferenceModel, pk=pk))
+    return _model_form(request, owned_or_404(InferenceModel.objects.all(), request.user, pk))
 
 
 def _model_form(request, model: InferenceModel):

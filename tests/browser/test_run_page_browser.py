@@ -31,7 +31,7 @@ pytestmark = [
 def seeded(member):
     from tests.runs.seeding import seed_run
 
-    return seed_run("healthy"), seed_run("broken", zero_routed_phase=1)
+    return seed_run("healthy", created_by=member), seed_run("broken", zero_routed_phase=1, created_by=member)
 
 
 @pytest.fixture

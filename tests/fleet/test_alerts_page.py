@@ -23,13 +23,13 @@ def _buttons(page: str) -> list[str]:
     return re.findall(r"<button[^>]*>([^<]+)</button>", page)
 
 
-def test_it_lists_alerts_and_endpoints_with_their_deliveries(client, member):
+def test_it_lists_alerts_and_endpoints_with_their_deliveries(client, staff):
     ops = _endpoint("ops", url="https://hooks.example.com/services/SECRET-PATH")
     notify.raise_alert(Alert.Kind.INSTANCE_REAPED, "vast-3: age 12h03m > max 12h")
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(state=State.RETRYING, attempts=2, last_status_code=503,
                                                           last_error="HTTP 503")
-    client.force_login(member)
+    client.force_login(staff)  # staff see every alert
     page = client.get(reverse("alerts")).content.decode()
     assert "vast-3: age 12h03m &gt; max 12h" in page
     assert f'data-endpoint="{ops.pk}"' in page and "hooks.example.com" in page

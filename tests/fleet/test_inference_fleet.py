@@ -185,6 +185,8 @@ def probed_box(model):
 
 
 def test_it_shows_models_boxes_and_their_last_probes(client, member, model, probed_box):
+    model.created_by = member  # a user sees their own models (an operator every one)
+    model.save(update_fields=["created_by"])
     client.force_login(member)
     page = client.get(reverse("inference")).content.decode()
     assert model.name in page and "1 / 1" in page  # 2 failures in a row: still a replica until 3

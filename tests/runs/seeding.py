@@ -14,14 +14,14 @@ ROUTED_B = 96
 
 
 def seed_run(name="qwen3-30b-sft", *, phases=PHASES, zero_routed_phase=None, state="finished", now=None,
-             step_s=(30.0, 55.0)) -> Run:
+             step_s=(30.0, 55.0), created_by=None) -> Run:
     """A run of a few phases on two boxes (the first lost halfway), with a metric point per step, cost segments and
     the events of the restart; `zero_routed_phase` trains with the routed-expert gradient at exactly zero."""
     now = now or timezone.now()
     total = sum(steps for _, _, steps in phases)
     start = now - timedelta(seconds=sum(step_s) / 2 * total + 600)
     run = Run.objects.create(name=name, recipe={}, bucket="s3://bucket/runs", budget_usd=Decimal("40"),
-                             token_nonce="n", state=state, created_at=start, started_at=start,
+                             token_nonce="n", state=state, created_by=created_by, created_at=start, started_at=start,
                              current_phase=len(phases) - 1, current_step=phases[-1][2],
                              finished_at=None if state in Run.ACTIVE_STATES else now)
     for i, (phase_name, kind, steps) in enumerate(phases):

@@ -19,7 +19,7 @@ def _rows(client, run) -> list[dict]:
     return list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode(), newline="")))
 
 
-def test_it_quotes_text_cells_that_start_like_a_formula(client, member):
+def test_it_quotes_text_cells_that_start_like_a_formula(client, operator):
     run = seed_run()
     points = list(MetricPoint.objects.filter(run=run).order_by("phase", "step")[:len(HOSTILE)])
     box = points[0].instance
@@ -28,17 +28,17 @@ def test_it_quotes_text_cells_that_start_like_a_formula(client, member):
     for point, text in zip(points, HOSTILE, strict=True):
         point.kernel_path = text
         point.save()
-    client.force_login(member)
+    client.force_login(operator)  # the seeded run is no one's
     rows = _rows(client, run)
     assert [row["kernel_path"] for row in rows[:len(HOSTILE)]] == ["'" + text for text in HOSTILE]
     assert rows[0]["box"] == "'" + HOSTILE[0] and rows[0]["gpu"] == "'" + HOSTILE[3]
     assert rows[-1]["kernel_path"] == "triton"  # plain text stays as it was
 
 
-def test_it_keeps_negative_numbers_numbers(client, member):
+def test_it_keeps_negative_numbers_numbers(client, operator):
     run = seed_run()
     MetricPoint.objects.filter(run=run, phase=0, step=1).update(loss=-0.25, lr=-1e-05)
-    client.force_login(member)
+    client.force_login(operator)  # the seeded run is no one's
     first = _rows(client, run)[0]
     assert (first["loss"], first["lr"]) == ("-0.25", "-1e-05")
     assert float(first["step_s"]) > 0 and first["step"] == "1"

@@ -63,4 +63,4 @@ def test_a_nul_in_a_sampled_record_is_stored_and_its_sample_shown(tmp_path):
 @pytest.mark.parametrize("uri", ["s3://bucket/train#v2.jsonl", "s3://bucket/train.jsonl?versionId=1", "s3://bucket"])
 def test_an_s3_key_that_cannot_be_read_as_named_is_refused(tmp_path, uri):
     with pytest.raises(datasets.DataError, match="is not an s3://bucket/key this can read as named"):
-        datasets._fetched(uri, {}, tmp_path / "d.jsonl", "cpt")
+        datasets._fetched(uri, {}, tmp_path / "d.jsonl", "cpt", None, str(tmp_path / "b"))

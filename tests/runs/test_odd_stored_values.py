@@ -16,8 +16,8 @@ LARGEST_STORED_STEPS = 2_147_483_647  # PostgreSQL's integer column; SQLite stor
 
 
 @pytest.fixture
-def logged_in(client, member):
-    client.force_login(member)
+def logged_in(client, operator):
+    client.force_login(operator)  # the seeded runs are no one's: an operator's to see
     return client
 
 

@@ -41,8 +41,8 @@ def at_one_moment(monkeypatch):
 
 
 @pytest.fixture
-def logged_in(client, member):
-    client.force_login(member)
+def logged_in(client, operator):
+    client.force_login(operator)  # the seeded runs are no one's: an operator's to see
     return client
 
 

@@ -14,8 +14,8 @@ from runs.models import Run
 from tests.runs.seeding import seed_run
 
 @pytest.fixture
-def logged_in(client, member):
-    client.force_login(member)
+def logged_in(client, operator):
+    client.force_login(operator)  # the seeded runs are no one's: an operator's to see
     return client
 
 
