@@ -41,6 +41,25 @@ def dataset_or_404(user, pk, sets: QuerySet | None = None) -> DataSet:
     return access.one_or_404(datasets_for(user, sets), pk)
 
 
+def as_seen(datasets, user) -> list:
+    """Each set as `user` may see it (shown_name, shown_uploader): under their own newest name, the uploader only if
+    it is them. A row shared through the same bytes keeps its first uploader's name and login, which are not theirs
+    to see; an operator sees the row's own."""
+    datasets = list(datasets)
+    if is_operator(user):
+        for dataset in datasets:
+            dataset.shown_name, dataset.shown_uploader = dataset.name, dataset.uploaded_by
+        return datasets
+    names = {}
+    for dataset_id, name in (DataSetName.objects.filter(user=user, dataset__in=datasets)
+                             .order_by("stored_at", "id").values_list("dataset_id", "name")):
+        names[dataset_id] = name  # the newest wins
+    for dataset in datasets:
+        dataset.shown_name = names.get(dataset.pk, dataset.name)
+        dataset.shown_uploader = dataset.uploaded_by if dataset.uploaded_by_id == user.pk else None
+    return datasets
+
+
 def boxes_of(user) -> QuerySet:
     """fleet.hooks.on_boxes_of: the boxes the user's own runs trained on."""
     return RunAttempt.objects.filter(run__created_by=user).values("instance_id")

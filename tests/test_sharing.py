@@ -180,6 +180,12 @@ def test_the_lists_show_a_user_their_own_and_an_operator_everyone(client, world)
         return sum(n for _, n in _as(client, user).get(reverse("dashboard")).context["run_states"])
 
     assert (run_states(world["alice"]), run_states(world["bob"]), run_states(world["operator"])) == (3, 0, 4)
+    # His own run on that set names it by his name too.
+    bobs = Run.objects.create(name="bobs-run", recipe={}, bucket=world["run"].bucket, created_by=world["bob"],
+                              budget_usd=Decimal("5"), token_nonce="n", created_at=timezone.now())
+    Phase.objects.create(run=bobs, index=0, name="sft", kind="sft", steps=1, dataset=world["dataset"])
+    page = _as(client, world["bob"]).get(reverse("run_detail", args=[bobs.pk])).content.decode()
+    assert "bobs-copy.jsonl" in page and "first-name.jsonl" not in page
 
 
 def test_a_user_who_is_not_staff_sees_only_the_boxes_and_alerts_of_their_own_runs(client, world):
