@@ -48,7 +48,7 @@ def env_bool(name: str, default: bool | _Unset = _UNSET) -> bool:
 
 
 def _number(name: str, default: Number | _Unset, minimum: Number | None, cast: Callable[[str], Number],
-            noun: str) -> Number:
+            noun: str, maximum: Number | None = None) -> Number:
     value = _raw(name)
     if value is None:
         return _default(name, default)
@@ -58,11 +58,14 @@ def _number(name: str, default: Number | _Unset, minimum: Number | None, cast: C
         raise ImproperlyConfigured(f"{name}={value!r} is not {noun}.") from None
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name}={number} is below the minimum {minimum}.")
+    if maximum is not None and number > maximum:
+        raise ImproperlyConfigured(f"{name}={number} is above the maximum {maximum}.")
     return number
 
 
-def env_int(name: str, default: int | _Unset = _UNSET, *, minimum: int | None = None) -> int:
-    return _number(name, default, minimum, int, "an integer")
+def env_int(name: str, default: int | _Unset = _UNSET, *, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+    return _number(name, default, minimum, int, "an integer", maximum)
 
 
 def env_float(name: str, default: float | _Unset = _UNSET, *, minimum: float | None = None) -> float:

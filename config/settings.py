@@ -237,7 +237,7 @@ _FAST_TASKS = ["fleet.tasks.refresh_offers", "fleet.tasks.rank_profiles", "fleet
                "fleet.tasks.retry_webhooks"]
 _SLOW_TASKS = ["fleet.tasks.rent_instance", "fleet.tasks.destroy_instance", "fleet.tasks.move_instance",
                "fleet.tasks.reap_instances", "fleet.tasks.maintain_inference_fleet", "runs.tasks.supervise_runs",
-               "fleet.tasks.rent_waiting_instances"]
+               "fleet.tasks.rent_waiting_instances", "runs.tasks.seal_checkpoint"]
 CELERY_TASK_ROUTES = {**{name: {"queue": "fast"} for name in _FAST_TASKS},
                       **{name: {"queue": "slow"} for name in _SLOW_TASKS}}
 OFFER_REFRESH_SECONDS = env_int("OFFER_REFRESH_SECONDS", 60, minimum=5)
@@ -368,7 +368,12 @@ LOCAL_BUCKETS = env_bool("LOCAL_BUCKETS", SIMULATOR_ENABLED)
 DASHBOARD_URL = env_str("DASHBOARD_URL", f"http://127.0.0.1:{env_int('PORT', 8000, minimum=1)}")
 AGENT_HEARTBEAT_TIMEOUT_S = env_int("AGENT_HEARTBEAT_TIMEOUT_S", 60, minimum=5)  # silent longer: host lost
 AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=60)  # unrenewed longer: box stops
-STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60)
+# Read grants (data, model, the checkpoint resumed from, a serving box's adapter) last this long: a model's download
+# may take over half an hour, and a presigned GET is checked when each file's download starts.
+STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60, maximum=12 * 3600)
+# Upload grants are short and renewed only with a live token: a replaced or ended box can write into its own
+# attempt's folder (which no other attempt reads) until its last grant runs out, never for longer than an hour.
+STORAGE_UPLOAD_GRANT_S = env_int("STORAGE_UPLOAD_GRANT_S", 900, minimum=60, maximum=3600)
 RUN_INSTALL_TIMEOUT_S = env_int("RUN_INSTALL_TIMEOUT_S", 1800, minimum=60)
 # A box that trains no first step this long after it was rented, its GPU idle, is hung (a trainer stuck loading or
 # in NCCL's start): its heartbeats alone are no progress. Longer than the no-progress rule, for the downloads.

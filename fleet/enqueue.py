@@ -15,6 +15,7 @@ DESTROY_INSTANCE = "fleet.tasks.destroy_instance"
 MOVE_INSTANCE = "fleet.tasks.move_instance"
 DELIVER_WEBHOOK = "fleet.tasks.deliver_webhook"
 MAINTAIN_INFERENCE_FLEET = "fleet.tasks.maintain_inference_fleet"
+SEAL_CHECKPOINT = "runs.tasks.seal_checkpoint"
 
 
 class QueueUnavailable(Exception):
@@ -47,6 +48,10 @@ def deliver_webhook(delivery_id: int, countdown_s: float | None = None) -> None:
 
 def maintain_inference_fleet() -> None:
     _send(MAINTAIN_INFERENCE_FLEET)
+
+
+def seal_checkpoint(checkpoint_id: int) -> None:
+    _send(SEAL_CHECKPOINT, checkpoint_id)
 
 
 def _send(name: str, *args, countdown_s: float | None = None) -> None:

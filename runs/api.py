@@ -87,6 +87,14 @@ def refused(request, exc):
     return api.create_response(request, {"detail": str(exc)}, status=409)
 
 
+@api.exception_handler(checkpoints.StillSealing)
+def still_sealing(request, exc):
+    # Not an error of the box's: it sends the report again after a while (training.agent.watch).
+    response = api.create_response(request, {"detail": str(exc)}, status=503)
+    response["Retry-After"] = "10"
+    return response
+
+
 @api.exception_handler(reports.PointsRefused)
 def points_refused(request, exc):
     return api.create_response(request, {"detail": str(exc)}, status=422)
@@ -282,6 +290,6 @@ def checkpoint_rejected(request, report: RejectedIn):
     return {"rejected": checkpoints.checkpoint_rejected(request.auth, report.phase, report.step, report.reason)}
 
 
-@api.post("/events", response={200: EventOut})
+@api.post("/events", response={200: EventOut, 503: ErrorOut})
 def event(request, report: EventIn):
     return {"state": reports.agent_event(request.auth, report.kind, report.message)}

@@ -131,6 +131,8 @@ class RunAttempt(models.Model):
                                    help_text="part of this box's signed agent token: it opens this attempt only")
     token_expires_at = models.DateTimeField(
         null=True, blank=True, help_text="the box's token stops opening anything then; heartbeats renew it")
+    uploads_deleted_at = models.DateTimeField(
+        null=True, blank=True, help_text="its attempt folder in the store was emptied then, its upload grants expired")
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -187,6 +189,14 @@ class Checkpoint(models.Model):
     rejected_reason = models.TextField(blank=True, help_text="why a box refused to load it: it is never resumed from")
     pruned_at = models.DateTimeField(null=True, blank=True,
                                      help_text="deleted from the store then (beyond the recipe's keep count)")
+    written_by = models.ForeignKey(RunAttempt, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                   help_text="the attempt whose upload was checked against the manifest")
+    written_etags = models.JSONField(null=True, blank=True,
+                                     help_text="{file name: ETag} listed when it was declared complete: the seal "
+                                               "copies exactly those objects")
+    sealed_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="copied then to the run's sealed folder, where no box can write; only "
+                                               "a sealed checkpoint is resumed from or served")
     created_at = models.DateTimeField()
 
     class Meta:

@@ -70,7 +70,8 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
             seconds=settings.SUPERVISOR_STALE_S)).exists():
         run.events.create(at=now, kind="told_to_stop", message=f"The box was told to stop its machine: {why}.")
     return {"renewed_until": renewed_until(now), "command": command, "reason": why,
-            "upload": storage.upload_grant(storage.location(run.bucket, run.pk), settings.STORAGE_GRANT_S)}
+            "upload": storage.upload_grant(storage.location(run.bucket, run.pk), attempt.pk,
+                                           settings.STORAGE_UPLOAD_GRANT_S)}
 
 
 class PointsRefused(Exception):
@@ -131,6 +132,10 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
         return run.state
     if kind == "finished" and lifecycle.moves(run.state, kind) and Run.objects.filter(
             pk=run.pk, current_instance_id=attempt.instance_id).exists():  # not replaced since its token was read
+        sealing = checkpoints.finals_sealing(run)
+        if sealing:  # its adapter is stored, not yet where it is kept: the box says it again shortly
+            raise checkpoints.StillSealing(f"The final checkpoint {', '.join(sealing)} is still being sealed; "
+                                           "send 'finished' again shortly.")
         missing = checkpoints.missing_outputs(run)
         if missing:
             # Green without its adapters would be a lie, and the box's disk may be the only copy left: keep it.
@@ -173,7 +178,8 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         "resume": [{"phase": c.phase, "step": c.step, "uri": c.uri, "manifest": c.manifest,
                     "download": storage.download_grant(where, c.uri, c.manifest, settings.STORAGE_GRANT_S)}
                    for c in candidates],
-        "upload": storage.upload_grant(where, settings.STORAGE_GRANT_S),
+        # Its own attempt folder only, for a short while: each heartbeat with a live token renews it.
+        "upload": storage.upload_grant(where, attempt.pk, settings.STORAGE_UPLOAD_GRANT_S),
         "heartbeat_interval_s": heartbeat_interval_s(),
         "dead_man_window_s": settings.AGENT_DEAD_MAN_WINDOW_S,
         "renewed_until": renewed_until(now),

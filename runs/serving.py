@@ -36,13 +36,14 @@ class Servable:
 
 
 def servable(run: Run) -> list[Servable]:
-    """The run's adapters vLLM can load, the last phase's first: each phase's final checkpoint, complete, never
+    """The run's adapters vLLM can load, the last phase's first: each phase's final checkpoint, sealed, never
     refused by a box, whose manifest holds the vLLM export, at a rank vLLM serves."""
     if run.state != Run.State.FINISHED or lora_rank(run) > MAX_SERVED_RANK:
         return []
     phases = {phase.index: phase for phase in run.phases.all()}
     found = []
-    for checkpoint in run.checkpoints.filter(complete=True, rejected_reason="").order_by("-phase", "-step"):
+    sealed = run.checkpoints.filter(complete=True, rejected_reason="").exclude(sealed_at=None)
+    for checkpoint in sealed.order_by("-phase", "-step"):
         phase = phases.get(checkpoint.phase)
         files = vllm_files(checkpoint.manifest or {})
         if phase is not None and checkpoint.step == phase.steps and files:

@@ -3,6 +3,7 @@ URLs under the run's own prefix, never the account's key (docs/runs.md, "runs/st
 """
 
 import functools
+import hashlib
 import re
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ MAX_POST_BYTES = 5 * 1024**3  # the most one S3 POST upload may carry
 # a box's retried uploads may leave a few more. Under a model's prefix: a hub snapshot holds hundreds at most.
 MAX_CHECKPOINT_OBJECTS = 2000
 MAX_MODEL_OBJECTS = 20000
+ATTEMPTS = "attempts"  # runs/<run>/attempts/<attempt>/: what each box uploads; never a checkpoint's name
 _RUN_PREFIX = re.compile(r"(^|/)runs/\d+(/|$)")
 
 
@@ -111,14 +113,30 @@ def _s3_client(endpoint_url, region, access_key, secret_key):
 
 
 class TooManyObjects(ValueError):
-    """More objects under a checkpoint's prefix than any checkpoint holds: a box's upload grant covers the run's
-    whole prefix, so it could put millions there, and listing them all would hold a request (and its memory)."""
+    """More objects under a checkpoint's prefix than any checkpoint holds: a box's upload grant covers its attempt's
+    whole folder, so it could put millions there, and listing them all would hold a request (and its memory)."""
+
+
+def _listed(bucket: str, prefix: str):
+    """The objects under a prefix, a page (at most 1,000) at a time: [(name relative to the prefix, size, ETag)]."""
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        yield [(item["Key"][len(prefix):], item["Size"], item.get("ETag", "")) for item in page.get("Contents", [])]
 
 
 def _pages(bucket: str, prefix: str):
     """The objects under a prefix, a page (at most 1,000) at a time: [(name relative to the prefix, size)]."""
-    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        yield [(item["Key"][len(prefix):], item["Size"]) for item in page.get("Contents", [])]
+    for page in _listed(bucket, prefix):
+        yield [(name, size) for name, size, _ in page]
+
+
+def _etagged(bucket: str, prefix: str, *, at_most: int) -> dict[str, tuple[int, str]]:
+    """{name relative to the prefix: (size, ETag)} of every object under it; TooManyObjects past `at_most`."""
+    found = {}
+    for page in _listed(bucket, prefix):
+        found.update({name: (size, etag) for name, size, etag in page})
+        if len(found) > at_most:
+            raise TooManyObjects(f"the store holds more than {at_most} objects under {prefix}")
+    return found
 
 
 def _objects(bucket: str, prefix: str, *, at_most: int) -> dict[str, int]:
@@ -139,53 +157,148 @@ def _presigned_gets(bucket: str, prefix: str, names, expires_s: int) -> dict:
                                             ExpiresIn=expires_s) for name in sorted(names)}}
 
 
-def _checkpoint_prefix(where: Location, checkpoint_uri: str) -> str:
-    return where.prefix + checkpoint_uri.rstrip("/") + "/"
+def attempt_prefix(where: Location, attempt_id: int) -> str:
+    """The one folder an attempt's box may write: runs/<run>/attempts/<attempt>/. Nothing another attempt reads
+    lives there (docs/runs.md, "runs/storage.py")."""
+    return f"{where.prefix}{ATTEMPTS}/{attempt_id}/"
 
 
-def upload_grant(where: Location, expires_s: int) -> dict:
+def _folder(where: Location, checkpoint_uri: str, attempt_id: int | None) -> str:
+    """A checkpoint's folder relative to the bucket: its sealed one, or its upload by an attempt."""
+    base = where.prefix if attempt_id is None else attempt_prefix(where, attempt_id)
+    return base + checkpoint_uri.strip("/") + "/"
+
+
+def upload_grant(where: Location, attempt_id: int, expires_s: int) -> dict:
+    """Writing under the attempt's own folder, and nowhere else, for a while: a presigned POST whose policy admits
+    only that prefix, or the local folder."""
+    prefix = attempt_prefix(where, attempt_id)
     if where.kind == "local":
-        return {"kind": "local", "path": str(Path(where.bucket) / where.prefix)}
+        return {"kind": "local", "path": str(Path(where.bucket) / prefix)}
     post = s3_client().generate_presigned_post(
-        Bucket=where.bucket, Key=where.prefix + "${filename}",
-        Conditions=[["starts-with", "$key", where.prefix], ["content-length-range", 0, MAX_POST_BYTES]],
+        Bucket=where.bucket, Key=prefix + "${filename}",
+        Conditions=[["starts-with", "$key", prefix], ["content-length-range", 0, MAX_POST_BYTES]],
         ExpiresIn=expires_s)
-    return {"kind": "s3-post", "url": post["url"], "fields": post["fields"], "prefix": where.prefix}
+    return {"kind": "s3-post", "url": post["url"], "fields": post["fields"], "prefix": prefix}
 
 
 def download_grant(where: Location, checkpoint_uri: str, names, expires_s: int) -> dict:
-    """The named files of one checkpoint (its manifest's), readable for a while: presigned GETs, or the local folder.
-    Nothing else under the checkpoint is offered, whatever a box put there."""
+    """The named files of one sealed checkpoint (its manifest's), readable for a while: presigned GETs, or the local
+    folder. Nothing else under the checkpoint is offered, and no box can write there."""
     if where.kind == "local":
-        return {"kind": "local", "path": str(Path(where.bucket) / where.prefix / checkpoint_uri)}
-    return _presigned_gets(where.bucket, _checkpoint_prefix(where, checkpoint_uri), names, expires_s)
+        return {"kind": "local", "path": str(Path(where.bucket) / _folder(where, checkpoint_uri, None))}
+    return _presigned_gets(where.bucket, _folder(where, checkpoint_uri, None), names, expires_s)
 
 
-def stored_files(where: Location, checkpoint_uri: str) -> dict[str, int]:
-    """{relative name: size} of what the store holds under one checkpoint, its completion marker left out."""
+def written_files(where: Location, checkpoint_uri: str, attempt_id: int) -> dict[str, tuple[int, str]]:
+    """{relative name: (size, ETag)} of what an attempt uploaded of one checkpoint, its completion marker left out;
+    a local file's ETag is "" (its seal checks the copy's sha256 instead)."""
+    folder = _folder(where, checkpoint_uri, attempt_id)
     if where.kind == "local":
-        root = Path(where.bucket) / where.prefix / checkpoint_uri
+        root = Path(where.bucket) / folder
         if not root.is_dir():
             return {}
-        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
+        return {p.relative_to(root).as_posix(): (p.stat().st_size, "") for p in root.rglob("*")
                 if p.is_file() and not p.is_symlink() and p.name != MARKER}
-    listed = _objects(where.bucket, _checkpoint_prefix(where, checkpoint_uri), at_most=MAX_CHECKPOINT_OBJECTS)
+    listed = _etagged(where.bucket, folder, at_most=MAX_CHECKPOINT_OBJECTS)
+    return {name: found for name, found in listed.items() if name.rsplit("/", 1)[-1] != MARKER}
+
+
+def stored_files(where: Location, checkpoint_uri: str, attempt_id: int | None = None) -> dict[str, int]:
+    """{relative name: size} of a sealed checkpoint (or of an attempt's upload of it), its marker left out."""
+    if attempt_id is not None:
+        return {name: size for name, (size, _) in written_files(where, checkpoint_uri, attempt_id).items()}
+    folder = _folder(where, checkpoint_uri, None)
+    if where.kind == "local":
+        root = Path(where.bucket) / folder
+        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
+                if p.is_file() and not p.is_symlink() and p.name != MARKER} if root.is_dir() else {}
+    listed = _objects(where.bucket, folder, at_most=MAX_CHECKPOINT_OBJECTS)
     return {name: size for name, size in listed.items() if name.rsplit("/", 1)[-1] != MARKER}
 
 
-def delete_checkpoint(where: Location, checkpoint_uri: str) -> None:
-    """Removes one checkpoint's files, its completion marker first so that a half-deleted one is never complete."""
+class SealFailed(Exception):
+    """An attempt's upload could not be copied to its sealed folder as recorded: a file changed or went missing
+    after the checkpoint was declared complete."""
+
+
+def seal(where: Location, checkpoint_uri: str, attempt_id: int, manifest: dict[str, dict],
+         etags: dict[str, str]) -> None:
+    """Copies exactly the manifest's files of an attempt's upload into the checkpoint's sealed folder, emptied first,
+    its marker last. On S3 each copy is server-side and only of the object listed when the completion was checked
+    (its ETag); locally each copy is checked against the manifest's sha256. SealFailed otherwise."""
+    delete_checkpoint(where, checkpoint_uri)
+    source, target = _folder(where, checkpoint_uri, attempt_id), _folder(where, checkpoint_uri, None)
     if where.kind == "local":
-        root = Path(where.bucket) / where.prefix / checkpoint_uri
+        _seal_local(Path(where.bucket), source, target, manifest)
+        return
+    import botocore.exceptions
+
+    client = s3_client()
+    for name in sorted(manifest):
+        try:
+            client.copy_object(Bucket=where.bucket, Key=target + name, CopySourceIfMatch=etags[name],
+                               CopySource={"Bucket": where.bucket, "Key": source + name})
+        except botocore.exceptions.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "412"):
+                raise SealFailed(f"{name} changed in the store after the checkpoint was declared complete") from None
+            if code in ("NoSuchKey", "404"):
+                raise SealFailed(f"{name} is no longer in the store") from None
+            raise
+    client.put_object(Bucket=where.bucket, Key=target + MARKER, Body=b"sealed\n")
+
+
+def _seal_local(bucket: Path, source: str, target: str, manifest: dict[str, dict]) -> None:
+    root = (bucket / source).resolve()
+    for name, entry in sorted(manifest.items()):
+        original, copied = bucket / source / name, bucket / target / name
+        if original.is_symlink() or not original.resolve().is_relative_to(root):  # a box's link out of its folder
+            raise SealFailed(f"{name} is not a file of the upload")
+        copied.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(original, copied)
+        except FileNotFoundError:
+            raise SealFailed(f"{name} is no longer in the store") from None
+        if copied.stat().st_size != entry["size"] or _sha256(copied) != entry["sha256"]:
+            raise SealFailed(f"{name} changed in the store after the checkpoint was declared complete")
+    (bucket / target / MARKER).write_text("sealed\n")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def delete_checkpoint(where: Location, checkpoint_uri: str, attempt_id: int | None = None) -> None:
+    """Removes one sealed checkpoint's files (or an attempt's upload of it), its completion marker first so that a
+    half-deleted one is never complete."""
+    folder = _folder(where, checkpoint_uri, attempt_id)
+    if where.kind == "local":
+        root = Path(where.bucket) / folder
         (root / MARKER).unlink(missing_ok=True)
         shutil.rmtree(root, ignore_errors=True)
         return
-    client, prefix = s3_client(), _checkpoint_prefix(where, checkpoint_uri)
-    client.delete_object(Bucket=where.bucket, Key=prefix + MARKER)
-    for page in _pages(where.bucket, prefix):  # a page deleted as it is read: however many a box put there
+    s3_client().delete_object(Bucket=where.bucket, Key=folder + MARKER)
+    _delete_under(where.bucket, folder)
+
+
+def delete_attempt(where: Location, attempt_id: int) -> None:
+    """Removes everything an attempt's box uploaded (what it left once its grants ran out)."""
+    if where.kind == "local":
+        shutil.rmtree(Path(where.bucket) / attempt_prefix(where, attempt_id), ignore_errors=True)
+        return
+    _delete_under(where.bucket, attempt_prefix(where, attempt_id))
+
+
+def _delete_under(bucket: str, prefix: str) -> None:
+    client = s3_client()
+    for page in _pages(bucket, prefix):  # a page deleted as it is read: however many a box put there
         if page:
-            keys = [{"Key": prefix + name} for name, _ in page]
-            client.delete_objects(Bucket=where.bucket, Delete={"Objects": keys})
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": prefix + name} for name, _ in page]})
 
 
 def read_grant(folder_uri: str, names, expires_s: int) -> dict:

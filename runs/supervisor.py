@@ -17,7 +17,7 @@ from fleet.offers.calibration import box_measurement_problem, record_finished_ru
 from fleet.models import Alert, Instance
 from fleet.reaper.policy import hung
 from fleet.reaper.sweep import policy_from_settings
-from runs import events, lifecycle, pulse, reports, tokens
+from runs import checkpoints, events, lifecycle, pulse, reports, tokens
 from runs.box_request import BoxRequest
 from runs.costs import run_cost
 from runs.models import Run, RunAttempt
@@ -30,7 +30,9 @@ ONSTART_SCRIPT = Path(settings.BASE_DIR) / "docker" / "onstart.sh"  # for a stoc
 def supervise(*, now: datetime | None = None) -> int:
     """One pass over every run that is active or not yet wound up, each judged at the time its turn comes unless `now`
     is given (docs/runs.md, "runs/supervisor.py")."""
-    runs = Run.objects.filter(Q(state__in=Run.ACTIVE_STATES) | Q(wound_up_at=None))
+    # A run that ended is passed over too while an attempt's folder is left to empty (its grant not yet expired).
+    runs = Run.objects.filter(Q(state__in=Run.ACTIVE_STATES) | Q(wound_up_at=None) | Q(
+        attempts__ended_at__isnull=False, attempts__uploads_deleted_at=None)).distinct()
     count = 0
     for pk in runs.values_list("pk", flat=True):
         try:
@@ -52,6 +54,7 @@ def claim_name(run_pk: int) -> str:
 
 def supervise_run(run: Run, now: datetime) -> None:
     """One run's pass; its caller holds the run's claim and read the run under it."""
+    checkpoints.tend_store(run, now)
     if not run.is_active:
         _wind_up(run, now)
         return

@@ -1,8 +1,13 @@
 from celery import shared_task
 
-from runs import supervisor
+from runs import checkpoints, supervisor
 
 
 @shared_task(expires=30, soft_time_limit=480, time_limit=540)  # a pass may rent a box for several runs
 def supervise_runs() -> int:
     return supervisor.supervise()
+
+
+@shared_task(soft_time_limit=540, time_limit=570)  # server-side copies: minutes for many GB
+def seal_checkpoint(checkpoint_id: int) -> bool:
+    return checkpoints.seal(checkpoint_id)

@@ -119,8 +119,9 @@ def _trained_run(tmp_path) -> Run:
                              budget_usd=Decimal("5"), state=Run.State.FINISHED, token_nonce="n", created_at=now)
     for index, phase in enumerate(recipe["phases"]):
         Phase.objects.create(run=run, index=index, name=phase["kind"], kind=phase["kind"], steps=phase["steps"])
+    # The trainer wrote it straight into the run's own folder, where the dashboard keeps a checkpoint it sealed.
     Checkpoint.objects.create(run=run, phase=len(recipe["phases"]) - 1, step=last["steps"], uri=uri, complete=True,
-                              manifest=manifest, created_at=now)
+                              manifest=manifest, created_at=now, sealed_at=now)
     return run
 
 

@@ -90,6 +90,16 @@ def test_it_refuses_a_bad_value_at_start(tmp_path):
     assert "OFFER_REFRESH_SECONDS='soon' is not an integer" in result.stderr
 
 
+def test_it_refuses_a_storage_grant_longer_than_its_bound_at_start(tmp_path):
+    # A box's upload grant outlives its token by up to this long: an hour at most, whatever the environment says.
+    result = _settings_in_fresh_process(tmp_path, STORAGE_UPLOAD_GRANT_S="86400")
+    assert result.returncode != 0
+    assert "STORAGE_UPLOAD_GRANT_S=86400 is above the maximum 3600" in result.stderr
+    result = _settings_in_fresh_process(tmp_path, STORAGE_GRANT_S="999999")
+    assert result.returncode != 0
+    assert "STORAGE_GRANT_S=999999 is above the maximum 43200" in result.stderr
+
+
 def test_it_refuses_a_stock_image_bootstrap_without_its_package(tmp_path):
     result = _settings_in_fresh_process(tmp_path, WORKER_BOOTSTRAP="onstart")
     assert result.returncode != 0

@@ -14,22 +14,22 @@ RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLL
 CHUNK = 1 << 20
 
 
-def copy(grant, name, out):
+def copy(grant, name, out, size):
+    """The sha256 of the file copied, refused past `size` (its manifest's): the store may hold anything."""
     if grant["kind"] == "local":
-        with open(os.path.join(grant["path"], name), "rb") as source:
-            shutil.copyfileobj(source, out, CHUNK)
+        source = open(os.path.join(grant["path"], name), "rb")
     elif grant["kind"] == "s3-get":
-        with urllib.request.urlopen(grant["files"][name], timeout=120) as source:  # noqa: S310 (a presigned https URL)
-            shutil.copyfileobj(source, out, CHUNK)
+        source = urllib.request.urlopen(grant["files"][name], timeout=120)  # noqa: S310 (a presigned https URL)
     else:
         raise ValueError(f"the grant's kind {grant['kind']!r} is not local or s3-get")
-
-
-def digest(path):
     sha = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(CHUNK), b""):
+    with source:
+        while block := source.read(CHUNK):
+            size -= len(block)
+            if size < 0:
+                raise ValueError(f"{name} is larger than its manifest says")
             sha.update(block)
+            out.write(block)
     return sha.hexdigest()
 
 
@@ -42,8 +42,8 @@ def fetch(folder, grant, manifest):
             raise ValueError(f"{name!r} is not a plain file name")
         part = folder / (name + ".part")
         with open(part, "wb") as out:
-            copy(grant, name, out)
-        size, sha = part.stat().st_size, digest(part)
+            sha = copy(grant, name, out, entry["size"])
+        size = part.stat().st_size
         if size != entry["size"] or sha != entry["sha256"]:
             raise ValueError(f"{name} is {size} bytes with sha256 {sha}; its checkpoint's manifest says "
                              f"{entry['size']} bytes with sha256 {entry['sha256']}")

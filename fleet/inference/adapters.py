@@ -17,6 +17,8 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # an adapter name: a word
 FETCH_SOURCE = (Path(__file__).with_name("adapter_fetch.py")).read_text()
 FETCH_END = "FLEET_ADAPTER_FETCH_END"
 MAX_SERVED_RANK = 512  # vLLM's largest --max-lora-rank: a higher rank is refused when vLLM starts
+# Far above any vLLM LoRA export (rank 512 at most); each file's download is capped at its manifest's size too.
+MAX_ADAPTER_BYTES = 64 * 1024**3
 
 
 # -- what /v1/models must say (pure) --------------------------------------------------------------------------------
@@ -89,7 +91,8 @@ def start_script(model) -> str:
 
 def vllm_files(manifest: dict) -> dict[str, dict]:
     """The entries of a checkpoint's manifest that make its vLLM export, named as in the export's folder; {} unless
-    every file vLLM needs is there."""
+    every file vLLM needs is there, together within MAX_ADAPTER_BYTES (a serving box downloads no more than that)."""
     found = {name.removeprefix("vllm/"): entry for name, entry in manifest.items()
              if name.startswith("vllm/") and name.removeprefix("vllm/") in VLLM_FILES}
-    return found if len(found) == len(VLLM_FILES) else {}
+    within = sum(entry["size"] for entry in found.values()) <= MAX_ADAPTER_BYTES
+    return found if len(found) == len(VLLM_FILES) and within else {}

@@ -63,8 +63,9 @@ def _finished_run(tmp_path, *, export=True, state=Run.State.FINISHED, model=None
     if export:
         manifest |= _vllm_export(folder)
     Checkpoint.objects.create(run=run, phase=0, step=2, uri="ckpt-p00-s00000002", complete=True, manifest=manifest,
-                              created_at=now)
-    Checkpoint.objects.create(run=run, phase=0, step=4, uri=uri, complete=True, manifest=manifest, created_at=now)
+                              created_at=now, sealed_at=now)
+    Checkpoint.objects.create(run=run, phase=0, step=4, uri=uri, complete=True, manifest=manifest, created_at=now,
+                              sealed_at=now)
     return run
 
 
@@ -152,6 +153,31 @@ def test_it_never_starts_vllm_on_an_adapter_file_that_does_not_match_its_manifes
     assert "adapter: FAILED: ValueError: adapter_model.safetensors is 7000 bytes with sha256" in log
     assert "INFO: serving" not in log
     assert not (tmp_path / "boxes" / "instance-1" / "work" / "adapters" / ADAPTER).exists()
+
+
+def test_it_refuses_an_adapter_file_larger_than_its_manifest_says_before_filling_the_disk(tmp_path):
+    model, port = _model(tmp_path), _free_port()
+    # Planted after it was recorded: far more bytes than the manifest's 7000, which the box must not write out whole.
+    (tmp_path / "store" / "vllm" / "adapter_model.safetensors").write_bytes(b"x" * (8 << 20))
+    boxes = _start_box(model, tmp_path, port)
+    process = boxes.processes[1]
+    try:
+        process.wait(timeout=30)
+        log = boxes.logs(1)
+    finally:
+        boxes.stop_all()
+    assert process.returncode != 0
+    assert "adapter: FAILED: ValueError: adapter_model.safetensors is larger than its manifest says" in log
+    assert "INFO: serving" not in log
+
+
+def test_it_offers_no_adapter_larger_than_any_vllm_export(tmp_path):
+    run = _finished_run(tmp_path)
+    assert [a.checkpoint.step for a in serving.servable(run)] == [4]
+    row = run.checkpoints.get(step=4)
+    row.manifest["vllm/adapter_model.safetensors"]["size"] = adapters.MAX_ADAPTER_BYTES
+    row.save()
+    assert serving.servable(run) == []
 
 
 def _serve(*args, port) -> subprocess.Popen:

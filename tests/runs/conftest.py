@@ -44,12 +44,14 @@ def put_on_a_box(run, *, now=None, supervised=True) -> str:
 
 
 def stored_checkpoint(run, phase: int, step: int) -> dict:
-    """Writes a checkpoint into the run's local bucket as a box uploads it; returns the notice that declares it."""
+    """Writes a checkpoint into the run's local bucket as its current box uploads it (into its attempt's folder);
+    returns the notice that declares it."""
     import hashlib
     from pathlib import Path
 
     uri = f"ckpt-p{phase:02d}-s{step:08d}"
-    root = Path(run.bucket) / "runs" / str(run.pk) / uri
+    attempt = run.attempts.filter(ended_at=None).latest("started_at", "id")
+    root = Path(run.bucket) / "runs" / str(run.pk) / "attempts" / str(attempt.pk) / uri
     data = f"adapter {phase} {step}".encode()
     (root / "adapter").mkdir(parents=True, exist_ok=True)
     (root / "adapter" / "adapter_model.safetensors").write_bytes(data)

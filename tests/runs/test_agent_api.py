@@ -37,7 +37,7 @@ def test_it_gives_the_box_its_spec(launched):
     spec = _client(run).get(API + "/spec").json()
     assert spec["run_id"] == run.pk and [p["kind"] for p in spec["phases"]] == ["cpt", "sft", "dpo", "kto", "grpo"]
     assert spec["resume"] == [] and spec["upload"]["kind"] == "local"
-    assert spec["upload"]["path"].endswith(f"runs/{run.pk}")
+    assert spec["upload"]["path"].endswith(f"runs/{run.pk}/attempts/{run.attempts.get().pk}")
 
 
 def test_it_opens_only_the_tokens_own_run(launched):
@@ -99,11 +99,13 @@ def test_it_replaces_a_step_trained_again_after_a_resume(launched):
 
 
 def _stored(run, uri, files):
-    """Writes a checkpoint's files where the run's local bucket keeps them; returns its manifest."""
+    """Writes a checkpoint's files where the run's current box uploads them (its attempt's folder); returns its
+    manifest."""
     import hashlib
     from pathlib import Path
 
-    root = Path(run.bucket) / "runs" / str(run.pk) / uri
+    attempt = run.attempts.get(ended_at=None)
+    root = Path(run.bucket) / "runs" / str(run.pk) / "attempts" / str(attempt.pk) / uri
     manifest = {}
     for name, data in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -78,8 +78,10 @@ def test_the_runs_store_keeps_the_newest_and_every_phases_final_checkpoint(tmp_p
     kept = set(Checkpoint.objects.filter(run=run, pruned_at=None).values_list("phase", "step"))
     assert Checkpoint.objects.filter(run=run).count() == 6  # the pruned ones stay in the history, marked
     assert kept == {(0, first.steps), (1, 2), (1, 3)}
-    on_disk = {p.name for p in (Path(run.bucket) / "runs" / str(run.pk)).iterdir()}
+    on_disk = {p.name for p in (Path(run.bucket) / "runs" / str(run.pk)).iterdir()} - {storage.ATTEMPTS}
     assert on_disk == {uris[key] for key in kept}
+    uploads = Path(run.bucket) / "runs" / str(run.pk) / storage.ATTEMPTS
+    assert not [p for p in uploads.rglob("*") if p.is_file()]  # each box's upload is deleted once it is sealed
 
 
 def test_retention_drops_refused_and_unfinished_ones_older_than_the_newest():

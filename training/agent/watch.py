@@ -8,6 +8,7 @@ from pathlib import Path
 from .dashboard import Api
 from .exit_codes import Exit
 from .heartbeat import Heartbeat
+from .retry import retried
 from .metrics import MetricsForwarder
 from .self_stop import stop_machine
 from .uploads import Uploader, complete_checkpoints
@@ -15,6 +16,7 @@ from .uploads import Uploader, complete_checkpoints
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 600  # how long the trainer has to write its checkpoint after SIGTERM
+FINISH_TRIES = 12  # of 'finished', about ten minutes in all: the heartbeat goes on, so the box is not taken for lost
 
 
 def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: MetricsForwarder,
@@ -48,7 +50,10 @@ def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: Metr
     if heartbeat.stop.is_set():
         return Exit.OK
     if trainer.returncode == 0:
-        api.call("POST", "events", {"kind": "finished", "message": "The trainer finished every phase."})
+        # Answered 503 while the final checkpoint is being sealed (copied where the run keeps it): minutes at most.
+        finished = {"kind": "finished", "message": "The trainer finished every phase."}
+        retried(lambda: api.call("POST", "events", finished), tries=FINISH_TRIES, first_s=5.0, cap_s=60.0,
+                retry_on=(ConnectionError,))
         return Exit.OK
     tail = (workdir / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
     api.call("POST", "events", {"kind": "trainer_failed",
