@@ -5,6 +5,7 @@ make an honest box's checkpoint fail (a run's local bucket, through the agent AP
 
 import hashlib
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -181,3 +182,18 @@ def test_the_supervisor_queues_a_lost_seal_again_and_empties_folders_whose_grant
     assert not Path(old.grant["path"]).exists()
     assert RunAttempt.objects.get(pk=run.attempts.first().pk).uploads_deleted_at == later
     assert Path(new.grant["path"]).parent.is_dir()  # the current box's is never touched
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_checkpoint_is_sealed_by_the_worker_and_offered_only_then(launched, monkeypatch, celery_worker):
+    monkeypatch.setattr(checkpoints, "SEAL_INLINE_BYTES", 0)  # as a checkpoint of many GB: no request copies it
+    run = launched()
+    box = _Box(run)
+    assert box.declare(0, 2).status_code == 200
+    row = run.checkpoints.get(step=2)
+    deadline = time.monotonic() + 30
+    while row.sealed_at is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        row.refresh_from_db()
+    assert row.sealed_at is not None and row.rejected_reason == ""
+    assert [c["step"] for c in box.client.get(API + "/spec").json()["resume"]] == [2]
