@@ -306,6 +306,19 @@ def test_the_api_tries_a_5xx_again_but_not_a_4xx(dashboard):
     assert refused.value.status == 400 and len(dashboard.posts) == 1
 
 
+def test_it_says_the_trainer_finished_again_while_the_final_checkpoint_is_being_sealed(dashboard):
+    from training.agent.watch import report_finished
+
+    dashboard.status, waits = 503, []
+
+    def wait(seconds):  # the dashboard has sealed it by the third try
+        waits.append(seconds)
+        dashboard.status = 200 if len(waits) == 2 else 503
+
+    report_finished(_api(dashboard), sleep=wait)
+    assert [body["kind"] for _, body, _ in dashboard.posts] == ["finished"] * 3 and len(waits) == 2
+
+
 def test_the_exit_codes_keep_their_numbers():
     # Boxes have exited with these since before they had names; logs and people read them.
     assert {code.name: int(code) for code in Exit} == {

@@ -3,6 +3,7 @@
 import logging
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from .dashboard import Api
@@ -50,12 +51,17 @@ def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: Metr
     if heartbeat.stop.is_set():
         return Exit.OK
     if trainer.returncode == 0:
-        # Answered 503 while the final checkpoint is being sealed (copied where the run keeps it): minutes at most.
-        finished = {"kind": "finished", "message": "The trainer finished every phase."}
-        retried(lambda: api.call("POST", "events", finished), tries=FINISH_TRIES, first_s=5.0, cap_s=60.0,
-                retry_on=(ConnectionError,))
+        report_finished(api)
         return Exit.OK
     tail = (workdir / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
     api.call("POST", "events", {"kind": "trainer_failed",
                                 "message": f"The trainer exited with {trainer.returncode}: {tail}"[-4000:]})
     return Exit.TRAINER_FAILED
+
+
+def report_finished(api: Api, *, sleep=time.sleep) -> None:
+    """Tells the dashboard the trainer finished. Answered 503 while the run's final checkpoint is being sealed (copied
+    where the run keeps it), it says it again for about ten minutes; the heartbeat goes on meanwhile."""
+    finished = {"kind": "finished", "message": "The trainer finished every phase."}
+    retried(lambda: api.call("POST", "events", finished), tries=FINISH_TRIES, first_s=5.0, cap_s=60.0,
+            retry_on=(ConnectionError,), sleep=sleep)
