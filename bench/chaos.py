@@ -1,7 +1,7 @@
 """Chaos on the simulated marketplace: rents and runs with a fault injected at every step that can crash, then the
 product's own periodic passes, and an audit of what the marketplace bills for against what the dashboard knows.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/chaos.py [--rounds 17] [--seed 7] [--smoke]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleet python bench/chaos.py [--rounds 20] [--seed 7] [--smoke]
 
 Real parts: PostgreSQL (a throwaway database of this process), the simulated marketplace over HTTP with its clock
 moved by the bench, a real Celery worker process taking the hand-overs (destroys, rents, moves) from the broker, and
@@ -9,8 +9,9 @@ the beat's periodic work (instance sync, rent sweep, supervisor, reaper) run by 
 marketplace's clock. A fault is a worker killed at one point (an exception nothing in the product catches, raised
 where the kill would land), a broker that refuses hand-overs, passes that overlap in threads, a box killed or hung
 mid-upload, a stale or forged token, a tampered checkpoint, malformed offers in a search answer, destroys the
-marketplace refuses while the spend cap is crossed, or a dashboard that goes silent (or refuses a box) while serving
-boxes check in (their watchdog, training/agent/serving_watchdog.py, run on the marketplace's clock).
+marketplace refuses while the spend cap is crossed, a dashboard that goes silent (or refuses a box) while serving
+boxes check in (their watchdog, training/agent/serving_watchdog.py, run on the marketplace's clock), or a replaced box
+that keeps writing with the upload grant it held.
 
 After each scenario the audit counts, at the marketplace and in the database:
     orphaned_boxes                a machine the marketplace bills for that no live row of the dashboard tracks
@@ -22,6 +23,9 @@ After each scenario the audit counts, at the marketplace and in the database:
     healthy_boxes_shed_beyond_cap a box the spend cap destroyed beyond those its crossing required (destroys lagging)
     serving_boxes_billing_past_window  a serving box whose GPU still bills the dead-man window and a margin after its
                                   dashboard went silent (or a check-in refused it)
+    checkpoints_refused_by_successors  a box that refused a checkpoint it was offered (or resumed from another) after
+                                  a replaced box kept writing with its old upload grant
+    honest_completes_refused      an honest box's 'complete' the agent API refused (a replaced box writing meanwhile)
 The last line is JSON; the goal is scenarios >= 250 and every count 0. --smoke: each scenario once.
 """
 
@@ -232,15 +236,30 @@ def broker_down():
         yield
 
 
-def store_checkpoint(run: Run, step: int, data: bytes) -> dict:
+def store_checkpoint(client: Client, step: int, data: bytes) -> dict:
+    """A checkpoint a box uploads honestly through its upload grant (its attempt's folder), and its notice."""
     uri = f"ckpt-p00-s{step:08d}"
-    root = Path(run.bucket) / "runs" / str(run.pk) / uri
-    (root / "adapter").mkdir(parents=True, exist_ok=True)
-    (root / "adapter" / "adapter_model.safetensors").write_bytes(data)
-    (root / "trainer.pt").write_bytes(data[::-1])
-    manifest = {name: {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
-                for name, body in (("adapter/adapter_model.safetensors", data), ("trainer.pt", data[::-1]))}
+    files = {"adapter/adapter_model.safetensors": data, "trainer.pt": data[::-1]}
+    write_with_grant(upload_grant(client), uri, files)
+    manifest = {name: {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()} for name, body in files.items()}
     return {"phase": 0, "step": step, "uri": uri, "complete": True, "manifest": manifest}
+
+
+def upload_grant(client: Client) -> dict:
+    """The upload grant a heartbeat answer brings the box (a folder: the simulated boxes' store is local)."""
+    return post(client, "/heartbeat", {"state": "training", "process_alive": True}).json()["upload"]
+
+
+def write_with_grant(grant: dict, uri: str, files: dict[str, bytes]) -> None:
+    """What a box writes with a grant: only under the folder it names, as a presigned POST's policy holds it."""
+    root = Path(grant["path"]) / uri
+    for name, body in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(body)
+
+
+def sealed_folder(run: Run, uri: str) -> Path:
+    return Path(run.bucket) / "runs" / str(run.pk) / uri
 
 
 # -- the scenarios ---------------------------------------------------------------------------------------------------
@@ -323,9 +342,9 @@ def supervisor_and_reaper_on_a_hung_box(chaos: Chaos) -> None:
 def box_killed_mid_upload(chaos: Chaos) -> None:
     """Half a checkpoint reaches the store and the host dies: the next box must not be offered it."""
     run, client = chaos.started("upload")
-    notice = store_checkpoint(run, 10, os.urandom(256))
+    notice = store_checkpoint(client, 10, os.urandom(256))
     post(client, "/checkpoints", {**notice, "complete": False})
-    Path(run.bucket, "runs", str(run.pk), notice["uri"], "trainer.pt").unlink()
+    (Path(upload_grant(client)["path"]) / notice["uri"] / "trainer.pt").unlink()
     post(client, "/checkpoints", notice)  # a box that lies: declared complete with a file missing
     chaos.market.kill_host(int(run.current_instance.provider_instance_id))
     chaos.passes(rounds=4)
@@ -339,10 +358,10 @@ def box_killed_mid_upload(chaos: Chaos) -> None:
 def tampered_checkpoint(chaos: Chaos) -> None:
     """A complete checkpoint is changed afterwards (a stale box with a grant): the next box must refuse it."""
     run, client = chaos.started("tamper")
-    older, newer = store_checkpoint(run, 5, os.urandom(300)), store_checkpoint(run, 10, os.urandom(300))
+    older, newer = store_checkpoint(client, 5, os.urandom(300)), store_checkpoint(client, 10, os.urandom(300))
     for notice in (older, newer):
         post(client, "/checkpoints", notice)
-    Path(run.bucket, "runs", str(run.pk), newer["uri"], "trainer.pt").write_bytes(b"import os; os.system('x')")
+    (sealed_folder(run, newer["uri"]) / "trainer.pt").write_bytes(b"import os; os.system('x')")  # in the store itself
     spec = client.get(API + "/spec").json()
     store = Path(tempfile.mkdtemp(prefix="chaos-store-"))
     api = agent.Api("http://unused/", "unused")
@@ -490,6 +509,50 @@ def serving_dashboard_goes_silent(chaos: Chaos) -> None:
         settings.AGENT_DEAD_MAN_WINDOW_S = saved
 
 
+def replaced_box_keeps_writing(chaos: Chaos) -> None:
+    """A box replaced after its host was lost keeps writing with the upload grant it held: over a checkpoint's files
+    it recorded, and under the name of the next checkpoint, before and while its successor uploads that one. The
+    successor must resume from the recorded checkpoint, and its own honest 'complete' must be accepted."""
+    run, client = chaos.started("stale-grant")
+    stale = upload_grant(client)
+    recorded = store_checkpoint(client, 5, os.urandom(300))
+    if post(client, "/checkpoints", recorded).status_code >= 400:
+        chaos.counts["honest_completes_refused"] += 1
+    chaos.market.kill_host(int(run.current_instance.provider_instance_id))
+    chaos.passes(rounds=4)  # the run moves to a new box
+    run.refresh_from_db()
+    if run.current_instance is None or not run.current_instance.provider_instance_id:
+        raise RuntimeError(f"run {run.pk} got no new box: {run.state} {run.state_reason}")
+    successor = Client(HTTP_AUTHORIZATION=f"Bearer {chaos.token_of(run)}")
+    post(successor, "/heartbeat", {"state": "installing"})
+    post(successor, "/events", {"kind": "probe_ok", "message": "probe ok"})
+    following = f"ckpt-p00-s{10:08d}"
+    planted = {"adapter/adapter_model.safetensors": b"planted", "trainer.pt": b"planted", "extra.bin": os.urandom(64)}
+    write_with_grant(stale, recorded["uri"], {name: b"stale" for name in recorded["manifest"]})
+    write_with_grant(stale, following, planted)
+
+    spec = successor.get(API + "/spec").json()
+    api, refused = agent.Api("http://unused/", "unused"), []
+
+    def call(method, path, body=None):
+        if path == "checkpoints/rejected":
+            refused.append(body)
+        return post(successor, "/" + path, body).json()
+
+    api.call = call
+    chosen = agent.restore(api, spec["resume"], Path(tempfile.mkdtemp(prefix="chaos-store-")))
+    if refused or chosen is None or chosen["uri"] != recorded["uri"]:
+        chaos.counts["checkpoints_refused_by_successors"] += 1
+        chaos.failures.append(f"stale grant: the successor resumed from {chosen and chosen['uri']}, refused {refused}")
+
+    notice = store_checkpoint(successor, 10, os.urandom(300))
+    write_with_grant(stale, following, planted)  # again, between the successor's upload and its 'complete'
+    answer = post(successor, "/checkpoints", notice)
+    if answer.status_code >= 400:
+        chaos.counts["honest_completes_refused"] += 1
+        chaos.failures.append(f"stale grant: an honest complete refused: {answer.status_code} {answer.content[:200]}")
+
+
 BAD_VALUES = (float("nan"), float("inf"), -1, "12", "false", 1.5, None, 10**30, "x" * 5000, [], {})
 FIELDS = ("id", "num_gpus", "gpu_ram", "dph_total", "reliability2", "inet_down", "disk_space", "cuda_max_good",
           "compute_cap", "gpu_name", "verified", "machine_id", "storage_cost", "driver_version")
@@ -524,7 +587,7 @@ def malformed_offers(chaos: Chaos) -> None:
 SCENARIOS = [killed_before_the_rent_call, killed_after_the_claim, killed_after_the_provider_rented,
              broker_down_at_the_reapers_hand_over, broker_down_at_a_manual_rent, overlapping_supervisor_passes,
              supervisor_and_reaper_on_a_hung_box, box_killed_mid_upload, tampered_checkpoint, hostile_posts,
-             malformed_offers, spend_cap_while_destroys_lag, serving_dashboard_goes_silent]
+             malformed_offers, spend_cap_while_destroys_lag, serving_dashboard_goes_silent, replaced_box_keeps_writing]
 
 
 def start_worker(database_url: str) -> subprocess.Popen:
@@ -537,7 +600,7 @@ def start_worker(database_url: str) -> subprocess.Popen:
 def main() -> int:
     logging.getLogger("serving-watchdog").setLevel(logging.ERROR)  # a line per silent check-in, by design
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=19, help="times each scenario runs")
+    parser.add_argument("--rounds", type=int, default=20, help="times each scenario runs")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", action="append", choices=[s.__name__ for s in SCENARIOS],
                         help="run only this scenario (repeatable)")
@@ -566,7 +629,8 @@ def main() -> int:
                **{key: chaos.counts[key] for key in ("orphaned_boxes", "double_rents", "boxes_outside_reaper",
                                                      "lost_offers", "unverified_checkpoints_loaded",
                                                      "hostile_posts_accepted", "healthy_boxes_shed_beyond_cap",
-                                                     "serving_boxes_billing_past_window")},
+                                                     "serving_boxes_billing_past_window",
+                                                     "checkpoints_refused_by_successors", "honest_completes_refused")},
                "errors": len(chaos.failures), "wall_s": round(wall_s, 1)}
     print(json.dumps(summary))
     return 0 if all(summary[k] == 0 for k in summary if k not in ("scenarios", "kinds", "wall_s")) else 1

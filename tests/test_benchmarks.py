@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # A benchmark's last line is one JSON object: the keys each smoke run must print.
 FIGURES = {
     "chaos": {"scenarios", "kinds", "orphaned_boxes", "double_rents", "lost_offers", "hostile_posts_accepted",
-              "healthy_boxes_shed_beyond_cap", "serving_boxes_billing_past_window", "errors"},
+              "healthy_boxes_shed_beyond_cap", "serving_boxes_billing_past_window",
+              "checkpoints_refused_by_successors", "honest_completes_refused", "errors"},
     "grpo_scoring": {"row_logps_max_rel_diff", "tokens_equal", "lora_grad_rel_diff", "ms_packed_unmasked",
                      "ms_sdpa_masked"},
     "hopper_ws": {"max_rel_err", "timed", "rows"},
