@@ -53,7 +53,7 @@ def rendered(kind: str, sample: list[tuple[int, dict]], tokenizer, *, seconds: f
 
 def _render_all(kind, sample, tokenizer, send) -> None:
     """The child: renders one record after another and sends each one's measure."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # its threads' stacks and arenas would count against the limit
+    os.environ.update(TOKENIZERS_PARALLELISM="false")  # its threads' stacks and arenas would count against the limit
     _limit_memory(MEMORY_BYTES)
     signal.signal(signal.SIGVTALRM, _too_slow)
     shown = False
