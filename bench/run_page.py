@@ -38,13 +38,13 @@ REPEAT, WARMUP = 40, 5
 SMOKE_POINTS, SMOKE_REPEAT, SMOKE_WARMUP = 2_000, 5, 1
 
 
-def fill(points: int) -> Run:
+def fill(points: int, owner) -> Run:
     now = timezone.now()
     per_phase = points // len(PHASES)
     start = now - timedelta(hours=36)
     run = Run.objects.create(name="bench-35b-a3b", recipe={}, bucket="s3://bench/runs", budget_usd=Decimal("5000"),
                              token_nonce="bench", state="training", created_at=start, started_at=start,
-                             current_phase=len(PHASES) - 1, current_step=per_phase - 10)
+                             current_phase=len(PHASES) - 1, current_step=per_phase - 10, created_by=owner)
     Phase.objects.bulk_create([Phase(run=run, index=i, name=name, kind=kind, steps=per_phase)
                                for i, (name, kind) in enumerate(PHASES)])
     boxes = [Instance.objects.create(provider="vast", idempotency_key=f"bench-{i}", label=f"bench-box-{i}",
@@ -112,10 +112,11 @@ def main() -> None:
                          "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
     with support.throwaway_database("bench_run_page"):
         fill_start = time.perf_counter()
-        run = fill(SMOKE_POINTS if args.smoke else args.points)
+        owner = User.objects.create_user("bench", password="bench-pass-123")  # the run's owner reads its page
+        run = fill(SMOKE_POINTS if args.smoke else args.points, owner)
         fill_s = time.perf_counter() - fill_start
         client = Client()
-        client.force_login(User.objects.create_user("bench", password="bench-pass-123"))
+        client.force_login(owner)
         page = timed(client, reverse("run_detail", args=[run.pk]), **sizes)
         data = timed(client, reverse("run_chart_data", args=[run.pk]), **sizes)
         cold = timed(client, reverse("run_chart_data", args=[run.pk]), cold=True, **sizes)
