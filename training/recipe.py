@@ -13,6 +13,7 @@ import yaml
 
 from training import model_source
 from training.families import target_problems
+from training.records import nested_deeper_than
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,13 +303,8 @@ def _measure_yaml(text: str) -> None:
 
 
 def _within_depth(value):
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > MAX_RECIPE_DEPTH:
-                raise RecipeError(f"the recipe nests more than {MAX_RECIPE_DEPTH} levels deep")
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    if nested_deeper_than(value, MAX_RECIPE_DEPTH):
+        raise RecipeError(f"the recipe nests more than {MAX_RECIPE_DEPTH} levels deep")
     return value
 
 

@@ -204,14 +204,22 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES):
         raise RecordUnreadable(f"nested deeper than {MAX_RECORD_DEPTH} levels") from None
     except ValueError as exc:
         raise RecordUnreadable(f"not JSON ({exc})") from None
-    stack = [(value, 1)]  # measured without recursion: the checks after this one recurse, within the bound
+    if nested_deeper_than(value, MAX_RECORD_DEPTH):  # the checks after this one recurse, within the bound
+        raise RecordUnreadable(f"nested deeper than {MAX_RECORD_DEPTH} levels")
+    return value
+
+
+def nested_deeper_than(value, levels: int) -> bool:
+    """Whether a parsed JSON or YAML value holds mappings and lists more than `levels` inside one another, measured
+    without recursion (a deep value is what would exhaust it)."""
+    stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (dict, list)):
-            if depth > MAX_RECORD_DEPTH:
-                raise RecordUnreadable(f"nested deeper than {MAX_RECORD_DEPTH} levels")
+            if depth > levels:
+                return True
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return value
+    return False
 
 
 def read_records(path, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> list[dict]:
