@@ -82,7 +82,7 @@ def model_size_gb(model: dict) -> float | None:
         raise LaunchError(f"model.path {path}: an s3:// model needs S3_ACCESS_KEY and S3_SECRET_KEY in the "
                           "dashboard's environment (its boxes get presigned GETs signed with them)", "recipe")
     try:
-        files = storage.model_read_grant(path, expires_s=60)["files"]
+        files = storage.model_files(path)  # sized by its listing: nothing signed until a box asks
     except storage.ModelUnreadable as exc:
         raise LaunchError(f"model.path: {exc}", "recipe") from None
     if "config.json" not in files:

@@ -318,6 +318,15 @@ def model_read_grant(model_uri: str, expires_s: int) -> dict:
     """Reading every file of an s3://bucket/prefix model, for a while: each object under the prefix by its size
     (what the box checks each download against) and a presigned GET of exactly that key. Nothing outside the
     prefix is offered. ModelUnreadable when the dashboard's key cannot list it or it holds nothing."""
+    bucket, prefix = model_source.s3_parts(model_uri)
+    sizes = model_files(model_uri)
+    return {"kind": "s3", "uri": model_uri, "files": sizes, "download": _presigned_gets(bucket, prefix, sizes,
+                                                                                        expires_s)}
+
+
+def model_files(model_uri: str) -> dict[str, int]:
+    """{name relative to the prefix: size} of every file of an s3:// model, listed with the dashboard's key and
+    signed for no one; ModelUnreadable as model_read_grant says."""
     import botocore.exceptions
 
     bucket, prefix = model_source.s3_parts(model_uri)
@@ -335,5 +344,4 @@ def model_read_grant(model_uri: str, expires_s: int) -> dict:
         raise ModelUnreadable(f"{model_uri} cannot be listed: {exc}") from None
     if not sizes:
         raise ModelUnreadable(f"{model_uri} holds no files")
-    return {"kind": "s3", "uri": model_uri, "files": dict(sorted(sizes.items())),
-            "download": _presigned_gets(bucket, prefix, sizes, expires_s)}
+    return dict(sorted(sizes.items()))

@@ -98,12 +98,23 @@ def test_a_launch_sizes_the_disk_by_an_s3_models_files_when_they_outgrow_the_fig
     recipe = tiny_recipe(model={"path": MODEL})
     run = launch(name="m", recipe=recipe, bucket=str(tmp_path / "b"), budget_usd=5, max_restarts=1)
     assert run.disk_gb == disk_need(recipe).total_gb  # 3 kB of files: the ranking's figure holds them
-    real = storage.model_read_grant
-    monkeypatch.setattr(storage, "model_read_grant", lambda uri, expires_s: {  # a 400 GB model, as listed
-        **real(uri, expires_s), "files": {"config.json": 10, "model.safetensors": 400 * 10**9}})
+    monkeypatch.setattr(storage, "model_files", lambda uri: {  # a 400 GB model, as listed
+        "config.json": 10, "model.safetensors": 400 * 10**9})
     run = launch(name="big", recipe=recipe, bucket=str(tmp_path / "b"), budget_usd=5, max_restarts=1)
     assert run.disk_gb == disk_need(recipe, listed_weights_gb=400.0).total_gb > 400
     assert Path(run.bucket).is_dir()
+
+
+def test_a_launch_sizes_an_s3_model_by_its_listing_and_signs_nothing(s3, tmp_path, monkeypatch):  # noqa: F811
+    _put_model(s3)
+
+    def signed(*args, **kwargs):
+        raise AssertionError("the launch signed a link no box asked for")
+
+    monkeypatch.setattr(storage, "_presigned_gets", signed)
+    run = launch(name="m", recipe=tiny_recipe(model={"path": MODEL}), bucket=str(tmp_path / "b"), budget_usd=5,
+                 max_restarts=1)
+    assert run.pk and run.disk_gb > 0
 
 
 def test_the_disk_a_run_needs_grows_with_its_lora_rank():
