@@ -15,7 +15,7 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, create_model, field_validator, model_validator
 
-from runs import checkpoints, reports, tokens
+from runs import checkpoints, reports, storage, tokens
 from training import metric_fields
 from training.checkpoint_names import checkpoint_name
 
@@ -92,6 +92,14 @@ def still_sealing(request, exc):
     # Not an error of the box's: it sends the report again after a while (training.agent.watch).
     response = api.create_response(request, {"detail": str(exc)}, status=503)
     response["Retry-After"] = "10"
+    return response
+
+
+@api.exception_handler(storage.StoreUnavailable)
+def store_unavailable(request, exc):
+    # The box asks again (training.agent.run): a store's bad minute must not fail the run or cost it a box.
+    response = api.create_response(request, {"detail": f"{exc}; ask again shortly."}, status=503)
+    response["Retry-After"] = "30"
     return response
 
 

@@ -85,6 +85,8 @@ def model_size_gb(model: dict) -> float | None:
         files = storage.model_files(path)  # sized by its listing: nothing signed until a box asks
     except storage.ModelUnreadable as exc:
         raise LaunchError(f"model.path: {exc}", "recipe") from None
+    except storage.StoreUnavailable as exc:
+        raise LaunchError(f"model.path: {exc}. Nothing was launched: try again in a minute.", "recipe") from None
     if "config.json" not in files:
         raise LaunchError(f"model.path {path}: no config.json under it (found {', '.join(list(files)[:5])}"
                           f"{', ...' if len(files) > 5 else ''}): name the folder that holds the model's files",

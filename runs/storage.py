@@ -314,6 +314,14 @@ class ModelUnreadable(ValueError):
     """An s3:// model the dashboard cannot list with its own key, or one with no files."""
 
 
+class StoreUnavailable(Exception):
+    """The store did not answer a listing (no connection, a timeout, a 5xx or a slow-down): nothing is wrong with
+    what was asked, so it is asked again later rather than refused."""
+
+
+_PASSING = ("SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable", "InternalError")
+
+
 def model_read_grant(model_uri: str, expires_s: int) -> dict:
     """Reading every file of an s3://bucket/prefix model, for a while: each object under the prefix by its size
     (what the box checks each download against) and a presigned GET of exactly that key. Nothing outside the
@@ -333,8 +341,12 @@ def model_files(model_uri: str) -> dict[str, int]:
     try:
         sizes = {name: size for name, size in _objects(bucket, prefix, at_most=MAX_MODEL_OBJECTS).items()
                  if not name.endswith("/")}
+    except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:
+        raise StoreUnavailable(f"the store did not answer listing {model_uri}: {exc}") from None
     except botocore.exceptions.ClientError as exc:
         error = exc.response.get("Error", {})
+        if error.get("Code") in _PASSING or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
+            raise StoreUnavailable(f"the store did not answer listing {model_uri}: {error.get('Code', '')}") from None
         raise ModelUnreadable(f"{model_uri} cannot be listed with the dashboard's key: "
                               f"{error.get('Code', '')} {error.get('Message') or exc}".strip()) from None
     except TooManyObjects:

@@ -155,3 +155,51 @@ def test_a_model_it_can_no_longer_list_is_refused_and_the_box_says_why_and_stops
     assert run.state == "failed" and reason in run.state_reason
     assert "Nothing was trained: the dashboard could not grant the model" in run.state_reason
     assert len(listings) == 1  # the refusal too is said from what the first ask found
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_store_that_does_not_answer_is_a_503_the_box_rides_out_and_the_run_goes_on(
+        s3, tmp_path, monkeypatch, live_server):  # noqa: F811
+    import botocore.exceptions
+
+    from training.agent import dashboard
+
+    _put_model(s3)
+    run = _run(tmp_path)
+    token = put_on_a_box(run)
+    real, outage = storage._objects, {"left": 6}  # longer than one call's own tries ride out
+
+    def flaky(*args, **kwargs):
+        if outage["left"]:
+            outage["left"] -= 1
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://store.invalid")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "_objects", flaky)
+    response = Client(HTTP_AUTHORIZATION=f"Bearer {token}").get(API + "/spec")
+    assert response.status_code == 503 and int(response["Retry-After"]) > 0
+    assert "did not answer" in response.json()["detail"]
+    run.refresh_from_db()
+    assert run.is_active and not ModelGrant.objects.exists()  # nothing refused, nothing kept of the outage
+
+    granted = []
+
+    def fetched(api, grant, model, folder):
+        granted.append(grant)
+        raise _Stop
+
+    monkeypatch.setattr(dashboard, "FIRST_WAIT_S", 0.01)
+    monkeypatch.setattr(dashboard, "MAX_WAIT_S", 0.01)
+    monkeypatch.setattr(agent_run, "SPEC_FIRST_WAIT_S", 0.01)
+    monkeypatch.setattr(agent_run, "SPEC_MAX_WAIT_S", 0.01)
+    monkeypatch.setattr(agent_run, "probe", lambda python: (True, "probe ok"))
+    monkeypatch.setattr(agent_run, "fetch_model", fetched)
+    api = Api(live_server.url + API, token)
+    with pytest.raises(_Stop):
+        agent_run.run(api, Heartbeat(api, 60, 3600), tmp_path / "work", "python")
+    assert outage["left"] == 0 and granted[0]["kind"] == "s3" and set(granted[0]["files"]) == set(FILES)
+    run.refresh_from_db()
+    assert run.is_active

@@ -15,8 +15,11 @@ from .inputs import DataRefused, fetch_data, fetch_model
 from .install_probe import probe
 from .metrics import MetricsForwarder
 from .resume import RestoreFailed, restore
+from .retry import retried
 from .uploads import Uploader, complete_checkpoints
 from .watch import watch
+
+SPEC_TRIES, SPEC_FIRST_WAIT_S, SPEC_MAX_WAIT_S = 10, 15.0, 120.0  # about fifteen minutes of waits in all
 
 
 def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> Exit:
@@ -26,7 +29,10 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> Exit:
         return Exit.PROBE_FAILED
     api.call("POST", "events", {"kind": "probe_ok", "message": output.strip().splitlines()[-1][:500]})
 
-    spec = api.call("GET", "spec")
+    # A spec the dashboard cannot answer yet (its store's bad minutes: 503) is asked for again for a quarter of an
+    # hour, the heartbeat going on meanwhile, before the box gives up and the supervisor replaces it.
+    spec = retried(lambda: api.call("GET", "spec"), tries=SPEC_TRIES, first_s=SPEC_FIRST_WAIT_S,
+                   cap_s=SPEC_MAX_WAIT_S, retry_on=(ConnectionError,))
     heartbeat.interval_s, heartbeat.window_s = spec["heartbeat_interval_s"], spec["dead_man_window_s"]
     store, staging, metrics_path = workdir / "store", workdir / "staging", workdir / "metrics.jsonl"
     recipe = {**spec["recipe"], "metrics": {"jsonl": str(metrics_path)},
