@@ -90,3 +90,25 @@ def runpod_market(settings):
     settings.RUNPOD_API_URL, settings.RUNPOD_API_KEY = server.base_url, RUNPOD_KEY
     yield server
     server.stop()
+
+
+@contextlib.contextmanager
+def boxes_reporting_to(dashboard_url, settings, folder, *, heartbeat_timeout_s, loopback_boxes=False,
+                       extra_env=None):
+    """The simulated marketplace over HTTP whose boxes run as local processes (the real agent, or a serving box's
+    start script), with the dashboard's settings pointed at it and the boxes at `dashboard_url`: (market, boxes)."""
+    from fleet.offers.refresh import refresh_offers
+    from fleet.simulator import SimulatedMarketplace
+    from fleet.simulator.agents import AgentProcesses
+
+    boxes = AgentProcesses(folder, extra_env=extra_env)
+    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0, charges_min_interval_s=0,
+                              hooks=boxes, loopback_boxes=loopback_boxes) as market:
+        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, MARKET_KEY
+        settings.DASHBOARD_URL = dashboard_url
+        settings.AGENT_HEARTBEAT_TIMEOUT_S = heartbeat_timeout_s
+        refresh_offers()
+        try:
+            yield market, boxes
+        finally:
+            boxes.stop_all()

@@ -15,13 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 import training
-
 from fleet.models import InferenceModel, Instance, ProbeResult
-from fleet.offers.refresh import refresh_offers
-from fleet.simulator import SimulatedMarketplace
-from fleet.simulator.agents import AgentProcesses
 from runs.models import Checkpoint, Phase, Run
-from tests.marketplace import MARKET_KEY, running_beat
+from tests.marketplace import boxes_reporting_to, running_beat
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -29,19 +25,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def market(tmp_path, settings, live_server):
-    agents = AgentProcesses(tmp_path / "boxes")
-    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
-                              charges_min_interval_s=0, hooks=agents, loopback_boxes=True) as sim:
-        settings.VAST_API_URL, settings.VAST_API_KEY = sim.base_url, MARKET_KEY
-        settings.DASHBOARD_URL = live_server.url
-        settings.AGENT_HEARTBEAT_TIMEOUT_S = 30  # a loaded 2-core machine runs trainer, agent and server
-        settings.PROBE_ALLOW_PRIVATE_ADDRESSES = True  # what the embedded default sets: its boxes are on 127.0.0.1
-        settings.PROBE_TIMEOUT_S = 3
-        refresh_offers()
-        try:
-            yield sim
-        finally:
-            agents.stop_all()
+    settings.PROBE_ALLOW_PRIVATE_ADDRESSES = True  # what the embedded default sets: its boxes are on 127.0.0.1
+    settings.PROBE_TIMEOUT_S = 3
+    # A loaded 2-core machine runs trainer, agent and server.
+    with boxes_reporting_to(live_server.url, settings, tmp_path / "boxes", heartbeat_timeout_s=30,
+                            loopback_boxes=True) as (sim, _):
+        yield sim
 
 
 @pytest.fixture

@@ -16,10 +16,7 @@ from django.utils import timezone
 
 from fleet.inference import replicas
 from fleet.models import InferenceModel, Instance
-from fleet.offers.refresh import refresh_offers
-from fleet.simulator import SimulatedMarketplace
-from fleet.simulator.agents import AgentProcesses
-from tests.marketplace import MARKET_KEY
+from tests.marketplace import boxes_reporting_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WINDOW_S = 8  # the dead-man window: longer than a box takes to boot here, so its first check-in is in time
@@ -51,18 +48,11 @@ def dashboard():
 @pytest.fixture
 def market(tmp_path, settings, dashboard):
     """The simulated marketplace whose serving boxes run their start script as local processes, and the dashboard's
-    settings pointed at it: a check-in a second, a dead-man window of four."""
-    agents = AgentProcesses(tmp_path / "boxes")
-    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0, charges_min_interval_s=0,
-                              hooks=agents, loopback_boxes=True) as sim:
-        settings.VAST_API_URL, settings.VAST_API_KEY, settings.PROVIDER_MAX_RETRIES = sim.base_url, MARKET_KEY, 2
-        settings.DASHBOARD_URL = dashboard.url
-        settings.AGENT_HEARTBEAT_TIMEOUT_S, settings.AGENT_DEAD_MAN_WINDOW_S = 4, WINDOW_S
-        refresh_offers()
-        try:
-            yield sim
-        finally:
-            agents.stop_all()
+    settings pointed at it: a check-in a second, a dead-man window of WINDOW_S."""
+    settings.PROVIDER_MAX_RETRIES, settings.AGENT_DEAD_MAN_WINDOW_S = 2, WINDOW_S
+    with boxes_reporting_to(dashboard.url, settings, tmp_path / "boxes", heartbeat_timeout_s=4,
+                            loopback_boxes=True) as (sim, _):
+        yield sim
 
 
 def _served(desired=1) -> InferenceModel:

@@ -7,14 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from fleet.instances import charges
-from fleet.instances import ledger
+from fleet.instances import charges, ledger
 from fleet.models import Instance
-from fleet.offers.refresh import refresh_offers
-from fleet.simulator import SimulatedMarketplace
-from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch
-from tests.marketplace import MARKET_KEY, running_beat
+from tests.marketplace import boxes_reporting_to, running_beat
 
 from .conftest import tiny_recipe
 
@@ -24,19 +20,11 @@ STEPS = 30
 
 @pytest.fixture
 def boxes(tmp_path, settings, live_server):
-    agents = AgentProcesses(tmp_path / "boxes", extra_env={"FLEET_SIM_UPLINK_MBPS": "1"})
-    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
-                              charges_min_interval_s=0, hooks=agents) as market:
-        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, MARKET_KEY
-        settings.DASHBOARD_URL = live_server.url
-        settings.AGENT_HEARTBEAT_TIMEOUT_S = 15  # generous: a loaded 2-core machine runs trainer, agent and server
-        settings.RENT_OUTCOME_GRACE_S = 5
-        settings.DESTROY_VERIFY_S = 5
-        refresh_offers()
-        try:
-            yield market, agents
-        finally:
-            agents.stop_all()
+    settings.RENT_OUTCOME_GRACE_S = settings.DESTROY_VERIFY_S = 5
+    # Generous heartbeats: a loaded 2-core machine runs trainer, agent and server.
+    with boxes_reporting_to(live_server.url, settings, tmp_path / "boxes", heartbeat_timeout_s=15,
+                            extra_env={"FLEET_SIM_UPLINK_MBPS": "1"}) as (market, agents):
+        yield market, agents
 
 
 @pytest.fixture

@@ -10,10 +10,8 @@ import pytest
 from fleet.models import Instance, Offer, OfferProfile
 from fleet.offers.refresh import refresh_offers
 from fleet.ranking import OfferFilters, Workload
-from fleet.simulator import SimulatedMarketplace
-from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch
-from tests.marketplace import MARKET_KEY
+from tests.marketplace import boxes_reporting_to
 
 from .conftest import tiny_recipe
 from .test_end_to_end import _drive, beat  # noqa: F401  (beat: a fixture)
@@ -23,19 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def boxes(tmp_path, settings, live_server):
-    agents = AgentProcesses(tmp_path / "boxes")
-    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
-                              charges_min_interval_s=0, hooks=agents) as market:
-        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, MARKET_KEY
-        settings.DASHBOARD_URL = live_server.url
-        settings.AGENT_HEARTBEAT_TIMEOUT_S = 30  # two ranks, an agent and a server on a loaded 2-core machine
-        settings.RENT_OUTCOME_GRACE_S = 5
-        settings.DESTROY_VERIFY_S = 5
-        refresh_offers()
-        try:
-            yield market, agents
-        finally:
-            agents.stop_all()
+    settings.RENT_OUTCOME_GRACE_S = settings.DESTROY_VERIFY_S = 5
+    # Two ranks, an agent and a server on a loaded 2-core machine.
+    with boxes_reporting_to(live_server.url, settings, tmp_path / "boxes", heartbeat_timeout_s=30) as found:
+        yield found
 
 
 # The whole way on the simulated marketplace: a 2-GPU box rented for the profile, the trainer's ranks started by

@@ -9,11 +9,8 @@ from pathlib import Path
 import pytest
 
 from fleet.models import Instance
-from fleet.offers.refresh import refresh_offers
-from fleet.simulator import SimulatedMarketplace
-from fleet.simulator.agents import AgentProcesses
 from runs.launch import launch
-from tests.marketplace import MARKET_KEY
+from tests.marketplace import boxes_reporting_to
 from training import model_source
 
 from .conftest import tiny_recipe
@@ -45,19 +42,10 @@ def tiny_model_folder(folder: Path) -> dict[str, int]:
 
 @pytest.fixture
 def boxes(tmp_path, settings, live_server):
-    agents = AgentProcesses(tmp_path / "boxes")
-    with SimulatedMarketplace(api_key=MARKET_KEY, seed=7, speed=1.0, boot_delay_s=1, port=0,
-                              charges_min_interval_s=0, hooks=agents) as market:
-        settings.VAST_API_URL, settings.VAST_API_KEY = market.base_url, MARKET_KEY
-        settings.DASHBOARD_URL = live_server.url
-        settings.AGENT_HEARTBEAT_TIMEOUT_S = 30  # an agent, a trainer, S3 and a server on a loaded 2-core machine
-        settings.RENT_OUTCOME_GRACE_S = 5
-        settings.DESTROY_VERIFY_S = 5
-        refresh_offers()
-        try:
-            yield market, agents
-        finally:
-            agents.stop_all()
+    settings.RENT_OUTCOME_GRACE_S = settings.DESTROY_VERIFY_S = 5
+    # An agent, a trainer, S3 and a server on a loaded 2-core machine.
+    with boxes_reporting_to(live_server.url, settings, tmp_path / "boxes", heartbeat_timeout_s=30) as found:
+        yield found
 
 
 def test_a_run_trains_on_an_s3_model_the_box_downloads_through_its_grant(s3, boxes, beat, tmp_path):  # noqa: F811
