@@ -3,6 +3,7 @@ the clock's "now"."""
 
 import hmac
 import logging
+import os
 import random
 import secrets
 import socket
@@ -11,6 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
+from pathlib import Path
 
 from . import account, billing
 from .catalogue import Offer, build_catalogue
@@ -50,6 +52,9 @@ class Settings:
     # The boxes run as processes on this machine (fleet/simulator/agents.py): each shows 127.0.0.1 as its public
     # address and maps its ports other than ssh to free local ports, so a probe reaches what the box serves.
     loopback_boxes: bool = False
+    # Where the last instance id handed out is kept, so that a marketplace started again never hands one out twice
+    # (real providers never reuse an id; a dashboard that saw one destroyed would take a new box for the old one).
+    ids_file: str = ""
 
 
 class Market:
@@ -379,7 +384,7 @@ class Market:
         self._offers_by_id = {offer.id: offer for offer in self._offers}
         self._instances: dict[int, Instance] = {}
         self._rng = random.Random(s.seed * 1_000_003 + 1)
-        self._next_instance_id = self._rng.randint(20_000_000, 29_000_000)
+        self._next_instance_id = max(self._rng.randint(20_000_000, 29_000_000), _stored_next_id(s.ids_file))
         self._fail_next_rents = 0
         self._driver_too_old_offers: set[int] = set()
         self._request_faults = RequestFaults()
@@ -390,6 +395,7 @@ class Market:
         rng = self._rng
         instance_id = self._next_instance_id
         self._next_instance_id += rng.randint(1, 40)  # other clients rent in between
+        _store_next_id(self.settings.ids_file, self._next_instance_id)
         every_address = "0.0.0.0"  # noqa: S104 - how vast.ai reports a mapped port, not a bind
         ports = {port: [{"HostIp": every_address, "HostPort": str(rng.randint(20000, 65000))}]
                  for port in _container_ports(request["env"], request["runtype"])}
@@ -619,3 +625,18 @@ def _page_size(limit) -> int:
     except (TypeError, ValueError) as exc:
         raise QueryError("limit must be an integer") from exc
     return 5 if asked <= 0 else min(asked, 25)
+
+
+def _stored_next_id(ids_file: str) -> int:
+    """The next instance id an earlier run of the marketplace left in its ids file; 0 when there is none."""
+    try:
+        return int(Path(ids_file).read_text()) if ids_file else 0
+    except (OSError, ValueError):  # no file yet, or one cut short: the seeded start stands
+        return 0
+
+
+def _store_next_id(ids_file: str, next_id: int) -> None:
+    if ids_file:  # written whole, then put in place: a crash mid-write leaves the last good id
+        temporary = Path(f"{ids_file}.tmp")
+        temporary.write_text(str(next_id))
+        os.replace(temporary, ids_file)

@@ -611,3 +611,26 @@ def test_it_reports_the_account_as_invoices_and_charge_pages(api, sim):
     refused = api.get("/charges/")  # as vast.ai: the report needs its day range
     assert refused.status_code == 400 and "'day' gte and lte" in refused.json()["msg"]
     assert api.get("/users/current").json()["credit"] == pytest.approx(1000 - total, abs=1e-3)
+
+
+def test_a_marketplace_started_again_never_hands_out_an_id_it_handed_out_before(tmp_path):
+    ids_file = str(tmp_path / "ids")
+    given = []
+    for _ in range(2):  # the same seed twice: without the file, the second run would hand out the same ids
+        with SimulatedMarketplace(api_key=KEY, seed=7, speed=0, boot_delay_s=90, charges_min_interval_s=0,
+                                  ids_file=ids_file) as sim, \
+                httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as api:
+            for _ in range(3):
+                instance_id = rented(api, healthy_offer(api, sim)["id"])
+                assert api.delete(f"/instances/{instance_id}/").status_code == 200
+                given.append(instance_id)
+    assert given == sorted(given) and len(set(given)) == 6
+
+
+def test_an_ids_file_cut_short_leaves_the_seeded_start(tmp_path):
+    (tmp_path / "ids").write_text("")  # a crash before the first write finished
+    with SimulatedMarketplace(api_key=KEY, seed=7, speed=0, boot_delay_s=90, charges_min_interval_s=0,
+                              ids_file=str(tmp_path / "ids")) as sim, \
+            httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as api:
+        first = rented(api, healthy_offer(api, sim)["id"])
+    assert 20_000_000 <= first < 29_000_000 and int((tmp_path / "ids").read_text()) > first
