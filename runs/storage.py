@@ -141,12 +141,7 @@ def _etagged(bucket: str, prefix: str, *, at_most: int) -> dict[str, tuple[int, 
 
 def _objects(bucket: str, prefix: str, *, at_most: int) -> dict[str, int]:
     """{name relative to the prefix: size} of every object under it; TooManyObjects past `at_most`."""
-    found = {}
-    for page in _pages(bucket, prefix):
-        found.update(page)
-        if len(found) > at_most:
-            raise TooManyObjects(f"the store holds more than {at_most} objects under {prefix}")
-    return found
+    return {name: size for name, (size, _) in _etagged(bucket, prefix, at_most=at_most).items()}
 
 
 def _presigned_gets(bucket: str, prefix: str, names, expires_s: int) -> dict:
@@ -190,9 +185,9 @@ def download_grant(where: Location, checkpoint_uri: str, names, expires_s: int) 
     return _presigned_gets(where.bucket, _folder(where, checkpoint_uri, None), names, expires_s)
 
 
-def written_files(where: Location, checkpoint_uri: str, attempt_id: int) -> dict[str, tuple[int, str]]:
-    """{relative name: (size, ETag)} of what an attempt uploaded of one checkpoint, its completion marker left out;
-    a local file's ETag is "" (its seal checks the copy's sha256 instead)."""
+def written_files(where: Location, checkpoint_uri: str, attempt_id: int | None) -> dict[str, tuple[int, str]]:
+    """{relative name: (size, ETag)} of what an attempt uploaded of one checkpoint (or, for None, of its sealed
+    copy), its completion marker left out; a local file's ETag is "" (its seal checks the sha256 instead)."""
     folder = _folder(where, checkpoint_uri, attempt_id)
     if where.kind == "local":
         root = Path(where.bucket) / folder
@@ -206,15 +201,7 @@ def written_files(where: Location, checkpoint_uri: str, attempt_id: int) -> dict
 
 def stored_files(where: Location, checkpoint_uri: str, attempt_id: int | None = None) -> dict[str, int]:
     """{relative name: size} of a sealed checkpoint (or of an attempt's upload of it), its marker left out."""
-    if attempt_id is not None:
-        return {name: size for name, (size, _) in written_files(where, checkpoint_uri, attempt_id).items()}
-    folder = _folder(where, checkpoint_uri, None)
-    if where.kind == "local":
-        root = Path(where.bucket) / folder
-        return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*")
-                if p.is_file() and not p.is_symlink() and p.name != MARKER} if root.is_dir() else {}
-    listed = _objects(where.bucket, folder, at_most=MAX_CHECKPOINT_OBJECTS)
-    return {name: size for name, size in listed.items() if name.rsplit("/", 1)[-1] != MARKER}
+    return {name: size for name, (size, _) in written_files(where, checkpoint_uri, attempt_id).items()}
 
 
 class SealFailed(Exception):

@@ -58,3 +58,15 @@ def stored_checkpoint(run, phase: int, step: int) -> dict:
     (root / "COMPLETE").write_text("done\n")
     manifest = {"adapter/adapter_model.safetensors": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
     return {"phase": phase, "step": step, "uri": uri, "complete": True, "manifest": manifest}
+
+
+@pytest.fixture
+def alice(django_user_model):
+    """A user who launches runs (staff, as the launch permission asks), the owner in the sharing tests."""
+    return django_user_model.objects.create_user("alice", password="alice-pass-123", is_staff=True)
+
+
+@pytest.fixture
+def bob(django_user_model):
+    """Another such user, who must not reach alice's work."""
+    return django_user_model.objects.create_user("bob", password="bob-pass-123", is_staff=True)

@@ -22,16 +22,6 @@ THEIRS = jsonl(GOOD["sft"], GOOD["sft"])
 
 
 @pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice", password="alice-pass-123", is_staff=True)
-
-
-@pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user("bob", password="bob-pass-123", is_staff=True)
-
-
-@pytest.fixture
 def bucket(tmp_path):
     return str(tmp_path / "bucket")
 

@@ -17,16 +17,6 @@ pytestmark = pytest.mark.django_db
 ALICES = jsonl(GOOD["sft"], GOOD["sft"], GOOD["sft"])
 
 
-@pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice", password="alice-pass-123", is_staff=True)
-
-
-@pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user("bob", password="bob-pass-123", is_staff=True)
-
-
 def _launch(user, data, bucket, uploads=None, recipe=None) -> Run:
     return launch(name="r", recipe=recipe or sft_recipe(data), bucket=bucket, budget_usd=5, max_restarts=1,
                   user=user, uploads=uploads)
