@@ -41,17 +41,13 @@ def listing_problem(body: bytes, adapter: str, base: str) -> str:
 # -- what the box gets ----------------------------------------------------------------------------------------------
 
 
-ENV_PART = 200  # characters of the grant in one variable: vast.ai takes at most 256 for a name and its value
-
-
 def box_env(model) -> dict[str, str]:
     """The adapter's read grant and manifest, made now: a box rented later (a replacement) gets a fresh one. A grant
     of presigned URLs runs to thousands of characters, so it goes in parts (FLEET_ADAPTER_0, _1, ... and
     FLEET_ADAPTER_PARTS, their number), which the fetch program joins."""
     grant = hooks.read_grant(model.adapter_uri, sorted(model.adapter_manifest), settings.STORAGE_GRANT_S)
     text = json.dumps({"grant": grant, "manifest": model.adapter_manifest}, sort_keys=True)
-    parts = [text[i:i + ENV_PART] for i in range(0, len(text), ENV_PART)]
-    return {f"{ENV}_PARTS": str(len(parts)), **{f"{ENV}_{i}": part for i, part in enumerate(parts)}}
+    return checkin.env_parts(ENV, text)
 
 
 # The box's GPUs as vLLM's tensor-parallel size ($tp): a model ranked onto a box of several GPUs because one card

@@ -60,13 +60,18 @@ def checkin_url(instance: Instance) -> str:
     return f"{settings.DASHBOARD_URL.rstrip('/')}/api/serving/v1/instances/{instance.pk}/checkin"
 
 
+def env_parts(name: str, text: str) -> dict[str, str]:
+    """`text` in variables of at most ENV_PART characters, NAME_0, NAME_1, ..., and NAME_PARTS, their number: what
+    a box joins again. A box's variables are short, and a grant or a program is not."""
+    parts = [text[i:i + ENV_PART] for i in range(0, len(text), ENV_PART)]
+    return {f"{name}_PARTS": str(len(parts)), **{f"{name}_{i}": part for i, part in enumerate(parts)}}
+
+
 def box_env(instance: Instance) -> dict[str, str]:
     """Where and as whom the box checks in, how often, the window, and the watchdog's files (in parts)."""
-    parts = [BUNDLE[i:i + ENV_PART] for i in range(0, len(BUNDLE), ENV_PART)]
     return {"FLEET_CHECKIN_URL": checkin_url(instance), "FLEET_CHECKIN_TOKEN": issue(instance),
             "FLEET_CHECKIN_S": str(max(1, settings.AGENT_HEARTBEAT_TIMEOUT_S // 4)),
-            "FLEET_DEAD_MAN_S": str(settings.AGENT_DEAD_MAN_WINDOW_S),
-            ENV: BOOT, f"{ENV}_PARTS": str(len(parts)), **{f"{ENV}_{i}": part for i, part in enumerate(parts)}}
+            "FLEET_DEAD_MAN_S": str(settings.AGENT_DEAD_MAN_WINDOW_S), ENV: BOOT, **env_parts(ENV, BUNDLE)}
 
 
 # The start script's line that starts the watchdog in the background, in the box's work folder ($root), before
