@@ -131,10 +131,14 @@ def example_recipe() -> dict:
     return recipe
 
 
+DEMO_STEP_SECONDS = 2.0  # the example's CPT pace: 48 steps in about a minute and a half
+
+
 def demo_recipe() -> dict:
-    """What the launch page starts with: the example with a CPT phase long enough (a minute or two on a simulated box)
-    that the README's "kill the box" step lands mid-phase and the recovery can be watched."""
+    """What the launch page starts with: the example with a CPT phase paced to last a minute or two on a simulated box
+    (its tiny model trains a step in milliseconds), so that the README's "kill the box" step lands mid-phase and the
+    recovery can be watched."""
     recipe = example_recipe()
-    recipe["phases"][0]["steps"] = 48
+    recipe["phases"][0].update(steps=48, min_step_seconds=DEMO_STEP_SECONDS)
     recipe["checkpoint"] = {"every": 6, "keep": 3}
     return recipe

@@ -68,6 +68,8 @@ class PhaseSpec:
     name: str  # default: the kind
     checkpoint_every: int  # default: checkpoint.every
     lr: float  # default: the run's
+    # A floor on each step's wall time, the rest slept: for demos, so a tiny model's phase lasts long enough to watch.
+    min_step_seconds: float = 0.0
     reward: str | None = None  # grpo: module:function
     beta: float = 0.1
     desirable_weight: float = 1.0
@@ -201,7 +203,7 @@ LIMITS = {
     "grad_accum": 4096, "seq_len": 1_048_576, "r": 1024, "seed": 2**32 - 1, "num_generations": 256,
     "max_new_tokens": 65_536, "keep": 1000, "every": 10_000_000,
     "lr": 1.0, "alpha": 65_536, "beta": 1000, "temperature": 100, "max_grad_norm": 1e6, "weight_decay": 10,
-    "min_lr_ratio": 1.0, "desirable_weight": 1000, "undesirable_weight": 1000,
+    "min_lr_ratio": 1.0, "desirable_weight": 1000, "undesirable_weight": 1000, "min_step_seconds": 3600,
 }
 
 
@@ -499,7 +501,7 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
         return None
     own = PHASE_DEFAULTS.get(kind, {})
     phase = {"name": kind, "checkpoint_every": recipe["checkpoint"]["every"], "lr": recipe["lr"], **own,
-             "reward": None, **phase}
+             "reward": None, "min_step_seconds": 0.0, **phase}
     where = f"phases[{i}] ({phase['name']})"
     unknown = set(phase) - PHASE_COMMON - set(own)
     if unknown:
@@ -519,6 +521,7 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
     problems.positive_int(f"{where}.steps", phase.get("steps"))
     problems.positive_int(f"{where}.checkpoint_every", phase["checkpoint_every"])
     problems.positive_number(f"{where}.lr", phase["lr"])
+    problems.positive_number(f"{where}.min_step_seconds", phase["min_step_seconds"], zero_ok=True)
     if kind in ("dpo", "kto"):
         problems.positive_number(f"{where}.beta", phase["beta"])
     if kind == "kto":

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import torch
 
@@ -92,8 +93,10 @@ def run_phase(phase):
     """Step a started (or restored) phase to its end: log every step, checkpoint at its interval, at its end and
     when a stop is asked for."""
     while not phase.done:
+        started = time.monotonic()
         record = phase.train_step()
         phase.log(record)
+        STOP.wait(phase.spec.min_step_seconds - (time.monotonic() - started))  # a demo's pace; a stop cuts it short
         stopping = STOP.is_set()
         if phase.checkpoint_due() or stopping:
             phase.save()
