@@ -8,6 +8,7 @@ from decimal import Decimal
 DESTROY = "destroy"
 MOVE = "move"  # destroy and continue the work on a new box
 SKIP = "skip"  # a rule fired but the box is protected
+KEEP = "keep"  # no rule fired: the box may live (a report says why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +47,8 @@ class ReaperPolicy:
 class Decision:
     pk: int
     label: str
-    action: str  # DESTROY, MOVE or SKIP
-    rule: str  # max_age, probes, boot, hung, idle, spend_cap
+    action: str  # DESTROY, MOVE, SKIP or KEEP
+    rule: str  # max_age, probes, boot, hung, idle, spend_cap; "" for KEEP
     reason: str
 
 
@@ -103,6 +104,28 @@ def rule_for(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> tupl
     if box.last_process_at is None and age > policy.idle_grace:
         return DESTROY, "idle", f"no training or serving process {_span(age)} after start"
     return None
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    return f"{seconds} s" if seconds < 60 else _span(delta)
+
+
+def keep_reason(box: InstanceSnapshot, policy: ReaperPolicy, now: datetime) -> str:
+    """Why no rule condemns a box `rule_for` lets live, with the limit it is nearest to, in a report's words."""
+    age = f"age {_ago(now - (box.running_at or box.requested_at))} of max {_limit(policy.max_age)}"
+    if box.running_at is None:
+        return f"booting for {_ago(now - box.requested_at)}, destroyed if not running after " \
+               f"{_limit(policy.boot_timeout)}"
+    if box.purpose == "serving":
+        return f"serving, {box.consecutive_probe_failures} failed probes in a row of {policy.probe_failures} " \
+               f"allowed; {age}"
+    if box.purpose == "training" and box.last_step_at is not None:
+        return f"training, last step {_ago(now - box.last_step_at)} ago; moved if hung (GPU silent " \
+               f"{_limit(policy.gpu_unresponsive)}, or idle {_limit(policy.no_progress)} without progress)"
+    if box.last_process_at is not None:
+        return f"a {box.purpose} process seen {_ago(now - box.last_process_at)} ago; {age}"
+    return f"no process yet, {_ago(now - box.running_at)} after start of {_limit(policy.idle_grace)} allowed"
 
 
 def decide(boxes: list[InstanceSnapshot], policy: ReaperPolicy, now: datetime) -> list[Decision]:

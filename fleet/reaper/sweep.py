@@ -14,7 +14,8 @@ from fleet import enqueue
 from fleet.alerts.notify import raise_alert
 from fleet.instances import ledger
 from fleet.models import Alert, Instance, InstanceEvent
-from fleet.reaper.policy import DESTROY, MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide
+from fleet.reaper.policy import (DESTROY, KEEP, MOVE, SKIP, Decision, InstanceSnapshot, ReaperPolicy, decide,
+                                 keep_reason)
 
 log = logging.getLogger(__name__)
 State = Instance.State
@@ -46,15 +47,38 @@ def snapshots(now: datetime | None = None) -> list[InstanceSnapshot]:
             for *values, state in rows.values_list(*_SNAPSHOT_FIELDS, "state")]
 
 
+_SAID = {DESTROY: "destroy", MOVE: "move", SKIP: "kept", KEEP: "kept"}
+_SAID_DRY = {**_SAID, DESTROY: "would destroy", MOVE: "would move"}
+
+
 @dataclass
 class ReapReport:
     dry_run: bool
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # what a rule said, protected boxes (SKIP) included
+    kept: list[Decision] = field(default_factory=list)  # every other box judged (KEEP), with why it may live
     acted: list[int] = field(default_factory=list)  # the pks this pass claimed
     handed_over_again: list[int] = field(default_factory=list)  # reaped earlier, found still billing
 
     def lines(self) -> list[str]:
-        return [f"{d.action:<7} {d.label}: {d.reason}" for d in self.decisions]
+        """The rules' decisions, one line each, as the log says them."""
+        return [self._line(d) for d in self.decisions]
+
+    def every_line(self) -> list[str]:
+        """Each box judged, condemned or not, with its reason, then what the pass comes to."""
+        return [*self.lines(), *(self._line(d) for d in self.kept), self.summary()]
+
+    def summary(self) -> str:
+        due = [d for d in self.decisions if d.action in (DESTROY, MOVE)]
+        checked = len(self.decisions) + len(self.kept)
+        counts = f"{checked} box{'' if checked == 1 else 'es'} checked, {checked - len(due)} kept"
+        if not due:
+            return f"nothing to reap: {counts}"
+        moves = sum(1 for d in due if d.action == MOVE)
+        return f"{'would reap' if self.dry_run else 'reaping'} {len(due)} ({len(due) - moves} destroy, {moves} " \
+               f"move): {counts}"
+
+    def _line(self, d: Decision) -> str:
+        return f"{(_SAID_DRY if self.dry_run else _SAID)[d.action]} {d.label}: {d.reason}"
 
 
 def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: ReaperPolicy | None = None
@@ -62,8 +86,12 @@ def reap(*, now: datetime | None = None, dry_run: bool | None = None, policy: Re
     now = now or timezone.now()
     dry_run = settings.REAPER_DRY_RUN if dry_run is None else dry_run
     policy = policy or policy_from_settings()
-    decisions = decide(snapshots(now), policy, now)
-    report = ReapReport(dry_run=dry_run, decisions=decisions)
+    boxes = snapshots(now)
+    decisions = decide(boxes, policy, now)
+    judged = {d.pk for d in decisions}
+    kept = [b for b in boxes if b.pk not in judged and not b.destroy_overdue]  # an overdue destroy is no box to keep
+    report = ReapReport(dry_run=dry_run, decisions=decisions,
+                        kept=[Decision(b.pk, b.label, KEEP, "", keep_reason(b, policy, now)) for b in kept])
     for line in report.lines():
         log.info("reaper%s: %s", " (dry run)" if dry_run else "", line)
     if dry_run:

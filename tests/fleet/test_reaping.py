@@ -48,7 +48,7 @@ def test_it_reports_without_destroying_in_a_dry_run(market):
     old = _rented(_offers()[0], "old", running_at=timezone.now() - timedelta(hours=13),
                   last_process_at=timezone.now())
     report = sweep.reap(dry_run=True)
-    assert report.lines() == [f"destroy {old.label}: age 13h00m > max 12h"]
+    assert report.lines() == [f"would destroy {old.label}: age 13h00m > max 12h"]
     old.refresh_from_db()
     assert old.reaped_at is None and old.state == State.RUNNING
     assert not Alert.objects.filter(kind=Alert.Kind.INSTANCE_REAPED).exists()
@@ -62,9 +62,32 @@ def test_it_keeps_the_reap_command_dry_when_the_setting_says_so(market, settings
                   last_process_at=timezone.now())
     out = io.StringIO()
     call_command("reap", stdout=out)  # no --dry-run flag: the setting still holds
-    assert out.getvalue().strip() == f"(dry run) destroy {old.label}: age 13h00m > max 12h"
+    assert out.getvalue().splitlines() == [f"(dry run) would destroy {old.label}: age 13h00m > max 12h",
+                                           "(dry run) would reap 1 (1 destroy, 0 move): 1 box checked, 0 kept"]
     old.refresh_from_db()
     assert old.reaped_at is None and old.state == State.RUNNING
+
+
+@pytest.mark.django_db
+def test_its_dry_run_says_why_each_box_is_kept_and_that_nothing_is_due(market):
+    refresh_offers()
+    now = timezone.now()
+    offers = _offers(3)
+    training = _rented(offers[0], "kept-training", purpose="training", running_at=now - timedelta(hours=1),
+                       last_process_at=now, last_step_at=now - timedelta(seconds=4))
+    serving = _rented(offers[1], "kept-serving", purpose="serving", running_at=now - timedelta(minutes=20),
+                      last_process_at=now, consecutive_probe_failures=1)
+    fresh = _rented(offers[2], "kept-fresh", purpose="manual", running_at=now - timedelta(minutes=3))
+    out = io.StringIO()
+    call_command("reap", "--dry-run", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert sorted(lines[:3]) == sorted([
+        f"(dry run) kept {training.label}: training, last step 4 s ago; moved if hung (GPU silent 5 min, or idle "
+        "30 min without progress)",
+        f"(dry run) kept {serving.label}: serving, 1 failed probes in a row of 3 allowed; age 20 min of max 12h",
+        f"(dry run) kept {fresh.label}: no process yet, 3 min after start of 30 min allowed"])
+    assert lines[3:] == ["(dry run) nothing to reap: 3 boxes checked, 3 kept"]
+    assert Instance.objects.filter(state=State.RUNNING, reaped_at=None).count() == 3
 
 
 def test_it_destroys_once_when_two_passes_run_at_once(frozen_market, celery_worker):

@@ -1,3 +1,5 @@
+"""`manage.py reap`: one reaper pass now, each live box printed with its decision and the reason."""
+
 from django.core.management.base import BaseCommand
 
 from fleet.reaper import sweep
@@ -13,5 +15,5 @@ class Command(BaseCommand):
 
     def handle(self, *args, dry_run: bool | None, **options):
         report = sweep.reap(dry_run=dry_run)
-        for line in report.lines() or ["nothing to reap"]:
+        for line in report.every_line():
             self.stdout.write(("(dry run) " if report.dry_run else "") + line)
