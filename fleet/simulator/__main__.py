@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run each booted instance's onstart command (the on-box agent, a serving box's start "
                              "script) as a local process, each in its own subfolder of FOLDER; boxes then show "
                              "127.0.0.1 and free local ports")
-    parser.add_argument("--ids-file", metavar="FILE", default="",
-                        help="keep the last instance id handed out here, so that a restart never hands one out again")
+    parser.add_argument("--state-file", metavar="FILE", default="",
+                        help="keep the marketplace's state here (instances, account, the next instance id), so that "
+                             "a restart lists the same instances and never hands out an id again")
     args = parser.parse_args(argv)
     if not args.api_key:
         parser.error("an API key is required: --api-key or SIMULATOR_API_KEY")
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port, offer_count=args.offers, search_limit_per_min=args.search_limit,
         charges_min_interval_s=args.charges_interval, control_token=args.control_token, hooks=agents,
         loopback_boxes=agents is not None,  # the boxes run here: what they serve is on this machine's ports
-        ids_file=args.ids_file,
+        state_file=args.state_file,
     )
     try:
         with sim:

@@ -2,8 +2,8 @@
 the clock's "now"."""
 
 import hmac
+import json
 import logging
-import os
 import random
 import secrets
 import socket
@@ -12,9 +12,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
-from pathlib import Path
 
-from . import account, billing
+from . import account, billing, saved
 from .catalogue import Offer, build_catalogue
 from .clock import SimClock
 from .faults import Failure, RequestFaults
@@ -52,9 +51,9 @@ class Settings:
     # The boxes run as processes on this machine (fleet/simulator/agents.py): each shows 127.0.0.1 as its public
     # address and maps its ports other than ssh to free local ports, so a probe reaches what the box serves.
     loopback_boxes: bool = False
-    # Where the last instance id handed out is kept, so that a marketplace started again never hands one out twice
-    # (real providers never reuse an id; a dashboard that saw one destroyed would take a new box for the old one).
-    ids_file: str = ""
+    # Where the state is kept (fleet/simulator/saved.py), so that a marketplace started again lists the same
+    # instances and never hands out an id twice, as a real provider's restarted API does.
+    state_file: str = ""
 
 
 class Market:
@@ -64,8 +63,12 @@ class Market:
         self._lock = threading.Lock()
         self._hook_lock = threading.RLock()  # keeps hook calls in event order across threads
         self._events: list[tuple[str, dict]] = []
+        self._saved_key = ""
+        self._clock_moved = False
         with self._lock:
             self._reset_locked()
+            if self.settings.state_file:
+                self._restore_locked()
 
     # --- vast.ai API ---
 
@@ -262,6 +265,7 @@ class Market:
                 if instance.listed(now):
                     self._emit("on_destroyed", instance, now)
             self._reset_locked()
+            self._clock_moved = True
 
     def advance(self, seconds: object) -> float:
         """Moves the clock on by what a client sent, checked here."""
@@ -269,6 +273,7 @@ class Market:
             raise MarketError(400, "invalid_args", "seconds must be a number >= 0")
         with self._lock:
             self.clock.advance(seconds)
+            self._clock_moved = True
         with self._transaction() as now:
             return now
 
@@ -384,18 +389,72 @@ class Market:
         self._offers_by_id = {offer.id: offer for offer in self._offers}
         self._instances: dict[int, Instance] = {}
         self._rng = random.Random(s.seed * 1_000_003 + 1)
-        self._next_instance_id = max(self._rng.randint(20_000_000, 29_000_000), _stored_next_id(s.ids_file))
+        # A reset, too, never hands out an id again.
+        self._next_instance_id = max(self._rng.randint(20_000_000, 29_000_000), getattr(self, "_next_instance_id", 0))
         self._fail_next_rents = 0
         self._driver_too_old_offers: set[int] = set()
         self._request_faults = RequestFaults()
         self._search_limit = SlidingWindowLimit(s.search_limit_per_min, 60.0)
         self._charges_limit = MinInterval(s.charges_min_interval_s)
 
+    def _restore_locked(self) -> None:
+        """Where the state file left the marketplace; any part it cannot read leaves a fresh start, with a warning."""
+        s = self.settings
+        doc = saved.read(s.state_file)
+        if doc is None:
+            return
+        try:
+            self._next_instance_id = max(self._next_instance_id, int(doc["next_instance_id"]))
+            if [doc["seed"], doc["offer_count"]] != [s.seed, s.offer_count]:
+                log.warning("simulated marketplace: %s was saved with seed %s and %s offers, not %s and %s: its "
+                            "instances are not restored", s.state_file, doc["seed"], doc["offer_count"], s.seed,
+                            s.offer_count)
+                return
+            instances = saved.instances(doc, self._offers_by_id)
+            gone = [self._offers_by_id[offer_id] for offer_id in doc["offers_gone"]]
+            rented = [(self._offers_by_id[offer_id], int(instance_id))
+                      for offer_id, instance_id in doc["offers_rented"]]
+            started_at, now = float(doc["started_at"]), saved.clock_now(doc, s.speed)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("simulated marketplace: %s holds a state that cannot be restored (%r); starting afresh",
+                        s.state_file, exc)
+            return
+        self.clock = SimClock(s.speed, start=now)
+        self._started_at = started_at
+        for offer in gone:
+            offer.gone = True
+        for offer, instance_id in rented:
+            offer.rented_by = instance_id
+        for instance in instances:
+            if instance.state == "active" and instance.announced_running:
+                # What ran in it went with the marketplace's process: the host starts the container again (its
+                # onstart runs anew, as after a host's reboot), and the hooks hear it running once more.
+                instance.announced_running = False
+                instance.log_lines.append((now, "Container restarted: the marketplace's service came back"))
+            self._instances[instance.id] = instance
+        log.warning("simulated marketplace: %d instances restored from %s", len(instances), s.state_file)
+
+    def _save_locked(self, now: float) -> None:
+        s = self.settings
+        if not s.state_file:
+            return
+        doc = saved.document(seed=s.seed, offer_count=s.offer_count, next_instance_id=self._next_instance_id,
+                             started_at=self._started_at, clock=now, offers=self._offers,
+                             instances=list(self._instances.values()))
+        key = json.dumps({k: v for k, v in doc.items() if k not in ("clock", "saved_at")}, sort_keys=True)
+        if key == self._saved_key and not self._clock_moved:
+            return  # nothing changed; the clock runs on at its speed from the last write
+        try:
+            saved.write(s.state_file, doc)
+        except OSError:
+            log.exception("simulated marketplace: the state could not be written to %s", s.state_file)
+            return
+        self._saved_key, self._clock_moved = key, False
+
     def _new_instance(self, offer: Offer, request: dict, now: float) -> Instance:
         rng = self._rng
         instance_id = self._next_instance_id
         self._next_instance_id += rng.randint(1, 40)  # other clients rent in between
-        _store_next_id(self.settings.ids_file, self._next_instance_id)
         every_address = "0.0.0.0"  # noqa: S104 - how vast.ai reports a mapped port, not a bind
         ports = {port: [{"HostIp": every_address, "HostPort": str(rng.randint(20000, 65000))}]
                  for port in _container_ports(request["env"], request["runtype"])}
@@ -492,7 +551,10 @@ class Market:
             with self._lock:
                 now = self.clock.now()
                 self._sync(now)
-                yield now
+                try:
+                    yield now
+                finally:
+                    self._save_locked(now)
         finally:
             self._dispatch()
 
@@ -626,17 +688,3 @@ def _page_size(limit) -> int:
         raise QueryError("limit must be an integer") from exc
     return 5 if asked <= 0 else min(asked, 25)
 
-
-def _stored_next_id(ids_file: str) -> int:
-    """The next instance id an earlier run of the marketplace left in its ids file; 0 when there is none."""
-    try:
-        return int(Path(ids_file).read_text()) if ids_file else 0
-    except (OSError, ValueError):  # no file yet, or one cut short: the seeded start stands
-        return 0
-
-
-def _store_next_id(ids_file: str, next_id: int) -> None:
-    if ids_file:  # written whole, then put in place: a crash mid-write leaves the last good id
-        temporary = Path(f"{ids_file}.tmp")
-        temporary.write_text(str(next_id))
-        os.replace(temporary, ids_file)

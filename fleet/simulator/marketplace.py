@@ -18,7 +18,7 @@ class SimulatedMarketplace:
     def __init__(self, api_key: str, seed: int = 7, speed: float = 1.0, boot_delay_s: float = 90.0,
                  host: str = "127.0.0.1", port: int = 0, *, offer_count: int = 300, search_limit_per_min: int = 600,
                  charges_min_interval_s: float = 1.0, dead_listed_s: float = 600.0, control_token: str | None = None,
-                 hooks: InstanceHooks | None = None, loopback_boxes: bool = False, ids_file: str = ""):
+                 hooks: InstanceHooks | None = None, loopback_boxes: bool = False, state_file: str = ""):
         if not api_key:
             raise ValueError("the simulated marketplace needs an API key")
         self.api_key = api_key
@@ -28,7 +28,7 @@ class SimulatedMarketplace:
         self.market = Market(
             Settings(seed=seed, speed=speed, boot_delay_s=boot_delay_s, offer_count=offer_count,
                      search_limit_per_min=search_limit_per_min, charges_min_interval_s=charges_min_interval_s,
-                     dead_listed_s=dead_listed_s, loopback_boxes=loopback_boxes, ids_file=ids_file),
+                     dead_listed_s=dead_listed_s, loopback_boxes=loopback_boxes, state_file=state_file),
             hooks,
         )
         self._server: SimulatorServer | None = None

@@ -1,5 +1,6 @@
 """The simulated vast.ai marketplace, over real HTTP, as a vast.ai client sees it."""
 
+import contextlib
 import json
 import os
 import re
@@ -613,13 +614,19 @@ def test_it_reports_the_account_as_invoices_and_charge_pages(api, sim):
     assert api.get("/users/current").json()["credit"] == pytest.approx(1000 - total, abs=1e-3)
 
 
+@contextlib.contextmanager
+def saved_marketplace(state_file, hooks=None):
+    """A frozen marketplace kept in `state_file`, and a client of its API."""
+    with SimulatedMarketplace(api_key=KEY, seed=7, speed=0, boot_delay_s=90, charges_min_interval_s=0,
+                              state_file=str(state_file), hooks=hooks) as sim, \
+            httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as api:
+        yield sim, api
+
+
 def test_a_marketplace_started_again_never_hands_out_an_id_it_handed_out_before(tmp_path):
-    ids_file = str(tmp_path / "ids")
     given = []
     for _ in range(2):  # the same seed twice: without the file, the second run would hand out the same ids
-        with SimulatedMarketplace(api_key=KEY, seed=7, speed=0, boot_delay_s=90, charges_min_interval_s=0,
-                                  ids_file=ids_file) as sim, \
-                httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as api:
+        with saved_marketplace(tmp_path / "state.json") as (sim, api):
             for _ in range(3):
                 instance_id = rented(api, healthy_offer(api, sim)["id"])
                 assert api.delete(f"/instances/{instance_id}/").status_code == 200
@@ -627,10 +634,84 @@ def test_a_marketplace_started_again_never_hands_out_an_id_it_handed_out_before(
     assert given == sorted(given) and len(set(given)) == 6
 
 
-def test_an_ids_file_cut_short_leaves_the_seeded_start(tmp_path):
-    (tmp_path / "ids").write_text("")  # a crash before the first write finished
-    with SimulatedMarketplace(api_key=KEY, seed=7, speed=0, boot_delay_s=90, charges_min_interval_s=0,
-                              ids_file=str(tmp_path / "ids")) as sim, \
-            httpx.Client(base_url=sim.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as api:
+def test_a_marketplace_started_again_lists_the_same_instances_and_bills_on(tmp_path):
+    with saved_marketplace(tmp_path / "state.json") as (sim, api):
+        offers = search(api, cuda_max_good={"gte": 12.8}, disk_space={"gte": 100}, order=[["dph_total", "asc"]])
+        doomed = {o["id"] for o in sim.offers() if o["dies_after_s"]}
+        serving, stopped, gone, bid = [o["id"] for o in offers if o["id"] not in doomed][:4]
+        serving = rented(api, serving, label="serving", env={"-p 8000:8000": "1", "MODEL": "m"}, onstart="run")
+        stopped, gone = rented(api, stopped, label="stopped"), rented(api, gone, label="gone")
+        bid = rented(api, bid, label="bid", price=5.0)
+        sim.advance(600)
+        assert api.put(f"/instances/{stopped}/", json={"state": "stopped"}).status_code == 200
+        assert api.delete(f"/instances/{gone}/").status_code == 200
+        sim.report_traffic(serving, upload_gb=2.0)
+        sim.advance(300)
+        before = v1(api).json()["instances"]
+        charges = {i: charges_of(api, i) for i in (serving, stopped, gone, bid)}
+        credit = api.get("/users/current").json()["credit"]
+    with saved_marketplace(tmp_path / "state.json") as (sim, api):
+        after = v1(api).json()["instances"]
+        assert [row["id"] for row in after] == [serving, stopped, bid]
+        assert after == before  # status, label, price, start, ssh, ports and env as they were
+        assert {i: charges_of(api, i) for i in (serving, stopped, gone, bid)} == charges
+        assert api.get("/users/current").json()["credit"] == credit
+        assert api.get(f"/instances/{gone}/").json()["instances"] is None
+        listed_ids = {o["id"] for o in search(api)}
+        assert not {i["offer_id"] for i in sim.state()["instances"] if i["state"] != "destroyed"} & listed_ids
+        sim.advance(3600)  # the running ones bill on from where they were
+        assert charges_of(api, serving)["gpu"]["amount"] > charges[serving]["gpu"]["amount"]
+        assert charges_of(api, stopped)["gpu"] == charges[stopped]["gpu"]
+        assert rented(api, healthy_offer(api, sim)["id"]) > max(serving, stopped, gone, bid)
+
+
+def test_a_running_box_is_started_again_with_the_marketplace(tmp_path):
+    """What ran in a box went with the marketplace's process: the box's command runs again, as after a host's reboot,
+    and its log says so."""
+    started = []
+
+    class Boxes(InstanceHooks):
+        def on_running(self, box): started.append((box["id"], box["onstart"]))
+
+    with saved_marketplace(tmp_path / "state.json", Boxes()) as (sim, api):
+        box = rented(api, healthy_offer(api, sim)["id"], onstart="serve")
+        sim.advance(90)
+    with saved_marketplace(tmp_path / "state.json", Boxes()) as (sim, api):
+        sim.market.tick()
+        assert instance(api, box)["actual_status"] == "running"
+        log_url = api.put(f"/instances/request_logs/{box}/", json={}).json()["result_url"]
+        assert "Container restarted" in httpx.get(log_url).text
+    assert started == [(box, "serve"), (box, "serve")]
+
+
+def test_a_state_file_cut_short_is_set_aside_and_the_marketplace_starts_afresh(tmp_path, caplog):
+    state = tmp_path / "state.json"
+    state.write_text('{"format": 1, "next_instance_id": 3')  # a file that was never whole
+    with saved_marketplace(state) as (sim, api):
         first = rented(api, healthy_offer(api, sim)["id"])
-    assert 20_000_000 <= first < 29_000_000 and int((tmp_path / "ids").read_text()) > first
+        assert v1(api).json()["instances"][0]["id"] == first
+    assert 20_000_000 <= first < 29_000_000
+    assert "cannot be read" in caplog.text and (tmp_path / "state.json.unreadable").exists()
+    assert json.loads(state.read_text())["next_instance_id"] > first
+
+
+def test_the_command_line_marketplace_keeps_its_instances_across_a_restart(tmp_path):
+    env = {**os.environ, "SIMULATOR_API_KEY": KEY, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "fleet.simulator", "--port", "0", "--speed", "0", "--seed", "3",
+               "--state-file", str(tmp_path / "state.json")]
+    listings = []
+    for _ in range(2):
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            base_url = re.search(r"(http://\S+/api/v0)", process.stdout.readline()).group(1)
+            with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5) as api:
+                if not listings:
+                    offer = search(api, cuda_max_good={"gte": 12.8}, disk_space={"gte": 100})[0]
+                    rented(api, offer["id"], label="kept")
+                listings.append(v1(api).json()["instances"])
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=5) == 0
+        finally:
+            process.kill()
+            process.wait()
+    assert [row["label"] for row in listings[1]] == ["kept"] and listings[1] == listings[0]

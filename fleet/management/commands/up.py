@@ -49,7 +49,7 @@ class Command(BaseCommand):
                     "--port", str(settings.SIMULATOR_PORT), "--speed", str(settings.SIMULATOR_SPEED),
                     "--boot-delay", str(settings.SIMULATOR_BOOT_DELAY_S),
                     "--run-agents", str(settings.DATA_DIR / "simulated-boxes"),
-                    "--ids-file", str(settings.DATA_DIR / "simulated-marketplace-ids"),
+                    "--state-file", str(settings.DATA_DIR / "simulated-marketplace.json"),
                 ], env={"SIMULATOR_API_KEY": settings.SIMULATOR_API_KEY})
                 _wait_for_port(settings.SIMULATOR_HOST, settings.SIMULATOR_PORT, 30, "simulated marketplace", simulator)
             self._start("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
