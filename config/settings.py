@@ -211,7 +211,8 @@ if REDIS_URL:
 else:
     _broker_dir = DATA_DIR / "celery-broker"
     _broker_dir.mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    # The host is named, though files have none: without one kombu warns on every connection that it assumed one.
+    CELERY_BROKER_URL = "filesystem://localhost/"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),

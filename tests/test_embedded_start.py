@@ -91,3 +91,18 @@ def test_it_refreshes_offers_on_the_beat_schedule(embedded):
             refreshes = db.execute("select count(*) from fleet_offerrefresh where error = ''").fetchone()[0]
     # one refresh at start, the rest from beat every 5 s
     assert refreshes >= 3, "".join(output[-40:])
+
+
+@pytest.mark.slow
+def test_its_start_output_has_no_warnings(embedded):
+    url, output, database = embedded
+    deadline = time.monotonic() + 90
+    # up to the worker's first task done and beat's first tick: every part has started and connected by then
+    while time.monotonic() < deadline and not ("beat: Starting" in "".join(output)
+                                               and "refresh_offers" in "".join(output) and
+                                               " succeeded in " in "".join(output)):
+        time.sleep(1)
+    time.sleep(3)
+    warnings = [line for line in output if re.search(r"warn", line, re.IGNORECASE)]
+    assert "beat: Starting" in "".join(output) and " succeeded in " in "".join(output), "".join(output[-40:])
+    assert warnings == [], "".join(output)
