@@ -75,8 +75,7 @@ def deliver(delivery_id: int, *, now: datetime | None = None) -> Delivered:
     body = webhooks.body(delivery.alert, slack=endpoint.slack)
     timestamp = int(now.timestamp())  # the attempt's time, as the spec says; the event's is in the body
     attempt = webhooks.post(endpoint.url, webhooks.headers(endpoint.secret, delivery.message_id, timestamp, body),
-                            body, timeout_s=settings.WEBHOOK_TIMEOUT_S,
-                            allow_private=settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
+                            body, timeout_s=settings.WEBHOOK_TIMEOUT_S, allow_private=_allow_private(endpoint.url))
     return _record(delivery, attempt, now)
 
 
@@ -132,13 +131,28 @@ def due_deliveries(*, now: datetime | None = None) -> list[int]:
     return recovered + [pk for pk in lost if pk not in recovered]
 
 
+def demo_receiver_url(name: str = "demo") -> str:
+    """A webhook receiver the simulated marketplace hosts (fleet/simulator/webhooks.py), "" where none is enabled."""
+    if not settings.SIMULATOR_ENABLED:
+        return ""
+    host = f"[{settings.SIMULATOR_HOST}]" if ":" in settings.SIMULATOR_HOST else settings.SIMULATOR_HOST
+    return f"http://{host}:{settings.SIMULATOR_PORT}/_sim/webhooks/{name}"
+
+
+def _allow_private(url: str) -> bool:
+    """Private addresses where the settings allow them; otherwise only the enabled simulated marketplace's own demo
+    receivers, at exactly its address (it runs on this machine)."""
+    simulator = demo_receiver_url()
+    return settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES or bool(simulator) and webhooks.is_demo_receiver(url, simulator)
+
+
 # -- endpoints (the Alerts page calls these) ----------------------------------------------------------------------
 
 
 def create_endpoint(*, name: str, url: str, events: list[str], slack: bool, by=None) -> WebhookEndpoint:
     """A new endpoint with a fresh secret. The caller shows the secret once. A URL whose host the address guard
     refuses raises ValueError with the reason."""
-    why = webhooks.url_refusal(url, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
+    why = webhooks.url_refusal(url, allow_private=_allow_private(url))
     if why:
         raise ValueError(f"This URL is not allowed: {why}.")
     return WebhookEndpoint.objects.create(name=name, url=url, events=sorted(events), slack=slack,

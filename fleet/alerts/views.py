@@ -55,7 +55,10 @@ def endpoint_rows():
 
 
 def _page(request, *, form=None, created=None, secret=None, status=200):
+    demo_receiver = notify.demo_receiver_url()
     return render(request, "fleet/alerts.html", {
+        "demo_receiver": demo_receiver,
+        "created_on_demo": bool(created and demo_receiver and webhooks.is_demo_receiver(created.url, demo_receiver)),
         "alerts": alerts_for(request.user).select_related("instance")[:RECENT_ALERTS],
         "endpoints": endpoint_rows(),
         "can_manage": can(request.user, MANAGE),

@@ -8,6 +8,7 @@ import hmac
 import ipaddress
 import json
 import random
+import re
 import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -119,6 +120,23 @@ def destination(url: str) -> tuple:
         port = None
     port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
     return parts.scheme.lower(), (parts.hostname or "").rstrip("."), port, parts.path or "/", parts.query
+
+
+DEMO_RECEIVER_PATH = re.compile(r"/_sim/webhooks/[A-Za-z0-9_-]{1,40}/?")  # fleet/simulator/webhooks.py's
+
+
+def is_demo_receiver(url: str, simulator_url: str) -> bool:
+    """Whether `url` is a demo receiver of the simulated marketplace at `simulator_url` (http://host:port): its scheme,
+    host and port exactly, a receiver's path, no credentials, query or fragment."""
+    parts, simulator = urlsplit(url.strip()), urlsplit(simulator_url)
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    return (parts.scheme == "http" == simulator.scheme and parts.hostname == simulator.hostname
+            and port == simulator.port and not parts.username and not parts.password and not parts.query
+            and not parts.fragment and "?" not in url and "#" not in url
+            and bool(DEMO_RECEIVER_PATH.fullmatch(parts.path)))
 
 
 class Refused(ValueError):

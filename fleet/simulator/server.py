@@ -13,12 +13,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from .market import Market, MarketError
+from .webhooks import NAME, SECRET_HEADER, Receivers
 
 log = logging.getLogger(__name__)
 
 API = "/api/v0"
 API_V1 = "/api/v1"
 CONTROL = "/_sim"
+WEBHOOKS = CONTROL + "/webhooks/"  # a demo receiver: loopback only, no control token (a sender has none)
 LOGS = "/logs/"  # where a log request's result_url points; like vast.ai's presigned links it needs no key
 KEPT_LOGS = 64
 
@@ -42,6 +44,7 @@ class SimulatorServer(ThreadingHTTPServer):
         self.control_token = control_token
         self.logs: OrderedDict[str, str] = OrderedDict()  # result_url token -> log text, the newest KEPT_LOGS
         self.logs_lock = threading.Lock()
+        self.receivers = Receivers()
         super().__init__(address, Handler)
 
 
@@ -114,7 +117,7 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
         self.query = {name: values[-1] for name, values in parse_qs(url.query).items()}
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # read it always: keep-alive
+        raw = self.raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # read it always: keep-alive
         try:
             self.body = json.loads(raw) if raw.strip() else {}
         except ValueError:
@@ -126,6 +129,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._api(method, url.path[len(API_V1):], API_V1_ROUTES)
             elif url.path.startswith(LOGS) and method == "GET":
                 self._log_result(url.path[len(LOGS):])
+            elif url.path.startswith(WEBHOOKS):
+                self._webhooks(method, url.path[len(WEBHOOKS):].rstrip("/"))
             elif url.path.startswith(CONTROL + "/"):
                 self._control(method, url.path[len(CONTROL):])
             else:
@@ -155,6 +160,19 @@ class Handler(BaseHTTPRequestHandler):
             self._error(403, "forbidden", "Wrong or missing X-Sim-Token")
             return
         self._dispatch(CONTROL_ROUTES, method, path)
+
+    def _webhooks(self, method: str, name: str) -> None:
+        if not ipaddress.ip_address(self.client_address[0]).is_loopback:
+            self._error(403, "forbidden", "The demo webhook receiver answers only loopback clients")
+        elif not NAME.fullmatch(name):
+            self._error(404, "not_found", "A receiver's name is 1-40 letters, digits, '-' or '_'")
+        elif method == "POST":
+            self.server.receivers.receive(name, {k.lower(): v for k, v in self.headers.items()}, self.raw)
+            self._json(200, {"success": True})
+        elif method == "GET":
+            self._json(200, self.server.receivers.listing(name, self.headers.get(SECRET_HEADER, "").strip()))
+        else:
+            self._error(405, "method_not_allowed", f"{method} is not allowed on a webhook receiver")
 
     def _dispatch(self, routes, method: str, path: str) -> None:
         path_matched = False
