@@ -51,10 +51,18 @@ def replay(events) -> str:
     return state
 
 
-def shown_state(state: str, restarts: int) -> str:
+# The box states (fleet's Instance.State) in which a run's box no longer trains it, though the run has not yet
+# noticed: its next supervisor pass moves it to a new box.
+BOX_GOING = ("stopping", "destroyed", "failed")
+
+
+def shown_state(state: str, restarts: int, box_state: str | None = None) -> str:
     """The state a person is shown: a run that lost a box is "recovering" from then until it trains again on the new
-    one, though the product already rented that box (provisioning) and it is installing."""
+    one, though the product already rented that box (provisioning) and it is installing; a run whose box is going
+    is recovering already."""
     if restarts > 0 and state in (PROVISIONING, INSTALLING):
+        return RECOVERING
+    if state in ON_A_BOX and box_state in BOX_GOING:
         return RECOVERING
     return state
 

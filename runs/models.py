@@ -53,7 +53,18 @@ class Run(models.Model):
 
     @property
     def shown_state(self) -> str:
-        return lifecycle.shown_state(self.state, self.restarts)
+        return lifecycle.shown_state(self.state, self.restarts, self._box_state)
+
+    @property
+    def state_words(self) -> str:
+        """The state in the few words a page shows: what is happening to the run's box (runs.wording)."""
+        from runs import wording
+
+        return wording.state_words(self.state, self.restarts, self._box_state)
+
+    @property
+    def _box_state(self) -> str | None:
+        return self.current_instance.state if self.current_instance_id else None
 
 
 class DataSet(models.Model):

@@ -15,6 +15,25 @@ WAITING = {
 }
 
 
+# A recovering run's step, by the state of the box it is on (None: it has none yet).
+RECOVERY_STEP = {None: "renting a new box", "requested": "renting a new box", "provisioning": "new box provisioning",
+                 "running": "new box booting"}
+
+
+def state_words(state: str, restarts: int, box_state: str | None) -> str:
+    """The run's state in the few words its page and the runs list show, as its box really is: never "training" on
+    a box that is stopping, and a recovery by its step (`box_state` is the current box's, None without one)."""
+    if state in lifecycle.ON_A_BOX and box_state in lifecycle.BOX_GOING:
+        return f"box {box_state}"
+    if state == lifecycle.RECOVERING:
+        return "recovering: " + RECOVERY_STEP.get(box_state, f"old box {box_state}")
+    if restarts > 0 and state == lifecycle.PROVISIONING:
+        return "recovering: " + RECOVERY_STEP.get(box_state, "new box provisioning")
+    if restarts > 0 and state == lifecycle.INSTALLING:
+        return "recovering: new box installing"
+    return state
+
+
 def reason_text(message: str) -> str:
     """A recorded reason as a person reads it."""
     return PROBE_PASSED if message.strip() == PROBE_SENTINEL else message
@@ -39,7 +58,11 @@ def describe(run, phases: list) -> RunStatus:
         progress = (f"{phase.name} ({phase.kind}, phase {phase.index + 1} of {len(phases)}), "
                     f"step {run.current_step:,} of {phase.steps:,}")
     reason = reason_text(run.state_reason)
-    if run.state == lifecycle.TRAINING:
+    box = run.current_instance if run.current_instance_id else None
+    if run.state in lifecycle.ON_A_BOX and box is not None and box.state in lifecycle.BOX_GOING:
+        now = (f"Box {box.label} is {box.state}: the supervisor's next pass moves the run to a new box, which "
+               "resumes from the newest complete checkpoint.")
+    elif run.state == lifecycle.TRAINING:
         now = f"Training {phase.name}." if phase is not None else "Training."
     elif run.state in WAITING and (not reason or reason == PROBE_PASSED):
         now = WAITING[run.state]
