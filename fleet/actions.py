@@ -344,7 +344,13 @@ def sync(provider_name: str = "vast", *, now: datetime | None = None) -> SyncRep
         if record.instance_id not in known and pk_from_label(record.label) is not None:
             _isolated(f"instance {record.instance_id}", _adopt, provider_name, record, now, report)
     for instance in rows.filter(state__in=[State.DESTROYED, State.FAILED], provider_instance_id__in=list(by_id)):
-        _isolated(instance.label, _listed_again, instance, by_id[instance.provider_instance_id], now, report)
+        record = by_id[instance.provider_instance_id]
+        if is_listed_again(instance.pk, instance.label, instance.started_at, record):
+            _isolated(instance.label, _listed_again, instance, record, now, report)
+        else:  # an ended row's history is its own: a later box that came by its id never changes it
+            log.warning("sync: %s instance %s (%s) is a later box given the id %s ended with, not its machine: "
+                        "left alone, and %s keeps its history", provider_name, record.instance_id,
+                        record.label or "no label", instance.label, instance.label)
     for instance in Instance.objects.filter(provider=provider_name, state__in=Instance.LIVE_STATES):
         _isolated(instance.label, _sync_row, provider_name, instance, records, by_id, now, report)
     return report
@@ -389,6 +395,23 @@ def _sync_row(provider_name: str, instance: Instance, records: InstanceList, by_
              f"Never rented: no instance labelled {instance.label} appeared within "
              f"{settings.RENT_OUTCOME_GRACE_S} s.")
         report.failed.append(instance.label)
+
+
+# How far apart two readings of one machine's start may lie (a provider that gives an uptime, not a date).
+SAME_START_SLACK = timedelta(minutes=1)
+
+
+def is_listed_again(row_pk: int, row_label: str, row_started_at: datetime | None, record: InstanceRecord) -> bool:
+    """Whether a listing under an ended row's id is that row's own machine, still billing, rather than a later box a
+    marketplace gave the same id: one labelled for another of our rows, or one started after the machine the row
+    knew and not under its label."""
+    if record.label == row_label:
+        return True
+    if pk_from_label(record.label) not in (None, row_pk):
+        return False
+    started_later = (row_started_at is not None and record.started_at is not None
+                     and record.started_at - row_started_at > SAME_START_SLACK)
+    return not started_later
 
 
 def _listed_again(instance: Instance, record: InstanceRecord, now: datetime, report: SyncReport) -> None:

@@ -33,8 +33,8 @@ def _row(pod_id: str, key: str, **fields) -> Instance:
     now = timezone.now()
     row = Instance.objects.create(
         provider="runpod", provider_instance_id=pod_id, idempotency_key=key, label=key, offer_id="NVIDIA H200:SECURE:1",
-        gpu_name="H200", image="img", disk_gb=100, usd_per_hour=Decimal("3.99"), requested_at=now - timedelta(hours=1),
-        **{"state": State.RUNNING, "running_at": now - timedelta(hours=1), **fields})
+        gpu_name="H200", image="img", disk_gb=100, requested_at=now - timedelta(hours=1),
+        **{"state": State.RUNNING, "running_at": now - timedelta(hours=1), "usd_per_hour": Decimal("3.99"), **fields})
     ledger.bill(row, row.usd_per_hour, row.requested_at)
     return row
 
@@ -123,8 +123,8 @@ def test_a_machine_missing_from_one_list_is_asked_for_before_it_is_taken_for_gon
 
 
 def test_a_machine_listed_again_after_its_row_ended_is_destroyed(fake):
-    """A row marked gone (or destroyed) whose machine the provider lists again: it bills, and no rule looks at an
-    ended row, so the sync destroys it."""
+    """A row marked gone (or destroyed) whose machine the provider lists again (no other row of ours holds it or is
+    named by its label): it bills, and no rule looks at an ended row, so the sync destroys it."""
     pod = _pod("moe-fleet-f")
     row = _row(pod, "row-f", state=State.FAILED, ended_at=timezone.now(), failure_reason="host lost")
     ledger.stop_billing(row, timezone.now())
@@ -151,6 +151,50 @@ def test_a_kept_box_taken_for_gone_and_listed_again_is_watched_again_not_destroy
     actions.sync("runpod", now=timezone.now() + timedelta(hours=3))  # and when the keep expires, it goes
     row.refresh_from_db()
     assert row.state == State.STOPPING and pod not in fake.pods
+
+
+def _as_it_was(row: Instance) -> tuple:
+    row.refresh_from_db()
+    return (row.state, row.usd_per_hour, row.ended_at, row.started_at, row.destroy_attempts,
+            list(row.events.values_list("kind", "message")), list(row.cost_segments.values_list("started_at",
+                                                                                                "ended_at")))
+
+
+def _ended(pod_id: str, key: str, **fields) -> Instance:
+    row = _row(pod_id, key, state=State.DESTROYED, ended_at=timezone.now() - timedelta(minutes=30),
+               usd_per_hour=Decimal("1.23"), **fields)
+    ledger.stop_billing(row, row.ended_at)
+    return row
+
+
+def test_a_box_labelled_for_another_of_our_rows_under_an_ended_rows_id_is_neither_destroyed_nor_written_into_it(fake):
+    """A marketplace that handed out an ended row's id again, to the box another of our rows rented: that box is not
+    the old machine listed again, so it is not destroyed, and the ended row keeps its price and history."""
+    waiting = Instance.objects.create(
+        provider="runpod", idempotency_key="row-waiting", offer_id="NVIDIA H200:SECURE:1", gpu_name="H200",
+        image="img", disk_gb=100, usd_per_hour=Decimal("3.99"), requested_at=timezone.now(),
+        rent_attempted_at=timezone.now(), state=State.REQUESTED)
+    waiting.label = actions.label_for(waiting)
+    waiting.save(update_fields=["label"])
+    pod = _pod(waiting.label)
+    fake.advance(pod)
+    old = _ended(pod, "row-old")
+    before = _as_it_was(old)
+    report = actions.sync("runpod")
+    assert pod in fake.pods and report.destroy_retried == []
+    assert _as_it_was(old) == before
+    assert not Alert.objects.filter(kind=Alert.Kind.DESTROY_UNCONFIRMED).exists()
+
+
+def test_a_later_box_under_an_ended_rows_id_that_is_not_ours_is_left_alone(fake):
+    """The row knew its machine started hours ago; a box started since, under another name, is someone else's."""
+    pod = _pod("a-users-own-box")
+    fake.advance(pod)
+    old = _ended(pod, "row-old", started_at=timezone.now() - timedelta(hours=3))
+    before = _as_it_was(old)
+    report = actions.sync("runpod")
+    assert pod in fake.pods and report.destroy_retried == [] and report.adopted == []
+    assert _as_it_was(old) == before
 
 
 def test_fields_longer_than_their_columns_neither_fail_the_row_nor_stop_the_sync(fake, settings):
