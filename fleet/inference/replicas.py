@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from fleet import actions
 from fleet.alerts.notify import raise_alert
 from fleet.inference import adapters, checkin
-from fleet.models import Alert, InferenceModel, Instance, Offer
+from fleet.models import Alert, InferenceModel, Instance, Offer, ProbeResult
 from fleet.offers.ranked import rent_settings
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,13 @@ class ModelState:
     live_replicas: int
     rented_today: int  # serving boxes requested for this model since 00:00 UTC
     max_replacements_per_day: int
+    # Of the live replicas, those a probe of /v1/models has passed on since they started; the rest are starting.
+    # The plan counts both (a starting box is one not to rent again); a person reads "live" as serving.
+    probed_replicas: int = 0
+
+    @property
+    def starting_replicas(self) -> int:
+        return self.live_replicas - self.probed_replicas
 
 
 @dataclass(frozen=True)
@@ -132,17 +139,21 @@ def model_states(now: datetime) -> list[tuple[InferenceModel, ModelState]]:
     threshold = failing_threshold()
     models = list(InferenceModel.objects.select_related("profile").order_by("name"))
     live: dict[int, int] = {}
+    probed: dict[int, int] = {}
     today: dict[int, int] = {}
-    for model_id, state, failures in Instance.objects.filter(
-            serving_model__in=models, state__in=REPLICA_STATES).values_list(
-            "serving_model_id", "state", "consecutive_probe_failures"):
-        live[model_id] = live.get(model_id, 0) + is_replica(state, failures, threshold)
+    for model_id, state, failures, passed in Instance.objects.filter(
+            serving_model__in=models, state__in=REPLICA_STATES).annotate(
+            passed=Exists(ProbeResult.objects.filter(instance=OuterRef("pk"), ok=True))).values_list(
+            "serving_model_id", "state", "consecutive_probe_failures", "passed"):
+        replica = is_replica(state, failures, threshold)
+        live[model_id] = live.get(model_id, 0) + replica
+        probed[model_id] = probed.get(model_id, 0) + (replica and passed and state == State.RUNNING)
     for model_id in Instance.objects.filter(serving_model__in=models, purpose="serving",
                                             requested_at__gte=day_start(now)).values_list("serving_model_id",
                                                                                           flat=True):
         today[model_id] = today.get(model_id, 0) + 1
     return [(m, ModelState(m.pk, m.name, m.desired_replicas, live.get(m.pk, 0), today.get(m.pk, 0),
-                           m.max_replacements_per_day)) for m in models]
+                           m.max_replacements_per_day, probed.get(m.pk, 0))) for m in models]
 
 
 def machines_to_avoid(model: InferenceModel, now: datetime) -> set[str]:

@@ -39,8 +39,9 @@ def inference(request):
     visible = set(owned(InferenceModel.objects.all(), request.user).values_list("pk", flat=True))
     states = [(m, s) for m, s in model_states(now) if m.pk in visible]
     context = {
-        "models": [{"model": m, "live": s.live_replicas, "rented_today": s.rented_today,
-                    "short": max(0, s.desired_replicas - s.live_replicas)} for m, s in states],
+        "models": [{"model": m, "live": s.probed_replicas, "starting": s.starting_replicas,
+                    "rented_today": s.rented_today, "short": max(0, s.desired_replicas - s.live_replicas)}
+                   for m, s in states],
         "boxes": list(_serving_boxes(request.user)),
         "threshold": failing_threshold(),
         "probes_shown": PROBES_SHOWN,

@@ -189,7 +189,7 @@ def test_it_shows_models_boxes_and_their_last_probes(client, member, model, prob
     model.save(update_fields=["created_by"])
     client.force_login(member)
     page = client.get(reverse("inference")).content.decode()
-    assert model.name in page and "1 / 1" in page  # 2 failures in a row: still a replica until 3
+    assert model.name in page and "1 live, 0 starting / 1 wanted" in page  # 2 failures in a row: live until 3
     assert "moe-fleet-probed" in page and "42 ms" in page and "HTTP 500" in page
     assert 'hx-get="/inference/"' in page and 'hx-trigger="every 5s"' in page
     assert 'name="desired_replicas"' not in page  # no form for a member
