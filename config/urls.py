@@ -31,6 +31,7 @@ urlpatterns = [
     path("", dashboard, name="dashboard"),
     path("offers/", offer_views.offers, name="offers"),
     path("offers/profiles/", offer_views.save_profile, name="save_profile"),
+    path("offers/profiles/<int:pk>/delete/", offer_views.delete_profile, name="delete_profile"),
     path("instances/", instance_views.instance_list, name="instances"),
     path("instances/rent/", instance_views.rent_confirm, name="rent_confirm"),
     path("instances/<int:pk>/", instance_views.instance_detail, name="instance_detail"),
@@ -65,3 +66,6 @@ urlpatterns = [
     path("api/agent/v1/", (_without_login(agent_api.urls[0]), *agent_api.urls[1:])),
     path("api/serving/v1/instances/<int:pk>/checkin", checkin_views.checkin_view, name="serving_checkin"),
 ]
+
+# A request too large to read gets a page that says the limit (config/too_large.py); other 400s are Django's.
+handler400 = "config.too_large.bad_request"

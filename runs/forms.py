@@ -3,7 +3,7 @@ from django.conf import settings
 
 from fleet.models import OfferProfile
 from runs import launch as launching
-from training.recipe import RecipeError, parse_recipe_text
+from training.recipe import MAX_RECIPE_CHARS, RecipeError, parse_recipe_text
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -32,10 +32,15 @@ class DataFilesField(forms.FileField):
 
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=100)
-    recipe = forms.CharField(widget=forms.Textarea(attrs={"rows": 18, "cols": 80}),
-                             help_text="the training recipe, YAML or JSON (see training/recipe.py)")
+    # No maxlength on the recipe: a browser cuts a longer paste short without a word; static/js/form-limits.js stops a
+    # submit that is over data-max-chars (or a file over data-max-bytes) and says so beside the field.
+    recipe = forms.CharField(widget=forms.Textarea(attrs={"rows": 18, "cols": 80,
+                                                          "data-max-chars": MAX_RECIPE_CHARS}),
+                             help_text=f"the training recipe, YAML or JSON (see training/recipe.py), at most "
+                                       f"{MAX_RECIPE_CHARS:,} characters")
     data_files = DataFilesField(
-        required=False, label="Data files (JSONL)", widget=MultipleFileInput(attrs={"accept": ".jsonl,.json"}),
+        required=False, label="Data files (JSONL)",
+        widget=MultipleFileInput(attrs={"accept": ".jsonl,.json"}),
         help_text="each phase's data: a file chosen here, named in the recipe by its file name (data: sft.jsonl); "
                   "or a stored data set's name, an s3://bucket/key object, or example:sft.jsonl. It is checked "
                   "before anything is rented and stored in the bucket")
@@ -47,6 +52,19 @@ class LaunchForm(forms.Form):
     disk_gb = forms.IntegerField(required=False, min_value=1, max_value=20_000, label="Disk (GB)",
                                  help_text="what each box is rented with: blank for what the model needs (said "
                                            "below), or more; never less")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["data_files"].widget.attrs["data-max-bytes"] = settings.DATASET_MAX_BYTES
+
+    @staticmethod
+    def text_bytes_limit() -> int:
+        """What the dashboard reads of a request's fields besides files (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+        return settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0
+
+    def chosen_files(self) -> list[str]:
+        """The names of the data files this submit carried: a page shown again cannot keep them chosen."""
+        return [f.name for f in self.files.getlist("data_files")] if self.is_bound else []
 
     def clean_recipe(self):
         text = self.cleaned_data["recipe"]

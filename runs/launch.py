@@ -51,8 +51,8 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
         raise LaunchError(str(exc), "disk_gb") from None
     try:
         data = datasets.resolve(checked, bucket, uploads or {}, user=user, now=now)
-    except datasets.DataError as exc:
-        raise LaunchError(str(exc)) from None
+    except datasets.DataError as exc:  # said beside the Data files field, where the files are chosen
+        raise LaunchError(str(exc), "data_files") from None
     with transaction.atomic():
         run = Run.objects.create(name=name, recipe=recipe, profile=profile, bucket=bucket, budget_usd=budget_usd,
                                  max_restarts=max_restarts, disk_gb=disk_gb, token_nonce=tokens.new_nonce(),

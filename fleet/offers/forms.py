@@ -5,7 +5,9 @@ from decimal import Decimal
 
 from django import forms
 from django.conf import settings
+from django.utils.text import slugify
 
+from fleet.models import OfferProfile
 from fleet.ranking import GPU_TIERS, PRESETS, OfferFilters, Phase, Workload
 from fleet.ranking.workload import KERNEL_PATHS, MAX_GPUS
 
@@ -43,10 +45,13 @@ def parse_phases(text: str) -> tuple[Phase, ...]:
 
 
 def _ranged(field_class, low, high, **kwargs):
-    """A number field that says its range in the browser (min, max) and in its message, in the user's words."""
+    """A number field that says its range in its message, in the user's words. It is a text input: a number input
+    sends nothing for what the browser cannot read ("abc", "NaN"), which a blank optional field takes as unset."""
+    whole = field_class is forms.IntegerField
     messages = {"min_value": f"At least {low:,}.", "max_value": f"At most {high:,}.",
-                "invalid": "Enter a number." if field_class is not forms.IntegerField else "Enter a whole number."}
-    return field_class(min_value=low, max_value=high, error_messages=messages, **kwargs)
+                "invalid": "Enter a whole number." if whole else "Enter a number, such as 1.5 (NaN and inf are not)."}
+    widget = forms.TextInput(attrs={"inputmode": "numeric" if whole else "decimal", "autocomplete": "off"})
+    return field_class(min_value=low, max_value=high, error_messages=messages, widget=widget, **kwargs)
 
 
 class RankingForm(forms.Form):
@@ -162,3 +167,23 @@ class RankingForm(forms.Form):
         """Every error as (field name, the field's label, message); the form's own errors name no field."""
         return [(name, self[name].label if name in self.fields else "", message)
                 for name, messages in self.errors.items() for message in messages]
+
+
+NAME_MAX = OfferProfile._meta.get_field("name").max_length
+
+
+class ProfileNameForm(forms.Form):
+    """The name a profile is saved under: at most NAME_MAX characters, made a slug ("Team H200" is team-h200)."""
+
+    profile_name = forms.CharField(label="Save these settings as a profile", max_length=NAME_MAX, error_messages={
+        "required": "Give the profile a name.",
+        "max_length": f"At most {NAME_MAX} characters (this has %(show_value)d).",
+    }, widget=forms.TextInput(attrs={"placeholder": "e.g. h200-eu", "autocomplete": "off"}))
+
+    def clean_profile_name(self):
+        name = slugify(self.cleaned_data["profile_name"])
+        if not name:
+            raise forms.ValidationError("Use letters or digits: the name becomes a slug, such as h200-eu.")
+        if len(name) > NAME_MAX:
+            raise forms.ValidationError(f"At most {NAME_MAX} characters as a slug (this has {len(name)}).")
+        return name

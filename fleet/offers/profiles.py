@@ -33,3 +33,22 @@ def save(name: str, recipe: Workload, filters: OfferFilters, *, by, may_add: boo
         raise Refused("someone saved a profile of that name a moment ago; save again to replace it." if may_replace
                       else TAKEN) from None
     return False
+
+
+def ranked_with(profile: OfferProfile) -> list[tuple[int, str]]:
+    """What ranks offers with `profile` (runs, inference models) as (count, plural name), the counted ones only;
+    deleting the profile leaves them on the defaults."""
+    counted = []
+    for relation in OfferProfile._meta.related_objects:
+        model = relation.related_model
+        count = model.objects.filter(**{relation.field.name: profile}).count()
+        if count:
+            meta = model._meta
+            counted.append((count, str(meta.verbose_name if count == 1 else meta.verbose_name_plural)))
+    return counted
+
+
+def said(counted: list[tuple[int, str]]) -> str:
+    """"3 runs and 1 inference model", from ranked_with."""
+    parts = [f"{count} {name}" for count, name in counted]
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)

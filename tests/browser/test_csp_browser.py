@@ -83,7 +83,7 @@ def test_the_offers_page_ranks_and_loads_a_profile_under_the_policy(live_server,
     page.goto(f"{live_server.url}/offers/")
     page.locator("#ranking").wait_for()
     with page.expect_response(lambda response: "/offers/?" in response.url):  # htmx asks for a new ranking
-        page.locator("#ranking-form input[type=number]").first.fill("7")
+        page.locator("#ranking-form input[inputmode]").first.fill("7")
     page.wait_for_timeout(300)
     assert_nothing_refused(page, "offers page, re-ranked")
     page.select_option("#ranking-form select[name=profile]", PROFILE)  # the handler is in static/js/offers.js

@@ -63,8 +63,9 @@ def test_it_clears_a_fixed_fields_message_beside_it(client, member, listed):
 
 def test_it_names_the_field_when_a_profile_is_not_saved(client, staff, listed):
     client.force_login(staff)
-    response = client.post(reverse("save_profile"), {**_params(seq_len="100000000000"), "profile_name": "huge"},
-                           follow=True)
+    response = client.post(reverse("save_profile"), {**_params(seq_len="100000000000"), "profile_name": "huge"})
     text = response.content.decode()
-    assert "Profile not saved: Sequence length: At most 1,048,576." in text
+    summary = text.split('id="profile-not-saved"', 1)[1].split("</div>", 1)[0]
+    assert "Profile not saved" in summary and "Sequence length</a>: At most 1,048,576." in summary
+    assert 'name="seq_len" value="100000000000"' in text  # what was typed, kept
     assert not OfferProfile.objects.exists() and "__all__" not in text
