@@ -18,6 +18,7 @@ from .hooks import InstanceHooks
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 64 * 1024  # what `vastai logs` gets of the agent's output at most
+SESSION_FILE = "agent.session"  # the process session a box's command runs in, for a marketplace started again
 
 
 class AgentProcesses(InstanceHooks):
@@ -74,9 +75,12 @@ class AgentProcesses(InstanceHooks):
             else:
                 argv = ["/bin/sh", "-c", command]
                 env["PATH"] = f"{self.shims()}{os.pathsep}{env.get('PATH', '')}"
+            _end_leftover(folder)
             with open(folder / "agent.log", "ab") as out:
-                self.processes[instance["id"]] = subprocess.Popen(
+                process = subprocess.Popen(
                     argv, env=env, cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.processes[instance["id"]] = process
+            (folder / SESSION_FILE).write_text(str(process.pid))
         log.info("simulated instance %s runs %s", instance["id"], command)
 
     def logs(self, instance_id: int) -> str:
@@ -125,3 +129,32 @@ class AgentProcesses(InstanceHooks):
     def stop_all(self) -> None:
         for instance_id in list(self.processes):
             self._kill(instance_id)
+
+
+
+def _end_leftover(folder: Path) -> None:
+    """A box's command is started again after the marketplace's process ended without stopping it (killed outright):
+    what is left of the last start goes first, as a restarted container's old processes do. Only a session with a
+    process still working in this box's folder is ended, never one that took over its number."""
+    try:
+        session = int((folder / SESSION_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):  # no /proc (not Linux): nothing can be told, nothing is ended
+        try:
+            if os.getsid(int(entry.name)) == session:
+                members.append((entry / "cwd").resolve())
+        except OSError:
+            pass
+    if any(cwd.is_relative_to(folder.resolve()) for cwd in members):
+        _kill_session(session)
+        log.warning("simulated box in %s: ended session %s left over from before the marketplace restarted",
+                    folder, session)
+
+
+def _kill_session(session: int) -> None:
+    try:
+        os.killpg(session, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -503,6 +503,8 @@ class Market:
                 if booted_at <= now and (instance.dies_at is None or booted_at < instance.dies_at):
                     instance.announced_running = True
                     self._emit("on_running", instance, now)
+                    if instance.hung:  # a hung host freezes what starts on it too (after a restart, say)
+                        self._emit("on_hung", instance, now)
             if instance.state in ("active", "stopped") and instance.dies_at is not None and instance.dies_at <= now:
                 self._die(instance, instance.dies_at, self.settings.dead_listed_s, "its host failed")
             if instance.state == "dead" and not instance.listed(now) and instance.destroyed_at is None:

@@ -667,21 +667,25 @@ def test_a_marketplace_started_again_lists_the_same_instances_and_bills_on(tmp_p
 
 def test_a_running_box_is_started_again_with_the_marketplace(tmp_path):
     """What ran in a box went with the marketplace's process: the box's command runs again, as after a host's reboot,
-    and its log says so."""
-    started = []
+    and its log says so; a hung host's box stays frozen."""
+    events = []
 
     class Boxes(InstanceHooks):
-        def on_running(self, box): started.append((box["id"], box["onstart"]))
+        def on_running(self, box): events.append(("running", box["id"], box["onstart"]))
+        def on_hung(self, box): events.append(("hung", box["id"], box["onstart"]))
 
     with saved_marketplace(tmp_path / "state.json", Boxes()) as (sim, api):
         box = rented(api, healthy_offer(api, sim)["id"], onstart="serve")
+        hung = rented(api, healthy_offer(api, sim)["id"], onstart="train")
         sim.advance(90)
+        sim.hang_host(hung)
+    events.clear()
     with saved_marketplace(tmp_path / "state.json", Boxes()) as (sim, api):
         sim.market.tick()
         assert instance(api, box)["actual_status"] == "running"
         log_url = api.put(f"/instances/request_logs/{box}/", json={}).json()["result_url"]
         assert "Container restarted" in httpx.get(log_url).text
-    assert started == [(box, "serve"), (box, "serve")]
+    assert events == [("running", box, "serve"), ("running", hung, "train"), ("hung", hung, "train")]
 
 
 def test_a_state_file_cut_short_is_set_aside_and_the_marketplace_starts_afresh(tmp_path, caplog):
@@ -715,3 +719,24 @@ def test_the_command_line_marketplace_keeps_its_instances_across_a_restart(tmp_p
             process.kill()
             process.wait()
     assert [row["label"] for row in listings[1]] == ["kept"] and listings[1] == listings[0]
+
+
+def test_a_box_left_running_by_a_marketplace_killed_outright_runs_once_when_it_comes_back(tmp_path):
+    """Killed outright, the marketplace could not stop what its boxes ran: started again, it ends what was left of a
+    box's command before it starts it afresh, so the box never runs twice."""
+    from fleet.simulator.agents import AgentProcesses
+
+    first, second = AgentProcesses(tmp_path / "boxes"), AgentProcesses(tmp_path / "boxes")
+    try:
+        with saved_marketplace(tmp_path / "state.json", first) as (sim, api):
+            box = rented(api, healthy_offer(api, sim)["id"], onstart="sleep 300")
+            sim.advance(90)
+        left = first.processes[box]  # the marketplace is gone; no stop_all ran, as after a SIGKILL
+        assert left.poll() is None
+        with saved_marketplace(tmp_path / "state.json", second) as (sim, api):
+            sim.market.tick()
+            assert left.wait(timeout=10) is not None
+            assert second.processes[box].poll() is None and second.processes[box].pid != left.pid
+    finally:
+        first.stop_all()
+        second.stop_all()
