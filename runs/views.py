@@ -5,7 +5,8 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from fleet.access import require_permission
+from fleet import demo
+from fleet.access import boxes_for, require_permission
 from fleet.inference.forms import ServeAdapterForm
 from runs.run_data import projections
 from runs import launch as launching, serving, sharing, wording
@@ -57,12 +58,24 @@ def run_detail(request, pk):
     context = {"run": run, "status": wording.describe(run, phases),
                "projection": projections([run], timezone.now())[run.pk],
                "phases": phases, "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],
-               "checkpoints": run.checkpoints.all()[:50]}
-    if request.headers.get("HX-Request"):  # one of the page's two live regions
-        template = "runs/_run_history.html" if request.GET.get("part") == "history" else "runs/_run_state.html"
+               "checkpoints": run.checkpoints.all()[:50], **_box(request.user, run)}
+    if request.headers.get("HX-Request"):  # one of the page's three live regions
+        template = LIVE_PARTS.get(request.GET.get("part", ""), "runs/_run_state.html")
     else:
         template = "runs/run_detail.html"
     return render(request, template, context)
+
+
+LIVE_PARTS = {"history": "runs/_run_history.html", "box": "runs/_run_box.html"}
+
+
+def _box(user, run: Run) -> dict:
+    """The run's current box for those who may see it (access.boxes_for), with the simulated marketplace's commands
+    that kill or hang it while the run is active (on the embedded default)."""
+    box = run.current_instance
+    if box is None or not boxes_for(user).filter(pk=box.pk).exists():
+        return {"box": None, "box_commands": {}}
+    return {"box": box, "box_commands": demo.box_commands(box) if run.is_active else {}}
 
 
 @require_http_methods(["GET", "POST"])

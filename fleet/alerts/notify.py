@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from fleet import enqueue
+from fleet import demo, enqueue
 from fleet.alerts import webhooks
 from fleet.models import Alert, Instance, WebhookDelivery, WebhookEndpoint
 
@@ -131,18 +131,10 @@ def due_deliveries(*, now: datetime | None = None) -> list[int]:
     return recovered + [pk for pk in lost if pk not in recovered]
 
 
-def demo_receiver_url(name: str = "demo") -> str:
-    """A webhook receiver the simulated marketplace hosts (fleet/simulator/webhooks.py), "" where none is enabled."""
-    if not settings.SIMULATOR_ENABLED:
-        return ""
-    host = f"[{settings.SIMULATOR_HOST}]" if ":" in settings.SIMULATOR_HOST else settings.SIMULATOR_HOST
-    return f"http://{host}:{settings.SIMULATOR_PORT}/_sim/webhooks/{name}"
-
-
 def _allow_private(url: str) -> bool:
     """Private addresses where the settings allow them; otherwise only the enabled simulated marketplace's own demo
     receivers, at exactly its address (it runs on this machine)."""
-    simulator = demo_receiver_url()
+    simulator = demo.simulator_url()
     return settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES or bool(simulator) and webhooks.is_demo_receiver(url, simulator)
 
 

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_POST
 
+from fleet import demo
 from fleet.alerts import notify, webhooks
 from fleet.access import alerts_for, can, require_permission
 from fleet.models import Alert, WebhookDelivery, WebhookEndpoint
@@ -55,7 +56,7 @@ def endpoint_rows():
 
 
 def _page(request, *, form=None, created=None, secret=None, status=200):
-    demo_receiver = notify.demo_receiver_url()
+    demo_receiver = demo.webhook_receiver_url()
     return render(request, "fleet/alerts.html", {
         "demo_receiver": demo_receiver,
         "created_on_demo": bool(created and demo_receiver and webhooks.is_demo_receiver(created.url, demo_receiver)),
