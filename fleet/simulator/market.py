@@ -402,6 +402,9 @@ class Market:
         s = self.settings
         doc = saved.read(s.state_file)
         if doc is None:
+            # A first start, or a file lost: ids begin past any an earlier run could have handed out (they grow with
+            # the clock), since a dashboard may still hold rows under the seed's ids.
+            self._next_instance_id = max(self._next_instance_id, int(time.time()) // 10)
             return
         try:
             self._next_instance_id = max(self._next_instance_id, int(doc["next_instance_id"]))

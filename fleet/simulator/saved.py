@@ -60,8 +60,8 @@ def read(path: str) -> dict | None:
             os.replace(path, aside)
         except OSError:
             aside = "(could not be moved)"
-        log.warning("simulated marketplace: the state file %s cannot be read (%s); starting afresh, the file is "
-                    "kept as %s, and instance ids may repeat", path, exc, aside)
+        log.warning("simulated marketplace: the state file %s cannot be read (%s); starting afresh with no "
+                    "instances, the file kept as %s", path, exc, aside)
         return None
 
 
