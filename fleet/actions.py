@@ -21,7 +21,7 @@ from fleet.models import Alert, Instance, InstanceEvent, Offer
 from fleet.offers.ranked import rank_stored_offers, rent_settings
 from fleet.providers.registry import get_provider
 from fleet.providers.base import InstanceList
-from fleet.providers.errors import InstanceNotFound, OutcomeUnknown, ProviderError
+from fleet.providers.errors import InstanceNotFound, OfferUnavailable, OutcomeUnknown, ProviderError
 from fleet.providers.records import InstanceRecord, RentRequest
 from fleet.ranking import OfferFilters, Workload, best_offer
 from fleet.ranking.price import per_hour, rental_price
@@ -96,7 +96,11 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
         record_event(instance, "rent-unknown", f"{exc} The next sync looks for label {instance.label}.", now)
         return instance
     except ProviderError as exc:
-        _fail_refused_rent(instance, f"Rent failed, nothing was rented: {without_secrets(str(exc), request.env)}", now)
+        reason = f"Rent failed, nothing was rented: {without_secrets(str(exc), request.env)}"
+        if isinstance(exc, OfferUnavailable):
+            _offer_taken(instance, reason, now)
+        else:
+            _fail_refused_rent(instance, reason, now)
         return Instance.objects.get(pk=instance_id)
     _attach(instance, provider_id, now, how=f"rented as {instance.provider} instance {provider_id}")
     return Instance.objects.get(pk=instance_id)
@@ -163,6 +167,20 @@ def fail(instance: Instance, reason: str, *, now: datetime | None = None) -> Ins
 def _fail_refused_rent(instance: Instance, reason: str, now: datetime) -> None:
     """A rent the provider refused outright: failed with its reason, and no machine to destroy."""
     _record_failure(instance, reason, now)
+    _end(instance, State.FAILED, now)
+
+
+def _offer_taken(instance: Instance, reason: str, now: datetime) -> None:
+    """The offer was rented by someone else or withdrawn since it was listed: nothing was rented, and it is not
+    ranked again until a refresh lists it. A run or a replica rents the next offer by itself, so that is an event on
+    the row, not an alert; a person's own rent of it is a failure they are told of."""
+    Offer.objects.filter(provider=instance.provider, offer_id=instance.offer_id, is_bid=instance.is_bid).update(
+        available=False)
+    if instance.requested_by_id is not None or instance.purpose == "manual":
+        _fail_refused_rent(instance, reason, now)
+        return
+    Instance.objects.filter(pk=instance.pk, failure_reason="").update(failure_reason=reason)
+    record_event(instance, "offer-taken", f"{reason} The next offer is rented instead.", now)
     _end(instance, State.FAILED, now)
 
 
