@@ -39,7 +39,8 @@ CASES = {
     "vram_needed": Case({"gpu_ram_gb": 80.0}, "VRAM 80 GB < needed 85 GB for Qwen3.6-35B-A3B",
                         filters={"gpu_tiers": "any"}),
     "price_unknown": Case({"storage_usd_per_gb_month": None}, "storage price unknown"),
-    "price_cap": Case({"total_usd_per_hour": Decimal("2.93")}, "$2.93/h > cap $1.30", off={"max_usd_per_hour": None}),
+    # the rental's price: the machine and 250 GB of disk at $0.15 per GB-month
+    "price_cap": Case({"gpu_usd_per_hour": Decimal("2.93")}, "$2.982/h > cap $1.30/h", off={"max_usd_per_hour": None}),
     "driver_unknown": Case({"driver_version": "n/a"}, "driver unknown ('n/a')", off={"min_driver_version": ""}),
     "driver_old": Case({"driver_version": "535.129.03"}, "driver 535.129.03 < needed 570",
                        off={"min_driver_version": ""}),

@@ -78,21 +78,28 @@ def test_it_excludes_a_card_too_small_for_the_recipe_even_with_any_tier():
     assert got == ("VRAM 80 GB < needed 85 GB for Qwen3.6-35B-A3B",)
 
 
-@pytest.mark.parametrize("price, expected", [
-    ("1.30", ()),
-    ("1.3001", ("$1.3001/h > cap $1.30",)),
-    ("2.10", ("$2.10/h > cap $1.30",)),
-    ("2.93", ("$2.93/h > cap $1.30",)),
+# The default offer rents 250 GB of disk at $0.10 per GB-month: $0.034722/h on top of its machine.
+@pytest.mark.parametrize("gpu, expected", [
+    ("1.265278", ()),  # $1.300000/h all-in: at the cap
+    ("1.2653", ("$1.300/h > cap $1.30/h",)),  # $1.300022/h, over by a fraction of a cent
+    ("2.10", ("$2.135/h > cap $1.30/h",)),
+    ("2.93", ("$2.965/h > cap $1.30/h",)),
 ])
-def test_it_caps_the_offers_total_price(price, expected):
-    assert reasons(make_offer(total_usd_per_hour=Decimal(price))) == expected
+def test_it_caps_the_rentals_price(gpu, expected):
+    assert reasons(make_offer(gpu_usd_per_hour=Decimal(gpu), total_usd_per_hour=Decimal(gpu))) == expected
 
 
-def test_it_applies_the_cap_to_the_total_not_the_gpu_price_and_can_be_lifted():
-    offer = make_offer(gpu_usd_per_hour=Decimal("1.25"), total_usd_per_hour=Decimal("1.35"))
-    assert reasons(offer) == ("$1.35/h > cap $1.30",)
-    assert reasons(offer, OfferFilters(max_usd_per_hour=None)) == ()
-    assert reasons(offer, OfferFilters(max_usd_per_hour="1.35")) == ()
+def test_it_applies_the_cap_to_the_machine_and_the_rented_disk_not_the_listed_total_and_can_be_lifted():
+    # The listing's total counts a token disk; rented with 250 GB it is $1.284722/h, or $1.319444/h at $0.20/GB-month
+    offer = make_offer(gpu_usd_per_hour=Decimal("1.25"), storage_usd_per_gb_month=Decimal("0.1"),
+                       total_usd_per_hour=Decimal("1.29"))
+    assert reasons(offer) == ()
+    dear_disk = make_offer(gpu_usd_per_hour=Decimal("1.25"), storage_usd_per_gb_month=Decimal("0.2"),
+                           total_usd_per_hour=Decimal("1.29"))
+    assert reasons(dear_disk) == ("$1.319/h > cap $1.30/h",)
+    assert reasons(dear_disk, OfferFilters(max_usd_per_hour=None)) == ()
+    assert reasons(dear_disk, OfferFilters(max_usd_per_hour="1.32")) == ()
+    assert reasons(dear_disk, OfferFilters(), Workload(rent_disk_gb=100)) == ()  # $1.277778/h with 100 GB
 
 
 @pytest.mark.parametrize("driver, expected", [
@@ -173,12 +180,12 @@ def test_it_counts_gpus_exactly_by_default_or_from_a_minimum():
 
 def test_it_gives_every_reason_that_applies_in_filter_order():
     bad = make_offer(
-        rentable=False, driver_version="535.129.03", cuda_max=12.2, total_usd_per_hour=Decimal("2.10"),
+        rentable=False, driver_version="535.129.03", cuda_max=12.2, gpu_usd_per_hour=Decimal("2.10"),
         inet_up_mbps=120.0, reliability=0.9,
     )
     assert reasons(bad) == (
         "not rentable",
-        "$2.10/h > cap $1.30",
+        "$2.135/h > cap $1.30/h",
         "driver 535.129.03 < needed 570",
         "CUDA 12.2 < needed 12.8",
         "uplink 120 Mb/s < 200",

@@ -77,7 +77,7 @@ def test_the_default_cap_of_one_gpu_reads_as_none_to_spare_for_a_recipe_on_sever
 
 def test_the_price_cap_is_on_the_whole_box():
     ranking = rank_offers([box("two", 2)], Workload(gpus=2), OfferFilters(max_gpus=None))
-    assert reasons_of(ranking, "two") == ("$2.43/h > cap $1.30",)
+    assert reasons_of(ranking, "two") == ("$2.435/h > cap $1.30/h",)
 
 
 def test_it_prefers_nvlink_over_pcie_even_when_pcie_lists_for_less():

@@ -83,7 +83,7 @@ def test_it_excludes_the_cheap_old_driver_host_with_its_reasons():
 
 def test_it_excludes_the_expensive_h200_by_the_cap_and_the_bid_by_default():
     ranking = rank_offers(CATALOGUE, Workload(), OfferFilters())
-    assert ranking.find("h200-eu", is_bid=False).reasons == ("$2.93/h > cap $1.30",)
+    assert ranking.find("h200-eu", is_bid=False).reasons == ("$2.935/h > cap $1.30/h",)
     assert ranking.find("h200-eu", is_bid=True).reasons == ("interruptible (bid) offer; bids not allowed",)
     assert ranking.find("pro-slow-uplink").reasons == ("uplink 120 Mb/s < 200",)
     assert ranking.find("h100-80").reasons == (

@@ -49,9 +49,11 @@ def test_it_ranks_on_stored_prices_exactly_as_the_ranking_worked_out_offer_by_of
 
 def test_it_scores_on_the_prices_it_is_given():
     cheap, dear = offer_record("cheap"), offer_record("dear", gpu_usd_per_hour=Decimal("2.30"))
-    assert [e.offer.offer_id for e in rank_offers([dear, cheap]).entries] == ["cheap", "dear"]
+    uncapped = OfferFilters(max_usd_per_hour=None)  # the dear one is over the default cap
+    assert [e.offer.offer_id for e in rank_offers([dear, cheap], filters=uncapped).entries] == ["cheap", "dear"]
     swapped = [offer_prices(cheap), offer_prices(dear)]
-    assert [e.offer.offer_id for e in rank_offers([dear, cheap], prices=swapped).entries] == ["dear", "cheap"]
+    assert [e.offer.offer_id for e in rank_offers([dear, cheap], filters=uncapped, prices=swapped).entries] == [
+        "dear", "cheap"]
 
 
 def test_it_refuses_prices_that_do_not_match_the_offers():

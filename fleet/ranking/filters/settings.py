@@ -32,7 +32,7 @@ class OfferFilters:
     gpu_tiers: tuple[str, ...] = ("rtx_pro_6000", "h200", "b200")  # () = any tier
     vram_min_gb: float | None = None  # set either bound: an explicit range that replaces the tiers
     vram_max_gb: float | None = None
-    max_usd_per_hour: Decimal | None = Decimal("1.30")  # on the offer's total $/h; None = no cap
+    max_usd_per_hour: Decimal | None = Decimal("1.30")  # on the rental's $/h (machine and rented disk); None = no cap
     min_driver_version: str = "570"  # the worker image's CUDA 12.8 needs driver >= 570
     min_cuda: float = 12.8  # compared with the offer's cuda_max
     min_disk_gb: float = 250.0

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from fleet.providers.records import OfferRecord
 
+from ..price import per_hour, rental_usd_per_hour
 from ..workload import Workload
 from .settings import GPU_TIERS, OfferFilters, parse_version, version_at_least
 
@@ -56,7 +57,8 @@ def _price_unknown_words(o, f, r) -> str:
 
 
 def _price_cap_words(o, f, r) -> str:
-    return f"{usd(o.total_usd_per_hour)}/h > cap {usd(f.max_usd_per_hour)}"
+    # The price the offer's row shows, as it shows it: the rental with the disk the ranking rents.
+    return f"{per_hour(rental_usd_per_hour(o, int(r.rent_disk_gb)))} > cap {usd(f.max_usd_per_hour)}/h"
 
 
 def _driver_unknown_words(o, f, r) -> str:
@@ -118,10 +120,11 @@ FILTERS: tuple[Filter, ...] = (
            test="ram < vram_needed", words=_vram_needed_words),
     Filter("price_unknown", "price unknown",
            test="not prices_known(o)", words=_price_unknown_words),
-    # Stops "cheapest rentable" from landing on $1.90-2.50/h boxes.
-    Filter("price_cap", "above the price cap", when=lambda f, r: f.max_usd_per_hour is not None,
-           binds=lambda f, r: {"cap": f.max_usd_per_hour},
-           test="not blank_price(o.total_usd_per_hour) and o.total_usd_per_hour > cap",
+    # Stops "cheapest rentable" from landing on $1.90-2.50/h boxes. The cap is on the rental's price (the machine
+    # or the bid, and the disk rented), the $/h a person reads in the offer's row.
+    Filter("price_cap", "above the price cap", given="price_unknown", when=lambda f, r: f.max_usd_per_hour is not None,
+           binds=lambda f, r: {"cap": f.max_usd_per_hour, "rented_disk_gb": int(r.rent_disk_gb)},
+           test="rental_usd_per_hour(o, rented_disk_gb) > cap",
            words=_price_cap_words),
     # A driver older than the image's CUDA rents fine and then dies with CUDA error 803.
     Filter("driver_unknown", "driver unknown", when=lambda f, r: bool(f.min_driver_version),
@@ -241,7 +244,8 @@ class _CountryCodes(dict):
 
 
 # What a test may call besides the names its entry binds.
-TEST_NAMES = {"known": _known, "prices_known": _prices_known, "blank_price": _blank_price, "in_ranges": _in_ranges}
+TEST_NAMES = {"known": _known, "prices_known": _prices_known, "blank_price": _blank_price, "in_ranges": _in_ranges,
+              "rental_usd_per_hour": rental_usd_per_hour}
 
 
 def country_code(geolocation) -> str:
