@@ -180,6 +180,11 @@ class ProfileNameForm(forms.Form):
         "max_length": f"At most {NAME_MAX} characters (this has %(show_value)d).",
     }, widget=forms.TextInput(attrs={"placeholder": "e.g. h200-eu", "autocomplete": "off"}))
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # No maxlength: a browser cuts a longer paste short without a word; the check says it beside the field.
+        self.fields["profile_name"].widget.attrs.pop("maxlength", None)
+
     def clean_profile_name(self):
         name = slugify(self.cleaned_data["profile_name"])
         if not name:
