@@ -48,6 +48,10 @@ class BoxRequest:
             figures = replace(figures, checkpoint_gb=round(figures.checkpoint_gb * rank / figures.lora_rank, 1))
         figures = replace(figures, lora_rank=rank, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
                           seq_len=recipe.seq_len)
+        if recipe.model.config is not None:  # its checkpoints are the size of the model it is, not the profile's
+            checkpoint_gb = disk.built_model_checkpoint_gb(recipe.model.config, rank)
+            if checkpoint_gb is not None:
+                figures = replace(figures, checkpoint_gb=checkpoint_gb)
         return cls(figures=figures, filters=filters, keep=recipe.checkpoint.keep,
                    built_from_config=recipe.model.config is not None)
 

@@ -9,6 +9,9 @@ from fleet.ranking import Workload
 HEADROOM_FRACTION = 0.2
 HEADROOM_MIN_GB = 10.0
 CHECKPOINTS_BESIDE_KEPT = 2  # the one being written and the one restored from
+# A checkpoint holds at most every trained value in fp32 with its gradient and Adam's two moments.
+BYTES_PER_TRAINED_PARAMETER = 16
+MIN_CHECKPOINT_GB = 0.01  # its own small files: the manifest, the trainer's state, the tokenizer
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,44 @@ def needed(figures: Workload, *, keep: int, built_from_config: bool = False,
             model, weights = f"{figures.model} as listed", round(listed_weights_gb, 1)
     return DiskNeed(model=model, weights_gb=weights, checkpoints=keep + CHECKPOINTS_BESIDE_KEPT,
                     checkpoint_gb=float(figures.checkpoint_gb), image_gb=float(figures.image_gb))
+
+
+def config_parameters(config: dict) -> int | None:
+    """The parameter count of a transformers config's decoder (dense or mixture of experts), from its shapes; None
+    when the config does not give them."""
+    try:
+        hidden, layers, vocab = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["vocab_size"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        experts = int(config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+                      or 0)
+        if experts:
+            expert_size = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+            shared = int(config.get("shared_expert_intermediate_size") or 0) + \
+                int(config.get("n_shared_experts") or 0) * expert_size
+            mlp = 3 * hidden * (experts * expert_size + shared) + experts * hidden  # the experts and the router
+        else:
+            mlp = 3 * hidden * int(config["intermediate_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    attention = hidden * head_dim * 2 * (heads + kv_heads)  # q and o; k and v
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    return embeddings + layers * (attention + mlp + 2 * hidden) + hidden  # and the norms
+
+
+def built_model_checkpoint_gb(config: dict, lora_rank: int) -> float | None:
+    """At most what a checkpoint of a model built from `config` on the box takes: its adapters of rank `lora_rank`
+    with their optimizer state, bounded by the whole model's parameters (more where the rank outgrows the
+    smallest of its shapes); None when the config does not give its shapes."""
+    parameters = config_parameters(config)
+    if parameters is None:
+        return None
+    hidden = int(config["hidden_size"])
+    narrowest = min(hidden, int(config.get("moe_intermediate_size") or config.get("intermediate_size") or hidden),
+                    int(config.get("head_dim") or hidden // int(config["num_attention_heads"])))
+    trained = parameters * max(1.0, 2 * lora_rank / narrowest)
+    return max(MIN_CHECKPOINT_GB, round(trained * BYTES_PER_TRAINED_PARAMETER / 1e9, 3))
 
 
 def chosen_disk_gb(need: DiskNeed, asked_gb: int | None) -> int:

@@ -11,11 +11,13 @@ from django.urls import reverse
 from fleet.instances.disk import needed
 from fleet.offers.refresh import refresh_offers
 from fleet.ranking import Workload
+from runs import launch as launching
 from runs import reports, supervisor
 from runs.launch import LaunchError, launch
 from runs.models import Run
 from tests.runs.conftest import put_on_a_box, tiny_recipe
 from tests.runs.test_launch_page import _form
+from training.recipe import validate
 
 pytestmark = pytest.mark.django_db
 HUB = "Qwen/Qwen3-30B-A3B"
@@ -50,7 +52,8 @@ def _hub_form(page: str) -> dict:
 def test_the_page_says_the_disk_the_model_needs(client, launcher):
     client.force_login(launcher)
     page = client.get(reverse("run_launch")).content.decode()
-    tiny = needed(Workload(), keep=3, built_from_config=True)
+    tiny = launching.disk_need(validate(launching.demo_recipe(), base_dir="/", data_on_disk=False))  # its own size
+    assert tiny.total_gb < needed(Workload(), keep=3, built_from_config=True).total_gb
     assert f"Disk each box needs for this model: {tiny.total_gb} GB: no weights to download" in page
     page = client.post(reverse("run_launch"), {**_hub_form(page), "disk_gb": "1"}).content.decode()
     hub = needed(Workload(), keep=3)
