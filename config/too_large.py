@@ -4,6 +4,8 @@ files): it says the limit and that nothing was stored, instead of a bare "Bad Re
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views import defaults
 
 from training.recipe import MAX_RECIPE_CHARS
@@ -21,7 +23,16 @@ def bad_request(request, exception=None):
         "fields_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "max_fields": settings.DATA_UPLOAD_MAX_NUMBER_FIELDS,
         "max_files": settings.DATA_UPLOAD_MAX_NUMBER_FILES, "recipe_chars": MAX_RECIPE_CHARS,
         "too_many": None if isinstance(exception, RequestDataTooBig) else str(exception),
+        "launching": request.path == reverse("run_launch"), "form_page": _form_page(request),
     }, status=413)
+
+
+def _form_page(request) -> str:
+    """Where the refused form was: the page it came from, on this dashboard; the launch page posts to itself."""
+    if request.path == reverse("run_launch"):
+        return request.path
+    referer = request.headers.get("Referer", "")
+    return referer if url_has_allowed_host_and_scheme(referer, {request.get_host()}, request.is_secure()) else ""
 
 
 def _drain(request) -> None:

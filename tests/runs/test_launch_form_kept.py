@@ -1,5 +1,6 @@
 """The launch page keeps a launcher's work when it refuses: a data file's problem is said beside the Data files
-field, and a request too large to read gets a page that says the limit and that nothing was stored."""
+field, and a request too large to read (from it or any form) gets a page saying the limit and that nothing was
+stored."""
 
 import html
 import json
@@ -68,3 +69,12 @@ def test_the_launch_form_tells_the_browser_its_limits(client, launcher):
     assert 'data-max-chars="262144"' in page and 'data-max-text-bytes="2621440"' in page
     assert re.search(r'<input type="file" name="data_files"[^>]* data-max-bytes="10737418240"', page)
     assert "js/form-limits.js" in page and "maxlength" not in page.split('name="recipe"', 1)[1].split(">", 1)[0]
+
+
+def test_another_forms_request_too_large_to_read_gets_the_page_too(client, operator):
+    client.force_login(operator)
+    response = client.post(reverse("add_webhook_endpoint"), {"name": "x" * 3_000_000},
+                           HTTP_REFERER="http://testserver/alerts/")
+    page = response.content.decode()
+    assert response.status_code == 413 and "Nothing was stored." in page
+    assert '<a href="http://testserver/alerts/">The form, anew</a>' in page and "recipe" not in page
