@@ -1,6 +1,7 @@
 """When a run ends and what it costs, and its cost so far as a curve: pure over plain values."""
 
 import math
+import statistics
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -23,6 +24,12 @@ class Projection:
     total_usd: Decimal | None
     cost_usd: Decimal = Decimal(0)  # so far
     beyond_horizon: bool = False  # at this step time the run would not end within HORIZON
+    eta_span_s: tuple[float, float] | None = None  # seconds to the finish at the steps' lower and upper quartile
+
+    @property
+    def eta_words(self) -> str:
+        """How long until it finishes, as a range: "12–15 min"."""
+        return span_words(*self.eta_span_s) if self.eta_span_s else ""
 
     @property
     def percent(self) -> float:
@@ -31,6 +38,39 @@ class Projection:
     @property
     def usd_per_1k_steps(self) -> Decimal | None:
         return None if self.usd_per_step is None else self.usd_per_step * STEPS_PER_PRICE
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The newest steps' time: their median, which one slow step (a checkpoint's) does not move, and their lower and
+    upper quartile, the range a projection gives."""
+
+    typical_s: float
+    low_s: float
+    high_s: float
+
+
+def step_time(samples) -> StepTime | None:
+    """The step time of a run's newest steps' times; None without a usable one."""
+    usable = sorted(s for s in samples if usable_step_s(s) is not None)
+    if not usable:
+        return None
+    if len(usable) == 1:
+        return StepTime(usable[0], usable[0], usable[0])
+    low, typical, high = statistics.quantiles(usable, n=4, method="inclusive")
+    return StepTime(typical, low, high)
+
+
+# A span is said in the largest unit its upper end reaches twice over: seconds, minutes, hours, days.
+_UNITS = ((120, 1, "s"), (120 * 60, 60, "min"), (48 * 3600, 3600, "h"), (math.inf, 86400, "days"))
+
+
+def span_words(low_s: float, high_s: float) -> str:
+    """"12–15 min", "2.5–3.1 h", "5–6 days": both ends in one unit; one figure where they read alike."""
+    _, size, unit = next(u for u in _UNITS if high_s < u[0])
+    places = 1 if unit == "h" and high_s < 10 * 3600 else 0
+    low, high = (f"{round(x / size, places):.{places}f}" for x in (low_s, high_s))
+    return f"{low} {unit}" if low == high else f"{low}–{high} {unit}"
 
 
 def usable_step_s(step_s: float | None) -> float | None:
@@ -44,12 +84,14 @@ def steps_done(planned: list[int], current_phase: int, current_step: int) -> int
                                               else current_step)
 
 
-def project(*, planned: list[int], current_phase: int, current_step: int, step_s: float | None,
+def project(*, planned: list[int], current_phase: int, current_step: int, step_s: float | StepTime | None,
             usd_per_hour: Decimal | None, cost_usd: Decimal, now: datetime, active: bool,
             finished_at: datetime | None = None) -> Projection:
-    """When the run ends and what it costs by then, at its recent step time on its current box's price. An ended
-    run's projection is what happened; a run with no step time yet projects nothing, and one that would not end
-    within HORIZON projects neither a date nor a total."""
+    """When the run ends and what it costs by then, at its recent step time (a StepTime: its median, and the range
+    its quartiles give) on its current box's price. An ended run's projection is what happened; a run with no step
+    time yet projects nothing, and one that would not end within HORIZON projects neither a date nor a total."""
+    spread = step_s if isinstance(step_s, StepTime) else None
+    step_s = spread.typical_s if spread is not None else step_s
     total = sum(planned)
     done = total if (not active and finished_at and current_phase >= len(planned) - 1
                      and current_step >= (planned[-1] if planned else 0)) else steps_done(planned, current_phase,
@@ -67,8 +109,10 @@ def project(*, planned: list[int], current_phase: int, current_step: int, step_s
     if step_s and remaining > HORIZON.total_seconds() / step_s:
         return Projection(done, total, step_s, per_step, None, None, cost_usd, beyond_horizon=True)
     remaining_s = remaining * step_s
+    span = (remaining * spread.low_s, remaining * spread.high_s) if spread is not None else (remaining_s, remaining_s)
     return Projection(done, total, step_s, per_step, now + timedelta(seconds=remaining_s),
-                      cost_usd + usd_per_hour * Decimal(str(remaining_s)) / ledger.SECONDS_PER_HOUR, cost_usd)
+                      cost_usd + usd_per_hour * Decimal(str(remaining_s)) / ledger.SECONDS_PER_HOUR, cost_usd,
+                      eta_span_s=span)
 
 
 def cost_curve(segments: list[tuple], traffic_usd: Decimal, now: datetime) -> tuple[list[datetime], list[float]]:

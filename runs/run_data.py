@@ -15,7 +15,7 @@ from runs.costs import run_costs
 from runs.downsample import bucket_width
 from runs.models import MetricPoint, Run, RunAttempt, RunEvent
 from runs.phase_stats import PhaseStats, phase_stats, zero_gradient_phases
-from runs.projection import Projection, project
+from runs.projection import Projection, StepTime, project, step_time
 from training import metric_fields
 
 SETTLED_CACHE_S = 600  # buckets of phases a run has left behind, kept this long
@@ -29,7 +29,7 @@ CSV_COLUMNS = (metric_fields.PHASE, metric_fields.STEP, metric_fields.AT, *metri
 
 
 RESTART_EVENTS = ("host_lost", "hung", "probe_failed")
-RECENT_STEPS = 50  # the step time a projection rests on is the mean over this many newest steps
+RECENT_STEPS = 50  # the step time a projection rests on is the median of this many newest steps
 
 
 @dataclass
@@ -87,9 +87,10 @@ def summable_avg(name: str) -> Avg:
     return Avg(name, filter=Q(**{f"{name}__gte": -SUMMABLE, f"{name}__lte": SUMMABLE}))
 
 
-def recent_step_times(runs: list[Run]) -> dict[int, float | None]:
-    """Each run's step time as every page shows it: the mean over the newest RECENT_STEPS steps of the newest phase
-    it trained (a checkpoint's slow step does not set the projection alone), for many runs with two queries."""
+def recent_step_times(runs: list[Run]) -> dict[int, StepTime | None]:
+    """Each run's step time as every page shows it: the median and quartiles of the newest RECENT_STEPS steps of the
+    newest phase it trained (projection.step_time: a checkpoint's slow step does not move it), for many runs with two
+    queries."""
     newest = MetricPoint.objects.filter(run=OuterRef("pk")).order_by("-phase", "-step")
     ends = (Run.objects.filter(pk__in=[run.pk for run in runs])
             .annotate(last_phase=Subquery(newest.values("phase")[:1]), last_step=Subquery(newest.values("step")[:1]))
@@ -98,9 +99,10 @@ def recent_step_times(runs: list[Run]) -> dict[int, float | None]:
     for pk, phase, step in ends:
         if phase is not None:
             recent |= Q(run_id=pk, phase=phase, step__gte=step - RECENT_STEPS)
-    means = (MetricPoint.objects.filter(recent).values("run_id").order_by().annotate(step_s=summable_avg("step_s"))
-             .values_list("run_id", "step_s"))
-    return dict(means)
+    samples: dict[int, list[float]] = {}
+    for run_id, seconds in MetricPoint.objects.filter(recent).exclude(step_s=None).values_list("run_id", "step_s"):
+        samples.setdefault(run_id, []).append(seconds)
+    return {run_id: step_time(times) for run_id, times in samples.items()}
 
 
 def hourly_rates(runs: list[Run]) -> dict[int, Decimal]:
