@@ -22,7 +22,7 @@ def _box(model, key, state, **fields):
 def _replicas_cell(client, model) -> str:
     page = client.get("/inference/").content.decode()
     row = re.search(rf'<tr data-model="{model.pk}">(.*?)</tr>', page, re.S).group(1)
-    cell = re.findall(r'<td class="num">(.*?)</td>', row, re.S)[0]
+    cell = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[1]  # the Replicas column
     return re.sub(r"<[^>]+>", "", " ".join(cell.split()))
 
 
