@@ -91,12 +91,12 @@ def project(*, planned: list[int], current_phase: int, current_step: int, step_s
     its quartiles give) on its current box's price. An ended run's projection is what happened; a run with no step
     time yet projects nothing, and one that would not end within HORIZON projects neither a date nor a total."""
     spread = step_s if isinstance(step_s, StepTime) else None
-    step_s = spread.typical_s if spread is not None else step_s
+    typical = step_s.typical_s if isinstance(step_s, StepTime) else step_s
     total = sum(planned)
     done = total if (not active and finished_at and current_phase >= len(planned) - 1
                      and current_step >= (planned[-1] if planned else 0)) else steps_done(planned, current_phase,
                                                                                        current_step)
-    step_s = usable_step_s(step_s)
+    step_s = usable_step_s(typical)
     per_step = None
     if step_s is not None and usd_per_hour is not None:
         per_step = usd_per_hour * Decimal(str(step_s)) / ledger.SECONDS_PER_HOUR
