@@ -171,9 +171,9 @@ def _fail_refused_rent(instance: Instance, reason: str, now: datetime) -> None:
 
 
 def _offer_taken(instance: Instance, reason: str, now: datetime) -> None:
-    """The offer was rented by someone else or withdrawn since it was listed: nothing was rented, and it is not
-    ranked again until a refresh lists it. A run or a replica rents the next offer by itself, so that is an event on
-    the row, not an alert; a person's own rent of it is a failure they are told of."""
+    """The offer was taken or withdrawn since it was listed: nothing was rented, and it is not ranked again until a
+    refresh lists it. A run or a replica rents the next offer by itself: an event, not an alert; a person's own
+    rent still alerts."""
     Offer.objects.filter(provider=instance.provider, offer_id=instance.offer_id, is_bid=instance.is_bid).update(
         available=False)
     if instance.requested_by_id is not None or instance.purpose == "manual":

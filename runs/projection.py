@@ -87,9 +87,9 @@ def steps_done(planned: list[int], current_phase: int, current_step: int) -> int
 def project(*, planned: list[int], current_phase: int, current_step: int, step_s: float | StepTime | None,
             usd_per_hour: Decimal | None, cost_usd: Decimal, now: datetime, active: bool,
             finished_at: datetime | None = None) -> Projection:
-    """When the run ends and what it costs by then, at its recent step time (a StepTime: its median, and the range
-    its quartiles give) on its current box's price. An ended run's projection is what happened; a run with no step
-    time yet projects nothing, and one that would not end within HORIZON projects neither a date nor a total."""
+    """When the run ends and what it costs by then, at its recent step time (a StepTime: its median and quartiles)
+    on its current box's price. An ended run's projection is what happened; a run with no step time yet projects
+    nothing, and one that would not end within HORIZON projects neither a date nor a total."""
     spread = step_s if isinstance(step_s, StepTime) else None
     typical = step_s.typical_s if isinstance(step_s, StepTime) else step_s
     total = sum(planned)
