@@ -106,3 +106,21 @@ def test_its_start_output_has_no_warnings(embedded):
     warnings = [line for line in output if re.search(r"warn", line, re.IGNORECASE)]
     assert "beat: Starting" in "".join(output) and " succeeded in " in "".join(output), "".join(output[-40:])
     assert warnings == [], "".join(output)
+
+
+@pytest.mark.slow
+def test_its_first_setup_installs_the_product_without_warnings(tmp_path):
+    # scripts/setup's install of the product itself, as it runs it, into a fresh environment that borrows the
+    # checkout's setuptools (no build isolation, as there): the rest of a first setup is the locked packages.
+    line = next(line.strip() for line in (ROOT / "scripts" / "setup").read_text().splitlines()
+                if line.strip().endswith("--no-build-isolation -e ."))
+    settings = dict(re.findall(r'(\w+)="([^"]*)"', line.split('"${pip[@]}"')[0]))
+    subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "venv", str(tmp_path / "venv")], check=True)
+    import setuptools
+
+    env = {**os.environ, **settings, "PYTHONPATH": str(Path(setuptools.__file__).parent.parent)}
+    result = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                             "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert not re.search("warn", result.stdout + result.stderr, re.IGNORECASE), result.stdout + result.stderr
