@@ -45,6 +45,14 @@ def test_it_refuses_a_name_longer_than_the_field_and_keeps_it(client, staff):
     assert "At most 60 characters (this has 300)." in _beside(body, "profile_name")
 
 
+def test_a_name_longer_than_the_column_is_refused_whoever_saves_it(operator):
+    from fleet.offers import profiles
+
+    with pytest.raises(profiles.Refused, match="1 to 60 characters, not 61"):
+        profiles.save("a" * 61, Workload(), OfferFilters(), by=operator, may_add=True, may_replace=True)
+    assert not OfferProfile.objects.exists()
+
+
 @pytest.mark.parametrize("field, typed, words", [
     ("min_reliability", "NaN", "Enter a number"),
     ("checkpoint_interval_min", "inf", "Enter a number"),
