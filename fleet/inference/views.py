@@ -97,8 +97,9 @@ def _model_form(request, model: InferenceModel):
         messages.success(request, f"{model.name}: {'added' if adding else 'saved'}, {model.desired_replicas} desired "
                                   f"replica(s).")
         return redirect("inference")
-    return render(request, "fleet/inference_model.html", {"form": form, "model": model, "adding": adding},
-                  status=400 if form.errors else 200)
+    replicas = None if adding else next((state for m, state in model_states(timezone.now()) if m.pk == model.pk), None)
+    return render(request, "fleet/inference_model.html", {"form": form, "model": model, "adding": adding,
+                                                          "replicas": replicas}, status=400 if form.errors else 200)
 
 
 def _saved(form: InferenceModelForm) -> bool:

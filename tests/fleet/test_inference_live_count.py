@@ -44,3 +44,13 @@ def test_a_box_whose_probe_passed_is_live(client, operator):
     failing = _box(model, "serve-2", Instance.State.RUNNING, last_probe_at=now, consecutive_probe_failures=1)
     ProbeResult.objects.create(instance=failing, at=now, ok=False, error="connection refused")
     assert _replicas_cell(client, model) == "1 live, 1 starting / 2 wanted"
+
+
+def test_the_models_page_counts_its_replicas_the_same_way(client, operator):
+    client.force_login(operator)
+    model = InferenceModel.objects.create(name="Qwen/Qwen3-30B-A3B", image="vllm/vllm-openai:v0.9.2", port=8000,
+                                          desired_replicas=1, max_replacements_per_day=3)
+    _box(model, "serve-1", Instance.State.PROVISIONING)
+    page = client.get(f"/inference/models/{model.pk}/").content.decode()
+    said = re.search(r'<p class="meta" id="model-replicas">(.*?)</p>', page, re.S)
+    assert said and said.group(1).startswith("Replicas now: 0 live, 1 starting / 1 wanted")
