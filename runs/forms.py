@@ -47,9 +47,14 @@ class LaunchForm(forms.Form):
     profile = forms.ModelChoiceField(queryset=OfferProfile.objects.order_by("name"), required=False,
                                      help_text="how offers are ranked; the defaults when empty")
     bucket = forms.CharField(max_length=300, help_text="s3://bucket/prefix, or an absolute local folder")
-    budget_usd = forms.DecimalField(min_value=0.01, max_digits=10, decimal_places=2, label="Budget ($)")
-    max_restarts = forms.IntegerField(min_value=0, max_value=50, initial=3)
+    # Numbers are text inputs: a number input sends nothing for what the browser cannot read ("abc"), which a blank
+    # Disk (GB) takes as "what the model needs" instead of a refusal beside the field.
+    budget_usd = forms.DecimalField(min_value=0.01, max_digits=10, decimal_places=2, label="Budget ($)",
+                                    widget=forms.TextInput(attrs={"inputmode": "decimal"}))
+    max_restarts = forms.IntegerField(min_value=0, max_value=50, initial=3,
+                                      widget=forms.TextInput(attrs={"inputmode": "numeric"}))
     disk_gb = forms.IntegerField(required=False, min_value=1, max_value=20_000, label="Disk (GB)",
+                                 widget=forms.TextInput(attrs={"inputmode": "numeric"}),
                                  help_text="what each box is rented with: blank for what the model needs (said "
                                            "below), or more; never less")
 

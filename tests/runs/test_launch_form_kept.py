@@ -34,8 +34,8 @@ def _form(client, tmp_path) -> dict:
 
 
 def _beside(page: str, field: str) -> str:
-    found = re.findall(rf'<span class="error"[^>]*data-field="{field}">(.*?)</span>', page, re.S)
-    return html.unescape(" ".join(found))
+    label = next(m for m in re.findall(r"<label>.*?</label>", page, re.S) if f'name="{field}"' in m)
+    return html.unescape(" ".join(re.findall(r'<span class="error">(.*?)</span>', label, re.S)))
 
 
 @pytest.mark.parametrize("upload, words", [
@@ -78,3 +78,12 @@ def test_another_forms_request_too_large_to_read_gets_the_page_too(client, opera
     page = response.content.decode()
     assert response.status_code == 413 and "Nothing was stored." in page
     assert '<a href="http://testserver/alerts/">The form, anew</a>' in page and "recipe" not in page
+
+
+def test_a_disk_size_that_is_not_a_number_is_refused_beside_it_not_taken_as_blank(client, launcher, tmp_path):
+    page = client.get(reverse("run_launch")).content.decode()
+    assert re.search(r'<input type="text" name="disk_gb"[^>]* inputmode="numeric"', page)  # sent as typed
+    form = _form(client, tmp_path)
+    page = client.post(reverse("run_launch"), {**form, "disk_gb": "abc"}).content.decode()
+    assert "Enter a whole number." in _beside(page, "disk_gb") and 'name="disk_gb" value="abc"' in page
+    assert not Run.objects.exists()
