@@ -75,25 +75,30 @@ def test_a_refused_profile_keeps_what_was_typed_and_a_saved_one_is_deleted(live_
 
 
 @pytest.fixture
-def longest_profile():
+def longest_profile(tmp_path):
+    """A profile of the longest name, and a finished run whose adapter its serve page offers."""
     from fleet.models import OfferProfile
     from fleet.ranking import OfferFilters, Workload
+    from tests.fleet.test_serve_adapter import _finished_run
 
-    return OfferProfile.objects.create(name=LONGEST, recipe=Workload().to_dict(), filters=OfferFilters().to_dict(),
-                                       last_ranking={"ranked": [], "passed": 0}, last_ranked_at=timezone.now())
+    OfferProfile.objects.create(name=LONGEST, recipe=Workload().to_dict(), filters=OfferFilters().to_dict(),
+                                last_ranking={"ranked": [], "passed": 0}, last_ranked_at=timezone.now())
+    return _finished_run(tmp_path)
 
 
 @pytest.mark.parametrize("width", (1400, 390))
 def test_a_profile_of_the_longest_name_widens_no_page(live_server, longest_profile, page, width):
     page.set_viewport_size({"width": width, "height": 900})
-    log_in(page, live_server, "staff")
-    for path in ("/", f"/offers/?profile={LONGEST}", "/runs/launch/"):
+    log_in(page, live_server, "operator")
+    for path in ("/", f"/offers/?profile={LONGEST}", f"/runs/{longest_profile.pk}/serve/", "/runs/launch/"):
         page.goto(f"{live_server.url}{path}")
         page.wait_for_load_state("networkidle")
+        assert page.locator(f"option:has-text('{LONGEST}'), a:has-text('{LONGEST}')").count() >= 1, path
         measured = overflow(page)
         assert measured["scroll"] <= measured["width"], f"{path} at {width} px: {measured}"
-    launch = page.locator("form.launch button[type=submit]").bounding_box()
-    assert launch["x"] >= 0 and launch["x"] + launch["width"] <= width  # a phone taps it without scrolling
+        for button in page.locator("main form button[type=submit]").all():  # a phone taps each without scrolling
+            box = button.bounding_box()
+            assert box is None or 0 <= box["x"] and box["x"] + box["width"] <= width, path
 
 
 def test_a_20_mb_recipe_is_stopped_beside_its_field_with_everything_kept(live_server, page):
