@@ -19,3 +19,15 @@ document.addEventListener("htmx:afterRequest", (event) => {
   note.textContent = `The ranking is not updated: ${why}. Change a field to try again, or reload the page.`;
   ranking.replaceChildren(note);
 });
+
+// Saving a profile that the server refuses outright (no permission, an error) or cannot be reached says so beside the
+// Save button; the fields keep what was typed.
+document.addEventListener("htmx:afterRequest", (event) => {
+  const status = document.getElementById("profile-not-saved");
+  if (!status || !event.detail.elt.matches("form.save-profile") || event.detail.successful) return;
+  const code = event.detail.xhr && event.detail.xhr.status;
+  status.className = "error";
+  status.setAttribute("role", "alert");
+  status.textContent = `Profile not saved: ${code ? `the server answered ${code}` : "the dashboard could not be reached"}` +
+    ". What you typed is kept; try again.";
+});

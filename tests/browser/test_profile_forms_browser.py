@@ -117,3 +117,17 @@ def test_a_20_mb_recipe_is_stopped_beside_its_field_with_everything_kept(live_se
     assert page.input_value("input[name=budget_usd]") == "7.25"
     assert page.evaluate("document.querySelector('textarea[name=recipe]').value.length") > 20_000_000
     assert "kind: grpo" in page.input_value("textarea[name=recipe]")
+
+
+def test_a_save_the_server_fails_says_so_and_keeps_the_fields(live_server, page):
+    log_in(page, live_server, "operator")
+    page.goto(f"{live_server.url}/offers/")
+    page.locator("#ranking").wait_for()
+    page.route("**/offers/profiles/", lambda route: route.fulfill(status=500, body="broken"))
+    page.fill("#ranking-form [name=lora_rank]", "48")
+    page.fill("input[name=profile_name]", "mine")
+    page.click("form.save-profile button[type=submit]")
+    page.locator("#profile-not-saved[role=alert]").wait_for()
+    assert "Profile not saved: the server answered 500" in page.inner_text("#profile-not-saved")
+    assert page.input_value("#ranking-form [name=lora_rank]") == "48"
+    assert page.input_value("[name=profile_name]") == "mine"
