@@ -1,5 +1,6 @@
 """Saving the Offers page's settings as a profile. A profile is shared: the runs and inference replicas that name it
-rank the offers they rent by it, so writing over one is a change (its own permission), not an add."""
+rank the offers they rent by it, so writing over one is a change (its own permission), not an add; deleting one
+leaves them on the defaults (ranked_with says which)."""
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone

@@ -1,4 +1,4 @@
-"""The Offers page: the stored offers ranked for a recipe and filters, and saving them as a profile."""
+"""The Offers page: the stored offers ranked for a recipe and filters, saving them as a profile and deleting one."""
 
 from django.contrib import messages
 from django.http import HttpResponse
