@@ -3,6 +3,41 @@
 // through layout.uirevision). The comparison page embeds its figures in a json_script element.
 (function () {
   var CONFIG = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
+  // Plotly's mode bar (its toolbar) shows over a chart's top right on a hover or a tap. A title that does not fit
+  // beside it is wrapped to the chart's width and set below it, so the bar never covers it and no word is cut off;
+  // the phase names drawn above the plot keep their room under it.
+  var MODEBAR_PX = 240, MODEBAR_ROW_PX = 30, TITLE_LINE_PX = 18, LABELS_PX = 30;
+  var measure = document.createElement("canvas").getContext("2d");
+
+  function lines(text, font, width) {
+    measure.font = font;
+    var found = [], line = "";
+    text.split(" ").forEach(function (word) {
+      var longer = line ? line + " " + word : word;
+      if (line && measure.measureText(longer).width > width) {
+        found.push(line);
+        line = word;
+      } else {
+        line = longer;
+      }
+    });
+    return found.concat(line ? [line] : []);
+  }
+
+  function fitted(el, layout) {
+    var title = layout.title || {}, font = layout.font || {};
+    if (!title.text) return layout;
+    var css = ((title.font || {}).size || 14) + "px " + (font.family || "sans-serif");
+    var width = el.clientWidth - 16;
+    measure.font = css;
+    if (measure.measureText(title.text).width <= width - MODEBAR_PX) return layout;
+    var wrapped = lines(title.text, css, width), margin = layout.margin || {}, height = layout.height || 300;
+    return Object.assign({}, layout, {
+      title: Object.assign({}, title, {text: wrapped.join("<br>"), yref: "container", yanchor: "middle",
+                                       y: 1 - (MODEBAR_ROW_PX + wrapped.length * TITLE_LINE_PX / 2) / height}),
+      margin: Object.assign({}, margin, {t: MODEBAR_ROW_PX + wrapped.length * TITLE_LINE_PX + LABELS_PX})
+    });
+  }
 
   // A chart with nothing to draw yet says so in words: an empty plot would show a meaningless default axis.
   function sayEmpty(el, figure) {
@@ -19,7 +54,10 @@
     delete el.dataset.rendered;
   }
 
+  var shown = [], refit = null;
+
   function draw(figures) {
+    shown = figures;
     figures.forEach(function (figure) {
       var el = document.querySelector('[data-chart="' + figure.id + '"]');
       if (!el) return;
@@ -29,7 +67,7 @@
         el.classList.remove("chart-empty");
         delete el.dataset.empty;
       }
-      Plotly.react(el, figure.data, figure.layout, CONFIG);
+      Plotly.react(el, figure.data, fitted(el, figure.layout), CONFIG);
       el.dataset.rendered = "true";
     });
   }
@@ -68,6 +106,12 @@
     }
     load();
   }
+
+  // A turned phone or a resized window fits the titles again to the charts' new width.
+  window.addEventListener("resize", function () {
+    clearTimeout(refit);
+    refit = setTimeout(function () { draw(shown); }, 200);
+  });
 
   document.addEventListener("DOMContentLoaded", function () {
     var section = document.getElementById("run-charts");

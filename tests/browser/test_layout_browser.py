@@ -1,19 +1,16 @@
-"""The pages at a desktop's and a phone's width in a real browser (Debian's Chromium driven by Playwright): nothing
-scrolls sideways, nothing logs a console error (a missing favicon included), a run's charts either draw with
-readable axes or say there are no steps yet, on a seeded database with a long run, a recovered run and a run that
-has not trained yet."""
+"""Every page at a desktop's and a phone's width in Chromium, for an operator and a plain user, over the longest
+names, paths and messages (tests/browser/long_words.py): no sideways scrolling, no text out of its cell or cut off, a
+one-row header on a phone, no console error, charts with readable axes and whole titles clear of Plotly's toolbar."""
 
 import re
-from datetime import timedelta
-from decimal import Decimal
 
 import pytest
-from django.utils import timezone
 
+from tests.browser import long_words
 from tests.browser.conftest import chromium, log_in as sign_in, needs_chromium, wait_until
 
 WIDTHS = (1400, 390)
-UNBROKEN = "Traceback:/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/" + "x" * 220
+HEADER_PX = 64  # the most the header may take of a phone's screen
 
 pytestmark = [
     needs_chromium,
@@ -22,37 +19,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def seeded(operator):
-    from fleet.alerts import notify
-    from fleet.models import Alert, CostSegment, InferenceModel, Instance, InstanceEvent
-    from runs.models import MetricPoint, Phase, Run, RunEvent
-    from tests.runs.seeding import seed_run
-
-    now = timezone.now()
-    long_run = seed_run("qwen3-235b-a22b-five-phase-long-run", state="training", phases=(
-        ("cpt", "cpt", 6000), ("sft", "sft", 6000), ("dpo", "dpo", 4000), ("kto", "kto", 2000),
-        ("grpo", "grpo", 2000)), step_s=(0.5, 0.7))
-    RunEvent.objects.create(run=long_run, at=now, kind="trainer_failed", message=UNBROKEN)
-    # A CPU demo's prices (fractions of a cent per 1,000 steps) and gradient norms over several decades.
-    MetricPoint.objects.filter(run=long_run, phase=0).update(grad_norm_routed=0.02)
-    cheap = Instance.objects.filter(run_attempts__run=long_run)
-    CostSegment.objects.filter(instance__in=cheap).update(usd_per_hour=Decimal("0.02"))
-    cheap.update(usd_per_hour=Decimal("0.02"))
-    recovered = seed_run("recovered")
-    Run.objects.create(name="recovered", recipe={}, bucket="s3://bucket/runs", budget_usd=5, token_nonce="n",
-                       state="failed", created_at=now)  # the same name: told apart by its #id
-    box = recovered.attempts.first().instance
-    Instance.objects.filter(pk=box.pk).update(provider_status="running", gpu_util_percent=93.0, ended_at=now,
-                                              running_at=now - timedelta(hours=2), destroy_reason=UNBROKEN)
-    InstanceEvent.objects.create(instance=box, at=now, kind="destroyed", message=UNBROKEN)
-    fresh = Run.objects.create(name="fresh", recipe={}, bucket="s3://bucket/" + "deep/" * 40, budget_usd=5,
-                               token_nonce="n", state="pending", created_at=now)
-    Phase.objects.create(run=fresh, index=0, name="sft", kind="sft", steps=100)
-    InferenceModel.objects.create(name="Qwen/Qwen3-30B-A3B", image="vllm/vllm-openai:v0.9.2")
-    notify.create_endpoint(name="ops", url="https://hooks.example.com/services/T0/B0/" + "k" * 60, events=[],
-                           slack=True)
-    notify.raise_alert(Alert.Kind.RUN_FAILED, UNBROKEN, instance=box)
-    return {"long": long_run, "recovered": recovered, "fresh": fresh, "box": box}
+def seeded(operator, member):
+    return long_words.seed(operator, member)
 
 
 @pytest.fixture
@@ -61,18 +29,8 @@ def browser(live_server, seeded):
         yield browser
 
 
-def pages(seeded) -> dict[str, str]:
-    return {
-        "dashboard": "/", "runs": "/runs/", "long run": f"/runs/{seeded['long'].pk}/",
-        "recovered run": f"/runs/{seeded['recovered'].pk}/", "run with no steps": f"/runs/{seeded['fresh'].pk}/",
-        "cancel": f"/runs/{seeded['long'].pk}/cancel/", "compare": "/runs/compare/",
-        "destroyed instance": f"/instances/{seeded['box'].pk}/", "inference": "/inference/",
-        "add inference model": "/inference/models/new/", "alerts": "/alerts/", "not found": "/runs/999999/",
-    }
-
-
-def log_in(page, live_server):
-    sign_in(page, live_server, "operator")
+def log_in(page, live_server, username="operator"):
+    sign_in(page, live_server, username)
 
 
 def overflow(page) -> dict:
@@ -86,6 +44,52 @@ def overflow(page) -> dict:
     }""")
 
 
+def hidden_text(page, within: str = "body") -> list[str]:
+    """The words in `within` a reader cannot see whole: text that runs out of the box it is laid out in (a table cell
+    into the next column, a paragraph past its edge), is cut off by a box that clips or scrolls (a wide table in its
+    scroller, an ellipsis), or lies outside the window. Plotly's own drawing and text hidden on purpose are left
+    out."""
+    return page.evaluate("""(within) => {
+        const found = [], width = document.documentElement.clientWidth;
+        const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '')
+            + (el.className && typeof el.className === 'string' ? '.' + el.className.split(' ').join('.') : '');
+        const texts = [];
+        for (const root of document.querySelectorAll(within)) {
+            const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+            while (walker.nextNode()) texts.push(walker.currentNode);
+        }
+        for (const text of texts) {
+            const parent = text.parentElement;  // a closed menu's text is not shown
+            if (!text.textContent.trim() || !parent || !parent.checkVisibility({visibilityProperty: true})) continue;
+            if (parent.closest('.js-plotly-plot, .visually-hidden, script, style, select, textarea')) continue;
+            const range = document.createRange();
+            range.selectNodeContents(text);
+            const rects = [...range.getClientRects()].filter(r => r.width > 0 && r.height > 0);
+            let block = parent;
+            while (/^(inline|contents)/.test(getComputedStyle(block).display) && block.parentElement) {
+                block = block.parentElement;
+            }
+            const boxes = [block];
+            for (let up = parent; up && up !== document.body; up = up.parentElement) {
+                if (getComputedStyle(up).overflowX !== 'visible') boxes.push(up);
+            }
+            const edges = boxes.map(box => [box, box.getBoundingClientRect()]);
+            edges.push([document.documentElement, {left: 0, right: width}]);
+            for (const r of rects) {
+                const out = edges.find(([, b]) => r.left < b.left - 1 || r.right > b.right + 1);
+                if (out) {
+                    found.push(`"${text.textContent.trim().slice(0, 40)}" in ${name(parent)} `
+                               + `(${Math.round(r.left)}-${Math.round(r.right)} px) outside ${name(out[0])} `
+                               + `(${Math.round(out[1].left)}-${Math.round(out[1].right)} px)`);
+                    break;
+                }
+            }
+            if (found.length >= 10) break;
+        }
+        return found;
+    }""", within)
+
+
 def wait_for_charts(page):
     wait_until(page, """() => [...document.querySelectorAll('[data-chart]')].every(
         el => el.dataset.rendered || el.dataset.empty)""", timeout_ms=30_000)
@@ -96,18 +100,23 @@ def tick_labels(page, chart: str, axis: str) -> list[str]:
         .map(t => t.textContent)""")
 
 
+PAGES = {"operator": long_words.operator_pages, "member": long_words.member_pages}
+
+
 @pytest.mark.parametrize("width", WIDTHS)
-def test_it_lays_out_every_page_without_sideways_scrolling_or_console_errors(live_server, seeded, browser, width):
+@pytest.mark.parametrize("user", PAGES)
+def test_every_page_fits_the_window_with_every_word_whole_and_no_console_errors(live_server, seeded, browser, user,
+                                                                                 width):
     page = browser.new_page(viewport={"width": width, "height": 900})
-    errors = []
+    errors, faults = [], {}
     page.on("pageerror", lambda exc: errors.append(f"{page.url}: {exc}"))
     page.on("console", lambda msg: errors.append(f"{page.url}: {msg.text}") if msg.type == "error" else None)
-    log_in(page, live_server)
-    for name, path in pages(seeded).items():
+    log_in(page, live_server, user)
+    for name, path in PAGES[user](seeded).items():
         errors_before = len(errors)
         response = page.goto(f"{live_server.url}{path}")
         assert response.status == (404 if name == "not found" else 200), name
-        if "run" in name and path.count("/") == 3:
+        if page.locator("[data-chart]").count():
             wait_for_charts(page)
         page.wait_for_load_state("networkidle")
         if name == "not found":  # the browser reports the page's own 404 status; anything else is an error
@@ -115,7 +124,11 @@ def test_it_lays_out_every_page_without_sideways_scrolling_or_console_errors(liv
             assert page.locator("h1").inner_text() == "Not found"
             assert page.locator("header.top .brand").count() == 1  # the product's own page, styled
         measured = overflow(page)
-        assert measured["scroll"] <= measured["width"], f"{name} at {width} px: {measured}"
+        if measured["scroll"] > measured["width"]:
+            faults[name] = [f"the page is {measured['scroll']} px wide: {measured['wide']}"]
+        faults[name] = faults.get(name, []) + hidden_text(page)
+    faults = {name: found for name, found in faults.items() if found}
+    assert not faults, "\n".join(f"{name}: {found}" for name, found in faults.items())
     assert errors == []
 
 
@@ -192,3 +205,94 @@ def test_the_compare_charts_show_every_gpu_name_whole(live_server, seeded, long_
         }).map(label => label.textContent);
     })""")
     assert clipped == []
+
+
+def nav_links(page) -> dict[str, bool]:
+    """Each main navigation link and whether a reader sees it whole, inside the window."""
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('header.top nav a')].map(a => {
+        const box = a.getBoundingClientRect(), width = document.documentElement.clientWidth;
+        const shown = box.width > 0 && box.left >= 0 && box.right <= width && box.top >= 0
+            && document.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2) === a;
+        return [a.textContent.trim(), shown];
+    }))""")
+
+
+@pytest.mark.parametrize("user", ["operator", "member"])
+def test_the_header_is_one_short_row_on_a_phone_and_every_link_data_sets_included_is_a_tap_away(
+        live_server, seeded, browser, user):
+    wanted = ["Offers", "Instances", "Runs", "Data sets", "Inference fleet", "Alerts"] + (
+        ["Admin"] if user == "operator" else [])
+    desktop = browser.new_page(viewport={"width": 1400, "height": 900})
+    log_in(desktop, live_server, user)
+    desktop.goto(f"{live_server.url}/runs/")
+    assert nav_links(desktop) == dict.fromkeys(wanted, True)
+    assert desktop.locator("header.top").bounding_box()["height"] <= HEADER_PX
+
+    phone = browser.new_page(viewport={"width": 390, "height": 800})
+    log_in(phone, live_server, user)
+    phone.goto(f"{live_server.url}/runs/")
+    assert phone.locator("header.top").bounding_box()["height"] <= HEADER_PX
+    phone.click("header.top summary")
+    assert nav_links(phone) == dict.fromkeys(wanted, True)
+    assert phone.locator("header.top .logout button").is_visible()
+    phone.click("header.top nav >> text=Data sets")
+    phone.wait_for_url(f"{live_server.url}/datasets/")
+    assert phone.locator("h1").inner_text() == "Data sets"
+    assert phone.locator("header.top").bounding_box()["height"] <= HEADER_PX
+    assert phone.locator('header.top nav a[aria-current="page"]').all_text_contents() == ["Data sets"]
+
+
+def covered_titles(page) -> dict[str, str]:
+    """Each chart whose title a reader cannot read whole: cut off by the chart's edge, or under Plotly's toolbar (the
+    mode bar a tap or a hover shows over the chart's top right)."""
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
+        const edge = plot.getBoundingClientRect(), title = plot.querySelector('.gtitle');
+        const bar = plot.querySelector('.modebar');
+        if (!title) return [[plot.dataset.chart, 'no title']];
+        const t = title.getBoundingClientRect(), b = bar ? bar.getBoundingClientRect() : null;
+        if (t.left < edge.left - 1 || t.right > edge.right + 1) return [[plot.dataset.chart, 'cut off']];
+        if (b && b.width && t.left < b.right && b.left < t.right && t.top < b.bottom && b.top < t.bottom) {
+            return [[plot.dataset.chart, 'under the toolbar']];
+        }
+        return [];
+    }))""")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_chart_title_is_cut_off_or_under_the_toolbar(live_server, seeded, long_gpu_names, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    log_in(page, live_server)
+    for path in (f"/runs/{seeded['long'].pk}/", "/runs/compare/"):
+        page.goto(f"{live_server.url}{path}")
+        wait_for_charts(page)
+        assert page.locator(".js-plotly-plot .modebar").count() >= 3, path
+        assert covered_titles(page) == {}, path
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_runs_list_shows_every_runs_eta_and_start_whole(live_server, seeded, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/runs/")
+    eta, started = "#run-table tbody td:nth-child(11)", "#run-table tbody td:nth-child(12)"
+    assert page.locator("#run-table thead th:nth-child(11)").text_content() == "ETA"
+    assert page.locator("#run-table thead th:nth-child(12)").text_content() == "Started"
+    assert hidden_text(page, f"{eta}, {started}") == []
+    shown = page.locator(started).all_inner_texts()
+    assert len(shown) == 6 and sum(text.endswith("ago") for text in shown) == 4, shown
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_long_paths_and_messages_wrap_inside_their_own_column(live_server, seeded, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    log_in(page, live_server)
+    for path, cells in (("/datasets/", "#datasets td"), ("/alerts/", "#recent-alerts td, #webhook-endpoints td"),
+                        (f"/runs/{seeded['long'].pk}/", "#run-events td, #checkpoints td"),
+                        (f"/instances/{seeded['live'].pk}/", "#events td"),
+                        ("/instances/", "#live-instances td, #ended-instances td")):
+        page.goto(f"{live_server.url}{path}")
+        assert page.locator(cells).count() > 0, path
+        assert hidden_text(page, cells) == [], path
+        widest = page.evaluate(f"""() => Math.max(...[...document.querySelectorAll('{cells}')].map(
+            cell => cell.closest('table').getBoundingClientRect().right))""")
+        assert widest <= width, path
