@@ -1,7 +1,7 @@
 from django.db import models
 
 from fleet.models.events import Event
-from runs import lifecycle
+from runs import lifecycle, wording
 
 
 class Run(models.Model):
@@ -58,8 +58,6 @@ class Run(models.Model):
     @property
     def state_words(self) -> str:
         """The state in the few words a page shows: what is happening to the run's box (runs.wording)."""
-        from runs import wording
-
         return wording.state_words(self.state, self.restarts, self._box_state)
 
     @property
