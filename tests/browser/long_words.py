@@ -144,6 +144,13 @@ def operator_pages(rows) -> dict[str, str]:
     }
 
 
+def admin_pages(rows) -> dict[str, str]:
+    """The admin's pages an operator reaches from the navigation's Admin link, with the same long words."""
+    return {"admin": "/admin/", "admin instances": "/admin/fleet/instance/", "admin runs": "/admin/runs/run/",
+            "admin instance": f"/admin/fleet/instance/{rows['live'].pk}/change/", "admin alerts": "/admin/fleet/alert/",
+            "admin run": f"/admin/runs/run/{rows['named'].pk}/change/"}
+
+
 def member_pages(rows) -> dict[str, str]:
     """Every page a plain user (no staff rights) reaches with their own run, box, data set and model."""
     return {
