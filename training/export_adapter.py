@@ -21,6 +21,9 @@ PEFT_PREFIX = "base_model.model."
 # other MoE class reads 2-D per-expert modules.
 VLLM_3D_MOE_ARCHITECTURES = frozenset({"Qwen3_5MoeForConditionalGeneration"})
 LAYOUTS = ("2d", "3d")
+# vLLM 0.26.0 on an H200: loading peft's layout (3-D expert tensors) on such a model stops its whole engine.
+PEFT_NOT_FOR_VLLM = ("note: this peft layout is for transformers + peft; vLLM holds this model's experts one by one "
+                     "and its engine stops on peft's stacked expert tensors: serve --format vllm instead")
 _ROUTED_KEY = re.compile(r"^(?P<experts>.*\.experts)(?P<nest>(?:\.base_layer)*)\.lora_(?P<factor>[AB])\.weight$")
 
 
@@ -226,18 +229,39 @@ def model_class(architecture):
 
 def write_merged(state, peft_config, base, out_dir):
     """The base model with the adapter merged into its weights, saved as safetensors with its config (and the base's
-    tokenizer when it has one), for transformers' `from_pretrained` or a server without LoRA."""
-    from transformers import AutoConfig, AutoTokenizer
+    processor or tokenizer when it has one), for transformers' `from_pretrained` or a server without LoRA."""
+    from transformers import AutoConfig
 
     base_config = AutoConfig.from_pretrained(base)
     model = model_class(architecture_of(peft_config, base_config)).from_pretrained(base, dtype="auto")
     merge_into(model, state, peft_config)
     model.save_pretrained(out_dir)
-    try:
-        AutoTokenizer.from_pretrained(base).save_pretrained(out_dir)
-    except (OSError, ValueError) as exc:
-        print(f"note: no tokenizer copied from {base}: {exc}", file=sys.stderr)
+    copy_processor(base, out_dir)
     return Path(out_dir)
+
+
+def copy_processor(base, out_dir):
+    """The base's processor (a multimodal model's image and video processors with its tokenizer: vLLM will not
+    start Qwen3.5-MoE without them), else its tokenizer, into out_dir."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    for loader in (AutoProcessor, AutoTokenizer):
+        try:
+            loader.from_pretrained(base).save_pretrained(out_dir)
+            return
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            problem = exc
+    print(f"note: no tokenizer copied from {base}: {problem}", file=sys.stderr)
+
+
+def layout_of(peft_config, base=None):
+    """vLLM's layout for the model the adapter was trained on (its base's config when given)."""
+    base_config = None
+    if base:
+        from transformers import AutoConfig
+
+        base_config = AutoConfig.from_pretrained(base)
+    return vllm_layout(architecture_of(peft_config, base_config))
 
 
 def main(argv=None):
@@ -255,16 +279,10 @@ def main(argv=None):
         state, peft_config, folder = read_adapter(args.adapter)
         if args.format == "peft":
             out = write_peft(folder, args.out, args.base)
+            if layout_of(peft_config, args.base) == "2d":
+                print(PEFT_NOT_FOR_VLLM, file=sys.stderr)
         elif args.format == "vllm":
-            layout = args.layout
-            if layout is None:
-                base_config = None
-                if args.base:
-                    from transformers import AutoConfig
-
-                    base_config = AutoConfig.from_pretrained(args.base)
-                layout = vllm_layout(architecture_of(peft_config, base_config))
-            out = write_vllm(state, peft_config, args.out, layout)
+            out = write_vllm(state, peft_config, args.out, args.layout or layout_of(peft_config, args.base))
         else:
             out = write_merged(state, peft_config, args.base, args.out)
     except ExportError as exc:

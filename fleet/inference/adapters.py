@@ -10,6 +10,7 @@ from django.conf import settings
 
 from fleet import hooks
 from fleet.inference import checkin
+from fleet.inference.vllm_command import TENSOR_PARALLEL, serve_command
 
 ENV = "FLEET_ADAPTER"
 VLLM_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM loads an adapter from
@@ -50,23 +51,13 @@ def box_env(model) -> dict[str, str]:
     return checkin.env_parts(ENV, text)
 
 
-# The box's GPUs as vLLM's tensor-parallel size ($tp): a model ranked onto a box of several GPUs because one card
-# cannot hold it would not load on one. The largest power of two of them, so that it divides the heads.
-TENSOR_PARALLEL = (
-    "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)",
-    'tp=1; while [ $((tp * 2)) -le "${gpus:-0}" ]; do tp=$((tp * 2)); done',
-)
-
-
 def start_script(model) -> str:
     """The box's start script: the watchdog (checkin.START), the adapter fetched and checked into its work folder, then
     vLLM in the background with it (an ssh-type box does not run the image's entrypoint). A failed fetch ends the
     script before vLLM starts, so the probes fail and the fleet replaces the box."""
     if FETCH_END in FETCH_SOURCE:
         raise ValueError("the fetch program holds its own heredoc end marker")
-    name, base = shlex.quote(model.name), shlex.quote(model.base_model)
-    # The hub revision the adapter was trained on: without it vLLM loads the hub's default branch of today.
-    revision = f" --revision {shlex.quote(model.base_revision)}" if model.base_revision else ""
+    name = shlex.quote(model.name)
     return "\n".join([
         "set -eu",
         'root="${FLEET_WORKDIR:-/workspace}"',
@@ -78,9 +69,7 @@ def start_script(model) -> str:
         FETCH_END,
         ")",
         *TENSOR_PARALLEL,
-        f"nohup vllm serve {base}{revision} --host 0.0.0.0 --port {model.port} --enable-lora "
-        f"--max-lora-rank \"$rank\" --tensor-parallel-size \"$tp\" "
-        f"--lora-modules {name}=\"$adapter\" >> \"$root/vllm.log\" 2>&1 &",
+        serve_command(model.base_model, model.base_revision, model.port, model.name),
         "",
     ])
 

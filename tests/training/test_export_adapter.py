@@ -229,6 +229,15 @@ def test_the_peft_format_reloads_with_plain_peft_onto_the_original_class(trained
                                    atol=1e-5)
 
 
+def test_the_peft_format_warns_where_vllm_cannot_serve_it(trained, tmp_path, capsys):
+    family, _, base, _, ckpt = trained
+    assert export_adapter.main(["--format", "peft", "--adapter", str(ckpt), "--base", str(base),
+                                "--out", str(tmp_path / "peft")]) == 0
+    said = capsys.readouterr().err
+    # vLLM serves Qwen3-MoE's experts one by one (the 2-D layout): peft's stacked tensors stop its engine.
+    assert ("serve --format vllm instead" in said) == (FAMILIES[family][1] == "2d")
+
+
 def test_it_refuses_a_folder_without_an_adapter_and_merged_without_a_base(tmp_path, capsys):
     assert export_adapter.main(["--format", "vllm", "--adapter", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no peft adapter" in capsys.readouterr().err
