@@ -10,6 +10,7 @@ box's own command line, and generation tokens/s with and without the adapter (JS
 """
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import shlex
@@ -275,6 +276,8 @@ def engine_job(spec, save=lambda result: None):
         kwargs.update(enable_lora=True, max_lora_rank=spec["max_lora_rank"], max_loras=2)
     if spec.get("multimodal"):
         kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 0}
+        if importlib.util.find_spec("flashinfer") is None:  # vLLM's default Gated DeltaNet prefill on Hopper
+            kwargs["gdn_prefill_backend"] = "triton"
     t = time.time()
     llm = LLM(**kwargs)
     result = {"start_s": round(time.time() - t, 1), "answers": {}}
