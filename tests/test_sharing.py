@@ -33,6 +33,7 @@ NOT_OWNED = {
     "keep_for_debugging": "staff only, the permission asked first (403 whatever the box), and staff see every box",
     "test_webhook_endpoint": "an alert endpoint is the account's configuration: staff with the permission only",
     "enable_webhook_endpoint": "an alert endpoint is the account's configuration: staff with the permission only",
+    "delete_profile": "an offer profile is the account's ranking, shared by every run: its delete permission only",
 }
 POSTS = {"run_serve": {"name": "taken-over", "desired_replicas": "1"}, "inference_replicas": {"desired_replicas": "7"},
          "inference_model_change": {"name": "renamed", "image": "vllm/vllm-openai:v0.34.0", "port": "8000",
