@@ -56,13 +56,18 @@ def replay(events) -> str:
 BOX_GOING = ("stopping", "destroyed", "failed")
 
 
+def box_going(state: str, box_state: str | None) -> bool:
+    """Whether a run on a box is on one that is going (BOX_GOING): it no longer trains there."""
+    return state in ON_A_BOX and box_state in BOX_GOING
+
+
 def shown_state(state: str, restarts: int, box_state: str | None = None) -> str:
     """The state a person is shown: a run that lost a box is "recovering" from then until it trains again on the new
     one, though the product already rented that box (provisioning) and it is installing; a run whose box is going
     is recovering already."""
     if restarts > 0 and state in (PROVISIONING, INSTALLING):
         return RECOVERING
-    if state in ON_A_BOX and box_state in BOX_GOING:
+    if box_going(state, box_state):
         return RECOVERING
     return state
 

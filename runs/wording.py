@@ -23,7 +23,7 @@ RECOVERY_STEP = {None: "renting a new box", "requested": "renting a new box", "p
 def state_words(state: str, restarts: int, box_state: str | None) -> str:
     """The run's state in the few words its page and the runs list show, as its box really is: never "training" on
     a box that is stopping, and a recovery by its step (`box_state` is the current box's, None without one)."""
-    if state in lifecycle.ON_A_BOX and box_state in lifecycle.BOX_GOING:
+    if lifecycle.box_going(state, box_state):
         return f"box {box_state}"
     if state == lifecycle.RECOVERING:
         return "recovering: " + RECOVERY_STEP.get(box_state, f"old box {box_state}")
@@ -59,7 +59,7 @@ def describe(run, phases: list) -> RunStatus:
                     f"step {run.current_step:,} of {phase.steps:,}")
     reason = reason_text(run.state_reason)
     box = run.current_instance if run.current_instance_id else None
-    if run.state in lifecycle.ON_A_BOX and box is not None and box.state in lifecycle.BOX_GOING:
+    if box is not None and lifecycle.box_going(run.state, box.state):
         now = (f"Box {box.label} is {box.state}: the supervisor's next pass moves the run to a new box, which "
                "resumes from the newest complete checkpoint.")
     elif run.state == lifecycle.TRAINING:

@@ -7,7 +7,7 @@ from django import forms
 from django.conf import settings
 from django.utils.text import slugify
 
-from fleet.models import OfferProfile
+from fleet.offers.profiles import NAME_MAX
 from fleet.ranking import GPU_TIERS, PRESETS, OfferFilters, Phase, Workload
 from fleet.ranking.workload import KERNEL_PATHS, MAX_GPUS
 
@@ -167,9 +167,6 @@ class RankingForm(forms.Form):
         """Every error as (field name, the field's label, message); the form's own errors name no field."""
         return [(name, self[name].label if name in self.fields else "", message)
                 for name, messages in self.errors.items() for message in messages]
-
-
-NAME_MAX = OfferProfile._meta.get_field("name").max_length
 
 
 class ProfileNameForm(forms.Form):

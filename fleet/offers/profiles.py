@@ -11,6 +11,8 @@ from fleet.ranking import OfferFilters, Workload
 TAKEN = ("a profile of that name exists and runs may rank offers with it; replacing it needs the change offer "
          "profile permission. Save it under another name.")
 
+NAME_MAX = OfferProfile._meta.get_field("name").max_length or 0  # what a profile's name may hold
+
 
 class Refused(Exception):
     """The profile was not saved; the message says why."""
@@ -19,9 +21,8 @@ class Refused(Exception):
 def save(name: str, recipe: Workload, filters: OfferFilters, *, by, may_add: bool, may_replace: bool) -> bool:
     """Makes the profile `name` (may_add) or writes over the one of that name (may_replace). True when it replaced
     one; Refused when the permission it needed is not given."""
-    longest = OfferProfile._meta.get_field("name").max_length or 0
-    if not name or len(name) > longest:  # checked here too: SQLite keeps a longer one, PostgreSQL fails on it
-        raise Refused(f"a profile's name is 1 to {longest} characters, not {len(name)}.")
+    if not name or len(name) > NAME_MAX:  # checked here too: SQLite keeps a longer one, PostgreSQL fails on it
+        raise Refused(f"a profile's name is 1 to {NAME_MAX} characters, not {len(name)}.")
     values = {"recipe": recipe.to_dict(), "filters": filters.to_dict()}
     if may_replace and OfferProfile.objects.filter(name=name).update(**values, updated_at=timezone.now()):
         return True

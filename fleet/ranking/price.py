@@ -34,14 +34,8 @@ def per_hour(amount: Decimal) -> str:
 
 
 def rental_usd_per_hour(offer, disk_gb) -> Decimal:
-    """rental_price(offer, disk_gb).usd_per_hour alone: what the price cap compares, for every offer ranked."""
-    return _parts(offer, disk_gb)[2]
-
-
-def _parts(offer, disk_gb) -> tuple[Decimal, Decimal, Decimal]:
-    gpu = _bid(offer) if offer.is_bid else (offer.gpu_usd_per_hour or offer.total_usd_per_hour)
-    disk = offer.storage_usd_per_gb_month * Decimal(disk_gb) / _HOURS_PER_MONTH
-    return gpu, disk, (gpu + disk).quantize(_PLACES, rounding=ROUND_HALF_UP)
+    """The rental's hourly price alone (rental_price's usd_per_hour): what the price cap compares."""
+    return rental_price(offer, disk_gb).usd_per_hour
 
 
 def bid_usd_per_hour(offer) -> Decimal | None:
@@ -56,6 +50,8 @@ def _bid(offer) -> Decimal:
 
 def rental_price(offer, disk_gb) -> RentalPrice:
     """The hourly price of renting `offer` (an Offer row or an OfferRecord) with `disk_gb` of disk."""
-    gpu, disk, total = _parts(offer, disk_gb)
+    gpu = _bid(offer) if offer.is_bid else (offer.gpu_usd_per_hour or offer.total_usd_per_hour)
+    disk = offer.storage_usd_per_gb_month * Decimal(disk_gb) / _HOURS_PER_MONTH
+    total = (gpu + disk).quantize(_PLACES, rounding=ROUND_HALF_UP)
     return RentalPrice(gpu_usd_per_hour=gpu, disk_gb=int(disk_gb), disk_usd_per_hour=disk, usd_per_hour=total,
                        is_bid=bool(offer.is_bid))
