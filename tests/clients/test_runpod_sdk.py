@@ -76,3 +76,41 @@ def test_it_sees_the_pod_the_product_rented_and_the_product_sees_the_sdk_stop(ru
         assert client.get_instance(pod_id).status == "exited"  # the product reads EXITED so, whoever stopped it
     finally:
         client.close()
+
+
+def test_it_reads_the_user_with_its_key_and_network_volumes(runpod_sdk, runpod_fake):
+    volume_id = runpod_fake.add_network_volume("weights", 200, "US-KS-2")
+    empty, updated, user = runpod_sdk.calls([
+        ("get_user", {}), ("update_user_settings", {"pubkey": "ssh-ed25519 AAAA k"}), ("get_user", {})])
+    assert empty["value"]["pubKey"] == "" and updated["value"]["pubKey"] == "ssh-ed25519 AAAA k"
+    assert user["value"] == {"id": "user_simulated", "pubKey": "ssh-ed25519 AAAA k", "networkVolumes": [
+        {"id": volume_id, "name": "weights", "size": 200, "dataCenterId": "US-KS-2"}]}
+
+
+def test_it_deploys_on_a_network_volume_in_its_data_centre(runpod_sdk, runpod_fake):
+    volume_id = runpod_fake.add_network_volume("weights", 200, "US-KS-2")
+    created = runpod_sdk.value("create_pod", name="on-volume", image_name=IMAGE, gpu_type_id="NVIDIA H200",
+                               network_volume_id=volume_id, volume_mount_path="/models")
+    pod = runpod_fake.pods[created["id"]]
+    # The SDK looked the volume's data centre up through get_user and deployed there.
+    assert (pod.network_volume_id, pod.data_center_id) == (volume_id, "US-KS-2")
+    assert runpod_fake.count("myself") == 1
+    read = runpod_sdk.value("get_pod", pod_id=created["id"])
+    assert read["volumeMountPath"] == "/models"
+    unknown = runpod_sdk.calls([("create_pod", {"name": "x", "image_name": IMAGE, "gpu_type_id": "NVIDIA H200",
+                                                "network_volume_id": "nope", "data_center_id": "US-KS-2"})])[0]
+    assert unknown == {"error": "QueryError", "message": "Network volume nope not found"}
+
+
+def test_it_keeps_the_volume_mount_path_and_ports_a_pod_was_made_with(runpod_sdk):
+    with_volume = runpod_sdk.value("create_pod", name="vol", image_name=IMAGE, gpu_type_id="NVIDIA H200",
+                                   volume_in_gb=40, volume_mount_path="/data", ports="8888/http, 22/tcp")["id"]
+    bare = runpod_sdk.value("create_pod", name="bare", image_name=IMAGE, gpu_type_id="NVIDIA H200")["id"]
+    first, second, listing = runpod_sdk.calls([("get_pod", {"pod_id": with_volume}), ("get_pod", {"pod_id": bare}),
+                                               ("get_pods", {})])
+    assert (first["value"]["volumeInGb"], first["value"]["volumeMountPath"]) == (40, "/data")
+    assert first["value"]["ports"] == "8888/http,22/tcp"  # the SDK sent it without spaces
+    # No ports asked: null, not the string "None"; the mount path is the SDK's own default, as sent.
+    assert (second["value"]["volumeInGb"], second["value"]["volumeMountPath"], second["value"]["ports"]) == (
+        0, "/runpod-volume", None)
+    assert {p["id"]: p["volumeInGb"] for p in listing["value"]} == {with_volume: 40, bare: 0}

@@ -7,10 +7,16 @@ clients use: the product's (documents with `variables`) and the official `runpod
 Like RunPod it answers a wrong key with HTTP 401, and a refused operation with HTTP 200, an `errors` list and the
 field set to null. RunPod does not document every refusal's wording; the messages follow what its API was seen to say.
 
-Operations: gpuTypes (optionally `input: {id}`), myself { pods }, pod(input: {podId}), podFindAndDeployOnDemand,
-podRentInterruptable, podStop, podResume, podTerminate. Pods live in memory: a new pod is CREATED without a runtime;
-after `boot_polls` reads of it (or `advance()`) it is RUNNING with a runtime (public ports, GPU utilisation). Stop
-makes it EXITED without a runtime, resume RUNNING again; terminate removes it, as RunPod stops listing terminated pods.
+Operations: gpuTypes (optionally `input: {id}`), myself { id pubKey networkVolumes pods }, pod(input: {podId}),
+podFindAndDeployOnDemand, podRentInterruptable, podStop, podResume, podTerminate, updateUserSettings. Pods live in
+memory: a new pod is CREATED without a runtime; after `boot_polls` reads of it (or `advance()`) it is RUNNING with a
+runtime (public ports, GPU utilisation). Stop makes it EXITED (desiredStatus too) without a runtime, resume RUNNING
+again; terminate removes it, as RunPod stops listing terminated pods. A pod keeps the volume, mount path, ports and
+network volume it was deployed with; a network volume (`add_network_volume`) pins the pod to its data centre.
+
+Billing, as REST API v2's `GET /v2/billing/pods` (RunPod's GraphQL has no per-pod charges): records per pod per
+bucket (gpuAmount, cpuAmount, diskAmount, totalAmount) with `metadata`; pods accrue only on `elapse(hours)`, GPU time
+while running, disk from creation (container disk while running, the volume always), terminated pods included.
 
 Faults for the next requests: `inject_faults(http_429=, retry_after_s=, http_5xx=, status_5xx=, apply_5xx=,
 non_json=, no_data=)`; lasting ones: `retire()` (410 Gone), `corrupt_answers(mangle)`, `capacity_gone(gpu_type_id)`,
@@ -23,12 +29,18 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 from graphql import GraphQLError, build_schema, graphql_sync, parse, validate
 from graphql.language import OperationDefinitionNode
 
 RUNPOD_KEY = "test-runpod-key"
+DISK_RUNNING_USD_GB_MONTH = 0.10  # container disk and volume of a running pod
+VOLUME_IDLE_USD_GB_MONTH = 0.20  # the volume of a stopped pod
+HOURS_PER_MONTH = 730
+BUCKETS = ("hour", "day", "week", "month", "year")
 NO_CAPACITY = ("There are no longer any instances available with the requested specifications. "
                "Please refresh and try again.")
 
@@ -60,7 +72,10 @@ type Mutation {
   podStop(input: PodStopInput!): Pod
   podResume(input: PodResumeInput!): Pod
   podTerminate(input: PodTerminateInput!): Void
+  updateUserSettings(input: UpdateUserSettingsInput): User
 }
+
+input UpdateUserSettingsInput { pubKey: String }
 
 input PodFilter { podId: String! }
 input GpuTypeFilter { id: String }
@@ -86,7 +101,8 @@ input PodRentInterruptableInput {
   templateId: String, networkVolumeId: String, allowedCudaVersions: [String], minDownload: Int, minUpload: Int
 }
 
-type User { id: String, pods: [Pod] }
+type User { id: String, pubKey: String, networkVolumes: [NetworkVolume], pods: [Pod] }
+type NetworkVolume { id: String, name: String, size: Int, dataCenterId: String }
 
 type GpuType {
   id: String, displayName: String, manufacturer: String, memoryInGb: Int, cudaCores: Int, maxGpuCount: Int,
@@ -126,9 +142,13 @@ class FakePod:
     interruptible: bool
     image: str
     env: list
-    ports: str
+    ports: str | None
     machine_id: str
     container_disk_gb: int = 10
+    volume_in_gb: int = 0
+    volume_mount_path: str | None = None
+    network_volume_id: str | None = None
+    data_center_id: str = ""
     docker_args: str = ""
     desired_status: str = "CREATED"
     running: bool = False
@@ -168,10 +188,10 @@ class FakePod:
             "env": [f"{item['key']}={item['value']}" for item in self.env],
             "memoryInGb": 62.0 * self.gpu_count,
             "vcpuCount": 16.0 * self.gpu_count,
-            "ports": self.ports,
+            "ports": self.ports,  # the string it was deployed with ("8000/tcp,22/tcp"), null when none was
             "uptimeSeconds": runtime["uptimeInSeconds"] if runtime else 0,
-            "volumeInGb": 0.0,
-            "volumeMountPath": "/runpod-volume",
+            "volumeInGb": float(self.volume_in_gb),
+            "volumeMountPath": self.volume_mount_path,
             "machine": {"gpuDisplayName": self.display_name, "podHostId": f"{self.id}-{self.machine_id}"},
             "runtime": runtime,
         }
@@ -227,6 +247,10 @@ class FakeRunPod:
             self.corrupt = None  # a function that mangles every answer's data before it is sent
             self._rng = random.Random(7)
             self._ports = itertools.count(40001)
+            self.pub_key = ""
+            self.network_volumes: dict[str, dict] = {}
+            # pod id -> {"gpu": usd, "disk": usd}; a terminated pod's lines stay, as RunPod's billing history keeps them
+            self.billed: dict[str, dict[str, float]] = {}
 
     # -- controls for tests ----------------------------------------------------------------------------------
 
@@ -284,6 +308,26 @@ class FakeRunPod:
             if last_status_change is not None:
                 pod.last_status_change = last_status_change
 
+    def add_network_volume(self, name: str, size_gb: int, data_center_id: str = "EU-RO-1") -> str:
+        """A network volume of the account (made in RunPod's console or API); its id."""
+        with self._lock:
+            volume_id = "".join(self._rng.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=10))
+            self.network_volumes[volume_id] = {"id": volume_id, "name": name, "size": size_gb,
+                                               "dataCenterId": data_center_id}
+            return volume_id
+
+    def elapse(self, hours: float) -> None:
+        """`hours` of billing pass for every pod: GPU time while it runs, its container disk while it runs, its volume
+        always (RunPod's published disk rates)."""
+        with self._lock:
+            for pod in self.pods.values():
+                line = self.billed.setdefault(pod.id, {"gpu": 0.0, "disk": 0.0})
+                if pod.running:
+                    line["gpu"] += pod.cost_per_hr * hours
+                disk_rate = DISK_RUNNING_USD_GB_MONTH if pod.running else VOLUME_IDLE_USD_GB_MONTH
+                disk_gb = pod.volume_in_gb + (pod.container_disk_gb if pod.running else 0)
+                line["disk"] += disk_gb * disk_rate / HOURS_PER_MONTH * hours
+
     def count(self, operation: str) -> int:
         return self.operations.count(operation)
 
@@ -329,6 +373,42 @@ class FakeRunPod:
         if result.errors:
             answer["errors"] = [error.formatted for error in result.errors]
         return 200, {}, _json(answer)
+
+    def billing_pods(self, key: str | None, query: dict[str, list[str]]) -> tuple[int, dict, bytes]:
+        """(status, extra headers, body) for REST API v2's GET /v2/billing/pods: the pods' lines in the bucket that
+        holds now, if the window asked for reaches it; a parameter it does not document is refused by name."""
+        if key != self.api_key and key not in self.read_only_keys:
+            return 401, {}, _problem(401, "Unauthorized", "a valid API key is required")
+        unknown = sorted(set(query) - {"startTime", "endTime", "bucketSize", "lastN", "podId"})
+        if unknown or any(len(values) != 1 for values in query.values()):
+            return 400, {}, _problem(400, "Bad Request", "invalid query",
+                                     [f"$: additional properties {name!r} not allowed" for name in unknown])
+        one = {name: values[0] for name, values in query.items()}
+        bucket = one.get("bucketSize", "day")
+        try:
+            if bucket not in BUCKETS:
+                raise ValueError(f"bucketSize must be one of {', '.join(BUCKETS)}")
+            if "lastN" in one and ({"startTime", "endTime"} & set(one) or int(one["lastN"]) < 1):
+                raise ValueError("lastN is a whole number from 1, and excludes startTime/endTime")
+            now = datetime.now(UTC)
+            start = _rfc3339(one["startTime"]) if "startTime" in one else now - timedelta(days=30)
+            end = _rfc3339(one["endTime"]) if "endTime" in one else now
+        except ValueError as exc:
+            return 400, {}, _problem(400, "Bad Request", str(exc))
+        bucket_start = _bucket_start(now, bucket)
+        bucket_end = _bucket_start(now + _BUCKET_LENGTH[bucket], bucket)
+        with self._lock:
+            lines = [(pod_id, line) for pod_id, line in self.billed.items()
+                     if one.get("podId") in (None, pod_id) and start < bucket_end and end > bucket_start]
+        records = [{"startTime": _stamp(bucket_start), "endTime": _stamp(bucket_end), "podId": pod_id,
+                    "gpuAmount": round(line["gpu"], 6), "cpuAmount": 0.0, "diskAmount": round(line["disk"], 6),
+                    "totalAmount": round(line["gpu"] + line["disk"], 6)} for pod_id, line in lines]
+        totals = {name: round(sum(r[name] for r in records), 6)
+                  for name in ("totalAmount", "gpuAmount", "cpuAmount", "diskAmount")}
+        query_echo = {"startTime": _stamp(start), "endTime": _stamp(end), "bucketSize": bucket,
+                      "podId": one.get("podId")}
+        return 200, {}, _json({"records": records, "metadata": {
+            "query": query_echo, "recordCount": len(records), "uniquePodCount": len(records), "totals": totals}})
 
     def _execute(self, document, source: str, variables: dict, key: str | None):
         read_only = key in self.read_only_keys
@@ -435,6 +515,18 @@ class FakeRunPod:
             if bid < price:
                 raise _GraphQLError(f"Your bid of ${bid:.3f}/GPU is below the minimum bid of ${price:.3f}/GPU")
             price = bid
+        volume_id, data_center = pod_input.get("networkVolumeId"), pod_input.get("dataCenterId")
+        if volume_id is not None:
+            volume = self.network_volumes.get(volume_id)
+            if volume is None:
+                raise _GraphQLError(f"Network volume {volume_id} not found")
+            if data_center not in (None, volume["dataCenterId"]):
+                raise _GraphQLError(f"Network volume {volume_id} is in {volume['dataCenterId']}, not {data_center}")
+            data_center = volume["dataCenterId"]
+        volume_gb = int(pod_input.get("volumeInGb") or 0)
+        mount = pod_input.get("volumeMountPath")
+        if mount is None and (volume_gb or volume_id):
+            mount = "/workspace"  # where RunPod mounts a pod's volume unless told
         pod_id = "".join(self._rng.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=14))
         ports = {}
         for spec in str(pod_input.get("ports") or "").split(","):
@@ -445,13 +537,16 @@ class FakeRunPod:
         pod = FakePod(
             id=pod_id, name=pod_input["name"], gpu_type_id=gpu_id, display_name=name, cloud_type=cloud,
             gpu_count=count, cost_per_hr=round(price * count, 4), interruptible=interruptible,
-            image=pod_input["imageName"], env=list(pod_input.get("env") or []), ports=str(pod_input.get("ports")),
+            image=pod_input["imageName"], env=list(pod_input.get("env") or []), ports=pod_input.get("ports"),
             machine_id=f"m{self._rng.randrange(10**6):06d}", public_ports=ports,
             container_disk_gb=int(pod_input.get("containerDiskInGb") or 10),
+            volume_in_gb=volume_gb, volume_mount_path=mount, network_volume_id=volume_id,
+            data_center_id=data_center or "EU-RO-1",
             docker_args=str(pod_input.get("dockerArgs") or ""),
             last_status_change="Rented by User: " + time.strftime("%a %b %d %Y %H:%M:%S GMT+0000", time.gmtime()),
         )
         self.pods[pod_id] = pod
+        self.billed[pod_id] = {"gpu": 0.0, "disk": 0.0}
         if self.boot_polls == 0:
             self._boot(pod)
         return pod
@@ -480,7 +575,15 @@ class _Root:
         return self.fake.list_gpu_types(input)
 
     def myself(self, info):
-        return {"id": "user_simulated", "pods": lambda info: self.fake.all_pods()}
+        return {"id": "user_simulated", "pubKey": self.fake.pub_key,
+                "networkVolumes": lambda info: list(self.fake.network_volumes.values()),
+                "pods": lambda info: self.fake.all_pods()}
+
+    def updateUserSettings(self, info, input=None):  # noqa: N802 - the GraphQL field's name
+        self._writable()
+        if input and input.get("pubKey") is not None:
+            self.fake.pub_key = input["pubKey"]
+        return self.myself(info)
 
     def pod(self, info, input):
         return self.fake.pod(input["podId"])
@@ -517,8 +620,44 @@ def _json(value) -> bytes:
     return json.dumps(value).encode()
 
 
+def _problem(status: int, title: str, detail: str, errors=()) -> bytes:
+    """REST API v2's error body."""
+    return _json({"title": title, "status": status, "detail": detail, **({"errors": list(errors)} if errors else {})})
+
+
+_BUCKET_LENGTH = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(days=7),
+                  "month": timedelta(days=31), "year": timedelta(days=366)}
+
+
+def _bucket_start(moment: datetime, bucket: str) -> datetime:
+    hour = moment.replace(minute=0, second=0, microsecond=0)
+    day = hour.replace(hour=0)
+    return {"hour": hour, "day": day, "week": day - timedelta(days=day.weekday()), "month": day.replace(day=1),
+            "year": day.replace(month=1, day=1)}[bucket]
+
+
+def _rfc3339(value: str) -> datetime:
+    moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone (RFC 3339)")
+    return moment.astimezone(UTC)
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_state: FakeRunPod
+
+    def do_GET(self):
+        path, _, query = self.path.partition("?")
+        if path != "/v2/billing/pods":
+            self._send(404, {}, _problem(404, "Not Found", f"no route {path}"))
+            return
+        auth = self.headers.get("Authorization", "")
+        key = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+        self._send(*self.server_state.billing_pods(key, parse_qs(query, keep_blank_values=True)))
 
     def do_POST(self):
         if self.path.split("?", 1)[0] != "/graphql":
