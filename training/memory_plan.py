@@ -1,0 +1,213 @@
+"""How a MoE-LoRA run fits on one card: its weights, LoRA factors and gradients, optimizer state, activations, the
+chunked head and what is left, for each way to train it (checkpointing, optimizer state), and the plan chosen.
+Pure (no torch): the trainer, the ranking and the launch page share it (docs/training.md, "training/memory_plan.py")."""
+
+from dataclasses import dataclass
+
+GIB = 2**30
+OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload")
+MEMORY_PLANS = ("auto", "recipe")  # auto: the cheapest plan that fits, never less frugal than the recipe says
+
+# Bytes on the card per LoRA parameter: peft keeps the factors in float32 over a bf16 base, and so their gradients.
+FACTOR_BYTES = 4 + 4
+# The optimizer state on the card per LoRA parameter: AdamW's two float32 moments; torchao's AdamW8bit keeps each
+# moment in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them (and a float32 copy of
+# the factors) in the host's memory.
+OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2 * (1 + 4 / 256), "adamw_offload": 0.0}
+HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8}  # pinned host memory per LoRA parameter
+
+# What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing; calibrated on
+# one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 GiB reserved (full
+# attention), Qwen3.6-35B-A3B 119.2 GiB (three DeltaNet layers in four keep their gates, convolutions and chunk states).
+ACTIVATION_BYTES = {"attention": 32.0, "linear_attention": 81.0}
+# The rest of the reserve beside what is counted (allocator blocks, cuBLAS workspaces, the step's small tensors):
+# 35B-A3B and 30B-A3B with checkpointing leave 0.6 and 0.9 GiB uncounted.
+SLACK_GIB = 0.8
+CONTEXT_GIB = 0.9  # what the driver and CUDA context keep of a card's memory: a 96 GB card has about 95 GiB usable
+HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of this many tokens at a time, in bf16
+
+# Throughput of each plan against no checkpointing and float32 moments in the card. Checkpointing recomputes every
+# layer's forward: 8,735 against 11,961 tokens/s on 35B-A3B (0.73), 16,365 against 21,341 on 30B-A3B (0.77). The
+# 8-bit step dequantizes and requantizes the moments once per optimizer step (8 micro-steps): a few percent. The
+# offloaded step copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet
+# measured, taken as 0.7.
+CHECKPOINTING_SPEED = 0.75
+OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The figures of a MoE model that set its memory; widths are the sums of (in + out) features of the modules
+    LoRA targets in one decoder layer by default (training/families.py), averaged over the layers."""
+
+    total_params_b: float
+    layers: int
+    hidden: int
+    experts: int
+    moe_intermediate: int
+    vocab: int
+    linear_attention: bool  # some layers are Gated DeltaNet
+    attention_lora_width: int  # attention and linear attention (`lora.attention: false` drops them)
+    other_lora_width: int = 0  # the shared expert
+
+    def lora_params(self, rank: int, attention: bool = True) -> int:
+        """Trainable parameters at LoRA rank `rank`: every routed expert's gate_up and down, and the modules."""
+        routed = self.experts * (2 * self.hidden + 3 * self.moe_intermediate)
+        modules = (self.attention_lora_width if attention else 0) + self.other_lora_width
+        return self.layers * rank * (routed + modules)
+
+
+# Published shapes (each model's config.json). Qwen3.5/3.6: 10 full-attention layers (gated q 2 x 16 x 256, 2 KV
+# heads) and 30 DeltaNet layers (qkv 8192, z 4096, b and a 32, out 4096 -> 2048) of 40, and a shared expert of 512.
+SHAPES = {
+    "Qwen3.6-35B-A3B": ModelShape(total_params_b=35.0, layers=40, hidden=2048, experts=256, moe_intermediate=512,
+                                  vocab=248_320, linear_attention=True, attention_lora_width=25_392,
+                                  other_lora_width=3 * (2048 + 512)),
+    "Qwen3-30B-A3B": ModelShape(total_params_b=30.5, layers=48, hidden=2048, experts=128, moe_intermediate=768,
+                                vocab=151_936, linear_attention=False, attention_lora_width=17_408),
+    "Qwen3-235B-A22B": ModelShape(total_params_b=235.0, layers=94, hidden=4096, experts=128, moe_intermediate=1536,
+                                  vocab=151_936, linear_attention=False, attention_lora_width=33_792),
+}
+SHAPES["Qwen3.5-35B-A3B"] = SHAPES["Qwen3.6-35B-A3B"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one rank of a run holds: the model's shape, the LoRA rank and targets, tokens per micro-step, and the
+    GPUs of the box that share the weights and the adapters (training/distributed.py). `lora_params` and
+    `weights_bytes`, when given, are counted on the model itself (the trainer) instead of from the shape."""
+
+    shape: ModelShape
+    lora_rank: int = 32
+    attention: bool = True
+    tokens: int = 2 * 2048
+    gpus: int = 1
+    lora_params: int | None = None
+    weights_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to train a run on a card, in GiB per GPU; `card_gib` is what the card leaves usable."""
+
+    checkpointing: bool
+    optimizer: str
+    weights_gib: float
+    lora_gib: float  # the factors and their gradients
+    optimizer_gib: float
+    activations_gib: float
+    head_gib: float
+    slack_gib: float
+    host_gib: float  # the host memory an offloaded optimizer pins
+    card_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.lora_gib + self.optimizer_gib + self.activations_gib + self.head_gib \
+            + self.slack_gib
+
+    @property
+    def headroom_gib(self) -> float:
+        return self.card_gib - self.total_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_gib >= 0
+
+    @property
+    def speed(self) -> float:
+        """Its throughput against the plain plan's (no checkpointing, float32 moments in the card)."""
+        return (CHECKPOINTING_SPEED if self.checkpointing else 1.0) * OPTIMIZER_SPEED[self.optimizer]
+
+    @property
+    def name(self) -> str:
+        return plan_name(self.checkpointing, self.optimizer)
+
+    def to_dict(self) -> dict:
+        """The plan as the trainer's log, the metrics and the pages say it (GiB to a tenth)."""
+        figures = {key: round(getattr(self, key), 1) for key in (
+            "weights_gib", "lora_gib", "optimizer_gib", "activations_gib", "head_gib", "slack_gib", "host_gib",
+            "card_gib", "total_gib", "headroom_gib")}
+        return {"plan": self.name, "checkpointing": self.checkpointing, "optimizer": self.optimizer,
+                "speed": round(self.speed, 3), "fits": self.fits, **figures}
+
+
+def plan_name(checkpointing: bool, optimizer: str) -> str:
+    moments = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host"}
+    return f"{'checkpointing' if checkpointing else 'no checkpointing'}, {moments[optimizer]}"
+
+
+def usable_gib(card_gib: float) -> float:
+    """What a card of `card_gib` (its total memory, as a listing or torch says it) leaves for a run."""
+    return max(0.0, card_gib - CONTEXT_GIB)
+
+
+def layer_activation_bytes(run: Run) -> float:
+    """What one layer keeps for the backward pass over a micro-step, without checkpointing."""
+    kind = "linear_attention" if run.shape.linear_attention else "attention"
+    return ACTIVATION_BYTES[kind] * run.tokens * run.shape.hidden
+
+
+def estimate(run: Run, checkpointing: bool, optimizer: str, card_gib: float) -> Plan:
+    """The memory of `run` trained with this checkpointing and optimizer on a card with `card_gib` usable."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    shape = run.shape
+    params = run.lora_params if run.lora_params is not None else shape.lora_params(run.lora_rank, run.attention)
+    weights = run.weights_bytes if run.weights_bytes is not None else shape.total_params_b * 1e9 * 2
+    per_layer = layer_activation_bytes(run)
+    if checkpointing:  # each layer's input kept; one layer's activations at a time in the recomputation
+        activations = run.tokens * shape.hidden * 2 * shape.layers + per_layer
+    else:
+        activations = per_layer * shape.layers
+    head = min(run.tokens, HEAD_CHUNK_TOKENS) * shape.vocab * 2 + run.tokens * shape.hidden * 2
+    lora_share = params / run.gpus  # the routed experts by expert parallelism, the rest by FSDP
+    return Plan(checkpointing=checkpointing, optimizer=optimizer, weights_gib=weights / run.gpus / GIB,
+                lora_gib=lora_share * FACTOR_BYTES / GIB, optimizer_gib=lora_share * OPTIMIZER_BYTES[optimizer] / GIB,
+                activations_gib=activations / GIB, head_gib=head / GIB, slack_gib=SLACK_GIB,
+                host_gib=lora_share * HOST_BYTES[optimizer] / GIB, card_gib=card_gib)
+
+
+def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto",
+               offload: bool = True) -> list[tuple[bool, str]]:
+    """The (checkpointing, optimizer) pairs to try, in order: no checkpointing before checkpointing, float32 moments
+    before 8-bit before offloaded (exact moments are kept while checkpointing alone fits); none less frugal than the
+    recipe's own settings. `mode` "recipe": the recipe's settings only. offload false: no host to offload to (a CPU
+    run)."""
+    if mode == "recipe":
+        return [(checkpointing, optimizer)]
+    allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):]
+    return [(ckpt, opt) for opt in allowed if offload or opt != "adamw_offload"
+            for ckpt in (False, True) if ckpt or not checkpointing]
+
+
+def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
+          mode: str = "auto", offload: bool = True) -> list[Plan]:
+    """Every candidate plan with `usable` GiB (`usable_gib` of a listed card; a budget as it is), in the order they
+    are tried."""
+    return [estimate(run, ckpt, opt, usable) for ckpt, opt in candidates(optimizer, checkpointing, mode, offload)]
+
+
+def choose(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
+           mode: str = "auto", offload: bool = True) -> Plan | None:
+    """The first candidate that fits in `usable` GiB, or None when none does."""
+    return next((plan for plan in plans(run, usable, optimizer, checkpointing, mode, offload) if plan.fits), None)
+
+
+def smallest_card_gib(run: Run, optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto") -> float:
+    """The least card memory (total, GiB) any candidate fits in."""
+    return min(p.total_gib for p in plans(run, 0.0, optimizer, checkpointing, mode)) + CONTEXT_GIB
+
+
+def steps(run: Run, optimizer: str = "adamw", checkpointing: bool = False,
+          mode: str = "auto") -> list[tuple[float, Plan]]:
+    """(least card GiB, plan) for each plan some card would choose, smallest card first: a card of at least that
+    memory, and less than the next entry's, runs that plan."""
+    found: list[tuple[float, Plan]] = []
+    least = float("inf")
+    for plan in plans(run, 0.0, optimizer, checkpointing, mode):  # a card takes the first that fits it
+        card = plan.total_gib + CONTEXT_GIB
+        if card < least:  # chosen on cards too small for every plan tried before it
+            found.append((card, plan))
+            least = card
+    return found[::-1]
