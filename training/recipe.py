@@ -60,11 +60,11 @@ class MetricsSettings:
 class PhaseSpec:
     """One phase; a kind reads only the settings PHASE_SETTINGS gives it beside the common ones."""
 
-    kind: str  # cpt | sft | dpo | kto | grpo
+    kind: str  # cpt | sft | dpo | kto | grpo | eval (after every training phase: it trains nothing)
     # A JSONL file (records: training/records.py); on the dashboard a data set's name, an upload's, s3://bucket/key
     # or example:NAME.
     data: str
-    steps: int
+    steps: int  # an eval phase's is 0: it answers each of its records once
     name: str  # default: the kind
     checkpoint_every: int  # default: checkpoint.every
     lr: float  # default: the run's
@@ -77,12 +77,25 @@ class PhaseSpec:
     num_generations: int = 4
     max_new_tokens: int = 64
     temperature: float = 1.0
+    # eval (docs/training.md, "The eval phase"): how answers are scored, how many records, the wall-time limit of
+    # the whole evaluation, and the prompts generated at once.
+    scorer: str = "exact"  # exact | contains | regex | tool_call | module:function
+    max_samples: int = 0  # the file's first this many records; 0: all
+    time_limit_s: int = 3600
+    batch_size: int = 8
 
 
 PHASE_SETTINGS = {  # each kind's own settings, beside the common ones
     "cpt": (), "sft": (), "dpo": ("beta",), "kto": ("beta", "desirable_weight", "undesirable_weight"),
     "grpo": ("num_generations", "max_new_tokens", "temperature"),
+    "eval": ("scorer", "max_new_tokens", "max_samples", "time_limit_s", "batch_size"),
 }
+EVAL_KIND = "eval"
+KIND_DEFAULTS = {EVAL_KIND: {"max_new_tokens": 256}}  # where a kind's default is not the dataclass's
+SCORERS = ("exact", "contains", "regex", "tool_call")  # built in; or a function as 'module:function'
+# The recipe's `promote:` rule (training/eval_stats.py applies it): its settings and their defaults.
+PROMOTE_DEFAULTS = {"metric": "difference", "min_gain": 0.0, "min_score": None}
+PROMOTE_METRICS = ("adapter_score", "difference")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +113,7 @@ class RunRecipe:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    promote: dict | None = None  # with an eval phase: {metric, min_gain, min_score} (PROMOTE_DEFAULTS)
     gradient_checkpointing: bool = False
     # On a GPU, CPT/SFT/DPO/KTO micro-steps of one shape are captured once and replayed (DPO/KTO rows are then padded
     # to a few lengths, training/data.py).
@@ -124,9 +138,10 @@ class RunRecipe:
         no launch passes, is the default; a phase that cannot be read is left out."""
         stored = stored if isinstance(stored, dict) else {}
         checkpoint = _read(CheckpointSettings, stored.get("checkpoint"))
+        promote = stored.get("promote") if isinstance(stored.get("promote"), dict) else None
         run = _read(cls, stored, model=_read(ModelSettings, stored.get("model")),
                     lora=_read(LoraSettings, stored.get("lora")), checkpoint=checkpoint,
-                    metrics=_read(MetricsSettings, stored.get("metrics")), phases=())
+                    metrics=_read(MetricsSettings, stored.get("metrics")), phases=(), promote=promote)
         phases = stored.get("phases") if isinstance(stored.get("phases"), list) else []
         return replace(run, phases=tuple(p for p in (_stored_phase(p, run) for p in phases) if p is not None))
 
@@ -152,8 +167,8 @@ MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelSettings) if f.name not
 PHASE_KINDS = tuple(PHASE_SETTINGS)
 PHASE_COMMON = {f.name for f in fields(PhaseSpec)} - {name for own in PHASE_SETTINGS.values() for name in own}
 _PHASE_FIELDS = {f.name: f for f in fields(PhaseSpec)}
-PHASE_DEFAULTS = {kind: {name: _PHASE_FIELDS[name].default for name in own} for kind, own in PHASE_SETTINGS.items()
-                  if own}
+PHASE_DEFAULTS = {kind: {**{name: _PHASE_FIELDS[name].default for name in own}, **KIND_DEFAULTS.get(kind, {})}
+                  for kind, own in PHASE_SETTINGS.items() if own}
 
 
 def _phase_dict(phase: dict) -> dict:
@@ -185,9 +200,15 @@ def _read(cls, stored, **given):
 def _stored_phase(stored, run: RunRecipe) -> PhaseSpec | None:
     if not isinstance(stored, dict) or stored.get("kind") not in PHASE_SETTINGS:
         return None
-    if not _fits(stored.get("data"), _PHASE_FIELDS["data"]) or not _fits(stored.get("steps"), _PHASE_FIELDS["steps"]):
+    evaluates = stored["kind"] == EVAL_KIND
+    if not _fits(stored.get("data"), _PHASE_FIELDS["data"]) or not (
+            _fits(stored.get("steps"), _PHASE_FIELDS["steps"]) or evaluates and stored.get("steps") == 0):
         return None
     own = {key: stored[key] for key in ("name", "checkpoint_every", "lr") if _fits(stored.get(key), _PHASE_FIELDS[key])}
+    own.update({key: value for key, value in KIND_DEFAULTS.get(stored["kind"], {}).items()
+                if not _fits(stored.get(key), _PHASE_FIELDS[key])})
+    if evaluates:
+        own["steps"] = 0
     return _read(PhaseSpec, stored, **{"name": stored["kind"], "checkpoint_every": run.checkpoint.every,
                                        "lr": run.lr, **own})
 
@@ -204,6 +225,7 @@ LIMITS = {
     "max_new_tokens": 65_536, "keep": 1000, "every": 10_000_000,
     "lr": 1.0, "alpha": 65_536, "beta": 1000, "temperature": 100, "max_grad_norm": 1e6, "weight_decay": 10,
     "min_lr_ratio": 1.0, "desirable_weight": 1000, "undesirable_weight": 1000, "min_step_seconds": 3600,
+    "max_samples": 10_000_000, "time_limit_s": 7 * 24 * 3600,
 }
 
 
@@ -224,11 +246,12 @@ def load_reward(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def reward_problem(spec) -> str:
-    """Why a GRPO phase's reward cannot be called on the box, or "": a 'module:function' of this package that
-    imports and is callable (checked at launch, not when the phase starts after hours of the earlier ones)."""
+def reward_problem(spec, what: str = "a reward function") -> str:
+    """Why a GRPO phase's reward (or an eval phase's scorer) cannot be called on the box, or "": a 'module:function'
+    of this package that imports and is callable (checked at launch, not when the phase starts after hours of the
+    earlier ones)."""
     if not isinstance(spec, str) or spec.count(":") != 1:
-        return f"a reward function as 'module:function', got {_shown(spec)}"
+        return f"{what} as 'module:function', got {_shown(spec)}"
     module, name = spec.split(":")
     if not module.startswith(REWARD_PACKAGE) or not all(part.isidentifier() for part in module.split(".")) \
             or not name.isidentifier():
@@ -363,6 +386,7 @@ def validate(raw, base_dir=".", data_on_disk=True):
     _training(recipe, problems)
     _outputs(recipe, base_dir, problems)
     recipe["phases"] = _phases(raw.get("phases"), recipe, base_dir if data_on_disk else None, problems)
+    recipe["promote"] = _promote(recipe["promote"], recipe["phases"], problems)
     if problems:
         raise RecipeError("the recipe has {} problem(s):\n  - {}".format(len(problems), "\n  - ".join(problems)))
     return recipe
@@ -487,7 +511,41 @@ def _phases(phases, recipe: dict, base_dir, problems: _Problems) -> list[dict]:
         return []
     names: set[str] = set()
     checked = (_phase(i, phase, recipe, base_dir, names, problems) for i, phase in enumerate(phases))
-    return [phase for phase in checked if phase is not None]
+    checked_phases = [phase for phase in checked if phase is not None]
+    kinds = [phase.get("kind") if isinstance(phase, dict) else None for phase in phases]
+    evals = [i for i, kind in enumerate(kinds) if kind == EVAL_KIND]
+    if len(evals) > 1:
+        problems.append(f"phases: at most one eval phase, got {len(evals)} (phases {', '.join(map(str, evals))})")
+    elif evals and (evals[0] == 0 or evals[0] != len(phases) - 1):
+        problems.append(f"phases[{evals[0]}]: an eval phase comes after every training phase, with at least one "
+                        "before it (it evaluates the last one's adapter)")
+    return checked_phases
+
+
+def _promote(promote, phases: list[dict], problems: _Problems) -> dict | None:
+    """The recipe's `promote:` rule with its defaults, or None; only a recipe with an eval phase takes one."""
+    if promote is None:
+        return None
+    if not isinstance(promote, dict):
+        problems.append(f"promote: a mapping such as {{metric: difference, min_gain: 0.05}}, got {_shown(promote)}")
+        return None
+    if not any(phase["kind"] == EVAL_KIND for phase in phases):
+        problems.append("promote: needs an eval phase (kind: eval) after the training phases to judge by")
+    unknown = set(promote) - set(PROMOTE_DEFAULTS)
+    if unknown:
+        problems.append(f"promote: unknown setting(s) {', '.join(sorted(map(str, unknown)))} "
+                        f"(known: {', '.join(PROMOTE_DEFAULTS)})")
+    promote = {**PROMOTE_DEFAULTS, **promote}
+    if promote["metric"] not in PROMOTE_METRICS:
+        problems.append(f"promote.metric: one of {PROMOTE_METRICS}, got {_shown(promote['metric'])}")
+    for key, low in (("min_gain", -1.0), ("min_score", 0.0)):
+        value = promote[key]
+        if value is None and key == "min_score":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not low <= value <= 1:
+            problems.append(f"promote.{key}: a number from {low:g} to 1 (scores are in [0, 1]), got {_shown(value)}")
+    return promote
 
 
 def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Problems) -> dict | None:
@@ -500,6 +558,13 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
         problems.append(f"{where}.kind: one of {PHASE_KINDS}, got {kind!r}")
         return None
     own = PHASE_DEFAULTS.get(kind, {})
+    if kind == EVAL_KIND:
+        training_only = sorted(set(phase) & {"steps", "lr", "checkpoint_every", "min_step_seconds", "reward"})
+        if training_only:
+            problems.append(f"phases[{i}]: {', '.join(training_only)}: not for an eval phase (it trains nothing and "
+                            "answers each record once; max_samples cuts the file)")
+        phase = {key: value for key, value in phase.items() if key not in training_only}
+        phase["steps"] = 0
     phase = {"name": kind, "checkpoint_every": recipe["checkpoint"]["every"], "lr": recipe["lr"], **own,
              "reward": None, "min_step_seconds": 0.0, **phase}
     where = f"phases[{i}] ({phase['name']})"
@@ -518,6 +583,9 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
         phase["data"] = _resolve(base_dir, phase["data"])
         if not Path(phase["data"]).is_file():
             problems.append(f"{where}.data: no such file {phase['data']}")
+    if kind == EVAL_KIND:
+        _eval_settings(where, phase, problems)
+        return phase
     problems.positive_int(f"{where}.steps", phase.get("steps"))
     problems.positive_int(f"{where}.checkpoint_every", phase["checkpoint_every"])
     problems.positive_number(f"{where}.lr", phase["lr"])
@@ -541,3 +609,16 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
     elif phase["reward"] is not None:
         problems.append(f"{where}.reward: only a grpo phase takes a reward function")
     return phase
+
+
+def _eval_settings(where: str, phase: dict, problems: _Problems) -> None:
+    scorer = phase["scorer"]
+    if scorer not in SCORERS and (not isinstance(scorer, str) or ":" not in scorer):
+        problems.append(f"{where}.scorer: one of {', '.join(SCORERS)} or a function as 'module:function', got "
+                        f"{_shown(scorer)}")
+    elif scorer not in SCORERS and (problem := reward_problem(scorer, "a scoring function")):
+        problems.append(f"{where}.scorer: {problem}")
+    problems.positive_int(f"{where}.max_new_tokens", phase["max_new_tokens"])
+    problems.positive_int(f"{where}.max_samples", phase["max_samples"], zero_ok=True)
+    problems.positive_int(f"{where}.time_limit_s", phase["time_limit_s"])
+    problems.positive_int(f"{where}.batch_size", phase["batch_size"])

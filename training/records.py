@@ -4,6 +4,8 @@ with the assistant mask (docs/training.md, "training/records.py")."""
 import json
 import re
 
+from training.evaluation.tools import call_problems, tool_spec_problems
+
 IGNORE = -100
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # A template that marks the assistant's tokens itself ({% generation %} ... {% endgeneration %}) is asked for them.
@@ -73,14 +75,11 @@ def record_problems(kind: str, record) -> list[str]:
     if kind == "sft":
         problems = _messages(record.get("messages"), "messages", needs_assistant=True)
         return problems + _tools(record.get("tools"))
-    if kind not in ("dpo", "kto", "grpo"):
+    if kind not in ("dpo", "kto", "grpo", "eval"):
         raise ValueError(f"unknown phase kind {kind!r}")
-    if "prompt" not in record:
-        problems = ["missing prompt"]
-    elif isinstance(record["prompt"], str):
-        problems = [] if record["prompt"] else ["prompt: empty"]
-    else:
-        problems = _messages(record["prompt"], "prompt", needs_assistant=False)
+    problems = _prompt(record)
+    if kind == "eval":
+        return problems + _eval_answer(record)
     if kind == "dpo":
         problems += _text(record, "chosen") + _text(record, "rejected")
         if not problems and record["chosen"] == record["rejected"]:  # no margin to learn: a constant loss
@@ -90,6 +89,30 @@ def record_problems(kind: str, record) -> list[str]:
         if not isinstance(record.get("label"), bool):
             problems.append(f"label: true or false, got {record.get('label')!r}" if "label" in record
                             else "missing label (true or false)")
+    return problems
+
+
+def _prompt(record: dict) -> list[str]:
+    if "prompt" not in record:
+        return ["missing prompt"]
+    if isinstance(record["prompt"], str):
+        return [] if record["prompt"] else ["prompt: empty"]
+    return _messages(record["prompt"], "prompt", needs_assistant=False)
+
+
+def _eval_answer(record: dict) -> list[str]:
+    """An eval record's tools, expected answer (a text, or a call of one of its tools) and reference."""
+    problems = tool_spec_problems(record.get("tools"))
+    expected = record.get("expected")
+    if isinstance(expected, dict):
+        problems += [] if problems else call_problems(expected, record.get("tools"))
+    elif expected is not None and (not isinstance(expected, str) or not expected):
+        problems.append(f"expected: a text or a tool call {{\"name\", \"arguments\"}}, got "
+                        f"{'an empty text' if expected == '' else type(expected).__name__}")
+    if record.get("reference") is not None and not isinstance(record["reference"], str):
+        problems.append(f"reference: a text, got {type(record['reference']).__name__}")
+    if expected is None and record.get("reference") is None and not record.get("tools"):
+        problems.append("missing expected (the answer to score against), reference or tools (to check a call of)")
     return problems
 
 

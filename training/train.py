@@ -19,7 +19,7 @@ from training.graphs import MicroStepGraphs
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
 from training.metrics import open_sinks
 from training.phase import Phase, Trainee
-from training.recipe import ModelSettings, RecipeError, RunRecipe, load_recipe
+from training.recipe import EVAL_KIND, ModelSettings, RecipeError, RunRecipe, load_recipe
 
 _log = logging.getLogger("training")
 
@@ -131,9 +131,10 @@ def run(recipe, out=print):
     settings = recipe.checkpoint
     store = checkpoint.open_store(dataclasses.asdict(settings))
     uploader = ranks.uploader(model, store, settings.staging, settings.keep,
-                              protected=checkpoint.phase_finals(plain["phases"]))
-    name, state = ranks.resume(model, store, settings.staging, functools.partial(_check_resumable, recipe.phases))
-    phases = recipe.phases
+                              protected=checkpoint.phase_finals(training_phases(plain["phases"])))
+    # An eval phase (the last one) is not the trainer's: the agent runs it apart (training/evaluation).
+    phases = training_phases(recipe.phases)
+    name, state = ranks.resume(model, store, settings.staging, functools.partial(_check_resumable, phases))
     start_phase, resumed = 0, None
     if name:
         start_phase = state["phase_index"]
@@ -169,6 +170,11 @@ def run(recipe, out=print):
         ranks.leave()
     out("run complete" if start_phase < len(phases) else "run already complete; nothing to do")
     return model
+
+
+def training_phases(phases):
+    """The phases the trainer trains: every one but the eval phase, which comes last (training/recipe.py)."""
+    return [phase for phase in phases if (phase["kind"] if isinstance(phase, dict) else phase.kind) != EVAL_KIND]
 
 
 def _check_resumable(phases, name, state):

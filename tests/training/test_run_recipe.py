@@ -36,7 +36,9 @@ def test_the_derived_dicts_hold_todays_values():
     assert MODEL_DEFAULTS == {"dtype": "bfloat16", "seed": 0, "tokenizer": None, "revision": None}
     assert PHASE_DEFAULTS == {"dpo": {"beta": 0.1},
                               "kto": {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
-                              "grpo": {"num_generations": 4, "max_new_tokens": 64, "temperature": 1.0}}
+                              "grpo": {"num_generations": 4, "max_new_tokens": 64, "temperature": 1.0},
+                              "eval": {"scorer": "exact", "max_new_tokens": 256, "max_samples": 0,
+                                       "time_limit_s": 3600, "batch_size": 8}}
 
 
 def test_a_loaded_recipe_reads_back_as_typed_values_and_round_trips():
