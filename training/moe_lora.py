@@ -14,6 +14,7 @@ from training.grouped_ops import BACKENDS, Groups, accumulation_dtype, experts_a
 IMPLEMENTATION_NAME = "moe_lora"
 KERNELS_ATTRIBUTE = "_moe_lora_kernels"
 EXPERT_SHARD_ATTRIBUTE = "_expert_shard"  # set by training/expert_parallel.py on experts holding a slice
+ROUTER_COUNTER_ATTRIBUTE = "_router_counter"  # (RouterCounter, its layer row): training/router_load.py
 KERNEL_PATHS = ("triton", "grouped_mm", "loop")
 _log = logging.getLogger(__name__)
 
@@ -233,6 +234,9 @@ def moe_lora_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     path = kernels.choose(hidden_states.device)
     kernels.note(path, hidden_states.device)
     x = hidden_states.to(dtype)
+    counting = self.__dict__.get(ROUTER_COUNTER_ATTRIBUTE)
+    if counting is not None:  # the router's global ids, before any exchange: each rank counts its own tokens
+        counting[0].add(counting[1], top_k_index)
 
     def local_experts(rows, index, weights):
         return MoeLoraExperts.apply(rows, index, weights, w1, w2, a1, b1, a2, b2, s1, s2, path,

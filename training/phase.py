@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from training import checkpoint, distributed, export_adapter, families, guards, moe_lora, rollout
+from training import checkpoint, distributed, export_adapter, families, guards, moe_lora, rollout, router_load
 from training.data import batch_indices, boundaries_width, collate, load_phase_data
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.losses import LOSSES, sequence_logps
@@ -67,6 +67,7 @@ class Trainee:
     ranks: distributed.OneRank | distributed.Ranks
     graphs: MicroStepGraphs | None = None
     max_grad_norm: float = 1.0
+    router: router_load.RouterCounter | None = None  # the router's load, counted in every training forward
 
     @property
     def device(self):
@@ -200,6 +201,7 @@ class Phase:
 
     def start(self):
         """From its first step: a DPO/KTO phase scores its reference with the adapter as it stands."""
+        self._reset_router()
         if self.spec.kind in ("dpo", "kto"):
             self.reference = score_reference(self.trainee.model, self.spec.kind, self.items, self.recipe.batch_size,
                                               self.tokenizer.pad_token_id, self.trainee.device)
@@ -210,6 +212,15 @@ class Phase:
         self.scheduler.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.position, self.reference = state["step"], state["data_position"], state["reference"]
+        self._reset_router()
+
+    def _reset_router(self):
+        if self.trainee.router is not None:
+            self.trainee.router.reset()  # a phase's intervals count its own training forwards only
+
+    def router_due(self):
+        every = self.recipe.metrics.router_every
+        return every > 0 and (self.step % every == 0 or self.done)
 
     @property
     def done(self):
@@ -238,6 +249,10 @@ class Phase:
                                              check_guard=self.guard_pending)
         self.guard_pending = self.guard_pending and not record["guard_checked"]
         self.step += 1
+        router = self.trainee.router
+        # The one host read of the counts: every metrics.router_every steps and at the phase's end.
+        record.update(router_load.summary(router.take(self.trainee.ranks)) if router is not None and self.router_due()
+                      else router_load.NOT_READ)
         return {"phase": self.index, "phase_name": self.spec.name, "kind": self.spec.kind, "step": self.step,
                 "steps": self.spec.steps, "time": time.time(), **record}
 

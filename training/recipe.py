@@ -54,6 +54,8 @@ class CheckpointSettings:
 @dataclass(frozen=True, kw_only=True)
 class MetricsSettings:
     jsonl: str = "metrics.jsonl"  # the on-box agent tails it and posts each step to the dashboard
+    # Steps between reads of the router's load (tokens per expert and layer, training/router_load.py); 0: not counted.
+    router_every: int = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -502,6 +504,7 @@ def _outputs(recipe: dict, base_dir, problems: _Problems) -> None:
     metrics["jsonl"] = _resolve(base_dir, metrics["jsonl"]) if metrics["jsonl"] else None
     if not metrics["jsonl"]:
         problems.append("metrics.jsonl: a file path (the JSONL sink is always on)")
+    problems.positive_int("metrics.router_every", metrics["router_every"], zero_ok=True)
 
 
 def _phases(phases, recipe: dict, base_dir, problems: _Problems) -> list[dict]:

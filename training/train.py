@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from training import checkpoint, distributed, families, guards, model_source, moe_lora
+from training import checkpoint, distributed, families, guards, model_source, moe_lora, router_load
 from training.data import length_buckets, load_tokenizer
 from training.graphs import MicroStepGraphs
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
@@ -151,7 +151,8 @@ def run(recipe, out=print):
     # its own inputs (training/graphs.py).
     graphs = (MicroStepGraphs(groups["trainable"], max_graphs=len(length_buckets(recipe.seq_len)))
               if ranks.device.type == "cuda" and recipe.cuda_graphs and capturable else None)
-    trainee = Trainee(model, groups, ranks, graphs, recipe.max_grad_norm)
+    router = router_load.attach_counter(model, ranks.device) if recipe.metrics.router_every else None
+    trainee = Trainee(model, groups, ranks, graphs, recipe.max_grad_norm, router=router)
     try:
         # Gradients reach .grad through backward() only and nothing hooks them: the experts' backward may add the
         # routed LoRA gradients into .grad itself.
