@@ -8,6 +8,8 @@ from .dashboard import Api, Refused
 from .gpu import gpu_status
 
 log = logging.getLogger(__name__)
+# A state a dashboard from before the eval phase refuses (422), and the one it is sent as there instead.
+KNOWN_BEFORE = {"evaluating": "training"}
 
 
 class Heartbeat(threading.Thread):
@@ -26,6 +28,7 @@ class Heartbeat(threading.Thread):
         self.self_stop = False
         self._done = threading.Event()
         self._renewed_at = time.monotonic()
+        self._older_dashboard = False
 
     def run(self):
         while not self._done.is_set():
@@ -37,9 +40,17 @@ class Heartbeat(threading.Thread):
             self._done.wait(self.interval_s)
 
     def beat(self):
+        status = dict(self.status)
+        if self._older_dashboard and status.get("state") in KNOWN_BEFORE:
+            status["state"] = KNOWN_BEFORE[status["state"]]
         try:
-            answer = self.api.call("POST", "heartbeat", {**self.status, **gpu_status()})
+            answer = self.api.call("POST", "heartbeat", {**status, **gpu_status()})
         except Refused as exc:
+            if exc.status == 422 and status.get("state") in KNOWN_BEFORE and not self._older_dashboard:
+                log.warning("the dashboard does not know the state %s: sent as %s", status["state"],
+                            KNOWN_BEFORE[status["state"]])
+                self._older_dashboard = True
+                return self.beat()
             if exc.status in (401, 403):  # revoked: the run ended, or another box replaced this one
                 self._halt(f"the dashboard no longer accepts this box ({exc.status})", self_stop=True)
             log.warning("heartbeat refused: %s", exc)

@@ -1,6 +1,7 @@
 """A box's run from a proven install to a running trainer: the probe, the spec, the checkpoint to resume from, the
 data and the model, then the trainer as a child process, watched until it ends."""
 
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ from training import model_source
 from training.checkpoint_names import checkpoint_name
 
 from .dashboard import Api
+from .evaluation import eval_phase, evaluate
 from .exit_codes import Exit
 from .heartbeat import Heartbeat
 from .inputs import DataRefused, fetch_data, fetch_model
@@ -59,6 +61,14 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> Exit:
         return Exit.MODEL_REFUSED
     recipe_path = workdir / "recipe.json"
     recipe_path.write_text(json.dumps(recipe))
+    evaluation = spec.get("evaluation")
+    if isinstance(evaluation, dict) and eval_phase(recipe) is not None:
+        # Every training phase is banked: this box only evaluates, skipping the samples already recorded.
+        api.call("POST", "events", {"kind": "log", "message": "Every training phase is banked: this box evaluates."})
+        return evaluate(api, heartbeat, recipe_path, workdir, python, done=evaluation.get("done") or ())
+    on_trained = None
+    if eval_phase(recipe) is not None:
+        on_trained = functools.partial(evaluate, api, heartbeat, recipe_path, workdir, python)
 
     metrics = MetricsForwarder(api, metrics_path, spec["max_metric_points"])
     finals = frozenset(checkpoint_name(p["index"], p["steps"]) for p in spec["phases"])
@@ -73,4 +83,4 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> Exit:
 
         trainer = subprocess.Popen(command(recipe_path, int(recipe.get("gpus") or 1), python),
                                    stdout=trainer_log, stderr=subprocess.STDOUT)
-        return watch(api, trainer, uploader, metrics, heartbeat, store, workdir)
+        return watch(api, trainer, uploader, metrics, heartbeat, store, workdir, on_trained=on_trained)

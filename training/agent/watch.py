@@ -21,9 +21,10 @@ FINISH_TRIES = 12  # of 'finished', about ten minutes in all: the heartbeat goes
 
 
 def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: MetricsForwarder,
-          heartbeat: Heartbeat, store: Path, workdir: Path) -> Exit:
+          heartbeat: Heartbeat, store: Path, workdir: Path, on_trained=None) -> Exit:
     """While the trainer runs: forward its metrics, hand complete checkpoints to the uploader, keep the heartbeat's
-    status current, and stop the trainer (it checkpoints on SIGTERM) when told to."""
+    status current, and stop the trainer (it checkpoints on SIGTERM) when told to. Once it has trained every phase
+    and each checkpoint is uploaded: `on_trained()` (the eval phase) where given, else 'finished' is said."""
     while True:
         metrics.flush()
         for folder in complete_checkpoints(store):
@@ -51,6 +52,8 @@ def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: Metr
     if heartbeat.stop.is_set():
         return Exit.OK
     if trainer.returncode == 0:
+        if on_trained is not None:
+            return on_trained()
         report_finished(api)
         return Exit.OK
     tail = (workdir / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
