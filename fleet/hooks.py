@@ -13,12 +13,14 @@ AttachHandler = Callable[[Instance, datetime], None]
 MoveHandler = Callable[[Instance, str, datetime], bool]
 ReadGrant = Callable[[str, list[str], int], dict]
 BoxesOf = Callable[[object], QuerySet]
+AlertData = Callable[[object], dict | None]
 
 _boxes_of: list[BoxesOf] = []
 
 _attach: list[AttachHandler] = []
 _move: list[MoveHandler] = []
 _read_grant: list[ReadGrant] = []
+_alert_data: list[AlertData] = []
 
 
 def on_attach(handler: AttachHandler) -> AttachHandler:
@@ -42,6 +44,20 @@ def on_read_grant(grant: ReadGrant) -> ReadGrant:
 def on_boxes_of(handler: BoxesOf) -> BoxesOf:
     """`handler(user)`: the ids (a values queryset) of the boxes that did that user's work, such as their runs'."""
     return _register(_boxes_of, handler)
+
+
+def on_alert_data(handler: AlertData) -> AlertData:
+    """`handler(alert)`: what a webhook body carries beside the message for an alert of the app's (a run's
+    evaluation numbers), or None when the alert is not its."""
+    return _register(_alert_data, handler)
+
+
+def alert_data(alert) -> dict:
+    for handler in _alert_data:
+        found = handler(alert)
+        if found:
+            return found
+    return {}
 
 
 def _register(handlers: list, handler):

@@ -15,7 +15,7 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, create_model, field_validator, model_validator
 
-from runs import checkpoints, reports, storage, tokens
+from runs import checkpoints, evaluation_api, evaluations, reports, storage, tokens
 from training import metric_fields
 from training.checkpoint_names import checkpoint_name
 
@@ -103,6 +103,16 @@ def store_unavailable(request, exc):
     return response
 
 
+@api.exception_handler(evaluations.NotYet)
+def evaluation_not_yet(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=409)
+
+
+@api.exception_handler(evaluations.SamplesRefused)
+def evaluation_refused(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=422)
+
+
 @api.exception_handler(reports.PointsRefused)
 def points_refused(request, exc):
     return api.create_response(request, {"detail": str(exc)}, status=422)
@@ -162,10 +172,12 @@ class SpecOut(Schema):
     dead_man_window_s: int
     renewed_until: datetime
     max_metric_points: int
+    evaluation: dict | None = Field(None, description="{phase, done}: every training phase is banked, the box only "
+                                                      "evaluates, skipping the sample indices done")
 
 
 class HeartbeatIn(Schema):
-    state: Literal["installing", "training", "uploading", "idle", "stopping"]
+    state: Literal["installing", "training", "uploading", "evaluating", "idle", "stopping"]
     process_alive: bool = Field(False, strict=True)
     phase: int | None = Field(None, ge=0, le=100, strict=True)
     step: int | None = Field(None, ge=0, le=10_000_000, strict=True)
@@ -301,3 +313,6 @@ def checkpoint_rejected(request, report: RejectedIn):
 @api.post("/events", response={200: EventOut, 503: ErrorOut})
 def event(request, report: EventIn):
     return {"state": reports.agent_event(request.auth, report.kind, report.message)}
+
+
+api.add_router("/evaluation/", evaluation_api.router)  # start, samples, finish, failed (runs/evaluation_api.py)

@@ -7,11 +7,13 @@ class RunsConfig(AppConfig):
 
     def ready(self):
         """Tells fleet what a run does when its box is attached or found hung, and how a serving box reads a run's
-        adapter, and which boxes did a user's runs (fleet.hooks: fleet cannot import runs)."""
+        adapter, which boxes did a user's runs, and a run's evaluation numbers in its alerts (fleet.hooks: fleet
+        cannot import runs)."""
         from fleet import hooks
-        from runs import serving, sharing, supervisor
+        from runs import evaluations, serving, sharing, supervisor
 
         hooks.on_attach(supervisor.on_box_attached)
         hooks.on_move(supervisor.on_move)
         hooks.on_read_grant(serving.adapter_grant)
         hooks.on_boxes_of(sharing.boxes_of)
+        hooks.on_alert_data(evaluations.alert_data)

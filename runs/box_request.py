@@ -8,6 +8,7 @@ from fleet.instances import disk
 from fleet.models import OfferProfile
 from fleet.offers.ranked import run_settings
 from fleet.ranking import OfferFilters, Workload, micro_step_vram_gb
+from runs import serving
 from runs.models import Run
 from training.recipe import RunRecipe
 
@@ -24,6 +25,17 @@ class BoxRequest:
     @classmethod
     def for_run(cls, run: Run) -> "BoxRequest":
         return cls.build(RunRecipe.from_stored(run.recipe), run.profile, disk_gb=run.disk_gb)
+
+    @classmethod
+    def for_evaluation(cls, run: Run) -> "BoxRequest":
+        """A box that only evaluates the run's banked adapter: one GPU that holds the base model for inference (BF16
+        weights and a KV cache, as serving ranks boxes), or the training's VRAM when the model's size is unknown."""
+        request = cls.for_run(run)
+        vram_gb = serving.vram_needed_gb(run.recipe)
+        figures = replace(request.figures, gpus=1)
+        if vram_gb is not None:
+            figures = replace(figures, vram_needed_gb=vram_gb)
+        return replace(request, figures=figures)
 
     @classmethod
     def build(cls, recipe: RunRecipe, profile: OfferProfile | None, *, disk_gb: int | None = None) -> "BoxRequest":

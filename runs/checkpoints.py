@@ -11,6 +11,7 @@ from django.utils import timezone
 from fleet import enqueue, locks
 from runs import manifests, retention, storage
 from runs.models import Checkpoint, Run, RunAttempt
+from training.recipe import EVAL_KIND
 
 log = logging.getLogger(__name__)
 # A checkpoint this small is sealed within its completion request (a few seconds of copying at most, inside the
@@ -179,8 +180,9 @@ def checkpoint_rejected(attempt: RunAttempt, phase: int, step: int, reason: str,
 
 
 def _finals(run: Run) -> set[tuple[int, int]]:
-    """(phase, step) of each phase's last step: the checkpoints that hold the run's adapters."""
-    return {(phase.index, phase.steps) for phase in run.phases.all()}
+    """(phase, step) of each training phase's last step: the checkpoints that hold the run's adapters (an eval phase
+    trains nothing)."""
+    return {(phase.index, phase.steps) for phase in run.phases.exclude(kind=EVAL_KIND)}
 
 
 RESUME_CANDIDATES = 3  # the newest verified checkpoints a box may try, newest first
@@ -213,4 +215,4 @@ def missing_outputs(run: Run) -> list[str]:
     stored = set(run.checkpoints.filter(complete=True, rejected_reason="", pruned_at=None).exclude(manifest=None)
                  .exclude(sealed_at=None).values_list("phase", "step"))
     return [f"the final adapter of phase {phase.name} (step {phase.steps}) is not in the run's store"
-            for phase in run.phases.all() if (phase.index, phase.steps) not in stored]
+            for phase in run.phases.exclude(kind=EVAL_KIND) if (phase.index, phase.steps) not in stored]

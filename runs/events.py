@@ -22,7 +22,7 @@ def record(run: Run, kind: str, message: str, *, now=None, from_box: int | None 
             changes = {"state": after, "state_reason": message}
             if lifecycle.is_restart(before, after):
                 changes["restarts"] = F("restarts") + 1
-            if after in (lifecycle.FINISHED, lifecycle.FAILED, lifecycle.CANCELLED):
+            if after in lifecycle.ENDED:
                 changes["finished_at"] = now
             claim = Run.objects.filter(pk=run.pk, state=before)
             if from_box is not None:

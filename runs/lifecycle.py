@@ -6,12 +6,15 @@ state (the diagram: docs/runs.md, "runs/lifecycle.py").
 
 # A run's states, defined here only (Run.State is made from them).
 PENDING, PROVISIONING, INSTALLING, TRAINING = "pending", "provisioning", "installing", "training"
-RECOVERING = "recovering"
+EVALUATING, RECOVERING = "evaluating", "recovering"  # evaluating: every training phase banked, the eval phase runs
 FINISHED, FAILED, CANCELLED = "finished", "failed", "cancelled"
-ACTIVE = (PENDING, PROVISIONING, INSTALLING, TRAINING, RECOVERING)
-ENDED = (FINISHED, FAILED, CANCELLED)
+EVAL_FAILED = "eval_failed"  # trained (its adapters banked and servable), its evaluation failed
+ACTIVE = (PENDING, PROVISIONING, INSTALLING, TRAINING, EVALUATING, RECOVERING)
+ENDED = (FINISHED, FAILED, CANCELLED, EVAL_FAILED)
 STATES = ACTIVE + ENDED
-ON_A_BOX = (PROVISIONING, INSTALLING, TRAINING)
+ON_A_BOX = (PROVISIONING, INSTALLING, TRAINING, EVALUATING)
+# What ends a run as failed; once its training is banked each is recorded as "evaluation_failed" (runs.evaluations).
+FAILURES = ("trainer_failed", "restarts_exhausted", "budget_exhausted", "no_offer")
 
 _MOVES = {
     "rented": {PENDING: PROVISIONING, RECOVERING: PROVISIONING},
@@ -21,8 +24,14 @@ _MOVES = {
     "step": {PROVISIONING: TRAINING, INSTALLING: TRAINING},
     "probe_failed": {PROVISIONING: RECOVERING, INSTALLING: RECOVERING},
     "host_lost": {state: RECOVERING for state in ON_A_BOX},
-    "hung": {TRAINING: RECOVERING, INSTALLING: RECOVERING},
+    "hung": {TRAINING: RECOVERING, INSTALLING: RECOVERING, EVALUATING: RECOVERING},
     "finished": {TRAINING: FINISHED},
+    # The eval phase (docs/runs.md, "Evaluation"): a box that only evaluates comes from provisioning or installing.
+    "evaluating": {PROVISIONING: EVALUATING, INSTALLING: EVALUATING, TRAINING: EVALUATING},
+    "evaluated": {EVALUATING: FINISHED},
+    "evaluation_failed": {state: EVAL_FAILED for state in ACTIVE},
+    # Evaluate again: a finished run waits for a box that only evaluates its banked adapter on another file.
+    "evaluate_again": {FINISHED: PENDING, EVAL_FAILED: PENDING},
     "trainer_failed": {state: FAILED for state in ACTIVE},
     "outputs_lost": {state: FAILED for state in ACTIVE},  # the trainer finished, its final adapters are not stored
     "restarts_exhausted": {state: FAILED for state in ACTIVE},
@@ -30,6 +39,9 @@ _MOVES = {
     "no_offer": {state: FAILED for state in ACTIVE},
     "cancelled": {state: CANCELLED for state in ACTIVE},
 }
+
+
+EVENTS = frozenset(_MOVES)  # the events that can move a run; its history holds others (logs, resumes) too
 
 
 def transition(state: str, event: str) -> str:

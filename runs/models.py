@@ -38,6 +38,8 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     wound_up_at = models.DateTimeField(null=True, blank=True, help_text="box destroyed and alert sent, once")
+    promoted = models.BooleanField(null=True, blank=True, help_text="the latest evaluation's verdict by the recipe's "
+                                   "promote rule; none: never evaluated")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -142,6 +144,9 @@ class RunAttempt(models.Model):
         null=True, blank=True, help_text="the box's token stops opening anything then; heartbeats renew it")
     uploads_deleted_at = models.DateTimeField(
         null=True, blank=True, help_text="its attempt folder in the store was emptied then, its upload grants expired")
+    evaluation = models.ForeignKey("runs.Evaluation", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="attempts", help_text="the evaluate-again this box was rented for: "
+                                                                      "its cost is that evaluation's, not training's")
 
     class Meta:
         ordering = ["started_at", "id"]
@@ -211,6 +216,74 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["-phase", "-step"]
         constraints = [models.UniqueConstraint(fields=["run", "phase", "step"], name="one_checkpoint_per_step")]
+
+
+class Evaluation(models.Model):
+    """One evaluation of a run's banked adapter against its base model: number 0 is the recipe's eval phase, 1 and on
+    each "evaluate again" (docs/runs.md, "Evaluation"). Its summary is computed here from the samples recorded."""
+
+    class State(models.TextChoices):
+        WAITING = "waiting"  # asked for; no box has started it
+        RUNNING = "running"
+        FINISHED = "finished"
+        FAILED = "failed"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="evaluations")
+    number = models.PositiveSmallIntegerField(help_text="0: the recipe's eval phase; 1, 2, ...: evaluate again")
+    phase = models.PositiveSmallIntegerField(help_text="the eval phase's index in the recipe its box receives: after "
+                                                       "the training phases")
+    settings = models.JSONField(help_text="the eval phase as checked: data, scorer, max_new_tokens, max_samples, ...")
+    dataset = models.ForeignKey(DataSet, null=True, blank=True, on_delete=models.PROTECT, related_name="evaluations")
+    samples_expected = models.PositiveIntegerField(help_text="the eval file's records, or its max_samples cut")
+    budget_usd = models.DecimalField(max_digits=10, decimal_places=2, null=True, blank=True,
+                                     help_text="evaluate again only: what its own boxes may cost")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.WAITING)
+    reason = models.TextField(blank=True, help_text="why it failed, or the promote rule's words")
+    base_score = models.FloatField(null=True, blank=True)
+    adapter_score = models.FloatField(null=True, blank=True)
+    difference = models.FloatField(null=True, blank=True)
+    ci_low = models.FloatField(null=True, blank=True, help_text="95% paired-bootstrap interval of the difference")
+    ci_high = models.FloatField(null=True, blank=True)
+    wins = models.PositiveIntegerField(null=True, blank=True)
+    ties = models.PositiveIntegerField(null=True, blank=True)
+    losses = models.PositiveIntegerField(null=True, blank=True)
+    promoted = models.BooleanField(null=True, blank=True)
+    generated_with = models.CharField(max_length=20, blank=True, help_text="vllm or transformers")
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    requested_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    evaluated_alert = models.ForeignKey("fleet.Alert", null=True, blank=True, on_delete=models.SET_NULL,
+                                        related_name="+")
+    promoted_alert = models.ForeignKey("fleet.Alert", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="+")
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="one_evaluation_per_number")]
+
+    def __str__(self):
+        return f"evaluation {self.number} of run {self.run_id} ({self.state})"
+
+
+class EvalSample(models.Model):
+    """One prompt of an evaluation, as the box answered and scored it with and without the adapter; the first post of
+    an index is kept."""
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="samples")
+    index = models.PositiveIntegerField()
+    prompt = models.TextField()
+    expected = models.TextField(blank=True)
+    base_answer = models.TextField()
+    adapter_answer = models.TextField()
+    base_score = models.FloatField()
+    adapter_score = models.FloatField()
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [models.UniqueConstraint(fields=["evaluation", "index"], name="one_sample_per_index")]
 
 
 class RunEvent(Event):

@@ -8,8 +8,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Instance
-from runs import checkpoints, datasets, events, lifecycle, model_grants, pulse, storage
-from runs.costs import run_cost
+from runs import checkpoints, datasets, evaluations, events, lifecycle, model_grants, pulse, storage
 from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields
 from training.recipe import RunRecipe
@@ -63,7 +62,8 @@ def heartbeat(attempt: RunAttempt, beat: dict, *, now=None) -> dict:
     Instance.objects.filter(pk=attempt.instance_id).update(**seen)
     if lifecycle.moves(run.state, "agent_started"):
         events.record(run, "agent_started", "The box's agent reported in.", now=now, from_box=attempt.instance_id)
-    command, why = standing_order(run_active=run.is_active, spent=run_cost(run, now), budget=run.budget_usd,
+    spent, budget = evaluations.spending(run, now)
+    command, why = standing_order(run_active=run.is_active, spent=spent, budget=budget,
                                   supervisor_age_s=pulse.age_s("supervisor", now),
                                   stale_after_s=settings.SUPERVISOR_STALE_S)
     if command == "stop_machine" and not run.events.filter(kind="told_to_stop", at__gte=now - timedelta(
@@ -148,6 +148,7 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
                 box = str(exc)
             return events.record(run, "outputs_lost", f"The trainer finished, but {'; '.join(missing)}. {box}",
                                  now=now, from_box=attempt.instance_id)[1]
+    kind = evaluations.failure_kind(run, kind, now)  # a failure once the training is banked fails its evaluation
     return events.record(run, kind, message, now=now, from_box=attempt.instance_id)[1]
 
 
@@ -164,7 +165,7 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         # Said once however often a box asks for its spec: a box asking in a loop must not grow the run's history.
         if not run.events.filter(kind="resume", message=message, at__gte=now - timedelta(hours=1)).exists():
             run.events.create(at=now, kind="resume", message=message)
-    return {
+    return evaluations.spec_for_box(run, {
         "run_id": run.pk,
         "name": run.name,
         "recipe": run.recipe,
@@ -184,4 +185,4 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         "dead_man_window_s": settings.AGENT_DEAD_MAN_WINDOW_S,
         "renewed_until": renewed_until(now),
         "max_metric_points": settings.AGENT_MAX_METRIC_POINTS,
-    }
+    }, settings.STORAGE_GRANT_S)  # with "evaluation" once every training phase is banked

@@ -8,6 +8,7 @@ import signal
 import time
 
 from training import records
+from training.recipe import EVAL_KIND
 
 RECORD_SECONDS = 2.0  # one record's processor time: a real chat template renders one in milliseconds
 RECORD_WALL_SECONDS = 3 * RECORD_SECONDS  # the same measured from outside, for a child stuck in native code
@@ -60,7 +61,8 @@ def _render_all(kind, sample, tokenizer, send) -> None:
     for number, record in sample:
         signal.setitimer(signal.ITIMER_VIRTUAL, RECORD_SECONDS)  # this process's own time: none lost to a busy host
         try:
-            ids, labels = records.render_record(kind, record, tokenizer)
+            # An eval record is its prompt as generation starts from it, nothing trained: as a GRPO prompt renders.
+            ids, labels = records.render_record("grpo" if kind == EVAL_KIND else kind, record, tokenizer)
             measure = {"line": number, "tokens": len(ids), "trained": sum(t != records.IGNORE for t in labels)}
             if not shown:
                 measure["segments"] = records.trained_segments(tokenizer, ids, labels)

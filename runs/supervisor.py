@@ -17,7 +17,7 @@ from fleet.offers.calibration import box_measurement_problem, record_finished_ru
 from fleet.models import Alert, Instance
 from fleet.reaper.policy import hung
 from fleet.reaper.sweep import policy_from_settings
-from runs import checkpoints, events, lifecycle, pulse, reports, tokens
+from runs import checkpoints, evaluations, events, lifecycle, pulse, reports, tokens
 from runs.box_request import BoxRequest
 from runs.costs import run_cost
 from runs.models import Run, RunAttempt
@@ -58,9 +58,9 @@ def supervise_run(run: Run, now: datetime) -> None:
     if not run.is_active:
         _wind_up(run, now)
         return
-    spent = run_cost(run, now)
-    if spent >= run.budget_usd:
-        _end(run, "budget_exhausted", f"Spent ${spent:.2f} of its ${run.budget_usd:.2f} budget.", now)
+    spent, budget = evaluations.spending(run, now)  # an evaluate-again is held to its own budget
+    if spent >= budget:
+        _end(run, "budget_exhausted", f"Spent ${spent:.2f} of its ${budget:.2f} budget.", now)
         return
     if run.state in lifecycle.ON_A_BOX:
         reason, kind = box_trouble(run, run.current_instance, now)
@@ -91,7 +91,7 @@ def box_trouble(run: Run, box: Instance | None, now: datetime) -> tuple[str, str
         return "", ""
     if silent_since is not None and now - silent_since > timedelta(seconds=settings.AGENT_HEARTBEAT_TIMEOUT_S):
         return f"No heartbeat from {box.label} for {int((now - silent_since).total_seconds())} s.", "host_lost"
-    if run.state == lifecycle.TRAINING:
+    if run.state in (lifecycle.TRAINING, lifecycle.EVALUATING):  # an evaluation's progress: each sample recorded
         why = hung(progress_at=run.last_step_at, gpu_util_percent=box.gpu_util_percent,
                    gpu_last_ok_at=box.gpu_last_ok_at, policy=policy_from_settings(), now=now,
                    first_step_since=box.requested_at if run.last_step_at is None else None)
@@ -175,9 +175,11 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
         if not Run.objects.filter(pk=run.pk, state__in=NEEDS_A_BOX, current_instance=None).update(
                 current_instance=instance, last_heartbeat_at=None, last_step_at=None):
             raise _NoLongerWanted
-        RunAttempt.objects.create(run=run, instance=instance, started_at=now, token_nonce=tokens.new_nonce())
+        RunAttempt.objects.create(run=run, instance=instance, started_at=now, token_nonce=tokens.new_nonce(),
+                                  evaluation=again)
 
-    request = BoxRequest.for_run(run)
+    again = evaluations.again_due(run)  # an evaluate-again's box: one GPU ranked by the model's inference VRAM
+    request = BoxRequest.for_evaluation(run) if again is not None else BoxRequest.for_run(run)
     try:
         requested = actions.request_best(request.figures, request.filters, idempotency_key=f"run-{run.pk}-attempt-"
                                          f"{run.attempts.count()}", purpose="training", image=image,
@@ -239,7 +241,8 @@ def agent_env(attempt: RunAttempt) -> dict[str, str]:
 
 
 def _end(run: Run, kind: str, reason: str, now: datetime) -> None:
-    events.record(run, kind, reason, now=now)  # refreshes the run
+    # Once every training phase is banked, the run ends "trained, evaluation failed", never failed.
+    events.record(run, evaluations.failure_kind(run, kind, now), reason, now=now)  # refreshes the run
     _wind_up(run, now)
 
 

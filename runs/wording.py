@@ -31,7 +31,10 @@ def state_words(state: str, restarts: int, box_state: str | None) -> str:
         return "recovering: " + RECOVERY_STEP.get(box_state, "new box provisioning")
     if restarts > 0 and state == lifecycle.INSTALLING:
         return "recovering: new box installing"
-    return state
+    return STATE_WORDS.get(state, state)
+
+
+STATE_WORDS = {lifecycle.EVAL_FAILED: "trained, evaluation failed"}
 
 
 def reason_text(message: str) -> str:
@@ -64,6 +67,10 @@ def describe(run, phases: list) -> RunStatus:
                "resumes from the newest complete checkpoint.")
     elif run.state == lifecycle.TRAINING:
         now = f"Training {phase.name}." if phase is not None else "Training."
+    elif run.state == lifecycle.EVALUATING:
+        now = "Evaluating: the banked adapter and the base model answer the eval file's prompts, each answer scored."
+    elif run.state == lifecycle.EVAL_FAILED:
+        now = f"Trained, evaluation failed: {reason} The trained adapters are kept: download or serve them."
     elif run.state in WAITING and (not reason or reason == PROBE_PASSED):
         now = WAITING[run.state]
     elif run.state == lifecycle.RECOVERING:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from fleet import hooks
 from fleet.addresses import host_refusal, resolve
 
 SECRET_PREFIX = "whsec_"
@@ -63,7 +64,8 @@ def body(alert, *, slack: bool) -> bytes:
         payload = {
             "type": alert.kind,
             "timestamp": alert.created_at.isoformat().replace("+00:00", "Z"),
-            "data": {"message": alert.message, "instance": instance_record(alert.instance), "alert_id": alert.pk},
+            "data": {"message": alert.message, "instance": instance_record(alert.instance), "alert_id": alert.pk,
+                     **hooks.alert_data(alert)},  # a run's evaluation: its numbers (fleet.hooks.on_alert_data)
         }
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 

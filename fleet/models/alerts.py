@@ -18,6 +18,8 @@ class Alert(models.Model):
         RUN_FAILED = "run.failed"
         RUN_FINISHED = "run.finished"
         RUN_CANCELLED = "run.cancelled"  # an operator stopped it: not a failure
+        RUN_EVALUATED = "run.evaluated"  # its adapter was scored against the base model: the numbers and the verdict
+        RUN_PROMOTED = "run.promoted"  # the evaluation passed the recipe's promote rule
         TEST = "test"  # sent from the Alerts page to one endpoint, whatever kinds it takes
 
     kind = models.CharField(max_length=40, choices=Kind.choices)
