@@ -211,3 +211,13 @@ def steps(run: Run, optimizer: str = "adamw", checkpointing: bool = False,
             found.append((card, plan))
             least = card
     return found[::-1]
+
+
+def shape_from_config(config, linear_attention: bool) -> ModelShape:
+    """The shape of a transformers MoE config (its text config for a multimodal one); the LoRA widths are left 0:
+    the trainer counts its parameters on the model itself (`Run.lora_params`)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 1
+    return ModelShape(total_params_b=0.0, layers=text.num_hidden_layers, hidden=text.hidden_size, experts=experts,
+                      moe_intermediate=getattr(text, "moe_intermediate_size", 0) or 0, vocab=text.vocab_size,
+                      linear_attention=linear_attention, attention_lora_width=0)

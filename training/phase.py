@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from training import checkpoint, distributed, export_adapter, families, guards, moe_lora, rollout, router_load
+from training import optimizers
 from training.data import batch_indices, boundaries_width, collate, load_phase_data
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.losses import LOSSES, sequence_logps
@@ -68,6 +69,7 @@ class Trainee:
     graphs: MicroStepGraphs | None = None
     max_grad_norm: float = 1.0
     router: router_load.RouterCounter | None = None  # the router's load, counted in every training forward
+    optimizer: str = "adamw"  # what every phase steps with (memory_plan.OPTIMIZERS)
 
     @property
     def device(self):
@@ -109,8 +111,9 @@ class Trainee:
             coef = (self.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
             grads = [distributed.local(p.grad) for p in groups["trainable"] if p.grad is not None]
             torch._foreach_mul_(grads, coef.to(grads[0].device))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
+        lr = float(scheduler.get_last_lr()[0])  # torchao keeps its rate as a tensor
+        with optimizers.step_context(optimizer, device):
+            optimizer.step()
         scheduler.step()
         if self.graphs is not None:
             self.graphs.zero_grads()  # in place: captured graphs accumulate into these tensors
@@ -180,8 +183,8 @@ class Phase:
         self.spec = spec = recipe.phases[index]
         self.sinks, self.uploader, self.out = sinks, uploader, out
         self.items = load_phase_data(spec.kind, spec.data, tokenizer, recipe.seq_len)
-        self.optimizer = torch.optim.AdamW(trainee.groups["trainable"], lr=spec.lr, weight_decay=recipe.weight_decay,
-                                           fused=trainee.device.type == "cuda")
+        self.optimizer = optimizers.build(trainee.optimizer, trainee.groups["trainable"], lr=spec.lr,
+                                          weight_decay=recipe.weight_decay, device=trainee.device)
         self.batch_size = recipe.batch_size * trainee.ranks.size  # each rank reads its slice
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(
             recipe.schedule, recipe.warmup_steps, spec.steps, recipe.min_lr_ratio))
@@ -208,7 +211,7 @@ class Phase:
 
     def restore(self, state):
         """From a checkpoint's trainer state (`save`): optimizer, schedule, random state, step, data position."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizers.load_state_dict(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.position, self.reference = state["step"], state["data_position"], state["reference"]
@@ -275,7 +278,7 @@ class Phase:
                                          architecture=type(model.get_base_model()).__name__),)
         self.uploader.save(model, {
             "phase_index": self.index, "phase_name": self.spec.name, "step": self.step,
-            "data_position": self.position, "optimizer": self.optimizer.state_dict(),
+            "data_position": self.position, "optimizer": optimizers.state_dict(self.optimizer),
             "scheduler": self.scheduler.state_dict(), "rng": checkpoint.rng_state(), "reference": self.reference,
         }, checkpoint.checkpoint_name(self.index, self.step), exports=exports)
 

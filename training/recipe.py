@@ -13,6 +13,7 @@ import yaml
 
 from training import model_source
 from training.families import target_problems
+from training.memory_plan import MEMORY_PLANS, OPTIMIZERS
 from training.records import nested_deeper_than
 
 
@@ -117,6 +118,11 @@ class RunRecipe:
     max_grad_norm: float = 1.0
     promote: dict | None = None  # with an eval phase: {metric, min_gain, min_score} (PROMOTE_DEFAULTS)
     gradient_checkpointing: bool = False
+    # adamw (float32 moments) | adamw_8bit (torchao's 8-bit moments) | adamw_offload (moments on the host, GPU only)
+    optimizer: str = "adamw"
+    # auto: on one GPU the trainer takes the cheapest plan that fits the memory it finds (training/memory_plan.py),
+    # never less frugal than gradient_checkpointing and optimizer say; recipe: those two as they are.
+    memory_plan: str = "auto"
     # On a GPU, CPT/SFT/DPO/KTO micro-steps of one shape are captured once and replayed (DPO/KTO rows are then padded
     # to a few lengths, training/data.py).
     cuda_graphs: bool = True
@@ -489,6 +495,12 @@ def _training(recipe: dict, problems: _Problems) -> None:
         problems.append(f"schedule: one of {SCHEDULES}, got {recipe['schedule']!r}")
     for key in ("gradient_checkpointing", "cuda_graphs"):
         problems.flag(key, recipe[key])
+    if recipe["optimizer"] not in OPTIMIZERS:
+        problems.append(f"optimizer: one of {OPTIMIZERS}, got {_shown(recipe['optimizer'])}")
+    elif recipe["optimizer"] != "adamw" and recipe["gpus"] != 1:
+        problems.append(f"optimizer: {recipe['optimizer']} runs on one GPU (gpus: 1); several GPUs step with adamw")
+    if recipe["memory_plan"] not in MEMORY_PLANS:
+        problems.append(f"memory_plan: one of {MEMORY_PLANS}, got {_shown(recipe['memory_plan'])}")
 
 
 def _outputs(recipe: dict, base_dir, problems: _Problems) -> None:

@@ -14,6 +14,7 @@ import time
 import torch
 
 from training import checkpoint, distributed, families, guards, model_source, moe_lora, router_load
+from training import fitting
 from training.data import length_buckets, load_tokenizer
 from training.graphs import MicroStepGraphs
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
@@ -115,10 +116,13 @@ def run(recipe, out=print):
     vocab_size = base.config.get_text_config().vocab_size
     plain = recipe.to_dict()  # for the tokenizer's loader and phase_finals, which read its sections as plain values
     tokenizer = load_tokenizer(plain["model"], vocab_size)
-    if recipe.gradient_checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = recipe.lora
     model = attach_lora(base, r=lora.r, alpha=lora.alpha, attention=lora.attention, targets=lora.targets)
+    # Checkpointing and the optimizer's state as the memory plan has them for this card (training/fitting.py).
+    fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size)
+    out(fit.words)
+    if fit.checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     # After LoRA, so that its factors are sharded and averaged (training/distributed.py); runs the experts-forward
     # guard (on several ranks: layer by layer, on every rank).
@@ -145,6 +149,8 @@ def run(recipe, out=print):
         out(f"resuming from checkpoint {name}")
 
     sinks = open_sinks(dataclasses.asdict(recipe.metrics)) if ranks.main else []
+    for sink in sinks:
+        sink.emit({"event": "log", "message": fit.words})  # the agent posts it as the run's event
     # DeltaNet layers read the packed samples' boundaries on the host (training/packing.py): nothing to capture.
     capturable = not families.family_of(base.config).linear_attention and ranks.can_capture
     # Up to one graph per DPO/KTO length bucket: the graphs share one memory pool, so each more holds little beyond
@@ -152,7 +158,7 @@ def run(recipe, out=print):
     graphs = (MicroStepGraphs(groups["trainable"], max_graphs=len(length_buckets(recipe.seq_len)))
               if ranks.device.type == "cuda" and recipe.cuda_graphs and capturable else None)
     router = router_load.attach_counter(model, ranks.device) if recipe.metrics.router_every else None
-    trainee = Trainee(model, groups, ranks, graphs, recipe.max_grad_norm, router=router)
+    trainee = Trainee(model, groups, ranks, graphs, recipe.max_grad_norm, router=router, optimizer=fit.optimizer)
     try:
         # Gradients reach .grad through backward() only and nothing hooks them: the experts' backward may add the
         # routed LoRA gradients into .grad itself.

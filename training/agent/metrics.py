@@ -47,7 +47,13 @@ def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int
         read_to += len(line)
         if line.strip():
             try:
-                batch.append(to_point(json.loads(line)))
+                record = json.loads(line)
+                if isinstance(record, dict) and "event" in record:  # a line the trainer says once (its memory plan)
+                    if (batch and not _send(api, batch)) or not _send_event(api, record):
+                        return sent_to
+                    batch, sent_to = [], read_to
+                    continue
+                batch.append(to_point(record))
             except (ValueError, TypeError, KeyError, OverflowError, OSError):
                 log.warning("skipping a metrics line that is not a JSON object: %r", line[:200])
         if len(batch) == max_points:
@@ -57,6 +63,20 @@ def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int
     if batch and not _send(api, batch):
         return sent_to
     return read_to
+
+
+def _send_event(api: Api, record: dict) -> bool:
+    """A trainer's event line posted as the run's log event; False leaves it for the next round."""
+    try:
+        api.call("POST", "events", {"kind": "log", "message": str(record.get("message", ""))[:4000]})
+    except ConnectionError as exc:
+        log.warning("event not sent, kept for the next round: %s", exc)
+        return False
+    except Refused as exc:
+        if exc.status in TOKEN_REFUSED:
+            return False
+        log.warning("the dashboard refused an event, dropped: %s", exc)
+    return True
 
 
 def _send(api: Api, points: list[dict]) -> bool:

@@ -1,0 +1,73 @@
+"""The memory plan a run trains with on the card it found (training/memory_plan.py): counted on the model as built,
+with LoRA attached, against the memory the device has; the recipe's own settings on a CPU or several GPUs
+(docs/training.md, "training/fitting.py")."""
+
+from dataclasses import dataclass
+
+import torch
+
+from training import families, memory_plan
+from training.recipe import RecipeError, RunRecipe
+
+
+@dataclass(frozen=True)
+class Choice:
+    checkpointing: bool
+    optimizer: str
+    plan: memory_plan.Plan | None  # None: not chosen from the memory (a CPU, several GPUs, or nothing fits)
+    words: str  # the trainer's log line and the run's event
+
+
+def micro_step_tokens(recipe: RunRecipe) -> int:
+    """Tokens a rank's micro-step holds at most: a DPO row is a pair."""
+    pairs = any(phase.kind == "dpo" for phase in recipe.phases)
+    return recipe.batch_size * recipe.seq_len * (2 if pairs else 1)
+
+
+def usable_memory_gib(device) -> float:
+    """What this process may hold on the GPU: its reserve now and what the card has free."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return (free + torch.cuda.memory_reserved(device)) / memory_plan.GIB
+
+
+def counted_run(recipe: RunRecipe, model, gpus: int) -> memory_plan.Run:
+    """The run as the plan counts it: the model's own parameters, trainable (LoRA) and frozen (the base)."""
+    lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+    shape = memory_plan.shape_from_config(config, families.family_of(config).linear_attention)
+    return memory_plan.Run(shape, tokens=micro_step_tokens(recipe), gpus=gpus, lora_params=lora, weights_bytes=weights)
+
+
+def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | None = None) -> Choice:
+    """How this run trains: on one GPU with `memory_plan: auto` the first plan that fits `budget_gib` (default: what
+    the card has for this process), never less frugal than the recipe; otherwise the recipe's own settings."""
+    device = torch.device(device)
+    asked = (recipe.gradient_checkpointing, recipe.optimizer)
+    if device.type != "cuda":
+        if recipe.optimizer == "adamw_offload":
+            raise RecipeError("optimizer adamw_offload keeps the optimizer's state on the host instead of the GPU, and "
+                              "this run has no GPU: use adamw or adamw_8bit")
+        return Choice(*asked, None, f"memory plan: no GPU, the recipe's own ({memory_plan.plan_name(*asked)})")
+    run = counted_run(recipe, model, gpus)
+    usable = budget_gib if budget_gib is not None else usable_memory_gib(device)
+    if gpus > 1 or recipe.memory_plan == "recipe":
+        plan = memory_plan.estimate(run, *asked, usable)
+        why = "several GPUs" if gpus > 1 else "memory_plan: recipe"
+        return Choice(*asked, plan, f"memory plan ({why}): {describe(plan)}")
+    plan = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing)
+    if plan is None:  # nothing fits: the most frugal, said so; the run may still go out of memory
+        plan = memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing)[-1]
+        return Choice(plan.checkpointing, plan.optimizer, plan,
+                      f"memory plan: no plan fits {usable:.1f} GiB; trying the most frugal: {describe(plan)}")
+    return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}")
+
+
+def describe(plan: memory_plan.Plan) -> str:
+    """One line: the plan and where its memory goes."""
+    host = f", {plan.host_gib:.1f} GiB on the host" if plan.host_gib else ""
+    return (f"{plan.name}: weights {plan.weights_gib:.1f} + LoRA factors and gradients {plan.lora_gib:.1f} + optimizer "
+            f"state {plan.optimizer_gib:.1f} + activations {plan.activations_gib:.1f} + head {plan.head_gib:.1f} + "
+            f"slack {plan.slack_gib:.1f} = {plan.total_gib:.1f} of {plan.card_gib:.1f} GiB, headroom "
+            f"{plan.headroom_gib:.1f} GiB{host}")

@@ -1,0 +1,149 @@
+"""The optimizer a phase steps with (the recipe's `optimizer`, or the memory plan's): AdamW with float32 moments,
+torchao's AdamW8bit (each moment in a byte, a scale per block of 256), or AdamW on the host (`HostAdamW`, GPU only).
+Their state is saved in one form, AdamW's own with float32 moments, so that a checkpoint holds plain tensors only
+and resumes under any of them (docs/training.md, "training/optimizers.py")."""
+
+import contextlib
+
+import torch
+
+from training.memory_plan import OPTIMIZERS
+from training.recipe import RecipeError
+
+
+class OptimizerError(RecipeError):
+    """The optimizer cannot run here (offloading on a CPU-only run, torchao missing)."""
+
+
+class HostAdamW(torch.optim.Optimizer):
+    """AdamW whose float32 moments and master copy of the factors live in the host's pinned memory: at each step the
+    gradients (clipped, whatever wrote them) go to the host, AdamW steps there, the factors come back. Not torchao's
+    CPUOffloadOptimizer: that one copies each gradient in a post-accumulate hook, before the trainer clips it, at every
+    micro-step, and misses the routed gradients the experts' backward adds into .grad itself."""
+
+    def __init__(self, params, lr, weight_decay=0.0):
+        self.device_params = [p for p in params if p.requires_grad]
+        pin = torch.cuda.is_available()
+        self.host_params = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin) for p in self.device_params]
+        for host, p in zip(self.host_params, self.device_params, strict=True):
+            host.copy_(p.detach())
+            host.grad = torch.zeros_like(host, pin_memory=pin)
+        self.host = torch.optim.AdamW(self.host_params, lr=lr, weight_decay=weight_decay, fused=True)
+        super().__init__(self.device_params, {"lr": lr, "weight_decay": weight_decay})
+        self.param_groups = self.host.param_groups  # the schedule sets the host optimizer's rate
+        self.state = self.host.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        took = [p.grad is not None for p in self.device_params]
+        for host, p, has in zip(self.host_params, self.device_params, took, strict=True):
+            if has:
+                host.grad.copy_(p.grad, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        grads = [host.grad for host in self.host_params]
+        for host, has in zip(self.host_params, took, strict=True):
+            if not has:
+                host.grad = None  # AdamW leaves a parameter without a gradient as it is
+        self.host.step()
+        for host, p, grad, has in zip(self.host_params, self.device_params, grads, took, strict=True):
+            host.grad = grad
+            if has:
+                p.copy_(host, non_blocking=True)
+        return None
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.device_params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self):
+        return self.host.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.host.load_state_dict(state_dict)
+        self.param_groups = self.host.param_groups
+        self.state = self.host.state
+        with torch.no_grad():
+            for host, p in zip(self.host_params, self.device_params, strict=True):
+                host.copy_(p.detach())  # the checkpoint's factors are the model's: the master copy follows them
+
+
+def _torchao_optim():
+    try:
+        import torchao.optim
+    except ImportError as exc:
+        raise OptimizerError("optimizer adamw_8bit needs torchao (requirements/worker.txt), which cannot be imported "
+                             f"here: {exc}") from None
+    return torchao.optim
+
+
+def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch.optim.Optimizer:
+    """The optimizer `name` (memory_plan.OPTIMIZERS) over `params` on `device`."""
+    device = torch.device(device)
+    params = list(params)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+    if name == "adamw_8bit":
+        return _torchao_optim().AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw_offload":
+        if device.type != "cuda":
+            raise OptimizerError("optimizer adamw_offload moves the optimizer's state from the GPU to the host, and "
+                                 "this run has no GPU: use adamw or adamw_8bit")
+        return HostAdamW(params, lr=lr, weight_decay=weight_decay)
+    raise OptimizerError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def step_context(optimizer, device):
+    """Where `optimizer.step()` runs: torchao compiles its 8-bit step once per parameter shape, tens of seconds each
+    on a CPU, where it gains nothing; there it runs eagerly, the same arithmetic."""
+    if torch.device(device).type == "cpu" and type(optimizer).__module__.startswith("torchao"):
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
+def _plain(value):
+    """A rate torchao keeps as a tensor, as a number."""
+    return float(value) if torch.is_tensor(value) else value
+
+
+def _dequantized(value):
+    """A moment as a plain float32 tensor: torchao's 8-bit ones (OptimState8bit) dequantized."""
+    if type(value) is not torch.Tensor and hasattr(value, "dequantize"):
+        value = value.dequantize()
+    return value.float().as_subclass(torch.Tensor)
+
+
+def state_dict(optimizer) -> dict:
+    """AdamW's own state dict with plain float32 moments and rates as numbers, whichever optimizer this is: what a
+    checkpoint holds (plain tensors, loaded with weights_only) and any of them resumes from."""
+    saved = optimizer.state_dict()
+    state = {index: {key: value if key == "step" else _dequantized(value) for key, value in entry.items()}
+             for index, entry in saved["state"].items()}
+    groups = [{key: _plain(value) for key, value in group.items()} for group in saved["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def load_state_dict(optimizer, saved: dict) -> None:
+    """`state_dict`'s form (AdamW's own, as every checkpoint holds it) into `optimizer`, each moment put in the form
+    this optimizer keeps it (8-bit where torchao's does)."""
+    own = optimizer.state_dict()
+    groups = [{**mine, **{key: value for key, value in theirs.items() if key in mine and key != "params"}}
+              for mine, theirs in zip(own["param_groups"], saved["param_groups"], strict=True)]
+    optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
+    new_buffer = getattr(optimizer, "_new_buffer", None)
+    if new_buffer is None:  # torch's AdamW, or the host's
+        return
+    for group in optimizer.param_groups:  # torchao steps with tensor rates
+        for key in ("lr", "initial_lr"):
+            if key in group and not torch.is_tensor(group[key]):
+                group[key] = torch.tensor(float(group[key]), dtype=torch.float32)
+        for p in group["params"]:
+            entry = optimizer.state.get(p)
+            for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
+                if entry and key in entry and type(entry[key]) is torch.Tensor:
+                    buffer = new_buffer(p, signed)
+                    buffer.copy_(entry[key].to(buffer.device))
+                    entry[key] = buffer
