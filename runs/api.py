@@ -219,6 +219,20 @@ class _PointBase(Schema):
         return at
 
 
+def _one_width(counts: list[list[int]]) -> list[list[int]]:
+    if len({len(layer) for layer in counts}) != 1:
+        raise ValueError("router_load: every MoE layer counts the same experts (one width for every row)")
+    return counts
+
+
+# The router's load over one interval (training/router_load.py): per MoE layer, the (token, choice) pairs each expert
+# received, as non-negative integers (a float, NaN or a negative count is refused).
+RouterLoadIn = Annotated[
+    list[Annotated[list[Annotated[int, Field(strict=True, ge=0, le=metric_fields.ROUTER_MAX_COUNT)]],
+                   Field(min_length=1, max_length=metric_fields.ROUTER_MAX_EXPERTS)]],
+    Field(min_length=1, max_length=metric_fields.ROUTER_MAX_LAYERS), AfterValidator(_one_width)]
+
+
 # A point's fields come from metric_fields' table at run time; a type checker sees the class they extend.
 if TYPE_CHECKING:
     PointIn = _PointBase
@@ -228,6 +242,7 @@ else:
         **{key: (int, Field(..., ge=0, le=limit, strict=True)) for key, limit in metric_fields.KEY_LIMITS.items()},
         **{metric_fields.AT: (datetime | None, None)},
         **{field.name: _metric_field(field) for field in metric_fields.FIELDS},
+        **{metric_fields.ROUTER_LOAD: (RouterLoadIn | None, None)},
     )
 
 

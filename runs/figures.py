@@ -180,6 +180,27 @@ def _b_matrices(data: RunData, rows, edges) -> dict:
                               margin={"l": 64, "r": 56})}
 
 
+def _router(data: RunData, rows, edges) -> dict:
+    """The router's balance per phase: the worst layer's busiest expert over its mean (solid; 1 is even) and the
+    experts that got no token (dashed), at each logging interval (docs/training.md, "training/router_load.py")."""
+    traces = []
+    for p in data.stats:
+        if not p.points:
+            continue
+        colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
+        xs, ys = _phase_series(data, rows, edges, "router_max_mean", p)
+        traces.append(_trace(f"max/mean · {p.name}", xs, ys, colour, connectgaps=True))
+        xs, ys = _phase_series(data, rows, edges, "router_idle_experts", p)
+        traces.append(_trace(f"idle experts · {p.name}", xs, ys, colour, yaxis="y2", connectgaps=True,
+                             line={"color": colour, "width": 1.2, "dash": "dash", "shape": "hv"}))
+    title = "Router load: busiest expert over the mean (solid) and experts with no token (dashed)"
+    return {"id": "router", "title": title, "data": traces,
+            "layout": layout(title, "max / mean load", shapes=_phase_marks(data),
+                              yaxis2={"title": {"text": "experts with no token"}, "overlaying": "y", "side": "right",
+                                      "rangemode": "tozero", "showgrid": False},
+                              margin={"l": 64, "r": 56})}
+
+
 def _cost(data: RunData) -> dict:
     times, values = cost_curve(data.segments, data.traffic_usd, data.now)
     traces: list[dict] = [{"type": "scatter", "mode": "lines", "name": "cost so far",
@@ -274,6 +295,7 @@ def run_figures(inputs: ChartInputs) -> list[dict]:
         _grad_norms(data, rows, edges),
         _b_matrices(data, rows, edges),
         _per_box(data, rows, edges, "tokens_per_s", "tokens", "Tokens per second by box", "tokens/s"),
+        _router(data, rows, edges),
     ]
     return [
         _said_empty(timeline, not timeline["data"], NO_STEPS),

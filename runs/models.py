@@ -180,6 +180,8 @@ class MetricPoint(models.Model):
     grad_norm_total = models.FloatField(null=True)
     routed_b_norm = models.FloatField(null=True)
     routed_b_zero = models.PositiveIntegerField(null=True)
+    router_max_mean = models.FloatField(null=True)
+    router_idle_experts = models.PositiveIntegerField(null=True)
     gpu_mem_gib = models.FloatField(null=True)
     kernel_path = models.CharField(max_length=20, blank=True)
     instance = models.ForeignKey("fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL,
@@ -188,6 +190,20 @@ class MetricPoint(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "phase", "step"], name="one_point_per_step")]
         indexes = [models.Index(fields=["run", "at"])]
+
+
+class RouterLoad(models.Model):
+    """The router's load over one logging interval of a phase, as the box counted it: (token, choice) pairs each
+    routed expert received, one row per MoE layer (runs.router_loads keeps the newest few per phase)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="router_loads")
+    phase = models.PositiveSmallIntegerField()
+    step = models.PositiveIntegerField(help_text="the interval's last step")
+    at = models.DateTimeField()
+    counts = models.JSONField(help_text="[[count of expert 0, 1, ...] of MoE layer 0, ...], non-negative integers")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "phase", "step"], name="one_router_load_per_step")]
 
 
 class Checkpoint(models.Model):

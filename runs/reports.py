@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Instance
-from runs import checkpoints, datasets, evaluations, events, lifecycle, model_grants, pulse, storage
+from runs import checkpoints, datasets, evaluations, events, lifecycle, model_grants, pulse, router_loads, storage
 from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields
 from training.recipe import RunRecipe
@@ -106,6 +106,7 @@ def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
         return 0
     MetricPoint.objects.bulk_create(rows, update_conflicts=True, unique_fields=["run", "phase", "step"],
                                     update_fields=["at", "instance", *METRIC_FIELDS])
+    router_loads.store(run, list(latest.values()), now)  # the router's load matrices, beside their steps
     last = max(rows, key=lambda r: (r.phase, r.step))
     # A late batch from a box just replaced (its token read before the switch) keeps its steps but moves nothing of
     # the run's: its replacement is judged by its own first step, not by the old box's last one.

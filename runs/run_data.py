@@ -15,6 +15,7 @@ from runs.costs import run_costs
 from runs.downsample import bucket_width
 from runs.models import MetricPoint, Run, RunAttempt, RunEvent
 from runs.phase_stats import PhaseStats, phase_stats, zero_gradient_phases
+from runs.router_loads import idle_warning, latest_per_phase
 from runs.projection import Projection, StepTime, project, step_time
 from training import metric_fields
 
@@ -60,6 +61,8 @@ class RunData:
     segments: list[tuple] = field(default_factory=list)
     traffic_usd: Decimal = Decimal(0)
     offsets: dict[int, int] = field(default_factory=dict)
+    router_loads: dict[int, tuple[int, list]] = field(default_factory=dict)  # phase: (step, counts) of its newest
+    idle_experts: list[str] = field(default_factory=list)  # the experts each phase's newest interval left idle
 
 
 def _boxes(run: Run) -> tuple[dict[int, Box], list[tuple], Decimal]:
@@ -136,8 +139,11 @@ def run_data(run: Run, now: datetime, stats: list[PhaseStats]) -> RunData:
     for p in stats:
         offsets[p.index] = total
         total += max(p.planned_steps, p.last_step or 0)
+    loads = {phase: (load.step, load.counts) for phase, load in latest_per_phase(run).items()}
+    names = {p.index: p.name for p in stats}
+    idle = [idle_warning(phase, names.get(phase, "?"), *loads[phase]) for phase in sorted(loads)]
     return RunData(run, now, stats, boxes, projection.cost_usd, projection, zero_gradient_phases(stats), segments,
-                   traffic, offsets)
+                   traffic, offsets, loads, [w for w in idle if w])
 
 
 def latest_step_annotations() -> dict:

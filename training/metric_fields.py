@@ -28,6 +28,9 @@ LARGEST_NORM = 1e39
 LARGEST_LR = 10.0  # a recipe's learning rate is at most 1.0 (training/recipe.py LIMITS)
 WEEK_S = 7 * 24 * 3600.0  # one step; a box that takes longer has hung
 LARGEST_TOKENS_PER_S = 1e9  # a hundred times and more what any box of GPUs trains at
+# The router's load (training/router_load.py): at most this many MoE layers and experts a layer, each expert's count of
+# (token, choice) pairs in one interval at most ROUTER_MAX_COUNT. ROUTER_LOAD is the record's matrix, not a column.
+ROUTER_LOAD, ROUTER_MAX_LAYERS, ROUTER_MAX_EXPERTS, ROUTER_MAX_COUNT = "router_load", 256, 1024, 10**15
 FIELDS = (
     MetricField("loss", float, "loss", minimum=-LARGEST_NORM, maximum=LARGEST_NORM, enveloped=True),
     MetricField("lr", float, "learning rate", maximum=LARGEST_LR),
@@ -42,6 +45,10 @@ FIELDS = (
     MetricField("grad_norm_total", float, "total gradient norm", maximum=LARGEST_NORM),
     MetricField("routed_b_norm", float, "routed-expert LoRA B norm", maximum=LARGEST_NORM, enveloped=True),
     MetricField("routed_b_zero", int, "routed-expert LoRA B tensors still zero", maximum=10_000_000, enveloped=True),
+    MetricField("router_max_mean", float, "router load: busiest expert over the mean, worst layer",
+                maximum=ROUTER_MAX_EXPERTS, enveloped=True),
+    MetricField("router_idle_experts", int, "routed experts that got no token (layer x expert)",
+                maximum=ROUTER_MAX_LAYERS * ROUTER_MAX_EXPERTS, enveloped=True),
     MetricField("gpu_mem_gib", float, "GPU memory the trainer holds (GiB)", maximum=10_000),
     MetricField("kernel_path", str, "experts kernel path", max_length=20),
 )
@@ -50,9 +57,12 @@ ENVELOPED = tuple(f.name for f in FIELDS if f.enveloped)
 
 
 def wire_point(record: dict) -> dict:
-    """What the agent posts for one record of metrics.jsonl: the key, the time, and the fields the record has."""
+    """What the agent posts for one record of metrics.jsonl: the key, the time, the fields the record has, and its
+    router load matrix where it has one (the dashboard checks its shape)."""
     finished = record.get("time")
     point = {PHASE: record[PHASE], STEP: record[STEP],
              AT: datetime.fromtimestamp(finished, tz=UTC).isoformat() if finished is not None else None}
     point.update({name: record[name] for name in NAMES if record.get(name) is not None})
+    if record.get(ROUTER_LOAD) is not None:
+        point[ROUTER_LOAD] = record[ROUTER_LOAD]
     return point

@@ -55,7 +55,8 @@ def test_it_maps_every_trainer_metric_onto_the_api():
               "step_s": 2.0, "tokens_per_s": 8192.0, "grad_norm_routed": 0.4, "grad_norm_attention": 0.3,
               "grad_norm_linear_attention": 0.2, "grad_norm_shared_expert": 0.1,
               "grad_norm_total": 0.5, "routed_b_norm": 2.0, "routed_b_zero": 0, "routed_b_count": 96,
-              "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton"}
+              "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton", "router_max_mean": 1.5,
+              "router_idle_experts": 1, "router_load": [[3, 0], [1, 2]]}
     point = to_point(record)
     assert set(point) == set(PointIn.model_fields)  # nothing the dashboard stores is left unsent
     assert point["phase"] == 1 and point["step_s"] == 2.0 and point["gpu_mem_gib"] == 70.0

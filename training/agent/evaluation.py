@@ -1,7 +1,6 @@
-"""The eval phase on the box (docs/agent.md, "The eval phase"): once the training phases' finals are banked, the
-agent runs `python -m training.evaluation` as a child under the phase's time limit, forwards the samples it writes
-in batches, and reports the end: evaluation/finish, or evaluation/failed with the reason. Either way the box's work
-ends normally: the trained adapters are safe in the store."""
+"""The eval phase on the box (docs/agent.md, "The eval phase"): once the finals are banked, `python -m
+training.evaluation` runs as a child under the phase's time limit; its samples are forwarded in batches, then
+evaluation/finish, or evaluation/failed with the reason. Either way the box's work ends normally."""
 
 import json
 import logging

@@ -1,8 +1,6 @@
-"""`python -m training.evaluation --recipe recipe.json --samples samples.jsonl`: the eval phase as its own process.
-Loads the model and the last training phase's final adapter from the checkpoint store, answers every record not
-done yet (those in --done, and those already in the samples file) with the adapter and without it, scores both and
-appends each sample to the samples file as a JSON line; at the end writes --summary. Exit 0 when every sample is
-done, 2 on a recipe, record or scorer error (said on stderr)."""
+"""`python -m training.evaluation --recipe R --samples S [--done D] [--summary M]`: the eval phase as a process. It
+answers each record not done (in D or S) with the last training phase's final adapter and without it, scores both,
+appends each sample to S as a JSON line, then writes M. Exit 2 on a recipe, record or scorer error."""
 
 import argparse
 import json

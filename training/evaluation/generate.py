@@ -16,6 +16,7 @@ from training.records import encode, openai_messages
 
 _log = logging.getLogger(__name__)
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+_BASE_DECODERS = "_eval_base_decoders"  # the base's decoders, kept apart while the adapter's are in use
 
 
 def prompt_ids(tokenizer, prompt, tools=None) -> list[int]:
@@ -47,12 +48,12 @@ def adapter_off(model):
     captured decode step replays whichever forward it captured)."""
     causal = model.get_base_model()
     kept = causal.__dict__.get(rollout.DECODERS_ATTRIBUTE, OrderedDict())
-    causal.__dict__[rollout.DECODERS_ATTRIBUTE] = causal.__dict__.pop("_eval_base_decoders", OrderedDict())
+    causal.__dict__[rollout.DECODERS_ATTRIBUTE] = causal.__dict__.pop(_BASE_DECODERS, OrderedDict())
     try:
         with model.disable_adapter():
             yield
     finally:
-        causal.__dict__["_eval_base_decoders"] = causal.__dict__.get(rollout.DECODERS_ATTRIBUTE, OrderedDict())
+        causal.__dict__[_BASE_DECODERS] = causal.__dict__.get(rollout.DECODERS_ATTRIBUTE, OrderedDict())
         causal.__dict__[rollout.DECODERS_ATTRIBUTE] = kept
 
 
@@ -79,6 +80,8 @@ class TransformersGenerator:
         return [answer_text(self.tokenizer, row) for row in out.tolist()]
 
     def close(self):
+        """Drops the decoders (caches and CUDA graphs) of both ways."""
+        self.model.get_base_model().__dict__.pop(_BASE_DECODERS, None)
         rollout.release(self.model)
 
 
