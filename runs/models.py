@@ -122,6 +122,9 @@ class Phase(models.Model):
     dataset = models.ForeignKey(DataSet, null=True, blank=True, on_delete=models.PROTECT, related_name="phases",
                                 help_text="the data the box downloads for this phase (none: a run older than data "
                                           "sets, whose box reads the recipe's path)")
+    eval_dataset = models.ForeignKey(DataSet, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                                     help_text="the held-out data the box validates this phase on (its recipe's "
+                                               "eval_data), if any")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -184,6 +187,26 @@ class MetricPoint(models.Model):
     router_idle_experts = models.PositiveIntegerField(null=True)
     gpu_mem_gib = models.FloatField(null=True)
     kernel_path = models.CharField(max_length=20, blank=True)
+    # Each phase kind's own figures and the held-out ones (training/metric_fields.py PHASE_KIND_FIELDS,
+    # HELD_OUT_FIELDS): only the steps of a phase of that kind have them, the held-out ones at its validations.
+    rewards_chosen = models.FloatField(null=True)
+    rewards_rejected = models.FloatField(null=True)
+    rewards_accuracy = models.FloatField(null=True)
+    rewards_margin = models.FloatField(null=True)
+    kl = models.FloatField(null=True)
+    reward_mean = models.FloatField(null=True)
+    reward_std = models.FloatField(null=True)
+    completion_length = models.FloatField(null=True)
+    zero_spread_groups = models.FloatField(null=True)
+    eval_loss = models.FloatField(null=True)
+    eval_perplexity = models.FloatField(null=True)
+    eval_rewards_chosen = models.FloatField(null=True)
+    eval_rewards_rejected = models.FloatField(null=True)
+    eval_rewards_accuracy = models.FloatField(null=True)
+    eval_rewards_margin = models.FloatField(null=True)
+    eval_reward_mean = models.FloatField(null=True)
+    eval_reward_std = models.FloatField(null=True)
+    eval_s = models.FloatField(null=True)
     instance = models.ForeignKey("fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="+")
 

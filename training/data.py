@@ -2,6 +2,8 @@
 (docs/training.md, "training/data.py")."""
 
 import functools
+import hashlib
+import json
 
 import torch
 
@@ -44,34 +46,61 @@ def _truncate(prompt_ids, completion_ids, seq_len):
 
 def load_phase_data(kind, path, tokenizer, seq_len):
     """The phase's items (rows for cpt/sft, examples for the others) as plain lists of token ids."""
+    return phase_items(kind, read_records(path, kind), tokenizer, seq_len)
+
+
+def held_out_share(record: dict, seed: int) -> float:
+    """Where a record falls in [0, 1): a hash of the run's seed and the record's canonical JSON, the same on every
+    box and after every resume, whatever the file's order."""
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(f"{seed}\n{canonical}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_records(records: list[dict], share: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(training records, held-out records): those whose `held_out_share` is below `share` are held out, at least
+    the lowest one, and at least one is left to train on; each keeps the file's order."""
+    if len(records) < 2:
+        raise ValueError(f"eval_split needs at least 2 records to hold one out and train on another, got "
+                         f"{len(records)}")
+    shares = [held_out_share(record, seed) for record in records]
+    lowest = min(shares)
+    held = [i for i, s in enumerate(shares) if s < share or s == lowest]
+    if len(held) == len(records):
+        raise ValueError(f"eval_split {share:g} held out all {len(records)} records: nothing is left to train on")
+    taken = set(held)
+    return [r for i, r in enumerate(records) if i not in taken], [records[i] for i in held]
+
+
+def phase_items(kind, records, tokenizer, seq_len):
+    """Checked records (training/records.py) as the phase's items: rows for cpt/sft, examples for the others."""
     eos = tokenizer.eos_token_id
     if kind == "cpt":
         samples = []
-        for record in read_records(path, "cpt"):
+        for record in records:
             ids = encode(tokenizer, record["text"]) + [eos]
             samples.append((ids, list(ids)))
         return _pack(samples, seq_len, tokenizer.pad_token_id)
     if kind == "sft":
-        samples = [render_chat(tokenizer, record["messages"], record.get("tools"))
-                   for record in read_records(path, "sft")]
+        samples = [render_chat(tokenizer, record["messages"], record.get("tools")) for record in records]
         return _pack(samples, seq_len, tokenizer.pad_token_id)
     if kind == "dpo":
         items = []
-        for record in read_records(path, "dpo"):
+        for record in records:
             prompt = render_prompt(tokenizer, record["prompt"])
             pairs = [_truncate(prompt, encode(tokenizer, record[k]) + [eos], seq_len) for k in ("chosen", "rejected")]
             items.append({"chosen": pairs[0], "rejected": pairs[1]})
         return items
     if kind == "kto":
         items = []
-        for record in read_records(path, "kto"):
+        for record in records:
             prompt = render_prompt(tokenizer, record["prompt"])
             pair = _truncate(prompt, encode(tokenizer, record["completion"]) + [eos], seq_len)
             items.append({"pair": pair, "desirable": bool(record["label"])})
         return items
     if kind == "grpo":
         return [{"prompt_ids": render_prompt(tokenizer, r["prompt"])[-seq_len // 2:], "record": r}
-                for r in read_records(path, "grpo")]
+                for r in records]
     raise ValueError(f"unknown phase kind {kind!r}")
 
 

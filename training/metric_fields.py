@@ -31,6 +31,41 @@ LARGEST_TOKENS_PER_S = 1e9  # a hundred times and more what any box of GPUs trai
 # The router's load (training/router_load.py): at most this many MoE layers and experts a layer, each expert's count of
 # (token, choice) pairs in one interval at most ROUTER_MAX_COUNT. ROUTER_LOAD is the record's matrix, not a column.
 ROUTER_LOAD, ROUTER_MAX_LAYERS, ROUTER_MAX_EXPERTS, ROUTER_MAX_COUNT = "router_load", 256, 1024, 10**15
+# Each phase kind's own figures (training/losses.py), as TRL names and computes them. A reward is beta times the
+# log-prob's gain over the reference (bounded as a loss is); a GRPO reward is whatever the phase's function returns.
+SIGNED = {"minimum": -LARGEST_NORM, "maximum": LARGEST_NORM, "enveloped": True}
+SHARE = {"maximum": 1.0, "enveloped": True}
+LARGEST_COMPLETION = 65_536  # tokens: a recipe's max_new_tokens at most (training/recipe.py LIMITS)
+PHASE_KIND_FIELDS = (
+    MetricField("rewards_chosen", float, "reward of the chosen (DPO) or desirable (KTO) completions", **SIGNED),
+    MetricField("rewards_rejected", float, "reward of the rejected (DPO) or undesirable (KTO) completions", **SIGNED),
+    MetricField("rewards_accuracy", float, "share of pairs whose chosen reward is the higher (DPO)", **SHARE),
+    MetricField("rewards_margin", float, "chosen minus rejected reward", **SIGNED),
+    MetricField("kl", float, "KL to the reference (KTO: its estimate; GRPO: to the adapter-off model)",
+                maximum=LARGEST_NORM, enveloped=True),
+    MetricField("reward_mean", float, "GRPO reward, mean over the completions", **SIGNED),
+    MetricField("reward_std", float, "GRPO reward spread within a group, mean over the groups", maximum=LARGEST_NORM,
+                enveloped=True),
+    MetricField("completion_length", float, "GRPO completion length (tokens)", maximum=LARGEST_COMPLETION,
+                enveloped=True),
+    MetricField("zero_spread_groups", float, "share of GRPO groups whose rewards do not vary", **SHARE),
+)
+# Validation on a phase's held-out records (training/validation.py), at its eval_every steps and its end: the same
+# figures as its training ones, "eval_" before the name; eval_s is the time the validation took.
+HELD_OUT_FIELDS = (
+    MetricField("eval_loss", float, "held-out loss", maximum=LARGEST_NORM, enveloped=True),
+    MetricField("eval_perplexity", float, "held-out perplexity (CPT)", minimum=1.0, maximum=LARGEST_NORM,
+                enveloped=True),
+    MetricField("eval_rewards_chosen", float, "held-out reward of the chosen / desirable completions", **SIGNED),
+    MetricField("eval_rewards_rejected", float, "held-out reward of the rejected / undesirable completions",
+                **SIGNED),
+    MetricField("eval_rewards_accuracy", float, "held-out share of pairs ranked right (DPO)", **SHARE),
+    MetricField("eval_rewards_margin", float, "held-out chosen minus rejected reward", **SIGNED),
+    MetricField("eval_reward_mean", float, "held-out GRPO reward, mean over the prompts (greedy)", **SIGNED),
+    MetricField("eval_reward_std", float, "held-out GRPO reward spread over the prompts", maximum=LARGEST_NORM,
+                enveloped=True),
+    MetricField("eval_s", float, "validation time (s)", maximum=WEEK_S),
+)
 FIELDS = (
     MetricField("loss", float, "loss", minimum=-LARGEST_NORM, maximum=LARGEST_NORM, enveloped=True),
     MetricField("lr", float, "learning rate", maximum=LARGEST_LR),
@@ -50,6 +85,8 @@ FIELDS = (
     MetricField("router_idle_experts", int, "routed experts that got no token (layer x expert)",
                 maximum=ROUTER_MAX_LAYERS * ROUTER_MAX_EXPERTS, enveloped=True),
     MetricField("gpu_mem_gib", float, "GPU memory the trainer holds (GiB)", maximum=10_000),
+    *PHASE_KIND_FIELDS,
+    *HELD_OUT_FIELDS,
     MetricField("kernel_path", str, "experts kernel path", max_length=20),
 )
 NAMES = tuple(f.name for f in FIELDS)

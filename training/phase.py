@@ -13,13 +13,16 @@ import torch
 
 from training import checkpoint, distributed, export_adapter, families, guards, moe_lora, rollout, router_load
 from training import optimizers
-from training.data import batch_indices, boundaries_width, collate, load_phase_data
+from training import metric_fields, validation
+from training.data import batch_indices, boundaries_width, collate, phase_items, read_records, split_records
 from training.graphs import MicroStepGraphs, eager_micro_step
-from training.losses import LOSSES, sequence_logps
+from training.losses import LOSSES, preference_means, sequence_logps
 from training.packing import with_host_ends
 from training.recipe import RunRecipe, load_reward
 
 NORM_GROUPS = (*families.GROUPS, "other")  # "other": trainable parameters outside the family's groups
+# Every record has every field; a phase kind's own and the held-out ones are None where the step has none.
+NOT_THIS_KIND = {f.name: None for f in (*metric_fields.PHASE_KIND_FIELDS, *metric_fields.HELD_OUT_FIELDS)}
 
 
 def lr_lambda(schedule, warmup_steps, total_steps, min_lr_ratio):
@@ -170,7 +173,15 @@ def format_line(record):
         f"{record['grad_norm_linear_attention']:.3g} shared {record['grad_norm_shared_expert']:.3g} total "
         f"{record['grad_norm_total']:.3g} | routed B norm {record['routed_b_norm']:.4g} zero "
         f"{record['routed_b_zero']}/{record['routed_b_count']} |{mem} experts {record['kernel_path']}"
+        + held_out_line(record)
     )
+
+
+def held_out_line(record) -> str:
+    """The printed line's held-out figures, where the step validated."""
+    shown = [f"{key[len('eval_'):]} {value:.4g}" for key, value in record.items()
+             if key.startswith("eval_") and key != "eval_s" and isinstance(value, float)]
+    return f" | held-out {' '.join(shown)} ({record['eval_s']:.2f}s)" if record.get("eval_s") is not None else ""
 
 
 class Phase:
@@ -182,7 +193,14 @@ class Phase:
         self.recipe, self.index, self.trainee, self.tokenizer = recipe, index, trainee, tokenizer
         self.spec = spec = recipe.phases[index]
         self.sinks, self.uploader, self.out = sinks, uploader, out
-        self.items = load_phase_data(spec.kind, spec.data, tokenizer, recipe.seq_len)
+        records, held_out = read_records(spec.data, spec.kind), []
+        if spec.eval_split:  # the same records on every resume: a hash of each record and the run's seed
+            records, held_out = split_records(records, spec.eval_split, recipe.seed)
+        elif spec.eval_data:
+            held_out = read_records(spec.eval_data, spec.kind)
+        self.items = phase_items(spec.kind, records, tokenizer, recipe.seq_len)
+        self.eval_items = phase_items(spec.kind, held_out, tokenizer, recipe.seq_len) if held_out else []
+        self.eval_reference = None  # DPO/KTO: the held-out items' log-probs under the phase's reference
         self.optimizer = optimizers.build(trainee.optimizer, trainee.groups["trainable"], lr=spec.lr,
                                           weight_decay=recipe.weight_decay, device=trainee.device)
         self.batch_size = recipe.batch_size * trainee.ranks.size  # each rank reads its slice
@@ -208,6 +226,13 @@ class Phase:
         if self.spec.kind in ("dpo", "kto"):
             self.reference = score_reference(self.trainee.model, self.spec.kind, self.items, self.recipe.batch_size,
                                               self.tokenizer.pad_token_id, self.trainee.device)
+            self.eval_reference = self._score_eval_reference()
+
+    def _score_eval_reference(self):
+        if not self.eval_items or self.spec.kind not in ("dpo", "kto"):
+            return None
+        return score_reference(self.trainee.model, self.spec.kind, self.eval_items, self.recipe.batch_size,
+                               self.tokenizer.pad_token_id, self.trainee.device)
 
     def restore(self, state):
         """From a checkpoint's trainer state (`save`): optimizer, schedule, random state, step, data position."""
@@ -215,6 +240,10 @@ class Phase:
         self.scheduler.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.position, self.reference = state["step"], state["data_position"], state["reference"]
+        # A checkpoint from before the held-out data was named holds none: scored now, with the adapter as restored.
+        self.eval_reference = state.get("eval_reference")
+        if self.eval_reference is None:
+            self.eval_reference = self._score_eval_reference()
         self._reset_router()
 
     def _reset_router(self):
@@ -228,6 +257,18 @@ class Phase:
     @property
     def done(self):
         return self.step >= self.spec.steps
+
+    def validation_due(self):
+        """Every eval_every steps and at the phase's end, where the phase has held-out data."""
+        every = self.spec.eval_every
+        return bool(self.eval_items) and (self.done or (every > 0 and self.step % every == 0))
+
+    def validate(self):
+        """The held-out figures of the model as it stands (training/validation.py)."""
+        return validation.validate(self.trainee.model, self.spec.kind, self.eval_items, settings=self.loss.settings,
+                                   batch_size=self.recipe.batch_size, tokenizer=self.tokenizer,
+                                   device=self.trainee.device, reference=self.eval_reference,
+                                   reward_fn=self.loss.ctx["reward_fn"])
 
     def micro_batches(self):
         """The next step's micro-batches, this rank's slice of each, on the device."""
@@ -250,8 +291,11 @@ class Phase:
         """One optimizer step; returns its record."""
         record = self.trainee.optimizer_step(self.micro_batches(), self.loss, self.optimizer, self.scheduler,
                                              check_guard=self.guard_pending)
+        record = {**NOT_THIS_KIND, **preference_means(record)}
         self.guard_pending = self.guard_pending and not record["guard_checked"]
         self.step += 1
+        if self.validation_due():
+            record.update(self.validate())
         router = self.trainee.router
         # The one host read of the counts: every metrics.router_every steps and at the phase's end.
         record.update(router_load.summary(router.take(self.trainee.ranks)) if router is not None and self.router_due()
@@ -280,6 +324,7 @@ class Phase:
             "phase_index": self.index, "phase_name": self.spec.name, "step": self.step,
             "data_position": self.position, "optimizer": optimizers.state_dict(self.optimizer),
             "scheduler": self.scheduler.state_dict(), "rng": checkpoint.rng_state(), "reference": self.reference,
+            "eval_reference": self.eval_reference,
         }, checkpoint.checkpoint_name(self.index, self.step), exports=exports)
 
     def finish(self):

@@ -80,6 +80,12 @@ class PhaseSpec:
     num_generations: int = 4
     max_new_tokens: int = 64
     temperature: float = 1.0
+    # Held-out data of a training phase (docs/training.md, "Held-out data"): a JSONL file of the phase's kind (the same
+    # sources as data), or the share of the phase's records set aside by a seeded hash; validated every eval_every
+    # steps (0: only at the phase's end) and always at its end.
+    eval_data: str | None = None
+    eval_split: float = 0.0
+    eval_every: int = 0
     # eval (docs/training.md, "The eval phase"): how answers are scored, how many records, the wall-time limit of
     # the whole evaluation, and the prompts generated at once.
     scorer: str = "exact"  # exact | contains | regex | tool_call | module:function
@@ -88,9 +94,12 @@ class PhaseSpec:
     batch_size: int = 8
 
 
+HELD_OUT = ("eval_data", "eval_split", "eval_every")  # every training kind's
+MAX_EVAL_SPLIT = 0.5
 PHASE_SETTINGS = {  # each kind's own settings, beside the common ones
-    "cpt": (), "sft": (), "dpo": ("beta",), "kto": ("beta", "desirable_weight", "undesirable_weight"),
-    "grpo": ("num_generations", "max_new_tokens", "temperature"),
+    "cpt": HELD_OUT, "sft": HELD_OUT, "dpo": ("beta", *HELD_OUT),
+    "kto": ("beta", "desirable_weight", "undesirable_weight", *HELD_OUT),
+    "grpo": ("num_generations", "max_new_tokens", "temperature", *HELD_OUT),
     "eval": ("scorer", "max_new_tokens", "max_samples", "time_limit_s", "batch_size"),
 }
 EVAL_KIND = "eval"
@@ -233,7 +242,7 @@ LIMITS = {
     "max_new_tokens": 65_536, "keep": 1000, "every": 10_000_000,
     "lr": 1.0, "alpha": 65_536, "beta": 1000, "temperature": 100, "max_grad_norm": 1e6, "weight_decay": 10,
     "min_lr_ratio": 1.0, "desirable_weight": 1000, "undesirable_weight": 1000, "min_step_seconds": 3600,
-    "max_samples": 10_000_000, "time_limit_s": 7 * 24 * 3600,
+    "max_samples": 10_000_000, "time_limit_s": 7 * 24 * 3600, "eval_every": 10_000_000,
 }
 
 
@@ -623,7 +632,29 @@ def _phase(i: int, phase, recipe: dict, base_dir, names: set[str], problems: _Pr
         problems.positive_number(f"{where}.temperature", phase["temperature"])
     elif phase["reward"] is not None:
         problems.append(f"{where}.reward: only a grpo phase takes a reward function")
+    _held_out(where, phase, base_dir, problems)
     return phase
+
+
+def _held_out(where: str, phase: dict, base_dir, problems: _Problems) -> None:
+    """eval_data (a file, resolved as data is) or eval_split (a share of the data), and eval_every."""
+    data, split, every = phase["eval_data"], phase["eval_split"], phase["eval_every"]
+    if data is not None and split:
+        problems.append(f"{where}: give eval_data (a held-out file) or eval_split (a share of data), not both")
+    if data is not None:
+        if not isinstance(data, str) or not data.strip():
+            problems.append(f"{where}.eval_data: a JSONL file of {phase['kind']} records, got {_shown(data)}")
+        elif base_dir is not None:
+            phase["eval_data"] = _resolve(base_dir, data)
+            if not Path(phase["eval_data"]).is_file():
+                problems.append(f"{where}.eval_data: no such file {phase['eval_data']}")
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or not math.isfinite(split) \
+            or not 0 <= split <= MAX_EVAL_SPLIT:
+        problems.append(f"{where}.eval_split: a share of the phase's records above 0 and at most {MAX_EVAL_SPLIT:g} "
+                        f"(0.05 holds out one in twenty), got {_shown(split)}")
+    problems.positive_int(f"{where}.eval_every", every, zero_ok=True)
+    if isinstance(every, int) and every > 0 and data is None and not split:
+        problems.append(f"{where}.eval_every: validates held-out data; give eval_data or eval_split too")
 
 
 def _eval_settings(where: str, phase: dict, problems: _Problems) -> None:
