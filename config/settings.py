@@ -261,6 +261,9 @@ else:
     VAST_API_KEY = env_str("VAST_API_KEY", "")
 RUNPOD_API_URL = env_str("RUNPOD_API_URL", "https://api.runpod.io/graphql")
 RUNPOD_API_KEY = env_str("RUNPOD_API_KEY", "")
+if RUNPOD_API_KEY:  # RunPod's offers refreshed on the same beat as vast.ai's, and ranked beside them
+    CELERY_BEAT_SCHEDULE["refresh-offers-runpod"] = {"task": "fleet.tasks.refresh_offers", "args": ("runpod",),
+                                                     "schedule": float(OFFER_REFRESH_SECONDS)}
 PROVIDER_TIMEOUT_S = env_float("PROVIDER_TIMEOUT_S", 20.0, minimum=0.1)
 PROVIDER_MAX_RETRIES = env_int("PROVIDER_MAX_RETRIES", 4, minimum=0)
 

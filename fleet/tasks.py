@@ -13,15 +13,12 @@ from fleet.instances import charges
 from fleet.models import Instance
 from fleet.offers import ranked, refresh
 from fleet.providers.errors import ProviderUnavailable, RateLimited
+from fleet.providers.registry import configured_providers
 from fleet.reaper import sweep
 
 log = logging.getLogger(__name__)
 TRANSIENT = (ProviderUnavailable, RateLimited)
 ONE_OFF = {"acks_late": True, "reject_on_worker_lost": True}
-
-
-def configured_providers() -> list[str]:
-    return [name for name, key in (("vast", settings.VAST_API_KEY), ("runpod", settings.RUNPOD_API_KEY)) if key]
 
 
 @shared_task(
@@ -86,8 +83,10 @@ def rent_waiting_instances() -> list[str]:
 
 
 @shared_task(autoretry_for=TRANSIENT, retry_backoff=30, max_retries=2, soft_time_limit=120, time_limit=150)
-def reconcile_charges() -> int:
-    return charges.reconcile("vast") if settings.VAST_API_KEY else 0
+def reconcile_charges() -> dict[str, int]:
+    """Each configured provider's charges against the ledger (vast.ai's charge report, RunPod's pod billing): how many
+    instances each matched."""
+    return {provider: charges.reconcile(provider) for provider in configured_providers()}
 
 
 @shared_task(expires=60, soft_time_limit=60, time_limit=90)

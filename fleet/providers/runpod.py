@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import httpx
 
-from . import fields
+from . import fields, runpod_billing
 from .base import ChargeReport, HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (
     AuthenticationFailed,
@@ -23,6 +23,7 @@ from .errors import (
 )
 from .records import InstanceRecord, OfferRecord, RentRequest
 from .retrying import RetryingClient
+from .runpod_terms import PodTerms
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ _NO_CAPACITY = (
     "out of stock",
 )
 _AUTH_WORDS = ("unauthorized", "unauthenticated", "forbidden", "invalid api key", "api key is invalid")
+# lastStatusChange words of a stop nobody asked for (checked lowercased; "user" wins over them).
+_UNASKED_STOP_WORDS = ("runpod", "host", "interrupt", "outbid", "balance", "error")
 _NOT_FOUND_WORDS = ("not found", "does not exist", "no pod", "could not find")
 
 # lowestPrice once per cloud (without `secureCloud` RunPod merges both): its stockStatus says whether a machine of
@@ -106,6 +109,7 @@ class RunPodClient(HttpProvider):
         gpu_counts: tuple[int, ...] = (1,),
         ports: str = "22/tcp,8000/tcp",
         storage_usd_per_gb_month: Decimal = STORAGE_USD_PER_GB_MONTH,
+        terms: PodTerms | None = None,
         sleep=time.sleep,
         transport: httpx.BaseTransport | None = None,
     ):
@@ -113,6 +117,7 @@ class RunPodClient(HttpProvider):
         self.gpu_counts = tuple(gpu_counts)
         self.ports = ports
         self.storage_usd_per_gb_month = storage_usd_per_gb_month
+        self.terms = terms or PodTerms()
         self._http = RetryingClient(provider="RunPod", key_variable="RUNPOD_API_KEY", api_key=api_key,
                                     timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                     max_wait_s=max_wait_s, sleep=sleep, transport=transport)
@@ -138,7 +143,7 @@ class RunPodClient(HttpProvider):
                 raise MalformedResponse("RunPod gpuTypes answered without a list of GPU types.")
             for raw in gpu_types:
                 try:
-                    result.extend(parse_offers(raw, gpu_count, cloud_types, bid=bid,
+                    result.extend(parse_offers(raw, gpu_count, cloud_types, bid=bid, terms=self.terms,
                                                storage_usd_per_gb_month=self.storage_usd_per_gb_month))
                 except (TypeError, ValueError) as exc:  # fields.BadField is a ValueError that names the field
                     gpu_id = fields.label(raw.get("id", "?")) if isinstance(raw, dict) else "?"
@@ -167,6 +172,7 @@ class RunPodClient(HttpProvider):
             "ports": self.ports,
             "supportPublicIp": True,
             "startSsh": True,
+            **self.terms.deploy_fields(),  # the host floors each offer promises (runpod_terms)
         }
         if request.onstart:  # RunPod has no on-start script; the container's command runs it instead
             pod["dockerArgs"] = f"bash -c {shlex.quote(request.onstart)}"
@@ -234,8 +240,20 @@ class RunPodClient(HttpProvider):
         return True
 
     def charges(self) -> ChargeReport:
-        """RunPod's GraphQL subset has no per-pod charge lines: the ledger accrues from costPerHr alone."""
-        return ChargeReport()
+        """Each pod's gpu, cpu and disk charges of the last months from REST API v2's pod billing (GraphQL has none);
+        a pod with an unreadable record is named in `unreadable` and not reconciled."""
+        what = "RunPod GET /v2/billing/pods"
+        response = self._http.request("GET", runpod_billing.billing_url(self.api_url), what=what,
+                                      params=runpod_billing.BILLING_QUERY)
+        if response.status_code >= 400:
+            body = _decode(response, what, strict=False)
+            detail = body.get("detail") or body.get("title") or response.reason_phrase
+            raise QueryRefused(f"{what}: HTTP {response.status_code}: {fields.shown(detail)}")
+        report = runpod_billing.parse_billing(_decode(response, what))
+        if report.skipped:
+            log.error("RunPod billing: left out %d unreadable records, their pods not reconciled: %s",
+                      len(report.skipped), "; ".join(report.skipped[:5]))
+        return report
 
     # -- GraphQL over HTTP with retries ----------------------------------------------------------------------
 
@@ -343,9 +361,12 @@ def in_stock(stock_status: str | None) -> bool:
 
 
 def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: bool = False,
+                 terms: PodTerms | None = None,
                  storage_usd_per_gb_month: Decimal = STORAGE_USD_PER_GB_MONTH) -> list[OfferRecord]:
-    """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine; a value that
-    cannot be read raises BadField (docs/fleet.md, "RunPod offers")."""
+    """The offers one GPU type makes at one GPU count: one per cloud it is listed in, priced per machine, with the
+    CUDA, driver, disk and bandwidth floors every rent sends (`terms`); a value that cannot be read raises BadField
+    (docs/fleet.md, "RunPod offers")."""
+    terms = terms or PodTerms()
     if not isinstance(raw, dict):
         raise TypeError("GPU type is not an object")
     gpu_type_id = fields.text(raw, "id", blank=False)
@@ -388,18 +409,18 @@ def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: boo
             num_gpus=gpu_count,
             gpu_ram_gb=float(memory),
             compute_capability=compute_capability(f"{gpu_type_id} {name}"),
-            cuda_max=0.0,
-            driver_version="",
-            disk_gb=0.0,
-            inet_up_mbps=0.0,
-            inet_down_mbps=0.0,
+            cuda_max=float(terms.cuda_floor),
+            driver_version=terms.min_driver,
+            disk_gb=float(terms.disk_gb),
+            inet_up_mbps=float(terms.min_upload_mbps),
+            inet_down_mbps=float(terms.min_download_mbps),
             inet_up_usd_per_gb=Decimal(0),  # RunPod does not bill traffic
             inet_down_usd_per_gb=Decimal(0),
             storage_usd_per_gb_month=storage_usd_per_gb_month,
             gpu_usd_per_hour=machine,
             total_usd_per_hour=machine,
             min_bid_usd_per_hour=None if spot is None else spot * gpu_count,
-            reliability=0.0,
+            reliability=terms.reliability.get(cloud, 0.0),
             verified=cloud == "SECURE",  # Secure Cloud is RunPod's vetted data-centre tier
             rentable=in_stock(stock),
             is_bid=bid,
@@ -427,6 +448,20 @@ def pod_status(desired_status: str, has_runtime: bool) -> str:
     if desired == "RUNNING":
         return "running" if has_runtime else "loading"
     return _STATUS.get(desired, desired.lower())
+
+
+def intended_status(desired_status: str, is_bid: bool, last_status_change: str) -> str:
+    """What the pod's owner wants, in vast.ai's words: a stop (desiredStatus EXITED, STOPPED, PAUSED) someone asked for
+    (a user, or the box's self-stop) is "stopped"; one RunPod or the host made, or an interruptible pod's unexplained
+    one (outbid), is "running", so the sync fails it (docs/fleet.md, "RunPod pod states")."""
+    if desired_status.upper() not in ("EXITED", "STOPPED", "PAUSED"):
+        return "running"
+    said = last_status_change.lower()
+    if "user" in said:
+        return "stopped"
+    if is_bid or any(words in said for words in _UNASKED_STOP_WORDS):
+        return "running"
+    return "stopped"
 
 
 def _public_ports(runtime: dict) -> tuple[str, dict[str, int], str, int | None]:
@@ -464,6 +499,7 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
         return fields.soft(source, problems, reader, key, fallback, **options)
 
     desired = fields.loose_text(raw.get("desiredStatus"), 100)
+    is_bid = fields.loose_text(raw.get("podType"), 100).upper() == "INTERRUPTABLE"
     runtime = raw.get("runtime")
     if runtime is not None and not isinstance(runtime, dict):
         problems.append(f"runtime is {fields.shown(runtime)}, not an object")
@@ -481,11 +517,8 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
         label=fields.loose_text(raw.get("name"), 200),
         status=pod_status(desired, runtime is not None),
         status_msg=fields.loose_text(raw.get("lastStatusChange")),
-        # Always running: RunPod keeps no intended state apart from desiredStatus, and this product never stops a pod
-        # (it terminates), so an EXITED, DEAD or STOPPED one stopped unasked (a host down, a spot reclaim, a balance
-        # run out) and the sync takes it for a failure.
-        intended_status="running",
-        is_bid=fields.loose_text(raw.get("podType"), 100).upper() == "INTERRUPTABLE",
+        intended_status=intended_status(desired, is_bid, fields.loose_text(raw.get("lastStatusChange"))),
+        is_bid=is_bid,
         gpu_name=fields.loose_text(machine.get("gpuDisplayName"), 200),
         num_gpus=read(fields.whole, raw, "gpuCount", 0, high=1024, default=0),
         machine_id=fields.loose_text(raw.get("machineId"), 100),

@@ -1,5 +1,8 @@
 """The official RunPod Python SDK's pod functions against the RunPod stand-in the product's own client is tested on."""
 
+from decimal import Decimal
+
+from fleet import actions
 from fleet.providers.records import RentRequest
 from fleet.providers.runpod import RunPodClient
 from tests.fleet.runpod_server import NO_CAPACITY, RUNPOD_KEY
@@ -73,7 +76,14 @@ def test_it_sees_the_pod_the_product_rented_and_the_product_sees_the_sdk_stop(ru
         assert [(p["id"], p["name"], p["containerDiskInGb"], p["env"]) for p in listing] == [
             (pod_id, "run-5", 250, ["RUN=5"])]
         runpod_sdk.value("stop_pod", pod_id=pod_id)
-        assert client.get_instance(pod_id).status == "exited"  # the product reads EXITED so, whoever stopped it
+        stopped = client.get_instance(pod_id)
+        # The user stopped it: "exited" as vast.ai says it, wanted stopped, so not a failed box.
+        assert (stopped.status, stopped.intended_status, actions.failure_of(stopped)) == ("exited", "stopped", "")
+        runpod_sdk.value("resume_pod", pod_id=pod_id, gpu_count=1)
+        resumed = client.get_instance(pod_id)
+        assert (resumed.status, resumed.intended_status) == ("running", "running")
+        runpod_sdk.value("terminate_pod", pod_id=pod_id)
+        assert client.list_instances() == [] and client.destroy(pod_id) is False
     finally:
         client.close()
 
@@ -114,3 +124,23 @@ def test_it_keeps_the_volume_mount_path_and_ports_a_pod_was_made_with(runpod_sdk
     assert (second["value"]["volumeInGb"], second["value"]["volumeMountPath"], second["value"]["ports"]) == (
         0, "/runpod-volume", None)
     assert {p["id"]: p["volumeInGb"] for p in listing["value"]} == {with_volume: 40, bare: 0}
+
+
+def test_the_sdks_pods_are_billed_to_the_product_per_pod(runpod_sdk, runpod_fake):
+    """A pod made with the SDK, run and terminated, is still in the per-pod billing the product reconciles from."""
+    pod_id = runpod_sdk.value("create_pod", name="billed", image_name=IMAGE, gpu_type_id="NVIDIA H200",
+                              cloud_type="SECURE", container_disk_in_gb=20, volume_in_gb=50)["id"]
+    runpod_fake.advance()
+    runpod_fake.elapse(2)
+    runpod_sdk.value("stop_pod", pod_id=pod_id)
+    runpod_fake.elapse(10)  # stopped: only its volume bills, at RunPod's idle-volume rate
+    runpod_sdk.value("terminate_pod", pod_id=pod_id)
+    client = RunPodClient(runpod_fake.base_url, RUNPOD_KEY, max_retries=1, timeout_s=5)
+    try:
+        lines = {line.kind: line.amount_usd for line in client.charges() if line.instance_id == pod_id}
+    finally:
+        client.close()
+    assert lines["gpu"] == Decimal("7.98")  # 2 h at $3.99, none while stopped
+    running_disk = 70 * 0.10 / 730 * 2
+    stopped_volume = 50 * 0.20 / 730 * 10
+    assert lines["disk"] == Decimal(str(round(running_disk + stopped_volume, 6)))

@@ -240,6 +240,7 @@ class FakeRunPod:
             self.no_capacity: set = set()
             self.retired = False  # GPU type ids (both clouds) and (id, cloud) pairs
             self.operations: list[str] = []  # every authorised request's operation, in order
+            self.deploy_inputs: list[dict] = []  # every deploy's input as sent, for tests of what a rent asks
             self.http_429 = self.http_5xx = self.non_json = self.no_data = 0
             self.retry_after_s: float | None = None
             self.status_5xx = 502
@@ -442,6 +443,7 @@ class FakeRunPod:
     def stop_pod(self, pod_id: str) -> dict:
         pod = self._existing(pod_id)
         pod.desired_status, pod.running, pod.gpu_util = "EXITED", False, 0.0
+        pod.last_status_change = "Exited by User: " + time.strftime("%a %b %d %Y %H:%M:%S GMT+0000", time.gmtime())
         return pod.as_json()
 
     def resume_pod(self, pod_id: str, gpu_count: int) -> dict:
@@ -492,6 +494,7 @@ class FakeRunPod:
         return not {gpu_type_id, (gpu_type_id, cloud)} & self.no_capacity
 
     def deploy(self, pod_input: dict, *, interruptible: bool) -> FakePod:
+        self.deploy_inputs.append(dict(pod_input))
         for name in ("gpuTypeId", "imageName", "name"):
             if pod_input.get(name) in (None, ""):
                 raise _GraphQLError(f"Field {name!r} of the input is required")

@@ -90,10 +90,18 @@ def test_it_makes_no_offer_above_a_clouds_own_gpu_count_limit(runpod, fake):
     assert "NVIDIA H200:COMMUNITY:8" not in ids
 
 
-def test_it_fills_what_runpod_does_not_say_with_unknowns(runpod):
-    h200 = next(o for o in runpod.search_offers() if o.offer_id == H200_SECURE)
-    assert (h200.driver_version, h200.cuda_max, h200.disk_gb) == ("", 0.0, 0.0)
-    assert (h200.inet_up_mbps, h200.inet_down_mbps, h200.reliability, h200.geolocation) == (0.0, 0.0, 0.0, "")
+def test_it_states_the_host_floors_every_rent_sends_and_leaves_the_rest_unknown(runpod, fake):
+    offers = runpod.search_offers()
+    h200 = next(o for o in offers if o.offer_id == H200_SECURE)
+    # RunPod lists GPU types, not hosts: an offer's CUDA, driver, disk and bandwidth are the floors the rent asks for.
+    assert (h200.driver_version, h200.cuda_max, h200.disk_gb) == ("570", 12.8, 250.0)
+    assert (h200.inet_up_mbps, h200.inet_down_mbps, h200.reliability, h200.geolocation) == (200.0, 250.0, 0.99, "")
+    community = next(o for o in offers if o.offer_id == "NVIDIA H200:COMMUNITY:1")
+    assert community.reliability == 0.95
+    _rent(runpod)
+    (sent,) = [p for p in fake.deploy_inputs]
+    assert (sent["allowedCudaVersions"][0], sent["minDownload"], sent["minUpload"]) == ("12.8", 250, 200)
+    assert "12.6" not in sent["allowedCudaVersions"] and "13.0" in sent["allowedCudaVersions"]
     assert (h200.machine_id, h200.host_id, h200.dlperf, h200.total_flops) == ("", "", None, None)
     assert h200.inet_down_usd_per_gb == h200.inet_up_usd_per_gb == 0  # RunPod does not bill traffic
     assert h200.storage_usd_per_gb_month == Decimal("0.10")
@@ -230,8 +238,13 @@ def test_it_speaks_vasts_status_words(runpod, fake):
     fake.set_pod(pod_id, desired_status="EXITED", running=False, last_status_change="Exited by Runpod: host down")
     pod = runpod.get_instance(pod_id)
     assert (pod.status, pod.intended_status, pod.status_msg) == ("exited", "running", "Exited by Runpod: host down")
-    # We never stop a pod: one that exited did so on its own, and the sync takes it for a failed box.
+    # RunPod stopped it, nobody asked: the sync takes it for a failed box.
     assert actions.failure_of(pod) == "The host exited on its own: Exited by Runpod: host down"
+    fake.set_pod(pod_id, desired_status="RUNNING", running=True)
+    fake.stop_pod(pod_id)  # as the SDK's stop_pod, RunPod's console or the box's own self-stop does it
+    pod = runpod.get_instance(pod_id)
+    assert (pod.status, pod.intended_status) == ("exited", "stopped") and pod.status_msg.startswith("Exited by User")
+    assert actions.failure_of(pod) == ""  # stopped on purpose, not failed
     fake.set_pod(pod_id, desired_status="RUNNING", running=False)
     assert runpod.get_instance(pod_id).status == "loading"  # RUNNING but the container is not up yet
     fake.set_pod(pod_id, desired_status="TERMINATED")
@@ -239,10 +252,6 @@ def test_it_speaks_vasts_status_words(runpod, fake):
         runpod.get_instance(pod_id)
     assert [pod_status(s, r) for s, r in [("CREATED", False), ("RUNNING", True), ("PAUSED", False)]] == [
         "created", "running", "stopped"]
-
-
-def test_it_has_no_charge_lines_to_offer(runpod):
-    assert runpod.charges() == []
 
 
 # -- keys ------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet import enqueue
+from fleet.providers.registry import configured_providers
 
 
 def _wait_for_port(host: str, port: int, timeout_s: float, name: str, process: subprocess.Popen) -> None:
@@ -59,7 +60,8 @@ class Command(BaseCommand):
                                       "--workers", str(web_workers), "--access-logfile", "-"])
             _wait_for_port(host, port, 60, "web server", web)
 
-            enqueue.refresh_offers()  # the first listing now, not one beat interval from now
+            for provider in configured_providers():  # the first listing now, not one beat interval from now
+                enqueue.refresh_offers(provider)
             market = "the simulated marketplace" if settings.SIMULATOR_ENABLED else settings.VAST_API_URL
             self.stdout.write(self.style.SUCCESS(
                 f"The dashboard is up: open http://{host}:{port}/ and log in (offers from {market})."), ending="\n")
