@@ -15,6 +15,7 @@ from training.agent.dashboard import Api
 from training.agent.evaluation import CUT_MARK, MAX_TEXT_CHARS, evaluate
 from training.agent.exit_codes import Exit
 from training.agent.heartbeat import Heartbeat
+from training.agent.run import run
 
 from .tiny_eval_run import tiny_eval_recipe, train_tiny_eval_run
 
@@ -30,6 +31,14 @@ class _Dashboard(BaseHTTPRequestHandler):
             status, answer = 422, {"detail": [{"msg": "unknown state"}]}
         data = json.dumps(answer).encode()
         self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        data = json.dumps(self.server.spec).encode()
+        self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -182,3 +191,16 @@ def test_the_eval_child_gets_the_recipe_and_the_done_samples(dashboard, agent, f
     assert evaluate(*agent, recipe, tmp_path, python, done=[2]) == Exit.OK
     assert json.loads((tmp_path / "eval-done.json").read_text()) == [2, 4]
     assert os.path.exists(tmp_path / "eval.log")
+
+
+def test_a_box_told_everything_is_banked_only_evaluates(dashboard, agent, fake_child, tmp_path, monkeypatch):
+    recipe, python = fake_child("ok", samples=3)
+    dashboard.spec = {"heartbeat_interval_s": 0.05, "dead_man_window_s": 3600, "recipe": json.loads(recipe.read_text()),
+                      "resume": [], "phases": [], "upload": {"kind": "local", "path": str(tmp_path / "bucket")},
+                      "max_metric_points": 500, "evaluation": {"phase": 1, "done": [0]}}
+    monkeypatch.setattr("training.agent.run.probe", lambda python: (True, "probe ok"))
+    api, heartbeat = agent
+    assert run(api, heartbeat, tmp_path / "work", python) == Exit.OK
+    assert not (tmp_path / "work" / "trainer.log").exists()  # nothing trained
+    assert json.loads((tmp_path / "work" / "eval-done.json").read_text()) == [0]
+    assert _posts(dashboard, "evaluation/finish") == [{"phase": 1, "generated_with": "vllm", "tokens_per_s": 1234.5}]

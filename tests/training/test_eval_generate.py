@@ -12,7 +12,9 @@ from training.evaluation import __main__ as child
 from training.examples import rewards
 from training.evaluation.generate import TransformersGenerator, prompt_ids
 from training.lora import routed_lora_wrappers
+from training.recipe import load_recipe
 from training.records import ByteTokenizer
+from training.train import run as train
 
 from .tiny_eval_run import CONFIG, EXAMPLES, train_tiny_eval_run
 from .tiny_lora import tiny_lora_model
@@ -64,6 +66,12 @@ def test_a_zero_adapter_answers_as_the_base():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     return train_tiny_eval_run(tmp_path_factory.mktemp("run"))
+
+
+def test_the_trainer_leaves_the_eval_phase_and_a_banked_run_has_nothing_to_train(trained):
+    said = []
+    train(load_recipe(trained), out=said.append)  # its final checkpoint is in the store: the box that only evaluates
+    assert said[-1] == "run already complete; nothing to do"
 
 
 def test_the_child_writes_every_sample_with_both_answers_and_scores(trained, tmp_path):
