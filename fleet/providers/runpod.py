@@ -3,6 +3,7 @@ is in docs/fleet.md, "fleet/providers/runpod.py"."""
 
 import json
 import logging
+import re
 import shlex
 import time
 from datetime import UTC, datetime, timedelta
@@ -160,6 +161,7 @@ class RunPodClient(HttpProvider):
         The label becomes the pod's name, which is how a rent whose outcome is unknown is found again.
         """
         gpu_type_id, cloud_type, gpu_count = parse_offer_id(request.offer_id)
+        env, ports = pod_ports(request.env, self.ports)
         pod = {
             "name": request.label,
             "imageName": request.image,
@@ -168,8 +170,8 @@ class RunPodClient(HttpProvider):
             "gpuCount": gpu_count,
             "containerDiskInGb": request.disk_gb,
             "volumeInGb": 0,
-            "env": [{"key": k, "value": v} for k, v in request.env.items()],
-            "ports": self.ports,
+            "env": [{"key": k, "value": v} for k, v in env.items()],
+            "ports": ports,
             "supportPublicIp": True,
             "startSsh": True,
             **self.terms.deploy_fields(),  # the host floors each offer promises (runpod_terms)
@@ -462,6 +464,20 @@ def intended_status(desired_status: str, is_bid: bool, last_status_change: str) 
     if is_bid or any(words in said for words in _UNASKED_STOP_WORDS):
         return "running"
     return "stopped"
+
+
+def pod_ports(env: dict[str, str], ports: str) -> tuple[dict[str, str], str]:
+    """(the environment without vast.ai's docker-style "-p 8000:8000" keys, the ports with each such container port
+    added as TCP): a serving box asks for its port so, and RunPod takes ports only in its `ports` string."""
+    wanted = [port.strip() for port in ports.split(",") if port.strip()]
+    kept = {}
+    for key, value in env.items():
+        match = re.fullmatch(r"-p (\d{1,5}):(\d{1,5})", key.strip())
+        if match is None:
+            kept[key] = value
+        elif f"{int(match.group(2))}/tcp" not in wanted:
+            wanted.append(f"{int(match.group(2))}/tcp")
+    return kept, ",".join(wanted)
 
 
 def _public_ports(runtime: dict) -> tuple[str, dict[str, int], str, int | None]:

@@ -424,3 +424,13 @@ def test_it_terminates_a_pod_whose_listing_it_cannot_read(runpod, fake):
     fake.corrupt_answers(mangle)
     assert runpod.destroy(pod_id) is True
     assert fake.count("podTerminate") == 1 and pod_id not in fake.pods
+
+
+def test_a_port_asked_the_vast_ai_way_is_opened_on_the_pod_and_not_sent_as_a_variable(runpod, fake):
+    pod_id = runpod.rent(RentRequest(offer_id=H200_SECURE, image="vllm/vllm-openai:v0.26.0", disk_gb=250,
+                                     label="moe-fleet-18", env={"-p 8011:8011": "1", "FLEET_TOKEN": "t"}))
+    sent = fake.deploy_inputs[-1]
+    assert sent["ports"] == "22/tcp,8000/tcp,8011/tcp"
+    assert sent["env"] == [{"key": "FLEET_TOKEN", "value": "t"}]
+    fake.advance()
+    assert set(runpod.get_instance(pod_id).ports) == {"22/tcp", "8000/tcp", "8011/tcp"}
