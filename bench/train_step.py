@@ -23,6 +23,8 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
         parallel, training/distributed.py): tokens/s in all and per GPU, peak memory per GPU; each rank its own
         micro-batches (the global batch is N times one GPU's); compare with --gpus 1 for the scaling
     python bench/train_step.py --gpus 2 --device cpu --layers 2 --experts 16 --tokens small   (its CPU smoke run)
+    python bench/train_step.py --backends ours --steps 20 --router-every 10   the router's load counted as the trainer
+        counts it (run again with --router-every 0 for the overhead: compare mean_seconds_per_optimizer_step)
     BENCH_TRACE=replays.json python bench/train_step.py --profile 4   also writes the graphed replays' kernels
         (start, duration) as a Chrome trace
 """
@@ -45,7 +47,7 @@ from training.families import family_of
 from training.linear_attention import deltanet_path
 from training.lora import attach_lora, lora_config, model_targets
 from training.rope import restore_original_rope
-from training import moe_lora
+from training import moe_lora, router_load
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.data import _pack, boundaries_width, collate, pad_pairs
 from training.packing import with_host_ends
@@ -94,8 +96,10 @@ def build(backend, config, layers, checkpointing):
 
 
 def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False, packed=None,
-            kind="cpt", attention=None):
+            kind="cpt", attention=None, router_every=0):
     model = build(backend, config, layers, checkpointing)
+    # As the trainer counts the router's load (training/router_load.py): in every micro-step, read every N steps.
+    counter = router_load.attach_counter(model, DEVICE) if router_every and backend.startswith("ours") else None
     if attention:  # the attention implementation to run instead (transformers' "sdpa": the change's own measure)
         model.config._attn_implementation = attention
     groups = parameter_groups(model)
@@ -109,7 +113,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         micro, loss_fn, phase = micro_batches(model, config, accum, batch, seq_len, packed), causal_lm_loss, \
             {"kind": "cpt"}
     ctx = {"device": DEVICE, "tokenizer": None, "reward_fn": None}
-    trainee = Trainee(model, groups, distributed.OneRank(DEVICE), runner, max_grad_norm=1.0)
+    trainee = Trainee(model, groups, distributed.OneRank(DEVICE), runner, max_grad_norm=1.0, router=counter)
     # As the trainer runs (training/train.py): our experts add the routed LoRA gradients into .grad themselves.
     in_place = moe_lora.grads_accumulated_in_place(model) if backend.startswith("ours") else contextlib.nullcontext()
     with in_place:
@@ -120,9 +124,15 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        records = []
-        for _ in range(steps):
+        records, router = [], {}
+        if counter is not None:
+            counter.reset()
+        for step in range(1, steps + 1):
             records.append(trainee.optimizer_step(micro, PhaseLoss(loss_fn, phase, ctx), optimizer, scheduler))
+            if counter is not None and step % router_every == 0:  # the host read, counted in the step's time
+                start = time.perf_counter()
+                router = router_load.summary(counter.take(trainee.ranks))
+                records[-1]["step_s"] += time.perf_counter() - start
         micro_s = _micro_steps_s(model, micro, loss_fn, phase, ctx, runner)
     seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
     # the tokens through the forward: DPO's real ones (not its padding)
@@ -143,6 +153,11 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "grad_norms_linear_attention": [r["grad_norm_linear_attention"] for r in records],
         "grad_norms_shared_expert": [r["grad_norm_shared_expert"] for r in records],
         "routed_b_zero": records[-1]["routed_b_zero"],
+        # with --router-every: the mean step (it holds the reads the median may miss) and the last read's figures
+        "router_every": router_every if counter is not None else 0,
+        "mean_seconds_per_optimizer_step": round(sum(r["step_s"] for r in records) / len(records), 4),
+        "router_max_mean": router.get("router_max_mean"), "router_idle_experts": router.get("router_idle_experts"),
+        "router_counted": sum(map(sum, router.get("router_load", []))),
     }
     del model, optimizer, scheduler, groups, micro, runner, trainee
     return result
@@ -372,7 +387,7 @@ def attempt(backend, layers, checkpointing, args):
     graphs = backend == "ours" and DEVICE.type == "cuda"  # "ours:eager": the same, plain eager micro-steps
     try:
         result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
-                         graphs, args.packed, args.phase, args.attention)
+                         graphs, args.packed, args.phase, args.attention, args.router_every)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
@@ -448,6 +463,9 @@ def main():
     parser.add_argument("--gpus", type=int, default=1, help="ours on this many ranks of the box (started by torchrun)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="with --gpus: cpu runs the ranks on the CPU (gloo)")
+    parser.add_argument("--router-every", type=int, metavar="N",
+                        help="ours counts the router's load as the trainer does, read every N steps (0: off; the "
+                             "default, but 1 with --smoke); compare with 0 for its overhead")
     parser.add_argument("--smoke", action="store_true",
                         help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()
@@ -460,6 +478,8 @@ def main():
     args.layers = args.layers or layers
     if args.tokens == "small":
         args.steps, args.accum, args.batch, args.seq_len = 1, 1, 1, 64
+    if args.router_every is None:
+        args.router_every = 1 if args.smoke else 0
     if args.gpus > 1:
         return measure_ranks(args)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
