@@ -13,7 +13,7 @@ from fleet.alerts import views as alert_views
 from fleet.inference import checkin_views
 from fleet.inference import views as inference_views
 from fleet.offers import views as offer_views
-from runs import chart_views, dataset_views, prometheus
+from runs import chart_views, dataset_views, evaluation_views, prometheus
 from runs import views as run_views
 from runs.api import api as agent_api
 
@@ -52,6 +52,8 @@ urlpatterns = [
     path("runs/<int:pk>/serve/", run_views.run_serve, name="run_serve"),
     path("runs/<int:pk>/charts.json", chart_views.run_chart_data, name="run_chart_data"),
     path("runs/<int:pk>/metrics.csv", chart_views.run_metrics_csv, name="run_metrics_csv"),
+    path("runs/<int:pk>/evaluation.csv", evaluation_views.evaluation_csv, name="run_evaluation_csv"),
+    path("runs/<int:pk>/evaluate/", evaluation_views.run_evaluate, name="run_evaluate"),
     path("runs/compare/", chart_views.compare, name="run_compare"),
     path("datasets/", dataset_views.dataset_list, name="datasets"),
     path("datasets/<int:pk>/", dataset_views.dataset_detail, name="dataset_detail"),

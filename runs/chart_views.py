@@ -19,7 +19,7 @@ from fleet.models import Instance
 from fleet.ranking.throughput import gpu_model_key
 from plotly.io.json import to_json_plotly
 
-from runs import figures, router_figures, run_data, sharing
+from runs import evaluations, figures, router_figures, run_data, sharing
 from runs.projection import STEPS_PER_PRICE
 from runs.models import MetricPoint, Run
 
@@ -144,5 +144,7 @@ def compare(request):
                     "usd_per_1k_steps", money=True),
     ]
     calibration = sorted(load_calibration().entries.values(), key=lambda e: (e.gpu_model, e.kernel_path))
+    evaluated = evaluations.ranked_runs(sharing.runs_for(request.user))  # promoted runs first
     return render(request, "runs/compare.html", {"rows": rows, "groups": groups, "figures": figures,
+                                                 "evaluated": evaluated,
                                                  "calibration": calibration, "warmup_steps": WARMUP_STEPS})

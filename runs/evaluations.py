@@ -239,6 +239,17 @@ def spending(run: Run, now: datetime) -> tuple[Decimal, Decimal]:
     return evaluation_costs(run, now).get(again.pk, Decimal(0)), again.budget_usd
 
 
+def ranked_runs(runs) -> list[Evaluation]:
+    """Each run's latest finished evaluation, promoted runs first, then by adapter score and difference: what the
+    Compare page and serving lead with."""
+    latest: dict[int, Evaluation] = {}
+    for evaluation in Evaluation.objects.filter(run__in=runs, state=Evaluation.State.FINISHED).select_related(
+            "run", "dataset").order_by("run_id", "number"):
+        latest[evaluation.run_id] = evaluation
+    return sorted(latest.values(), key=lambda e: (e.run.promoted is not True, -(e.adapter_score or 0.0),
+                                                  -(e.difference or 0.0), e.run_id))
+
+
 def alert_data(alert: Alert) -> dict | None:
     """fleet.hooks.on_alert_data: the numbers of a run.evaluated or run.promoted alert, for its webhook body."""
     if alert.kind not in (Alert.Kind.RUN_EVALUATED, Alert.Kind.RUN_PROMOTED):

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 PERMISSION = "fleet.add_inferencemodel"
 KV_CACHE_SHARE = 0.2  # VRAM beyond the BF16 weights that vLLM's KV cache gets, at the least
+# A run whose evaluation failed is trained all the same: its banked adapters are served.
+SERVABLE_STATES = (Run.State.FINISHED, Run.State.EVAL_FAILED)
 SMALL_MODEL_VRAM_GB = 1.0  # a config-built model (random weights): a few MB, served on the simulated marketplace only
 
 
@@ -38,7 +40,7 @@ class Servable:
 def servable(run: Run) -> list[Servable]:
     """The run's adapters vLLM can load, the last phase's first: each phase's final checkpoint, sealed, never
     refused by a box, whose manifest holds the vLLM export, at a rank vLLM serves."""
-    if run.state != Run.State.FINISHED or lora_rank(run) > MAX_SERVED_RANK:
+    if run.state not in SERVABLE_STATES or lora_rank(run) > MAX_SERVED_RANK:
         return []
     phases = {phase.index: phase for phase in run.phases.all()}
     found = []
@@ -57,7 +59,7 @@ def lora_rank(run: Run) -> int:
 
 
 def why_not(run: Run) -> str:
-    if run.state != Run.State.FINISHED:
+    if run.state not in SERVABLE_STATES:
         return f"Run {run.name} #{run.pk} is {run.state}: only a finished run's adapters can be served."
     if lora_rank(run) > MAX_SERVED_RANK:
         return (f"Run {run.name} #{run.pk} trained LoRA rank {lora_rank(run)}: vLLM serves ranks up to "

@@ -9,7 +9,7 @@ from fleet import demo
 from fleet.access import boxes_for, require_permission
 from fleet.inference.forms import ServeAdapterForm
 from runs.run_data import projections
-from runs import launch as launching, serving, sharing, wording
+from runs import evaluation_views, launch as launching, serving, sharing, wording
 from runs.forms import LaunchForm
 from runs.models import Run
 
@@ -58,7 +58,8 @@ def run_detail(request, pk):
     context = {"run": run, "status": wording.describe(run, phases),
                "projection": projections([run], timezone.now())[run.pk],
                "phases": phases, "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],
-               "checkpoints": run.checkpoints.all()[:50], **_box(request.user, run)}
+               "checkpoints": run.checkpoints.all()[:50], **_box(request.user, run),
+               **evaluation_views.page_context(request.user, run)}
     if request.headers.get("HX-Request"):  # one of the page's three live regions
         template = LIVE_PARTS.get(request.GET.get("part", ""), "runs/_run_state.html")
     else:
@@ -114,4 +115,6 @@ def run_serve(request, pk):
             messages.success(request, f"{model.name}: {model.desired_replicas} replica(s) of {model.adapter_source} "
                                       f"on {model.base_model}; the fleet rents them now.")
             return redirect("inference")
-    return render(request, "runs/serve_adapter.html", {"run": run, "form": form}, status=400 if form.errors else 200)
+    verdict = run.evaluations.filter(state="finished").order_by("-number").first()  # shown beside the form
+    return render(request, "runs/serve_adapter.html", {"run": run, "form": form, "evaluation": verdict},
+                  status=400 if form.errors else 200)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.django_db
 # The object each URL names by its id. A URL that names one and is missing here fails the walk below.
 OWNED = {
     "run_detail": "run", "run_serve": "run", "run_chart_data": "run", "run_metrics_csv": "run",
+    "run_evaluation_csv": "run", "run_evaluate": "run",
     "run_cancel": "active_run",
     "dataset_detail": "dataset",
     "inference_replicas": "model", "inference_model_change": "model",
