@@ -83,10 +83,19 @@ def rent_waiting_instances() -> list[str]:
 
 
 @shared_task(autoretry_for=TRANSIENT, retry_backoff=30, max_retries=2, soft_time_limit=120, time_limit=150)
-def reconcile_charges() -> dict[str, int]:
+def reconcile_charges() -> dict[str, int | str]:
     """Each configured provider's charges against the ledger (vast.ai's charge report, RunPod's pod billing): how many
-    instances each matched."""
-    return {provider: charges.reconcile(provider) for provider in configured_providers()}
+    instances each matched, or why it could not; one provider's refusal does not hold back the others."""
+    results: dict[str, int | str] = {}
+    for provider in configured_providers():
+        try:
+            results[provider] = charges.reconcile(provider)
+        except TRANSIENT:
+            raise  # the retry runs every provider again: a reconcile is safe to repeat
+        except Exception as exc:  # said in the result and the log; the next tick tries again
+            log.exception("reconciling %s charges failed", provider)
+            results[provider] = f"{type(exc).__name__}: {exc}"
+    return results
 
 
 @shared_task(expires=60, soft_time_limit=60, time_limit=90)

@@ -102,3 +102,10 @@ def test_the_reconcile_task_stores_what_runpod_billed_each_pod(runpod_market, se
     expected = Decimal("3.99") * Decimal("1.5") + Decimal(str(round(100 * 0.10 / 730 * 1.5, 6)))
     assert instance.provider_charged_usd == expected.quantize(Decimal("0.000001"))
     assert instance.traffic_usd == 0 and instance.charges_reconciled_at is not None
+
+
+@pytest.mark.django_db
+def test_one_providers_refused_billing_does_not_hold_back_the_others(runpod_market, market, settings):
+    settings.RUNPOD_API_KEY = "a-key-runpod-refuses"
+    results = tasks.reconcile_charges()
+    assert results["vast"] == 0 and results["runpod"].startswith("AuthenticationFailed")
