@@ -6,9 +6,32 @@ from .instances import Instance
 
 
 def gpu_seconds(instance: Instance, now: float) -> float:
-    closed = sum(end - start for start, end in instance.gpu_intervals)
+    """GPU seconds billed by `now`: only while running (an open interval starts when the boot ends, so the created
+    and loading minutes bill storage only)."""
+    closed = sum(max(0.0, end - start) for start, end in instance.gpu_intervals)
     open_s = now - instance.gpu_billed_since if instance.gpu_billed_since is not None else 0.0
     return closed + max(0.0, open_s)
+
+
+def closed_gpu_usd(instance: Instance) -> float:
+    """Dollars of the closed GPU intervals, each at the price it ran at."""
+    if instance.gpu_usd_closed is not None:
+        return instance.gpu_usd_closed
+    closed_s = sum(max(0.0, end - start) for start, end in instance.gpu_intervals)
+    return closed_s / 3600 * instance.gpu_usd_per_hour
+
+
+def gpu_usd(instance: Instance, now: float) -> float:
+    open_s = now - instance.gpu_billed_since if instance.gpu_billed_since is not None else 0.0
+    return closed_gpu_usd(instance) + max(0.0, open_s) / 3600 * instance.gpu_usd_per_hour
+
+
+def gpu_start(instance: Instance, now: float) -> float:
+    """When GPU billing first began (the first "running"); the creation time while it has not yet."""
+    starts = [start for start, end in instance.gpu_intervals if end > start]
+    if instance.gpu_billed_since is not None and instance.gpu_billed_since <= now:
+        starts.append(instance.gpu_billed_since)
+    return min(starts, default=instance.created_at)
 
 
 def disk_end(instance: Instance, now: float) -> float:
@@ -20,9 +43,10 @@ def disk_end(instance: Instance, now: float) -> float:
 
 
 def gpu_end(instance: Instance, now: float) -> float:
-    if instance.gpu_billed_since is not None:
+    if instance.gpu_billed_since is not None and instance.gpu_billed_since <= now:
         return now
-    return instance.gpu_intervals[-1][1] if instance.gpu_intervals else instance.created_at
+    ends = [end for start, end in instance.gpu_intervals if end > start]
+    return max(ends, default=gpu_start(instance, now))
 
 
 def charge_lines(instance: Instance, now: float) -> list[dict]:
@@ -30,7 +54,7 @@ def charge_lines(instance: Instance, now: float) -> list[dict]:
     gpu_hours = gpu_seconds(instance, now) / 3600
     disk_hours = max(0.0, disk_end(instance, now) - instance.created_at) / 3600
     lines = [
-        _line(instance, "gpu", gpu_hours * instance.gpu_usd_per_hour, gpu_hours, instance.created_at,
+        _line(instance, "gpu", gpu_usd(instance, now), gpu_hours, gpu_start(instance, now),
               gpu_end(instance, now)),
         _line(instance, "disk", disk_hours * instance.disk_gb * offer.storage_cost / HOURS_PER_MONTH,
               disk_hours * instance.disk_gb, instance.created_at, disk_end(instance, now)),

@@ -62,6 +62,14 @@ CPU_GHZ = {"AMD EPYC 7B13": 2.45, "AMD EPYC 9454": 2.75, "AMD EPYC 9654": 2.4, "
 # GB/s between the GPUs of one machine where they sit on NVLink (SXM and NVL boards); PCIe cards list 0.
 NVLINK_GB_S = {"H100 SXM": 900.0, "H100 NVL": 600.0, "H200": 900.0, "H200 NVL": 900.0, "B200": 1800.0,
                "A100 SXM4": 600.0}
+# Each card's memory bandwidth (GB/s, as its maker lists it; a host's measured gpu_mem_bw comes out a little under)
+# and power limit (W).
+MEM_BW_GB_S = {"RTX PRO 6000 WS": 1792.0, "RTX PRO 6000 S": 1597.0, "H100 SXM": 3350.0, "H100 NVL": 3900.0,
+               "H200": 4800.0, "H200 NVL": 4800.0, "B200": 8000.0, "A100 SXM4": 2039.0, "A100 PCIE": 1555.0}
+MAX_POWER_W = {"RTX PRO 6000 WS": 600.0, "RTX PRO 6000 S": 600.0, "H100 SXM": 700.0, "H100 NVL": 400.0,
+               "H200": 700.0, "H200 NVL": 600.0, "B200": 1000.0, "A100 SXM4": 400.0, "A100 PCIE": 250.0}
+UBUNTU_VERSIONS = ("20.04", "22.04", "22.04", "24.04")
+MOBOS = ("SUPERMICRO H13SSL-N", "ASUS KRPA-U16", "GIGABYTE MZ73-LM0", "SUPERMICRO X13DEG-OAD")
 MAX_RENTAL_S = 30 * 24 * 3600.0  # `duration`: how long the host lists the machine for
 
 
@@ -99,6 +107,20 @@ class Offer:
     effective_inet_up_mbps: float = 0.0  # what uploads to a distant bucket really get
     gone: bool = False  # removed from the market (host died, or a fault took it away)
     rented_by: int | None = field(default=None)  # instance id while rented
+
+    def host_facts(self) -> dict:
+        """What the listing says of the host beyond the seeded draw: drawn from the offer's own id, so the seeded
+        catalogue (and every figure tests know it by) stays as it was."""
+        rng = random.Random(self.id)
+        return {
+            "gpu_mem_bw": round(MEM_BW_GB_S[self.gpu.name] * rng.uniform(0.86, 0.97), 1),
+            "gpu_max_power": MAX_POWER_W[self.gpu.name] * (rng.choice((1.0, 1.0, 1.0, 0.8)) if self.hosting_type == 0
+                                                           else 1.0),
+            "gpu_max_temp": float(rng.choice((83, 85, 87, 90))),
+            "os_version": rng.choice(UBUNTU_VERSIONS),
+            "vms_enabled": self.hosting_type == 1 and rng.random() < 0.4,
+            "mobo_name": rng.choice(MOBOS),
+        }
 
     def listing(self, *, is_bid: bool = False, allocated_storage_gb: float = 5.0) -> dict:
         """The offer as vast.ai's search returns it; bid searches price the machine at its minimum bid."""
@@ -162,6 +184,8 @@ class Offer:
             "static_ip": self.hosting_type == 1,
             "duration": MAX_RENTAL_S,
             "hosting_type": self.hosting_type,
+            "cluster_id": None,  # no offer here belongs to a cluster
+            **self.host_facts(),
         }
 
     def hidden(self) -> dict:

@@ -55,6 +55,8 @@ class Instance:
     boot_started_at: float
     gpu_billed_since: float | None  # open GPU billing interval; None while stopped, dead or destroyed
     gpu_intervals: list = field(default_factory=list)  # closed (start, end) GPU billing intervals
+    # Dollars of the closed intervals, each at the price it ran at (a bid can change); None: all at today's price.
+    gpu_usd_closed: float | None = None
     state: str = "active"  # active | stopped | dead | destroyed
     intended_status: str = "running"
     stop_msg: str = ""

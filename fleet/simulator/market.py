@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from . import account, billing, saved
+from .keys import SshKeyError, SshKeys
 from .catalogue import Offer, build_catalogue
 from .clock import SimClock
 from .faults import Failure, RequestFaults
@@ -148,15 +149,64 @@ class Market:
                 instance.log_end(now, instance.stop_msg)
                 self._emit("on_stopped", instance, now)
             elif wanted == "running" and instance.state == "stopped":
-                instance.state = "active"
-                instance.intended_status = "running"
-                instance.stop_msg = ""
-                instance.boot_started_at = now
-                instance.gpu_billed_since = now
-                instance.announced_running = False
-                instance.log_boot(now)
+                self._start_locked(instance, now)
             elif wanted not in ("stopped", "running"):
                 raise MarketError(400, "invalid_args", f"state {wanted!r} is not stopped or running")
+
+    def change_bid(self, instance_id: int, body: dict) -> str:
+        """`PUT /instances/bid_price/{id}/` {"price": $/h for the machine, or null: the winning bid}: the new price
+        bills from now; below the machine's current minimum bid a running instance is outbid (stopped), at or above
+        it an outbid one resumes. Returns what happened, for the answer's msg."""
+        price = body.get("price")
+        if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))
+                                  or not 0.001 <= price <= 128):
+            raise MarketError(400, "invalid_args", "price must be a bid in $/h between 0.001 and 128, or null")
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            if not instance.is_bid:
+                raise MarketError(400, "invalid_args", f"instance {instance_id} is on-demand: it has no bid to change")
+            if instance.state == "dead":
+                raise MarketError(400, "machine_offline", f"Machine {instance.offer.machine_id} is offline.")
+            winning = instance.offer.min_bid
+            price = float(winning if price is None else price)
+            _reprice_gpu(instance, now, price)
+            outbid = instance.state == "stopped" and instance.intended_status == "running"
+            if instance.state == "active" and price < winning:
+                self._outbid_locked(instance, now)
+                return f"bid ${price:g}/h is under the winning ${winning:g}/h: the instance is outbid and stopped"
+            if outbid and price >= winning:
+                self._start_locked(instance, now)
+                return f"bid ${price:g}/h wins the machine again: the instance starts"
+            return f"bid changed to ${price:g}/h"
+
+    def reboot(self, instance_id: int) -> None:
+        """`PUT /instances/reboot/{id}/`: the container stops and starts on the same machine; GPU time bills again
+        from "running"."""
+        with self._transaction() as now:
+            instance = self._listed(instance_id, now)
+            if instance.state == "dead":
+                raise MarketError(400, "machine_offline", f"Machine {instance.offer.machine_id} is offline.")
+            if instance.state != "active":
+                raise MarketError(400, "invalid_args", f"instance {instance_id} is stopped: start it instead")
+            _close_gpu_billing(instance, now)
+            instance.log_end(now, "Container stopped for a reboot")
+            self._emit("on_stopped", instance, now)
+            self._start_locked(instance, now)
+
+    def ssh_keys(self, action: str, *args):
+        """The account's SSH keys and the ones attached to an instance (fleet/simulator/keys.py): `action` is add,
+        listing, update, delete, attach or detach; an unknown id is 404, a key that is no public key 400."""
+        with self._transaction() as now:
+            if action in ("attach", "detach"):
+                self._listed(args[0], now)
+            try:
+                done = getattr(self._ssh_keys, action)(*args)
+            except SshKeyError as exc:
+                raise MarketError(400, "invalid_args", str(exc)) from exc
+            if done is False:
+                raise MarketError(404, "no_such_key", "No such ssh key" + (" on that instance" if action == "detach"
+                                                                            else ""))
+            return done
 
     def charges(self) -> list[dict]:
         with self._transaction() as now:
@@ -331,12 +381,9 @@ class Market:
                 raise MarketError(400, "invalid_args", "only interruptible (bid) instances are reclaimed")
             if instance.state != "active":
                 raise MarketError(400, "invalid_args", f"instance is {instance.state}, not running")
-            _close_gpu_billing(instance, now)
-            instance.state = "stopped"
-            instance.intended_status = "running"  # the user still wants it; it resumes when the bid wins again
-            instance.stop_msg = "Instance stopped: outbid, another client's higher bid took the machine"
-            instance.log_end(now, instance.stop_msg)
-            self._emit("on_stopped", instance, now)
+            # Another client's bid above this one took the machine: it is now the bid to beat.
+            instance.offer.min_bid = max(instance.offer.min_bid, round(instance.gpu_usd_per_hour * 1.15 + 0.005, 3))
+            self._outbid_locked(instance, now)
 
     def set_uplink(self, instance_id: int, mbps: float) -> None:
         """Slow the host's real uplink (what the future on-box agent's uploads will get)."""
@@ -392,6 +439,7 @@ class Market:
         # A reset, too, never hands out an id again.
         self._next_instance_id = max(self._rng.randint(20_000_000, 29_000_000), getattr(self, "_next_instance_id", 0))
         self._fail_next_rents = 0
+        self._ssh_keys = SshKeys()
         self._driver_too_old_offers: set[int] = set()
         self._request_faults = RequestFaults()
         self._search_limit = SlidingWindowLimit(s.search_limit_per_min, 60.0)
@@ -492,12 +540,31 @@ class Market:
             ports=ports,
             busy_gpu_util=round(rng.uniform(88.0, 99.0), 1),
             boot_started_at=now,
-            gpu_billed_since=now,
+            # vast.ai bills storage from creation and GPU time from "running": not while the image pulls.
+            gpu_billed_since=now + self.settings.boot_delay_s,
             cuda_init_error=cuda_init_error,
             dies_at=now + offer.dies_after_s if offer.dies_after_s else None,
             effective_inet_up_mbps=offer.effective_inet_up_mbps,
             container_api_key=secrets.token_hex(16),
         )
+
+    def _start_locked(self, instance: Instance, now: float) -> None:
+        """The container (re)starts: created, loading, then running, when GPU time bills again."""
+        instance.state = "active"
+        instance.intended_status = "running"
+        instance.stop_msg = ""
+        instance.boot_started_at = now
+        instance.gpu_billed_since = now + instance.boot_delay_s
+        instance.announced_running = False
+        instance.log_boot(now)
+
+    def _outbid_locked(self, instance: Instance, now: float) -> None:
+        _close_gpu_billing(instance, now)
+        instance.state = "stopped"
+        instance.intended_status = "running"  # the user still wants it; it resumes when the bid wins again
+        instance.stop_msg = "Instance stopped: outbid, another client's higher bid took the machine"
+        instance.log_end(now, instance.stop_msg)
+        self._emit("on_stopped", instance, now)
 
     def _sync(self, now: float) -> None:
         for instance in self._instances.values():
@@ -605,8 +672,19 @@ def _no_such_ask(offer_id: int) -> MarketError:
 
 def _close_gpu_billing(instance: Instance, at: float) -> None:
     if instance.gpu_billed_since is not None:
-        instance.gpu_intervals.append((instance.gpu_billed_since, max(at, instance.gpu_billed_since)))
+        end = max(at, instance.gpu_billed_since)
+        instance.gpu_usd_closed = billing.closed_gpu_usd(instance) + \
+            (end - instance.gpu_billed_since) / 3600 * instance.gpu_usd_per_hour
+        instance.gpu_intervals.append((instance.gpu_billed_since, end))
         instance.gpu_billed_since = None
+
+
+def _reprice_gpu(instance: Instance, now: float, price: float) -> None:
+    """A new $/h from `now`: what ran so far stays billed at the old one."""
+    if instance.gpu_billed_since is not None and instance.gpu_billed_since < now:
+        _close_gpu_billing(instance, now)
+        instance.gpu_billed_since = now
+    instance.gpu_usd_per_hour = price
 
 
 def _rent_request(offer: Offer, body: dict) -> dict:

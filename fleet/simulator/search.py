@@ -7,6 +7,15 @@ from dataclasses import dataclass
 DEFAULT_LIMIT = 64
 MAX_LIMIT = 1000
 QUERY_KEYS = {"order", "type", "limit", "allocated_storage", "disable_bundling", "extra_ids"}
+# Names vast.ai's search takes for a listing's field (its CLI's offers_alias, and the columns its API renames).
+FIELD_ALIASES = {
+    "cuda_vers": "cuda_max_good", "dph": "dph_total", "dphtotal": "dph_total", "dlperf_usd": "dlperf_per_dphtotal",
+    "flops_usd": "flops_per_dphtotal", "display_active": "gpu_display_active", "gpu_totalram": "gpu_total_ram",
+    "ubuntu_version": "os_version", "driver_vers": "driver_version",
+}
+# Fields vast.ai works out from others: datacenter is hosting_type 1, geolocation a country code (see _matches).
+VIRTUAL_FIELDS = {"datacenter"}
+NOT_MODELLED = "is not modelled by the simulated marketplace"
 
 OPS = {
     "eq": operator.eq,
@@ -77,6 +86,7 @@ def parse_filters(conditions: dict) -> tuple[tuple[str, str, object], ...]:
         raise QueryError("filters must be a JSON object of {field: {op: value}}")
     filters = []
     for field, condition in conditions.items():
+        field = FIELD_ALIASES.get(field, field)
         if not isinstance(condition, dict):
             condition = {"eq": condition}  # vast.ai accepts a bare value as equality
         for op, value in condition.items():
@@ -93,9 +103,20 @@ def matching(records: list[dict], filters) -> list[dict]:
     return [record for record in records if _matches(record, filters)]
 
 
+def check_fields(filters, listing: dict) -> None:
+    """Every filtered field is one the listings hold (or a virtual one): a field the simulation does not model is a
+    400 that says so, never a filter that silently lets everything through."""
+    for field, _op, _value in filters:
+        if field not in listing and field not in VIRTUAL_FIELDS:
+            raise QueryError(f"search field {field!r} {NOT_MODELLED}")
+
+
 def select(listings: list[dict], query: Query) -> list[dict]:
-    matching_listings = matching(listings, query.filters)
-    return ordered(matching_listings, query.order)[: query.limit]
+    if listings:
+        check_fields(query.filters, listings[0])
+    # vast.ai turns allocated_storage into disk_space >= it: an offer without that much disk is not listed.
+    roomy = [x for x in listings if x.get("disk_space", 0) >= query.allocated_storage_gb]
+    return ordered(matching(roomy, query.filters), query.order)[: query.limit]
 
 
 def ordered(records: list[dict], order) -> list[dict]:
@@ -114,9 +135,9 @@ def ordered(records: list[dict], order) -> list[dict]:
 
 def _matches(listing: dict, filters) -> bool:
     for field, op, value in filters:
-        if field not in listing or _is_wildcard(value):
-            continue
-        actual = listing[field]
+        if _is_wildcard(value) or (field not in listing and field not in VIRTUAL_FIELDS):
+            continue  # a search has checked its fields first (check_fields); other lists ignore what they lack
+        actual = _actual(listing, field)
         if value is None and op in ("eq", "neq"):
             if (actual is None) != (op == "eq"):
                 return False
@@ -125,6 +146,8 @@ def _matches(listing: dict, filters) -> bool:
             return False
         if field == "driver_version":
             actual = driver_number(actual)
+        if field == "geolocation":
+            value = [_country(v) for v in value] if isinstance(value, list) else _country(value)
         try:
             if op in ("in", "nin"):
                 wanted = [_coerce(field, actual, option) for option in value]
@@ -133,8 +156,34 @@ def _matches(listing: dict, filters) -> bool:
             if not OPS[op](actual, wanted):
                 return False
         except (TypeError, ValueError) as exc:
-            raise QueryError(f"cannot compare {field!r} ({listing[field]!r}) with {value!r}") from exc
+            raise QueryError(f"cannot compare {field!r} ({actual!r}) with {value!r}") from exc
     return True
+
+
+def _actual(listing: dict, field: str):
+    """The value a filter on `field` compares: geolocation by its two-letter country code ("Sweden, SE" -> "SE"),
+    as vast.ai documents it; datacenter as hosting_type 1."""
+    if field == "datacenter":
+        return listing.get("hosting_type") == 1
+    if field == "geolocation":
+        return country_code(listing.get("geolocation"))
+    return listing.get(field)
+
+
+def country_code(geolocation) -> str | None:
+    """The two-letter country code a listing's geolocation ends with ("US-CA, US" -> "US"); None when it has none."""
+    if not isinstance(geolocation, str) or not geolocation.strip():
+        return None
+    return geolocation.rsplit(",", 1)[-1].strip().upper()
+
+
+def _country(value):
+    if not isinstance(value, str):
+        raise QueryError(f"geolocation takes two-letter country codes, not {value!r}")
+    code = value.strip().upper()
+    if len(code) != 2 or not code.isalpha():
+        raise QueryError(f"geolocation takes two-letter country codes (as vast.ai documents it), not {value!r}")
+    return code
 
 
 def driver_number(version) -> int:

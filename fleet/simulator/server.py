@@ -65,6 +65,14 @@ API_ROUTES = [  # under /api/v0
     (_route("DELETE", r"/instances"), "destroy_instances"),  # several: {"instance_ids": [...]}
     (_route("GET", r"/instances/filters"), "instance_filters"),
     (_route("PUT", r"/instances/request_logs/(\d+)"), "request_logs"),
+    (_route("PUT", r"/instances/bid_price/(\d+)"), "change_bid"),
+    (_route("PUT", r"/instances/reboot/(\d+)"), "reboot"),
+    (_route("POST", r"/instances/(\d+)/ssh"), "attach_ssh"),
+    (_route("DELETE", r"/instances/(\d+)/ssh/(\d+)"), "detach_ssh"),
+    (_route("GET", r"/ssh"), "show_ssh_keys"),
+    (_route("POST", r"/ssh"), "create_ssh_key"),
+    (_route("PUT", r"/ssh/(\d+)"), "update_ssh_key"),
+    (_route("DELETE", r"/ssh/(\d+)"), "delete_ssh_key"),
     (_route("GET", r"/instances/(\d+)"), "show_instance"),
     (_route("PUT", r"/instances/(\d+)"), "manage_instance"),
     (_route("DELETE", r"/instances/(\d+)"), "destroy_instance"),
@@ -76,6 +84,28 @@ API_ROUTES = [  # under /api/v0
 API_V1_ROUTES = [  # under /api/v1, where the current CLI lists instances and invoices
     (_route("GET", r"/instances"), "instances_page"),
     (_route("GET", r"/invoices"), "invoices_report"),
+]
+
+# What the official CLI and SDK call that the simulation does not model, by the command a user typed: answered 501
+# with a JSON error that names it, as is any other path under the API.
+NOT_MODELLED = [
+    (re.compile(r"/instances/recycle/\d+/?$"), "recycle instance"),
+    (re.compile(r"/instances/prepay/\d+/?$"), "prepay instance"),
+    (re.compile(r"/instances/\d+/(?:cancel_)?(?:copy|sync)/?"), "copy / cancel copy"),
+    (re.compile(r"/commands/"), "copy, cloud copy or execute"),
+    (re.compile(r"/instances/execute/"), "execute"),
+    (re.compile(r"/instances/\d+/snapshot/?"), "take snapshot"),
+    (re.compile(r"/(?:network_)?volumes?(?:/|$)"), "volumes"),
+    (re.compile(r"/template"), "templates"),
+    (re.compile(r"/(?:endptjobs|workergroups|autojobs|endpoints?)/"), "serverless endpoints and workergroups"),
+    (re.compile(r"/machines?/"), "host machines"),
+    (re.compile(r"/(?:secrets|env_vars?)/"), "environment variables"),
+    (re.compile(r"/(?:auth/apikeys|apikeys?)/"), "API keys"),
+    (re.compile(r"/(?:team|teams|subaccounts?)/"), "teams and subaccounts"),
+    (re.compile(r"/scheduled_jobs/"), "scheduled jobs"),
+    (re.compile(r"/(?:benchmarks|metrics)/"), "benchmarks and metrics"),
+    (re.compile(r"/(?:price_increases?|instances/price_increase)/"), "price increases"),
+    (re.compile(r"/(?:clusters?|overlays?)/"), "clusters and overlays"),
 ]
 
 CONTROL_ROUTES = [
@@ -188,8 +218,13 @@ class Handler(BaseHTTPRequestHandler):
                     return
         if path_matched:
             self._error(405, "method_not_allowed", f"{method} is not allowed on {path}")
-        else:
+        elif routes is CONTROL_ROUTES:
             self._error(404, "not_found", f"No route for {path}")
+        else:
+            command = next((name for pattern, name in NOT_MODELLED if pattern.match(path)), None)
+            what = f"`{command}` ({method} {path})" if command else f"{method} {path}"
+            self._error(501, "not_supported", f"{what} is not supported by the simulated marketplace; see "
+                        "fleet/simulator/README.md for what it models")
 
     def _key(self) -> str:
         header = self.headers.get("Authorization", "")
@@ -287,6 +322,36 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, "not_found", "No such log result (they are kept for the newest requests only)")
             return
         self._send(200, text.encode(), "text/plain; charset=utf-8", {})
+
+    def change_bid(self, instance_id: int) -> None:
+        msg = self.server.market.change_bid(instance_id, self.body)
+        self._json(200, {"success": True, "msg": msg})
+
+    def reboot(self, instance_id: int) -> None:
+        self.server.market.reboot(instance_id)
+        self._json(200, {"success": True, "msg": f"Rebooting instance {instance_id}"})
+
+    def show_ssh_keys(self) -> None:
+        self._json(200, self.server.market.ssh_keys("listing"))  # a bare list, as vast.ai documents it
+
+    def create_ssh_key(self) -> None:
+        self._json(200, {"success": True, "key": self.server.market.ssh_keys("add", self.body.get("ssh_key"))})
+
+    def update_ssh_key(self, key_id: int) -> None:
+        self.server.market.ssh_keys("update", key_id, self.body.get("ssh_key"))
+        self._json(200, {"success": True})
+
+    def delete_ssh_key(self, key_id: int) -> None:
+        self.server.market.ssh_keys("delete", key_id)
+        self._json(200, {"success": True})
+
+    def attach_ssh(self, instance_id: int) -> None:
+        key_id = self.server.market.ssh_keys("attach", instance_id, self.body.get("ssh_key"))
+        self._json(200, {"success": True, "msg": f"ssh key {key_id} attached to instance {instance_id}"})
+
+    def detach_ssh(self, instance_id: int, key_id: int) -> None:
+        self.server.market.ssh_keys("detach", instance_id, key_id)
+        self._json(200, {"success": True, "msg": f"ssh key {key_id} detached from instance {instance_id}"})
 
     def show_user(self) -> None:
         self._json(200, self.server.market.user())

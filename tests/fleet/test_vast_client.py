@@ -166,4 +166,6 @@ def test_it_reads_charges_that_match_the_price(vast, market):
     instance_id = _rent(vast, offer)
     market.advance(1800)
     gpu = [c for c in vast.charges() if c.instance_id == instance_id and c.kind == "gpu"]
-    assert float(sum(c.amount_usd for c in gpu)) == pytest.approx(float(offer.gpu_usd_per_hour) / 2, abs=0.01)
+    # GPU time bills from "running", after the 90 s boot: 1710 of the 1800 s
+    assert float(sum(c.amount_usd for c in gpu)) == pytest.approx(float(offer.gpu_usd_per_hour) * 1710 / 3600,
+                                                                  abs=0.01)
