@@ -1,4 +1,4 @@
-"""Reconciling the ledger with what the provider says it charged (vast.ai /charges/)."""
+"""Reconciling the ledger with what the provider says it charged (vast.ai /charges/, RunPod's per-pod billing)."""
 
 import logging
 from collections import defaultdict
