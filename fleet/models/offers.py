@@ -42,6 +42,8 @@ class Offer(models.Model):
     total_flops = models.FloatField(null=True, blank=True)
     nvlink_gb_s = models.FloatField(null=True, blank=True, help_text="GB/s between its GPUs over NVLink; 0: PCIe only")
     pcie_gb_s = models.FloatField(null=True, blank=True, help_text="GB/s of each GPU's PCIe link")
+    datacenter = models.BooleanField(null=True, blank=True, help_text="a datacenter host; blank: not said")
+    gpu_mem_bw_gb_s = models.FloatField(null=True, blank=True, help_text="each GPU's memory bandwidth, GB/s")
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     available = models.BooleanField(default=True, help_text="listed in the latest refresh")

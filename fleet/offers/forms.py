@@ -81,12 +81,18 @@ class RankingForm(forms.Form):
     min_inet_down_mbps = _ranged(forms.FloatField, 0, 1_000_000, label="Min down Mb/s")
     min_inet_up_mbps = _ranged(forms.FloatField, 0, 1_000_000, label="Min up Mb/s")
     locations = forms.CharField(required=False, max_length=500, label="Locations",
-                                help_text="EU, NA, APAC or country codes; blank: anywhere")
+                                help_text="EU, NA, APAC or two-letter country codes (vast.ai's geolocation in); "
+                                          "blank: anywhere")
+    excluded_locations = forms.CharField(required=False, max_length=500, label="Not in",
+                                         help_text="regions or country codes kept out (geolocation notin)")
     min_reliability = _ranged(forms.FloatField, 0, 1, label="Min reliability")
     require_verified = forms.BooleanField(required=False, label="Verified hosts only")
     allow_bids = forms.BooleanField(required=False, label="Allow bid (interruptible)")
     min_gpus = _ranged(forms.IntegerField, 1, 1024, label="Min GPUs")
     max_gpus = _ranged(forms.IntegerField, 1, 1024, required=False, label="Max GPUs")
+    datacenter_only = forms.BooleanField(required=False, label="Datacenter hosts only")
+    min_gpu_mem_bw_gb_s = _ranged(forms.FloatField, 0, 100_000, required=False, label="Min GPU memory GB/s",
+                                  help_text="each GPU's memory bandwidth; blank: any")
     # The view
     sort = forms.ChoiceField(choices=list(SORTS.items()), required=False, label="Sort by")
     find = forms.CharField(required=False, max_length=200, label="Find offer")
@@ -95,7 +101,8 @@ class RankingForm(forms.Form):
                      "kernel_path", "gpus"]
     FILTER_FIELDS = ["gpu_tiers", "max_usd_per_hour", "min_driver_version", "min_cuda", "min_disk_gb",
                      "min_inet_down_mbps", "min_inet_up_mbps", "min_reliability", "require_verified", "allow_bids",
-                     "min_gpus", "max_gpus"]
+                     "min_gpus", "max_gpus", "datacenter_only", "min_gpu_mem_bw_gb_s"]
+    LOCATION_FIELDS = ["locations", "excluded_locations"]  # typed as comma-separated codes
     # The recipe's and the filters' own names for what a field sets, where they differ from the field's name.
     _SETS = {"checkpoint_interval_s": "checkpoint_interval_min"}
 
@@ -107,7 +114,9 @@ class RankingForm(forms.Form):
                     checkpoint_interval_min=recipe.checkpoint_interval_s / 60, sort="score", find="")
         saved = filters.to_dict()
         data.update({name: saved[name] for name in cls.FILTER_FIELDS})
-        data["locations"] = ", ".join(saved["locations"])
+        for name in cls.LOCATION_FIELDS:
+            data[name] = ", ".join(saved[name])
+        data["min_gpu_mem_bw_gb_s"] = saved["min_gpu_mem_bw_gb_s"] or ""
         data["max_usd_per_hour"] = saved["max_usd_per_hour"] or ""
         data["max_gpus"] = saved["max_gpus"] or ""
         return data
@@ -135,7 +144,9 @@ class RankingForm(forms.Form):
             })
             self.filters = OfferFilters.from_dict({
                 **{name: cleaned[name] for name in self.FILTER_FIELDS},
-                "locations": [part.strip().upper() for part in cleaned["locations"].split(",") if part.strip()],
+                "min_gpu_mem_bw_gb_s": cleaned["min_gpu_mem_bw_gb_s"] or 0.0,
+                **{name: [part.strip().upper() for part in cleaned[name].split(",") if part.strip()]
+                   for name in self.LOCATION_FIELDS},
             })
         except ValueError as exc:
             self._add_problem(str(exc))

@@ -42,6 +42,10 @@ class OfferRecord:
     # nvlink_gb_s 0: no NVLink, the GPUs talk over PCIe.
     nvlink_gb_s: float | None = None
     pcie_gb_s: float | None = None
+    # The host, as vast.ai's search documents it: a datacenter (hosting_type 1) or not, and each GPU's memory
+    # bandwidth (gpu_mem_bw, GB/s); None where the listing says nothing.
+    datacenter: bool | None = None
+    gpu_mem_bw_gb_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

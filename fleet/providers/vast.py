@@ -308,7 +308,19 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
         total_flops=fields.number(raw, "total_flops", default=None),
         nvlink_gb_s=fields.number(raw, "bw_nvlink", default=None),
         pcie_gb_s=fields.number(raw, "pcie_bw", default=None),
+        datacenter=_datacenter(raw),
+        gpu_mem_bw_gb_s=fields.number(raw, "gpu_mem_bw", default=None),
     )
+
+
+def _datacenter(raw: dict) -> bool | None:
+    """Whether the host is a datacenter, as the search says it (hosting_type 1; a `datacenter` flag where given)."""
+    if raw.get("datacenter") is not None:
+        return fields.flag(raw, "datacenter")
+    kind = raw.get("hosting_type")
+    if kind is None:
+        return None
+    return fields.whole(raw, "hosting_type", high=1000) == 1
 
 
 def _ports(raw_ports) -> dict[str, int]:

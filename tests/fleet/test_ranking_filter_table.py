@@ -36,7 +36,7 @@ CASES = {
     "vram_unknown": Case({"gpu_ram_gb": math.nan}, "VRAM unknown"),
     "vram_range": Case({"gpu_ram_gb": 120.0}, "VRAM 120 GB outside the RTX PRO 6000 (90-100 GB), H200 (130-150 GB), "
                                               "B200 (170-190 GB) tiers", off={"gpu_tiers": "any"}),
-    "vram_needed": Case({"gpu_ram_gb": 80.0}, "VRAM 80 GB < needed 85 GB for Qwen3.6-35B-A3B",
+    "vram_needed": Case({"gpu_ram_gb": 80.0}, "VRAM 80 GB < needed 82.8 GB for Qwen3.6-35B-A3B",
                         filters={"gpu_tiers": "any"}),
     "price_unknown": Case({"storage_usd_per_gb_month": None}, "storage price unknown"),
     # the rental's price: the machine and 250 GB of disk at $0.15 per GB-month
@@ -54,10 +54,17 @@ CASES = {
     "uplink": Case({"inet_up_mbps": 120.0}, "uplink 120 Mb/s < 200", off={"min_inet_up_mbps": 0}),
     "location_unknown": Case({"geolocation": ""}, "location unknown", filters=EU, off={"locations": []}),
     "location": Case({"geolocation": "Texas, US"}, "location US not in EU", filters=EU, off={"locations": "any"}),
+    "location_excluded": Case({"geolocation": "Texas, US"}, "location US is excluded (NA)",
+                              filters={"excluded_locations": ["NA"]}, off={"excluded_locations": []}),
     "reliability_unknown": Case({"reliability": None}, "reliability unknown"),
     "reliability": Case({"reliability": 0.9}, "reliability 0.9 < 0.95", off={"min_reliability": 0}),
     "verified": Case({"verified": False}, "not verified", filters={"require_verified": True},
                      off={"require_verified": False}),
+    "datacenter": Case({"datacenter": False}, "not a datacenter host", filters={"datacenter_only": True},
+                       off={"datacenter_only": False}, passing={"datacenter": True}),
+    "gpu_mem_bw": Case({"gpu_mem_bw_gb_s": 1500.0}, "GPU memory 1500 GB/s < 3000",
+                       filters={"min_gpu_mem_bw_gb_s": 3000}, off={"min_gpu_mem_bw_gb_s": 0},
+                       passing={"gpu_mem_bw_gb_s": 4800.0}),
 }
 
 

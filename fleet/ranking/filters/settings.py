@@ -39,11 +39,15 @@ class OfferFilters:
     min_inet_down_mbps: float = 250.0
     min_inet_up_mbps: float = 200.0
     locations: frozenset[str] = field(default_factory=frozenset)  # country codes and/or regions; empty = any
+    # vast.ai's geolocation notin: country codes and/or regions kept out (checked after `locations`)
+    excluded_locations: frozenset[str] = field(default_factory=frozenset)
     min_reliability: float = 0.95
     require_verified: bool = False
     allow_bids: bool = False
     min_gpus: int = 1
     max_gpus: int | None = 1  # None = no maximum
+    datacenter_only: bool = False  # vast.ai's datacenter=true: hosts in a datacenter (hosting_type 1)
+    min_gpu_mem_bw_gb_s: float = 0.0  # vast.ai's gpu_mem_bw, each GPU's memory bandwidth; 0 = any
 
     def __post_init__(self):
         # Normalise here too, so filters built in code are checked exactly like a saved profile.
@@ -58,14 +62,15 @@ class OfferFilters:
         if version and parse_version(version) is None:
             raise ValueError(f"min_driver_version must look like 570 or 570.124.06, got {self.min_driver_version!r}")
         set_(self, "min_driver_version", version)
-        for name in ("min_cuda", "min_disk_gb", "min_inet_down_mbps", "min_inet_up_mbps"):
+        for name in ("min_cuda", "min_disk_gb", "min_inet_down_mbps", "min_inet_up_mbps", "min_gpu_mem_bw_gb_s"):
             set_(self, name, _number(name, getattr(self, name)))
         reliability = _number("min_reliability", self.min_reliability)
         if reliability > 1:
             raise ValueError(f"min_reliability must be between 0 and 1, got {self.min_reliability!r}")
         set_(self, "min_reliability", reliability)
         set_(self, "locations", _locations(self.locations))
-        for name in ("require_verified", "allow_bids"):
+        set_(self, "excluded_locations", _locations(self.excluded_locations, "excluded_locations"))
+        for name in ("require_verified", "allow_bids", "datacenter_only"):
             set_(self, name, _flag(name, getattr(self, name)))
         set_(self, "min_gpus", _count("min_gpus", self.min_gpus))
         if self.max_gpus is None or self.max_gpus == "":
@@ -79,6 +84,7 @@ class OfferFilters:
         """JSON-ready: money as a string, sets as sorted lists."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(gpu_tiers=list(self.gpu_tiers), locations=sorted(self.locations),
+                    excluded_locations=sorted(self.excluded_locations),
                     max_usd_per_hour=None if self.max_usd_per_hour is None else str(self.max_usd_per_hour))
         return data
 
@@ -103,10 +109,18 @@ class OfferFilters:
 
     @property
     def allowed_countries(self) -> frozenset[str]:
-        countries: set[str] = set()
-        for item in self.locations:
-            countries |= REGIONS.get(item, {item})
-        return frozenset(countries)
+        return _countries(self.locations)
+
+    @property
+    def excluded_countries(self) -> frozenset[str]:
+        return _countries(self.excluded_locations)
+
+
+def _countries(items: frozenset[str]) -> frozenset[str]:
+    countries: set[str] = set()
+    for item in items:
+        countries |= REGIONS.get(item, {item})
+    return frozenset(countries)
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:
@@ -145,7 +159,7 @@ def _tiers(value) -> tuple[str, ...]:
     return tuple(tiers)
 
 
-def _locations(value) -> frozenset[str]:
+def _locations(value, name: str = "locations") -> frozenset[str]:
     if value is None or (isinstance(value, str) and value.strip().lower() in _ANY):
         return frozenset()
     if isinstance(value, str):
@@ -153,7 +167,7 @@ def _locations(value) -> frozenset[str]:
     try:
         items = list(value)
     except TypeError:
-        raise ValueError(f"locations must be a list of country codes or regions, got {value!r}") from None
+        raise ValueError(f"{name} must be a list of country codes or regions, got {value!r}") from None
     result = set()
     for item in items:
         code = str(item).strip().upper()
@@ -163,7 +177,7 @@ def _locations(value) -> frozenset[str]:
             result.add(code)
         else:
             raise ValueError(
-                f"locations: {item!r} is neither a two-letter country code nor a region ({', '.join(REGIONS)})")
+                f"{name}: {item!r} is neither a two-letter country code nor a region ({', '.join(REGIONS)})")
     return frozenset(result)
 
 

@@ -61,6 +61,12 @@ def _price_cap_words(o, f, r) -> str:
     return f"{per_hour(rental_usd_per_hour(o, int(r.rent_disk_gb)))} > cap {usd(f.max_usd_per_hour)}/h"
 
 
+def _mem_bw_words(o, f, r) -> str:
+    if not _known(o.gpu_mem_bw_gb_s):
+        return "GPU memory bandwidth unknown"
+    return f"GPU memory {_num(o.gpu_mem_bw_gb_s)} GB/s < {_num(f.min_gpu_mem_bw_gb_s)}"
+
+
 def _driver_unknown_words(o, f, r) -> str:
     text = o.driver_version
     return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
@@ -146,13 +152,19 @@ FILTERS: tuple[Filter, ...] = (
     *_at_least("downlink", "downlink too slow", "inet_down_mbps", "min_inet_down_mbps", "Mb/s"),
     *_at_least("uplink", "uplink too slow", "inet_up_mbps", "min_inet_up_mbps", "Mb/s"),
     # Advertised bandwidth is local, so hosts must sit near the checkpoint bucket.
-    Filter("location_unknown", "location unknown", when=lambda f, r: bool(f.locations),
+    Filter("location_unknown", "location unknown", when=lambda f, r: bool(f.locations or f.excluded_locations),
            binds=lambda f, r: {"codes": _CountryCodes()}, reads="code = codes[o.geolocation]",
            test="not code", words=_said("location unknown")),
-    Filter("location", "outside the locations", given="location_unknown",
+    Filter("location", "outside the locations", given="location_unknown", when=lambda f, r: bool(f.locations),
            binds=lambda f, r: {"countries": f.allowed_countries},
            test="code not in countries",
            words=lambda o, f, r: f"location {country_code(o.geolocation)} not in {', '.join(sorted(f.locations))}"),
+    # The same country codes as vast.ai's geolocation notin.
+    Filter("location_excluded", "in an excluded location", given="location_unknown",
+           when=lambda f, r: bool(f.excluded_locations), binds=lambda f, r: {"kept_out": f.excluded_countries},
+           test="code in kept_out",
+           words=lambda o, f, r: f"location {country_code(o.geolocation)} is excluded "
+                                 f"({', '.join(sorted(f.excluded_locations))})"),
     # A 0.99 floor empties the cheap tier, so the floor is 0.95 and the cost model prices the rest.
     Filter("reliability_unknown", "reliability unknown", reads="reliability = o.reliability",
            test="not known(reliability)", words=_said("reliability unknown")),
@@ -162,6 +174,13 @@ FILTERS: tuple[Filter, ...] = (
            words=lambda o, f, r: f"reliability {o.reliability:.4g} < {f.min_reliability:g}"),
     Filter("verified", "host not verified", when=lambda f, r: f.require_verified,
            test="not o.verified", words=_said("not verified")),
+    # A training box's throughput: a datacenter host (vast.ai's datacenter=true) and fast GPU memory (gpu_mem_bw).
+    Filter("datacenter", "not a datacenter host", when=lambda f, r: f.datacenter_only,
+           test="o.datacenter is not True",
+           words=lambda o, f, r: "not a datacenter host" if o.datacenter is False else "hosting type unknown"),
+    Filter("gpu_mem_bw", "GPU memory too slow", when=lambda f, r: f.min_gpu_mem_bw_gb_s > 0,
+           binds=lambda f, r: {"min_mem_bw": f.min_gpu_mem_bw_gb_s}, reads="mem_bw = o.gpu_mem_bw_gb_s",
+           test="not known(mem_bw) or mem_bw < min_mem_bw", words=_mem_bw_words),
 )
 BITS = {f.name: 1 << i for i, f in enumerate(FILTERS)}
 # Set by the ranking after the filters, for offers it cannot price.
