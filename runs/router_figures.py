@@ -20,7 +20,8 @@ def heatmap(phase: int, name: str, step: int, counts: list[list[int]]) -> dict:
     title = f"Router load · phase {phase} ({name}), interval ending at step {step}"
     idle = idle_pairs(counts)
     traces: list[dict] = [{
-        "type": "heatmap", "z": [[round(v, 5) for v in row] for row in z], "customdata": counts,
+        "type": "heatmap", "name": "share of the layer's tokens", "z": [[round(v, 5) for v in row] for row in z],
+        "customdata": counts,
         "colorscale": [[0, "#ffffff"], [1, PHASE_COLOURS[phase % len(PHASE_COLOURS)]]], "zmin": 0,
         "colorbar": {"title": {"text": "share"}, "thickness": 10},
         "hovertemplate": "layer %{y}, expert %{x}: %{customdata:,d} tokens, %{z:.2%} of the layer<extra></extra>"}]
@@ -32,8 +33,10 @@ def heatmap(phase: int, name: str, step: int, counts: list[list[int]]) -> dict:
     return {"id": f"router-load-{phase}", "title": plain(title), "data": traces,
             "layout": layout(plain(title), "MoE layer", hovermode="closest", showlegend=False,
                              height=max(220, min(640, 60 + 12 * len(counts))),
-                             xaxis={"title": {"text": "routed expert"}, "hoverformat": "d"},
-                             yaxis={"autorange": "reversed"})}
+                             # whole layers and experts on the ticks, about a dozen of each at most
+                             xaxis={"title": {"text": "routed expert"}, "hoverformat": "d",
+                                    "dtick": max(1, len(counts[0]) // 16)},
+                             yaxis={"autorange": "reversed", "dtick": max(1, len(counts) // 12)})}
 
 
 def router_figures(data: RunData) -> list[dict]:
