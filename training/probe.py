@@ -18,7 +18,7 @@ from training import families
 SENTINEL = "TRAINING_PROBE_OK"
 MODULES = (
     "torch", "triton", "transformers", "peft", "safetensors", "yaml", "httpx",
-    "training.moe_lora", "training.lora", "training.guards", "training.train",
+    "training.moe_lora", "training.lora", "training.guards", "training.train", "training.evaluation.generate",
 )
 
 
