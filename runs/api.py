@@ -128,6 +128,7 @@ class PhaseOut(Schema):
     kind: str
     steps: int
     data: dict | None = None  # {dataset_id, name, sha256, manifest, download}: what the agent fetches and checks
+    eval_data: dict | None = None  # the phase's held-out data (its recipe's eval_data), in the same form
 
 
 class PresignedGetsOut(Schema):

@@ -20,6 +20,7 @@ from fleet.ranking.throughput import gpu_model_key
 from plotly.io.json import to_json_plotly
 
 from runs import evaluations, figures, router_figures, run_data, sharing
+from runs import phase_figures
 from runs.projection import STEPS_PER_PRICE
 from runs.models import MetricPoint, Run
 
@@ -37,7 +38,8 @@ def run_chart_data(request, pk):
     return HttpResponse(to_json_plotly({
         "run": run.pk, "state": run.state, "active": run.is_active, "refresh_s": LIVE_REFRESH_S,
         "points": inputs.points, "bucket_steps": inputs.bucket_steps, "warnings": data.warnings,
-        "summary_html": summary, "figures": figures.run_figures(inputs) + router_figures.router_figures(data)}),
+        "summary_html": summary, "figures": figures.run_figures(inputs) + router_figures.router_figures(data)
+        + phase_figures.phase_kind_figures(inputs)}),
         content_type="application/json")
 
 

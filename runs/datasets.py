@@ -167,7 +167,8 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="launch-data-") as scratch:
         for i, phase in enumerate(recipe["phases"]):
-            where, source = f"phases[{i}] ({phase['name']}).data {phase['data']}", phase["data"]
+            label = phase.get("where") or f"phases[{i}] ({phase['name']}).data"  # held-out data names its own
+            where, source = f"{label} {phase['data']}", phase["data"]
             stored = None if source in uploads else _stored(source, phase["kind"], bucket, user)
             if stored is not None:
                 found.append(stored)
@@ -194,6 +195,18 @@ def resolve(recipe: dict, bucket: str, uploads: dict, *, user=None, now) -> list
             raise DataError("The data is not usable ({} problem(s)):\n  - {}".format(len(problems),
                                                                                      "\n  - ".join(problems)))
         return [item if isinstance(item, DataSet) else _kept(*item, bucket, user, now) for item in found]
+
+
+def resolve_with_held_out(recipe: dict, bucket: str, uploads: dict, *, user=None,
+                          now) -> tuple[list[DataSet], dict[int, DataSet]]:
+    """`resolve` for every phase's data and, in the same check, each training phase's held-out `eval_data` (the
+    same sources, checked as that phase's kind): (data sets in phase order, {phase index: held-out data set})."""
+    held = [(i, phase) for i, phase in enumerate(recipe["phases"]) if phase.get("eval_data")]
+    sources = [*recipe["phases"], *({"name": phase["name"], "kind": phase["kind"], "data": phase["eval_data"],
+                                     "where": f"phases[{i}] ({phase['name']}).eval_data"} for i, phase in held)]
+    stored = resolve({**recipe, "phases": sources}, bucket, uploads, user=user, now=now)
+    count = len(recipe["phases"])
+    return stored[:count], {i: stored[count + j] for j, (i, _) in enumerate(held)}
 
 
 def _is_a_name(source: str) -> bool:

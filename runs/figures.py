@@ -95,12 +95,32 @@ def _phase_series(data: RunData, rows: list[dict], edges: dict, name: str, p: Ph
                     _edge(data, edges, p, "last", name))
 
 
-def _per_phase(data: RunData, rows, edges, name, chart_id, title, y_title, **extra) -> dict:
+def phase_colour(p: PhaseStats) -> str:
+    return PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
+
+
+def held_out_trace(data: RunData, rows, edges, name: str, p: PhaseStats, label: str, **extra) -> dict | None:
+    """A phase's held-out series (eval_*, measured every eval_every steps and at its end) as diamonds joined by a
+    dotted line in the phase's colour, beside its training curve; None where it has none."""
+    xs, ys = _phase_series(data, rows, edges, name, p)
+    if not any(y is not None for y in ys):
+        return None
+    colour = phase_colour(p)
+    return _trace(f"held-out {label} · {p.name}", xs, ys, colour, mode="lines+markers",
+                  line={"color": colour, "width": 1.2, "dash": "dot"},
+                  marker={"symbol": "diamond", "size": 7, "color": colour}, **extra)
+
+
+def _per_phase(data: RunData, rows, edges, name, chart_id, title, y_title, held_out: str | None = None,
+               **extra) -> dict:
     traces = []
     for p in data.stats:
         if p.points:
             xs, ys = _phase_series(data, rows, edges, name, p)
             traces.append(_trace(f"{p.index} · {p.name}", xs, ys, PHASE_COLOURS[p.index % len(PHASE_COLOURS)]))
+            held = held_out_trace(data, rows, edges, held_out, p, name) if held_out else None
+            if held:
+                traces.append(held)
     return {"id": chart_id, "title": title, "data": traces,
             "layout": layout(title, y_title, shapes=_phase_marks(data), **extra)}
 
@@ -291,7 +311,8 @@ def run_figures(inputs: ChartInputs) -> list[dict]:
     timeline = _timeline(data, inputs.restarts)
     step_charts = [
         _per_box(data, rows, edges, "step_s", "step-time", "Step time by box", "seconds per step"),
-        _per_phase(data, rows, edges, "loss", "loss", "Loss per phase", "loss"),
+        _per_phase(data, rows, edges, "loss", "loss", "Loss per phase (held-out: diamonds)", "loss",
+                   held_out="eval_loss"),
         _grad_norms(data, rows, edges),
         _b_matrices(data, rows, edges),
         _per_box(data, rows, edges, "tokens_per_s", "tokens", "Tokens per second by box", "tokens/s"),

@@ -50,7 +50,7 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
     except ValueError as exc:
         raise LaunchError(str(exc), "disk_gb") from None
     try:
-        data = datasets.resolve(checked, bucket, uploads or {}, user=user, now=now)
+        data, held_out = datasets.resolve_with_held_out(checked, bucket, uploads or {}, user=user, now=now)
     except datasets.DataError as exc:  # said beside the Data files field, where the files are chosen
         raise LaunchError(str(exc), "data_files") from None
     with transaction.atomic():
@@ -58,7 +58,8 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
                                  max_restarts=max_restarts, disk_gb=disk_gb, token_nonce=tokens.new_nonce(),
                                  created_by=user, created_at=now)
         Phase.objects.bulk_create([Phase(run=run, index=i, name=p["name"], kind=p["kind"], steps=p["steps"],
-                                         dataset=data[i]) for i, p in enumerate(checked["phases"])])
+                                         dataset=data[i], eval_dataset=held_out.get(i))
+                                   for i, p in enumerate(checked["phases"])])
         who = user.get_username() if user else "the product"
         run.events.create(at=now, kind="launched", message=f"Launched by {who}"
                           f" with a ${budget_usd} budget and at most {max_restarts} restarts. Its boxes are rented "

@@ -172,8 +172,10 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         "recipe": run.recipe,
         # Each phase's data: its sha256 and an expiring read grant; the agent fetches and checks it before training.
         "phases": [{"index": p.index, "name": p.name, "kind": p.kind, "steps": p.steps,
-                    "data": datasets.box_grant(p.dataset, settings.STORAGE_GRANT_S) if p.dataset else None}
-                   for p in run.phases.select_related("dataset")],
+                    "data": datasets.box_grant(p.dataset, settings.STORAGE_GRANT_S) if p.dataset else None,
+                    "eval_data": (datasets.box_grant(p.eval_dataset, settings.STORAGE_GRANT_S) if p.eval_dataset
+                                  else None)}
+                   for p in run.phases.select_related("dataset", "eval_dataset")],
         # The base model, when the box downloads it: a hub id, or an s3:// prefix's files by size with their GETs
         # (signed once per attempt).
         "model": model_grants.for_attempt(attempt, now=now),

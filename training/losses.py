@@ -55,7 +55,8 @@ def dpo_terms(logps, ref, beta):
     chosen, rejected = beta * ratio[:n].detach(), beta * ratio[n:].detach()
     losses = -F.logsigmoid(beta * (ratio[:n] - ratio[n:]))
     return losses, {"rewards_chosen": chosen.mean(), "rewards_rejected": rejected.mean(),
-                    "rewards_accuracy": (chosen > rejected).float().mean(), "rewards_margin": (chosen - rejected).mean()}
+                    "rewards_accuracy": (chosen > rejected).float().mean(),
+                    "rewards_margin": (chosen - rejected).mean()}
 
 
 def dpo_loss(model, batch, phase, ctx):

@@ -33,8 +33,8 @@ LARGEST_TOKENS_PER_S = 1e9  # a hundred times and more what any box of GPUs trai
 ROUTER_LOAD, ROUTER_MAX_LAYERS, ROUTER_MAX_EXPERTS, ROUTER_MAX_COUNT = "router_load", 256, 1024, 10**15
 # Each phase kind's own figures (training/losses.py), as TRL names and computes them. A reward is beta times the
 # log-prob's gain over the reference (bounded as a loss is); a GRPO reward is whatever the phase's function returns.
-SIGNED = {"minimum": -LARGEST_NORM, "maximum": LARGEST_NORM, "enveloped": True}
-SHARE = {"maximum": 1.0, "enveloped": True}
+SIGNED: dict = {"minimum": -LARGEST_NORM, "maximum": LARGEST_NORM, "enveloped": True}
+SHARE: dict = {"maximum": 1.0, "enveloped": True}
 LARGEST_COMPLETION = 65_536  # tokens: a recipe's max_new_tokens at most (training/recipe.py LIMITS)
 PHASE_KIND_FIELDS = (
     MetricField("rewards_chosen", float, "reward of the chosen (DPO) or desirable (KTO) completions", **SIGNED),

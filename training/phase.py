@@ -193,7 +193,7 @@ class Phase:
         self.recipe, self.index, self.trainee, self.tokenizer = recipe, index, trainee, tokenizer
         self.spec = spec = recipe.phases[index]
         self.sinks, self.uploader, self.out = sinks, uploader, out
-        records, held_out = read_records(spec.data, spec.kind), []
+        records, held_out = read_records(spec.data, spec.kind), []  # type: list[dict], list[dict]
         if spec.eval_split:  # the same records on every resume: a hash of each record and the run's seed
             records, held_out = split_records(records, spec.eval_split, recipe.seed)
         elif spec.eval_data:

@@ -22,7 +22,7 @@ def _chunks(items, batch_size):
     return (items[start:start + batch_size] for start in range(0, len(items), batch_size))
 
 
-def _causal_lm(model, kind, items, batch_size, pad_id, device) -> dict:
+def _causal_lm(model, kind, items, batch_size, pad_id, device) -> dict[str, float | None]:
     """CPT/SFT: the mean next-token loss over every held-out label token, on rows packed as training packs them."""
     total = torch.zeros((), device=device)
     count = torch.zeros((), device=device, dtype=torch.long)
@@ -32,13 +32,13 @@ def _causal_lm(model, kind, items, batch_size, pad_id, device) -> dict:
         total += losses.float().sum()
         count += mask.sum()
     loss = float(total) / max(int(count), 1)
-    metrics = {"eval_loss": loss}
+    metrics: dict[str, float | None] = {"eval_loss": loss}
     if kind == "cpt":
         metrics["eval_perplexity"] = math.exp(loss) if loss <= LARGEST_LOSS_FOR_PERPLEXITY else None
     return metrics
 
 
-def _preference(model, kind, items, reference, settings, batch_size, pad_id, device) -> dict:
+def _preference(model, kind, items, reference, settings, batch_size, pad_id, device) -> dict[str, float | None]:
     """DPO/KTO: the phase's loss and TRL's reward metrics over every held-out pair or completion, against the
     reference scored at the phase's start."""
     logps = []
@@ -54,7 +54,7 @@ def _preference(model, kind, items, reference, settings, batch_size, pad_id, dev
         losses, kl, sums = kto_terms(logps, reference, desirable, settings)
         metrics = preference_means({**sums, "kl": kl})
         metrics.pop("kl")
-    figures = {"eval_loss": float(losses.mean())}
+    figures: dict[str, float | None] = {"eval_loss": float(losses.mean())}
     figures.update({f"eval_{key}": None if value is None else float(value) for key, value in metrics.items()})
     return figures
 

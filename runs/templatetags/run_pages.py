@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from django import template
 
-from runs import wording
+from runs import phase_figures, wording
 
 register = template.Library()
 
@@ -34,3 +34,9 @@ def reason(message: str) -> str:
 @register.filter
 def event_kind(kind: str) -> str:
     return wording.event_kind_text(kind)
+
+
+@register.filter
+def kind_charts(run) -> list[str]:
+    """The ids of a run's phase-kind charts (runs/phase_figures.py), for their places on its page."""
+    return phase_figures.kind_charts(run)

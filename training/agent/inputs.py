@@ -26,32 +26,37 @@ class DataRefused(Exception):
 
 def fetch_data(phases: list[dict], recipe_phases: list[dict], folder: Path, tries: int = DATA_TRIES,
                sleep=time.sleep) -> list[dict]:
-    """The recipe's phases, each one's data the file fetched from its read grant and checked against the size and
-    sha256 recorded at upload: a mismatch is refused at once, a failed download tried again, then refused. A phase
-    without data keeps its path."""
-    out, fetched = [dict(phase) for phase in recipe_phases], {}
+    """The recipe's phases, each one's data (and held-out eval_data) the file fetched from its read grant and checked
+    against the size and sha256 recorded at upload: a mismatch is refused at once, a failed download tried again,
+    then refused. A phase without data keeps its path."""
+    out, fetched = [dict(phase) for phase in recipe_phases], {}  # type: list[dict], dict[str, Path]
     for phase in phases:
-        data = phase.get("data")
-        if not data:
-            continue
-        where = f"the data of phase {phase['index']} ({phase['name']}), {data['name']},"
-        if data["sha256"] not in fetched:
-            try:
-                target = inside(folder, data["sha256"])
-            except UnsafePath as exc:
-                raise DataRefused(f"{where} has an unusable name: {exc}") from None
-            try:
-                retried(partial(fetch_verified, data, target), tries=tries, first_s=FIRST_WAIT_S, cap_s=MAX_WAIT_S,
-                        retry_on=(OSError, httpx.HTTPError), sleep=sleep)
-            except CheckpointMismatch as exc:
-                shutil.rmtree(target, ignore_errors=True)
-                raise DataRefused(f"{where} does not match its sha256 {data['sha256'][:12]}...: {exc}") from None
-            except (OSError, httpx.HTTPError) as exc:
-                raise DataRefused(f"{where} could not be downloaded: {type(exc).__name__}: "
-                                  f"{model_source.without_query(str(exc))}") from None
-            fetched[data["sha256"]] = target / next(iter(data["manifest"]))
-        out[phase["index"]]["data"] = str(fetched[data["sha256"]])
+        for key, what in (("data", "data"), ("eval_data", "held-out data")):
+            data = phase.get(key)
+            if data:
+                where = f"the {what} of phase {phase['index']} ({phase['name']}), {data['name']},"
+                out[phase["index"]][key] = str(_fetched(data, where, folder, fetched, tries, sleep))
     return out
+
+
+def _fetched(data: dict, where: str, folder: Path, fetched: dict, tries: int, sleep) -> Path:
+    """The local file of one data grant, fetched once per content and checked against its sha256."""
+    if data["sha256"] not in fetched:
+        try:
+            target = inside(folder, data["sha256"])
+        except UnsafePath as exc:
+            raise DataRefused(f"{where} has an unusable name: {exc}") from None
+        try:
+            retried(partial(fetch_verified, data, target), tries=tries, first_s=FIRST_WAIT_S, cap_s=MAX_WAIT_S,
+                    retry_on=(OSError, httpx.HTTPError), sleep=sleep)
+        except CheckpointMismatch as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            raise DataRefused(f"{where} does not match its sha256 {data['sha256'][:12]}...: {exc}") from None
+        except (OSError, httpx.HTTPError) as exc:
+            raise DataRefused(f"{where} could not be downloaded: {type(exc).__name__}: "
+                              f"{model_source.without_query(str(exc))}") from None
+        fetched[data["sha256"]] = target / next(iter(data["manifest"]))
+    return fetched[data["sha256"]]
 
 
 def fetch_model(api: Api, grant: dict | None, model: dict, root: Path) -> dict:
