@@ -8,8 +8,10 @@ from fleet.instances import disk
 from fleet.models import OfferProfile
 from fleet.offers.ranked import run_settings
 from fleet.ranking import OfferFilters, Workload, micro_step_vram_gb
+from fleet.ranking.memory import plan_run
 from runs import serving
 from runs.models import Run
+from training.memory_plan import MEMORY_PLANS, OPTIMIZERS
 from training.recipe import RunRecipe
 
 
@@ -49,11 +51,19 @@ class BoxRequest:
         if disk_gb:  # runs launched before the disk was chosen rent RENT_DISK_GB
             figures = replace(figures, rent_disk_gb=float(disk_gb))
             filters = replace(filters, min_disk_gb=max(filters.min_disk_gb, float(disk_gb)))
-        # The VRAM grows from the profile's figure at its own micro-step and rank (micro_step_vram_gb), never below.
+        # The run's own memory settings: the memory plan on each card follows them (fleet/ranking/memory.py).
+        # (A stored value no launch passes reads as the default.)
+        figures = replace(figures, optimizer=recipe.optimizer if recipe.optimizer in OPTIMIZERS else "adamw",
+                          gradient_checkpointing=recipe.gradient_checkpointing,
+                          memory_plan=recipe.memory_plan if recipe.memory_plan in MEMORY_PLANS else "auto")
         rank = recipe.lora.r
-        vram_gb = micro_step_vram_gb(figures, batch_size=recipe.batch_size, seq_len=recipe.seq_len, lora_rank=rank)
-        if vram_gb != figures.vram_gb:
-            figures = replace(figures, vram_needed_gb=vram_gb)
+        # A model the memory plan knows is planned at the run's own micro-step and rank (set below); for another, the
+        # VRAM grows from the profile's figure at those (micro_step_vram_gb), never below.
+        if plan_run(figures) is None:
+            vram_gb = micro_step_vram_gb(figures, batch_size=recipe.batch_size, seq_len=recipe.seq_len,
+                                         lora_rank=rank)
+            if vram_gb != figures.vram_gb:
+                figures = replace(figures, vram_needed_gb=vram_gb)
         if rank > figures.lora_rank:
             # A checkpoint is mostly the adapters and their optimizer state, whose size goes with the rank: the
             # profile's figure is for its own rank (r 1024 instead of 32 is 32 times the disk). Never below it.

@@ -1,5 +1,5 @@
 """The memory plan a run trains with on the card it found (training/memory_plan.py): counted on the model as built,
-with LoRA attached, against the memory the device has; the recipe's own settings on a CPU or several GPUs
+with LoRA attached, against the memory the device has; the recipe's own settings on a CPU
 (docs/training.md, "training/fitting.py")."""
 
 from dataclasses import dataclass
@@ -24,8 +24,11 @@ def micro_step_tokens(recipe: RunRecipe) -> int:
     return recipe.batch_size * recipe.seq_len * (2 if pairs else 1)
 
 
-def usable_memory_gib(device) -> float:
-    """What this process may hold on the GPU: its reserve now and what the card has free."""
+def usable_memory_gib(device, gpus: int = 1) -> float:
+    """What this process may hold on the GPU: its reserve now and what the card has free; on several GPUs what the
+    card's model leaves usable, the same on every rank so that all choose the same plan."""
+    if gpus > 1:
+        return memory_plan.usable_gib(torch.cuda.get_device_properties(device).total_memory / memory_plan.GIB)
     free, _ = torch.cuda.mem_get_info(device)
     return (free + torch.cuda.memory_reserved(device)) / memory_plan.GIB
 
@@ -41,8 +44,9 @@ def counted_run(recipe: RunRecipe, model, gpus: int) -> memory_plan.Run:
 
 
 def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | None = None) -> Choice:
-    """How this run trains: on one GPU with `memory_plan: auto` the first plan that fits `budget_gib` (default: what
-    the card has for this process), never less frugal than the recipe; otherwise the recipe's own settings."""
+    """How this run trains: with `memory_plan: auto` on a GPU the first plan that fits `budget_gib` (default: what
+    the card has for this process), never less frugal than the recipe (several GPUs: float32 moments, with or
+    without checkpointing); otherwise the recipe's own settings."""
     device = torch.device(device)
     asked = (recipe.gradient_checkpointing, recipe.optimizer)
     if device.type != "cuda":
@@ -51,16 +55,15 @@ def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | 
                               "this run has no GPU: use adamw or adamw_8bit")
         return Choice(*asked, None, f"memory plan: no GPU, the recipe's own ({memory_plan.plan_name(*asked)})")
     run = counted_run(recipe, model, gpus)
-    usable = budget_gib if budget_gib is not None else usable_memory_gib(device)
-    if gpus > 1 or recipe.memory_plan == "recipe":
-        plan = memory_plan.estimate(run, *asked, usable)
-        why = "several GPUs" if gpus > 1 else "memory_plan: recipe"
-        return Choice(*asked, plan, f"memory plan ({why}): {describe(plan)}")
+    usable = budget_gib if budget_gib is not None else usable_memory_gib(device, gpus)
+    if recipe.memory_plan == "recipe":
+        own = memory_plan.estimate(run, *asked, usable)
+        return Choice(*asked, own, f"memory plan (the recipe's): {describe(own)}")
     plan = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing)
     if plan is None:  # nothing fits: the most frugal, said so; the run may still go out of memory
-        plan = memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing)[-1]
-        return Choice(plan.checkpointing, plan.optimizer, plan,
-                      f"memory plan: no plan fits {usable:.1f} GiB; trying the most frugal: {describe(plan)}")
+        frugal = memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing)[-1]
+        return Choice(frugal.checkpointing, frugal.optimizer, frugal,
+                      f"memory plan: no plan fits {usable:.1f} GiB; trying the most frugal: {describe(frugal)}")
     return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}")
 
 

@@ -169,14 +169,14 @@ def estimate(run: Run, checkpointing: bool, optimizer: str, card_gib: float) -> 
 
 
 def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto",
-               offload: bool = True) -> list[tuple[bool, str]]:
+               offload: bool = True, gpus: int = 1) -> list[tuple[bool, str]]:
     """The (checkpointing, optimizer) pairs to try, in order: no checkpointing before checkpointing, float32 moments
     before 8-bit before offloaded (exact moments are kept while checkpointing alone fits); none less frugal than the
     recipe's own settings. `mode` "recipe": the recipe's settings only. offload false: no host to offload to (a CPU
-    run)."""
+    run). Several GPUs step with float32 moments only (training/recipe.py)."""
     if mode == "recipe":
         return [(checkpointing, optimizer)]
-    allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):]
+    allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):] if gpus == 1 else (optimizer,)
     return [(ckpt, opt) for opt in allowed if offload or opt != "adamw_offload"
             for ckpt in (False, True) if ckpt or not checkpointing]
 
@@ -185,7 +185,8 @@ def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool
           mode: str = "auto", offload: bool = True) -> list[Plan]:
     """Every candidate plan with `usable` GiB (`usable_gib` of a listed card; a budget as it is), in the order they
     are tried."""
-    return [estimate(run, ckpt, opt, usable) for ckpt, opt in candidates(optimizer, checkpointing, mode, offload)]
+    return [estimate(run, ckpt, opt, usable)
+            for ckpt, opt in candidates(optimizer, checkpointing, mode, offload, run.gpus)]
 
 
 def choose(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,

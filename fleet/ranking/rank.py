@@ -14,7 +14,8 @@ import numpy as np
 
 from fleet.providers.records import OfferRecord
 
-from .cost import CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
+from . import memory
+from .cost import STORAGE_ONLY_WHILE_LOADING, CostBreakdown, CostModel, OfferPrices, Projection, offer_prices
 from .filters import NO_THROUGHPUT, RANKING_BITS, UNBOUNDED_COST, CompiledFilters, OfferFilters, compile_filters, usd
 from .workload import Workload
 from .speeds import OfferSpeeds, column
@@ -26,7 +27,8 @@ class RankedOffer:
     the throughput's words, the float projection and the Decimal money (`cost`) are worked out on first read, so
     ranking 10,000 offers pays for them only on the ones a page shows."""
 
-    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_throughput", "_pricing", "_projection", "_cost")
+    __slots__ = ("offer", "rank", "steps_per_usd", "_total", "_throughput", "_planned", "_pricing", "_projection",
+                 "_cost")
 
     def __init__(self, offer, steps_per_usd, total, throughput, pricing, rank):
         self.offer: OfferRecord = offer
@@ -34,6 +36,7 @@ class RankedOffer:
         self.steps_per_usd: float = steps_per_usd
         self._total = total  # the float total the score came from
         self._throughput = throughput  # None for an estimate until read: its words cost more than its number
+        self._planned = False  # the memory plan's cost on this card not yet taken into it
         self._pricing: _Pricing = pricing
         self._projection = None
         self._cost = None
@@ -50,8 +53,10 @@ class RankedOffer:
 
     @property
     def throughput(self) -> Throughput:
-        if self._throughput is None:
-            self._throughput = self._pricing.estimate(self.offer)
+        if not self._planned:
+            base = self._throughput if self._throughput is not None else self._pricing.estimate(self.offer)
+            self._throughput = self._pricing.planned(self.offer, base)
+            self._planned = True
         return self._throughput
 
     @property
@@ -112,7 +117,9 @@ class RankedOffer:
             f"{t.tokens_per_s:,.0f} tok/s, {p.step_s:.0f} s/step ({t.source})",
             f"{usd(o.gpu_usd_per_hour or o.total_usd_per_hour)}/h listed {listed}; {usd(c.usd_per_hour)}/h all-in "
             f"over {p.wall_hours:.1f} h",
-            f"start-up {p.startup_s / 60:.0f} min billed ({usd(c.startup_usd)}); traffic {usd(c.download_usd)} model "
+            f"start-up {p.startup_s / 60:.0f} min billed ({usd(c.startup_usd)}"
+            f"{f', the first {p.storage_only_s / 60:.0f} storage only' if p.storage_only_s else ''}); "
+            f"traffic {usd(c.download_usd)} model "
             f"download + {usd(c.upload_usd)} for {p.checkpoints} checkpoints",
         ]
         if p.expected_restarts:
@@ -122,6 +129,9 @@ class RankedOffer:
             lines.append("interruptible (bid): may be reclaimed mid-phase; fine for smoke tests")
         if t.estimated:
             lines.append("throughput is an estimate: no run has measured this GPU")
+        if (plan := memory.plan_on(self._pricing.recipe, o.gpu_ram_gb)) is not None:
+            lines.append(f"memory plan: {plan.name}; {plan.total_gib:.1f} of {plan.card_gib:.1f} GiB usable, "
+                         f"{plan.headroom_gib:.1f} GiB headroom")
         return tuple(lines)
 
 
@@ -251,11 +261,12 @@ class Ranking:
 class _Pricing:
     """What a RankedOffer needs to work out its deferred fields, shared by every entry of one ranking."""
 
-    __slots__ = ("speeds", "costs", "tokens_per_step", "tokens_per_run", "listed_ratio", "dlperf_ratio",
+    __slots__ = ("speeds", "costs", "recipe", "tokens_per_step", "tokens_per_run", "listed_ratio", "dlperf_ratio",
                  "any_listed", "any_dlperf")
 
     def __init__(self, speeds: ThroughputModel, costs: CostModel, recipe: Workload):
         self.speeds = speeds
+        self.recipe = recipe
         self.costs = costs
         self.tokens_per_step = recipe.tokens_per_step
         self.tokens_per_run = recipe.total_steps * recipe.tokens_per_step
@@ -269,6 +280,15 @@ class _Pricing:
         """The anchors the ranking's estimates took, for the words of each estimated offer's throughput."""
         self.listed_ratio, self.dlperf_ratio = speeds.listed_ratio, speeds.dlperf_ratio
         self.any_listed, self.any_dlperf = speeds.any_listed, speeds.any_dlperf
+
+    def planned(self, o: OfferRecord, t: Throughput | None) -> Throughput | None:
+        """`t` at the speed of the memory plan the trainer would take on this offer's card (fleet/ranking/memory.py),
+        as the ranking scored it."""
+        plan = memory.plan_on(self.recipe, o.gpu_ram_gb)
+        if t is None or plan is None or plan.speed == 1.0:
+            return t
+        return Throughput(t.tokens_per_s * plan.speed, t.kernel_path, t.estimated,
+                          f"{t.source}; x{plan.speed:.2f} for {plan.name}")
 
     def estimate(self, o: OfferRecord) -> Throughput | None:
         cc = o.compute_capability
@@ -333,11 +353,14 @@ def _rank(offers, recipe: Workload | None, filters: OfferFilters | None, calibra
     pricing.anchor_on(offer_speeds)
     rows = list(map(offer_prices, passed)) if prices is None else list(map(prices.__getitem__, at))
     with np.errstate(divide="ignore", invalid="ignore"):
-        step_s = recipe.tokens_per_step / offer_speeds.tokens_per_s
+        # Each card at the speed of the memory plan the trainer would take on it (checkpointing, optimizer state).
+        step_s = recipe.tokens_per_step / (offer_speeds.tokens_per_s
+                                           * memory.speed_column(recipe, column(passed, "gpu_ram_gb")))
         totals = costs.total_usd_columns(
             step_s, column(passed, "inet_down_mbps"), column(passed, "inet_up_mbps"), column(passed, "reliability"),
             np.fromiter(map(truth, map(attrgetter("is_bid"), passed)), bool, len(passed)),
-            np.fromiter(chain.from_iterable(rows), float, 4 * len(rows)).reshape(len(rows), 4))
+            np.fromiter(chain.from_iterable(rows), float, 4 * len(rows)).reshape(len(rows), 4),
+            np.fromiter((o.provider in STORAGE_ONLY_WHILE_LOADING for o in passed), bool, len(passed)))
         calibrated, estimated = offer_speeds.calibrated, ~offer_speeds.calibrated & (offer_speeds.tokens_per_s > 0)
     bounded = totals < math.inf  # also false for NaN
     # after the filters' exclusions: the offers with no estimate, then those the cost model cannot bound, in the

@@ -2,8 +2,11 @@
 carrying everything that turns a step time into a whole run's money."""
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
+from training.memory_plan import MEMORY_PLANS, OPTIMIZERS
+
+from . import memory
 from .values import number, whole
 
 KERNEL_PATHS = ("auto", "grouped_mm", "triton")
@@ -50,6 +53,10 @@ class Workload:
     rent_disk_gb: float = 250.0  # disk rented with the box: base + merged BF16 copy + FP8 copy
     vram_needed_gb: float | None = None  # per GPU; None: BF16 weights plus headroom, see vram_gb
     gpus: int = 1  # the GPUs of one box the trainer runs on (torchrun, one rank each)
+    # The recipe's own memory settings (training/recipe.py): the plan the trainer takes on each card follows them.
+    optimizer: str = "adamw"
+    gradient_checkpointing: bool = False
+    memory_plan: str = "auto"
 
     def __post_init__(self):
         problems = []
@@ -73,6 +80,12 @@ class Workload:
             problems.append("vram_needed_gb must be > 0")
         if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or not 1 <= self.gpus <= MAX_GPUS:
             problems.append(f"gpus must be a whole number from 1 to {MAX_GPUS} (the GPUs of one box)")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.memory_plan not in MEMORY_PLANS:
+            problems.append(f"memory_plan must be one of {', '.join(MEMORY_PLANS)}")
+        if not isinstance(self.gradient_checkpointing, bool):
+            problems.append("gradient_checkpointing must be true or false")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -86,11 +99,14 @@ class Workload:
 
     @property
     def vram_gb(self) -> float:
-        """What each GPU must hold: its share of the BF16 base (2 bytes a parameter, sharded over the recipe's GPUs)
-        and what one rank needs beside it (RANK_OVERHEAD_GB), or the recipe's own figure per GPU. For this recipe's
-        own micro-step and LoRA rank; a run training with others: micro_step_vram_gb."""
+        """The least memory each GPU must list: the recipe's own figure where it states one; for a model the memory
+        plan knows, the smallest card some plan fits on (fleet/ranking/memory.py); else its share of the BF16 base
+        (2 bytes a parameter, sharded over the recipe's GPUs) and what one rank needs beside it (RANK_OVERHEAD_GB)."""
         if self.vram_needed_gb is not None:
             return self.vram_needed_gb
+        least = memory.least_card_gb(self)
+        if least is not None:
+            return least
         return 2.0 * self.total_params_b / self.gpus + RANK_OVERHEAD_GB
 
     @property
@@ -128,6 +144,9 @@ class Workload:
                      "model_download_gb", "image_gb", "boot_s", "rent_disk_gb"):
             if name in values:
                 values[name] = number(name, values[name])
+        for name in ("optimizer", "memory_plan"):
+            if name in values and not isinstance(values[name], str):
+                raise ValueError(f"{name} must be text")
         if values.get("vram_needed_gb") is not None:
             values["vram_needed_gb"] = number("vram_needed_gb", values["vram_needed_gb"])
         return cls(**values)
@@ -190,8 +209,13 @@ ACTIVATION_BYTES = (CALIBRATION_RESERVED_GB - CALIBRATION_WEIGHTS_GB - SHAPES[CA
 
 
 def micro_step_vram_gb(recipe: Workload, *, batch_size: int, seq_len: int, lora_rank: int) -> float:
-    """What each GPU must hold for a run of `recipe`'s model with its own micro-step and LoRA rank: `recipe.vram_gb`,
-    plus what grows with tokens and rank, never less (docs/fleet.md, "Memory per GPU")."""
+    """What each GPU must hold for a run of `recipe`'s model with its own micro-step and LoRA rank: for a model the
+    memory plan knows, its least card at those (fleet/ranking/memory.py); else `recipe.vram_gb`, plus what grows
+    with tokens and rank, never less (docs/fleet.md, "Memory per GPU")."""
+    own = replace(recipe, batch_size=batch_size, seq_len=seq_len, lora_rank=lora_rank)
+    least = memory.least_card_gb(own)
+    if least is not None:
+        return least
     shape = SHAPES.get(recipe.model, SHAPES[CALIBRATION_MODEL])
     per_token_gb = ACTIVATION_BYTES * shape.layers * shape.hidden / 1e9
     activations_gb = per_token_gb * (batch_size * seq_len - recipe.batch_size * recipe.seq_len)

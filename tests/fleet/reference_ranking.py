@@ -6,7 +6,7 @@ ranking, the same floats included."""
 import math
 import statistics
 
-from fleet.ranking import SEED_CALIBRATION, CostModel, ThroughputModel, compile_filters
+from fleet.ranking import SEED_CALIBRATION, CostModel, ThroughputModel, compile_filters, memory
 from fleet.ranking.filters import NO_THROUGHPUT, UNBOUNDED_COST
 from fleet.ranking.throughput import model_tflops_of
 
@@ -54,6 +54,10 @@ def reference_ranking(offers, recipe, filters):
     rows = []
     steps, tokens_per_step = recipe.total_steps, recipe.tokens_per_step
     for i, o, t in scored:
+        plan = memory.plan_on(recipe, o.gpu_ram_gb)  # the memory plan the trainer takes on this card, at its speed
+        if plan is not None and plan.speed != 1.0:
+            t = t._replace(tokens_per_s=t.tokens_per_s * plan.speed,
+                           source=f"{t.source}; x{plan.speed:.2f} for {plan.name}")
         p = costs.estimate(o, tokens_per_step / t.tokens_per_s, o.is_bid)
         total = p.total_usd
         if not total < math.inf:

@@ -108,27 +108,29 @@ def test_an_interconnect_the_listing_leaves_out_is_not_taken_for_pcie_and_says_s
 
 def test_the_models_weights_are_spread_over_the_recipes_gpus():
     model = PRESETS["qwen3-235b-a22b"]  # 470 GB of BF16 weights
-    assert (model.gpus, model.vram_gb, model.vram_total_gb) == (4, 132.5, 530.0)
+    # Each GPU: 109.4 GiB of weights, 18.4 of LoRA state, checkpointing (training/memory_plan.py): 133.7 GB listed.
+    assert (model.gpus, model.vram_gb, model.vram_total_gb) == (4, 133.7, 534.8)
     offers = [box("h200x4", 4), h100("h100x4", 4), h100("h100x8", 8), box("h200x1", 1)]
     ranking = rank_offers(offers, model, ANY_BOX)
     assert ranked_ids(ranking) == ["h200x4"]
     assert reasons_of(ranking, "h200x1") == ("1 GPU < the 4 the recipe trains on",)
-    needed = "VRAM 4 x 79.6 GB = 318.4 GB < needed 530 GB for Qwen3-235B-A22B on 4 GPUs (132.5 GB each)"
+    needed = "VRAM 4 x 79.6 GB = 318.4 GB < needed 534.8 GB for Qwen3-235B-A22B on 4 GPUs (133.7 GB each)"
     assert reasons_of(ranking, "h100x4")[-1] == needed
     assert reasons_of(ranking, "h100x8")[-1] == needed  # the recipe trains on 4 of its 8
     any_card = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
     assert exclusion_reasons(h100("h100x4", 4), any_card, model) == (needed,)
-    # On eight of them it fits: 470 / 8 + 15 = 73.75 GB a GPU.
+    # On eight of them it fits: 54.7 GiB of weights a GPU, and half the LoRA state.
     on_eight = replace(model, gpus=8)
     assert exclusion_reasons(h100("h100x8", 8), any_card, on_eight) == ()
 
 
 def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
     filters = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
-    alone = ("VRAM 79.6 GB < needed 85 GB for Qwen3.6-35B-A3B",)  # 35B: 70 GB of weights + 15 on one GPU
+    # 35B on one GPU: 65.2 GiB of weights, 14.1 of float32 LoRA factors and gradients, checkpointing's 1.3.
+    alone = ("VRAM 79.6 GB < needed 82.8 GB for Qwen3.6-35B-A3B",)
     assert exclusion_reasons(h100("one", 1), filters, Workload()) == alone
     assert exclusion_reasons(h100("pair", 2), filters, Workload()) == alone  # a one-GPU recipe trains on one of them
-    assert exclusion_reasons(h100("pair", 2), filters, Workload(gpus=2)) == ()  # 35 + 15 = 50 GB a GPU
+    assert exclusion_reasons(h100("pair", 2), filters, Workload(gpus=2)) == ()  # half the weights and LoRA a GPU
 
 
 def test_the_moe_family_figures_give_the_field_notes_adapter_size():

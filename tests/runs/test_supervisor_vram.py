@@ -1,12 +1,13 @@
-"""A run's box is one its micro-step fits on: the VRAM each GPU must have follows the run's own batch_size x seq_len
-and LoRA rank (fleet.ranking.micro_step_vram_gb), not only its profile's. On the simulated marketplace, for the 30B
-preset (76 GB a GPU at 2 x 2048 tokens, r=32): an RTX PRO 6000 (95.6 GB) holds that, not 4x the tokens."""
+"""A run's box is one its micro-step fits on: the VRAM each GPU must have follows the run's own batch_size x seq_len,
+LoRA rank and memory settings (the memory plan, fleet/ranking/memory.py), not only its profile's. On the simulated
+marketplace, for the 30B preset kept to its recipe's settings (90 GB a GPU at 2 x 2048 tokens, r=32, no
+checkpointing): an RTX PRO 6000 (95.6 GB) holds that, not 4x the tokens."""
 
 import pytest
 
 from fleet.models import Offer, OfferProfile
 from fleet.offers.refresh import refresh_offers
-from fleet.ranking import PRESETS, OfferFilters, micro_step_vram_gb
+from fleet.ranking import PRESETS, OfferFilters
 from runs import supervisor
 from runs.box_request import BoxRequest
 from runs.launch import launch
@@ -42,14 +43,17 @@ def _card_gb(run) -> float:
 
 
 def test_a_run_at_its_profiles_micro_step_is_rented_the_card_its_profile_fits(rtx_only, tmp_path):
-    run = _supervised(_launch(tmp_path, rtx_only, "same", batch_size=2, seq_len=2048, lora={"r": 32, "alpha": 64}))
-    assert BoxRequest.for_run(run).vram_gb == PRESET.vram_gb == 76.0  # today's figure, exactly
+    # The recipe's own settings (memory_plan: recipe): no checkpointing, float32 moments, 90 GB at 2 x 2048 tokens.
+    run = _supervised(_launch(tmp_path, rtx_only, "same", batch_size=2, seq_len=2048, lora={"r": 32, "alpha": 64},
+                              memory_plan="recipe"))
+    assert BoxRequest.for_run(run).vram_gb == 90.0
     assert run.current_instance.gpu_name.startswith("RTX PRO 6000") and _card_gb(run) == 95.6
 
 
 def test_a_run_with_a_long_seq_len_is_not_rented_a_card_too_small_for_it(rtx_only, tmp_path):
-    run = _launch(tmp_path, rtx_only, "long", batch_size=2, seq_len=8192, lora={"r": 32, "alpha": 64})
-    need_gb = micro_step_vram_gb(PRESET, batch_size=2, seq_len=8192, lora_rank=32)
+    run = _launch(tmp_path, rtx_only, "long", batch_size=2, seq_len=8192, lora={"r": 32, "alpha": 64},
+                  memory_plan="recipe")
+    need_gb = BoxRequest.for_run(run).vram_gb
     assert 95.6 < need_gb < 140.4  # more than the RTX PRO 6000 the profile's own figure fits on, less than an H200
     run = _supervised(run)
     assert run.state == "pending" and run.current_instance is None  # not the 95.6 GB card it would OOM on

@@ -1,0 +1,67 @@
+"""The ranking plans memory as the trainer does (training/memory_plan.py through fleet/ranking/memory.py): an offer is
+ranked exactly when some plan fits its card, and its step time is the plan's (checkpointing costs a quarter of the
+speed, 8-bit moments 3%)."""
+
+from dataclasses import replace
+
+import pytest
+
+from fleet.ranking import PRESETS, OfferFilters, Workload, exclusion_reasons, memory, rank_offers
+from tests.fleet.test_ranking_multi_gpu import box, h100
+
+ANY_CARD = OfferFilters(gpu_tiers="any", max_usd_per_hour=None, max_gpus=None)
+Q36, Q30 = PRESETS["qwen3.6-35b-a3b"], PRESETS["qwen3-30b-a3b"]
+
+
+def rtx(offer_id="rtx"):
+    return box(offer_id, 1, gpu_name="RTX PRO 6000 WS", gpu_ram_gb=95.6, compute_capability=120)
+
+
+def planned(ranking, offer_id):
+    entry = ranking.find(offer_id)
+    return memory.plan_on(ranking.recipe, entry.offer.gpu_ram_gb).name
+
+
+def test_the_35b_preset_fits_a_96_gb_card_with_checkpointing_and_8_bit_moments_and_no_80_gb_card():
+    ranking = rank_offers([h100("h100", 1), rtx(), box("h200", 1)], Q36, ANY_CARD)
+    assert sorted(e.offer.offer_id for e in ranking.entries) == ["h200", "rtx"]
+    # 65.2 GiB of weights and 14.1 of float32 LoRA factors and gradients leave an 80 GB card (78.7 usable) nothing.
+    assert ranking.find("h100").reasons == ("VRAM 79.6 GB < needed 82.8 GB for Qwen3.6-35B-A3B",)
+    assert planned(ranking, "h200") == "no checkpointing, float32 moments"
+    # 95.9 GiB with float32 moments is over a 96 GB card's 94.7 usable: 8-bit moments take 10.5 GiB off.
+    assert planned(ranking, "rtx") == "checkpointing, 8-bit moments"
+    assert any(line.startswith("memory plan: checkpointing, 8-bit moments; 85.4 of 94.7 GiB usable")
+               for line in ranking.find("rtx").why)
+
+
+def test_the_30b_preset_fits_an_80_gb_card_with_checkpointing_and_at_its_cost():
+    plain = replace(Q30, vram_needed_gb=70.0)  # a stated figure: no plan, the card's own speed
+    h100_plain = rank_offers([h100("h100", 1)], plain, ANY_CARD).entries[0]
+    ranked = rank_offers([h100("h100", 1)], Q30, ANY_CARD).entries[0]
+    assert memory.plan_on(Q30, 79.6).name == "checkpointing, float32 moments"
+    assert ranked.tokens_per_s == pytest.approx(h100_plain.tokens_per_s * 0.75)
+    assert ranked.projection.step_s == pytest.approx(h100_plain.projection.step_s / 0.75)
+    assert ranked.throughput.source.endswith("x0.75 for checkpointing, float32 moments")
+    assert ranked.steps_per_usd < h100_plain.steps_per_usd
+    on_h200 = rank_offers([box("h200", 1)], Q30, ANY_CARD).entries[0]  # no checkpointing there: no cost
+    assert on_h200.tokens_per_s == rank_offers([box("h200", 1)], replace(Q30, vram_needed_gb=70.0),
+                                               ANY_CARD).entries[0].tokens_per_s
+
+
+def test_a_recipe_that_keeps_its_own_settings_is_not_ranked_where_they_do_not_fit():
+    as_written = replace(Q30, memory_plan="recipe")  # no checkpointing, float32 moments: 90 GB
+    assert exclusion_reasons(h100("h100", 1), ANY_CARD, as_written) == (
+        "VRAM 79.6 GB < needed 90 GB for Qwen3-30B-A3B",)
+    assert exclusion_reasons(rtx(), ANY_CARD, as_written) == ()
+    frugal = replace(Q30, gradient_checkpointing=True, optimizer="adamw_8bit")  # a floor: never less frugal
+    assert memory.plan_on(frugal, 140.4).name == "checkpointing, 8-bit moments"
+
+
+def test_each_card_ranked_has_a_plan_that_fits_and_each_excluded_one_none():
+    cards = [40.0, 48.0, 69.0, 70.0, 79.6, 80.0, 95.6, 96.0, 140.4, 179.0]
+    for recipe in (Q36, Q30, Workload(batch_size=4, seq_len=4096), replace(Q30, lora_rank=64)):
+        ranking = rank_offers([box(f"c{gb}", 1, gpu_ram_gb=gb) for gb in cards], recipe, ANY_CARD)
+        ranked = {e.offer.gpu_ram_gb for e in ranking.entries}
+        for gb in cards:
+            plan = memory.plan_on(recipe, gb)
+            assert (gb in ranked) == (plan is not None and plan.fits), (recipe.model, gb)
