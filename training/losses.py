@@ -121,9 +121,7 @@ def grpo_loss(model, batch, phase, ctx):
     records = [r for r in batch["records"] for _ in range(group)]
     prompt_ids, prompt_mask, completions, keep = generate(model, prompts, phase, tokenizer, ctx["device"])
     rewards = rewards_of(ctx["reward_fn"], records, completions, keep, tokenizer)
-    grouped = rewards.view(-1, group)
-    spread = grouped.std(-1)
-    advantages = ((grouped - grouped.mean(-1, keepdim=True)) / (spread.unsqueeze(-1) + 1e-4)).view(-1)
+    advantages, figures = group_figures(rewards, group, keep)
     input_ids = torch.cat([prompt_ids, completions], dim=1)
     attention_mask = torch.cat([prompt_mask, keep.long()], dim=1)
     labels = torch.cat([torch.full_like(prompt_ids, IGNORE), completions.masked_fill(~keep, IGNORE)], dim=1)
@@ -131,16 +129,23 @@ def grpo_loss(model, batch, phase, ctx):
     ratio = torch.exp(logps - logps.detach())  # 1 in value; its gradient is that of log pi
     advantages = advantages.to(logps.device).unsqueeze(-1)
     loss = -(ratio * advantages * mask).sum() / mask.sum().clamp(min=1)
-    # TRL's GRPO metrics: the reward's mean, its spread within a group averaged over the groups, the share of groups
-    # whose rewards do not vary (no advantage, nothing learnt from them), the completions' mean length in tokens.
-    stats = {"tokens": int(attention_mask.sum()), "signal": bool(advantages.abs().sum() > 0),
-             "reward_mean": float(rewards.mean()), "reward_std": float(spread.mean()),
-             "zero_spread_groups": float((spread == 0).float().mean()),
-             "completion_length": float(keep.sum(-1).float().mean())}
+    stats = {"tokens": int(attention_mask.sum()), "signal": bool(advantages.abs().sum() > 0), **figures}
     kl = reference_kl(model, input_ids, attention_mask, labels, logps.detach(), mask)
     if kl is not None:
         stats["kl"] = kl
     return loss, stats
+
+
+def group_figures(rewards, group: int, keep) -> tuple[torch.Tensor, dict]:
+    """(each completion's advantage, TRL's GRPO metrics) of rewards (G * group,) and the completions' kept tokens:
+    the reward's mean, its spread within a group averaged over the groups, the share of groups whose rewards do not
+    vary (no advantage: nothing is learnt from them), the completions' mean length in tokens."""
+    grouped = rewards.view(-1, group)
+    spread = grouped.std(-1)
+    advantages = ((grouped - grouped.mean(-1, keepdim=True)) / (spread.unsqueeze(-1) + 1e-4)).view(-1)
+    return advantages, {"reward_mean": float(rewards.mean()), "reward_std": float(spread.mean()),
+                        "zero_spread_groups": float((spread == 0).float().mean()),
+                        "completion_length": float(keep.sum(-1).float().mean())}
 
 
 def rewards_of(reward_fn, records, completions, keep, tokenizer) -> torch.Tensor:
@@ -160,7 +165,12 @@ def reference_kl(model, input_ids, attention_mask, labels, logps, mask) -> float
         return None
     with model.disable_adapter():
         ref, _ = token_logps(model, input_ids, attention_mask, labels, padding="left")
-    delta = ref - logps
+    return kl_estimate(ref, logps, mask)
+
+
+def kl_estimate(ref_logps, logps, mask) -> float:
+    """Mean over the masked tokens of exp(ref - logp) - (ref - logp) - 1 (TRL's GRPO; never below 0)."""
+    delta = ref_logps - logps
     per_token = (torch.exp(delta) - delta - 1) * mask
     return float(per_token.sum() / mask.sum().clamp(min=1))
 
