@@ -17,6 +17,9 @@ MEGABITS_PER_GB = 8000  # decimal GB, as marketplaces bill traffic
 LOSS_DETECTION_S = 60.0  # the recovery design's goal for noticing a lost host
 BID_RECLAIM_PER_HOUR = 0.2  # interruptible boxes: two reclaims in one session (docs/field-notes.md)
 MIN_RESTART_DENOMINATOR = 0.1  # keeps the restart factor finite for hosts that lose more than they train
+# Providers that bill storage only until the box is "running" (vast.ai: storage from creation, GPU time from running):
+# the boot and the image pull cost the disk alone there; the model download runs in the box, at the full price.
+STORAGE_ONLY_WHILE_LOADING = frozenset({"vast"})
 
 _CENT_HUNDREDTHS = Decimal("0.0001")
 _SECONDS_PER_HOUR = Decimal(3600)
@@ -53,6 +56,7 @@ class Projection(NamedTuple):
     lost_s_per_restart: float
     wall_hours: float  # start-up + training + expected restarts
     total_usd: float  # float twin of CostBreakdown.total_usd, for scoring
+    storage_only_s: float = 0.0  # of each start-up, the boot and image pull that bill no GPU time (0: all of it does)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,7 @@ class CostBreakdown:
 
     gpu_usd: Decimal  # GPU $/h over the training hours
     disk_usd: Decimal  # rented disk over the training hours
-    startup_usd: Decimal  # GPU + disk over the billed start-up minutes
+    startup_usd: Decimal  # GPU + disk over the billed start-up minutes (disk alone while loading, where so billed)
     download_usd: Decimal  # the model, once
     upload_usd: Decimal  # every checkpoint
     restart_usd: Decimal  # expected host losses
@@ -80,6 +84,7 @@ class CostModel:
         self.checkpoint_gb = float(recipe.checkpoint_gb)
         self.checkpoint_megabits = recipe.checkpoint_gb * MEGABITS_PER_GB
         self.fetch_megabits = (recipe.image_gb + recipe.model_download_gb) * MEGABITS_PER_GB
+        self.image_megabits = recipe.image_gb * MEGABITS_PER_GB
         self.boot_s = float(recipe.boot_s)
         self.download_gb = float(recipe.model_download_gb)
         self.disk_gb_months_per_hour = recipe.rent_disk_gb / HOURS_PER_MONTH
@@ -103,6 +108,9 @@ class CostModel:
         disk_h = float(offer.storage_usd_per_gb_month) * self.disk_gb_months_per_hour
         box_h = gpu_h + disk_h
         download_usd = self.download_gb * float(offer.inet_down_usd_per_gb)
+        storage_only_s = self.boot_s + self.image_megabits / down \
+            if down > 0 and offer.provider in STORAGE_ONLY_WHILE_LOADING else 0.0
+        free_h = storage_only_s / 3600  # GPU hours of each start-up that are not billed
 
         reliability = offer.reliability
         rate = -math.log(reliability) if 0 < reliability < 1 else (0.0 if reliability >= 1 else math.inf)
@@ -110,21 +118,24 @@ class CostModel:
             rate += BID_RECLAIM_PER_HOUR
         lost_s = (interval if interval < compute_s else compute_s) + LOSS_DETECTION_S + startup_s
         billed_h = (startup_s + train_s) / 3600
-        total = box_h * billed_h + download_usd + checkpoints * self.checkpoint_gb * float(offer.inet_up_usd_per_gb)
+        total = box_h * billed_h - gpu_h * free_h + download_usd + checkpoints * self.checkpoint_gb * float(
+            offer.inet_up_usd_per_gb)
         restarts = restart_h = 0.0
         if rate:
             # restarts are themselves exposed to loss: rate x exposed / (1 - rate x lost), kept finite
             exposed = 1.0 - rate * lost_s / 3600
             restarts = rate * billed_h / (exposed if exposed > MIN_RESTART_DENOMINATOR else MIN_RESTART_DENOMINATOR)
             restart_h = restarts * lost_s / 3600
-            total += restart_h * box_h + restarts * download_usd
-        return _new_projection(
-            Projection, (step_s, startup_s, train_s, checkpoints, rate, restarts, lost_s, billed_h + restart_h, total))
+            total += restart_h * box_h - (restarts * (gpu_h * free_h) if free_h else 0.0) + restarts * download_usd
+        return _new_projection(Projection, (step_s, startup_s, train_s, checkpoints, rate, restarts, lost_s,
+                                            billed_h + restart_h, total, storage_only_s))
 
     def total_usd_columns(self, step_s: np.ndarray, down_mbps: np.ndarray, up_mbps: np.ndarray,
-                          reliability: np.ndarray, interruptible: np.ndarray, prices: np.ndarray) -> np.ndarray:
+                          reliability: np.ndarray, interruptible: np.ndarray, prices: np.ndarray,
+                          storage_only_while_loading: np.ndarray | None = None) -> np.ndarray:
         """`estimate(offer, step_s, interruptible).total_usd` for many offers at once, bit for bit, one value per offer
-        in each column; a bandwidth of zero gives an infinite total without a warning."""
+        in each column (`storage_only_while_loading`: each offer's provider in STORAGE_ONLY_WHILE_LOADING; left out,
+        none is); a bandwidth of zero gives an infinite total without a warning."""
         interval = self.interval_s
         box_usd_per_hour, storage_usd_per_gb_month, down_usd_per_gb, up_usd_per_gb = prices.T
         with np.errstate(all="ignore"):
@@ -137,16 +148,20 @@ class CostModel:
             train_s = compute_s + stall_s + upload_s
             box_h = box_usd_per_hour + storage_usd_per_gb_month * self.disk_gb_months_per_hour
             download_usd = self.download_gb * down_usd_per_gb
+            loading = np.zeros(len(step_s), bool) if storage_only_while_loading is None else storage_only_while_loading
+            free_h = np.where(loading & (down_mbps > 0), self.boot_s + self.image_megabits / down_mbps, 0.0) / 3600
             rate = loss_rates(reliability)
             rate = np.where(interruptible, rate + BID_RECLAIM_PER_HOUR, rate)
             lost_s = np.where(interval < compute_s, interval, compute_s) + LOSS_DETECTION_S + startup_s
             billed_h = (startup_s + train_s) / 3600
-            total = box_h * billed_h + download_usd + checkpoints * self.checkpoint_gb * up_usd_per_gb
+            total = box_h * billed_h - box_usd_per_hour * free_h + download_usd + checkpoints * self.checkpoint_gb * \
+                up_usd_per_gb
             # restarts are themselves exposed to loss: rate x exposed / (1 - rate x lost), kept finite
             exposed = 1.0 - rate * lost_s / 3600
             restarts = rate * billed_h / np.where(exposed > MIN_RESTART_DENOMINATOR, exposed, MIN_RESTART_DENOMINATOR)
             restart_h = restarts * lost_s / 3600
-            return np.where(rate != 0, total + (restart_h * box_h + restarts * download_usd), total)
+            unbilled = np.where(free_h > 0, restarts * (box_usd_per_hour * free_h), 0.0)  # no inf x 0 where none is
+            return np.where(rate != 0, total + (restart_h * box_h - unbilled + restarts * download_usd), total)
 
     def breakdown(self, offer: OfferRecord, p: Projection) -> CostBreakdown:
         gpu_h = offer.gpu_usd_per_hour or offer.total_usd_per_hour
@@ -154,15 +169,16 @@ class CostModel:
         box_h = gpu_h + disk_h
         train_h = _dec(p.train_s) / _SECONDS_PER_HOUR
         startup_h = _dec(p.startup_s) / _SECONDS_PER_HOUR
+        free_gpu = gpu_h * _dec(p.storage_only_s) / _SECONDS_PER_HOUR  # the GPU hours loading does not bill
         download = self._download_gb * offer.inet_down_usd_per_gb
         restarts = _dec(p.expected_restarts)
 
         gpu = _money(gpu_h * train_h)
         disk = _money(disk_h * train_h)
-        startup = _money(box_h * startup_h)
+        startup = _money(box_h * startup_h - free_gpu)
         download_usd = _money(download)
         upload = _money(p.checkpoints * self._checkpoint_gb * offer.inet_up_usd_per_gb)
-        restart = _money(restarts * (box_h * _dec(p.lost_s_per_restart) / _SECONDS_PER_HOUR + download)) \
+        restart = _money(restarts * (box_h * _dec(p.lost_s_per_restart) / _SECONDS_PER_HOUR - free_gpu + download)) \
             if restarts else Decimal("0.0000")
         total = gpu + disk + startup + download_usd + upload + restart
         hours = _dec(p.wall_hours)

@@ -3,11 +3,12 @@
 import math
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
 from fleet.providers.records import OfferRecord
 from fleet.ranking import CostModel, Phase, Workload
-from fleet.ranking.cost import BID_RECLAIM_PER_HOUR
+from fleet.ranking.cost import BID_RECLAIM_PER_HOUR, offer_prices
 
 
 def make_offer(**changes) -> OfferRecord:
@@ -46,20 +47,23 @@ def test_it_prices_a_20_hour_run_on_a_reliable_host_exactly():
     assert (p.startup_s, p.train_s, p.checkpoints) == (360.0, 72040.0, 40)
     # GPU:      $1.20 x 72,040 / 3,600                 = 24.013333  -> 24.0133
     # disk:     250 GB x $0.10 / 720 h = $0.0347222/h; x 20.01111 h = 0.6948302 -> 0.6948
-    # start-up: ($1.20 + $0.0347222) x 0.1 h           = 0.1234722  -> 0.1235
+    # start-up: ($1.20 + $0.0347222) x 0.1 h           = 0.1234722
+    #   less the GPU while vast.ai bills storage only: the 52 s boot + 10 GB image x 8,000 / 2,000 Mb/s = 92 s,
+    #   $1.20 x 92 / 3,600 = 0.0306667                 = 0.0928056  -> 0.0928
     # download: 67 GB x $0.01                          = 0.67
     # uploads:  40 checkpoints x 7 GB x $0.02          = 5.60
-    # total:    24.0133 + 0.6948 + 0.1235 + 0.67 + 5.60 = 31.1016
+    # total:    24.0133 + 0.6948 + 0.0928 + 0.67 + 5.60 = 31.0709
+    assert p.storage_only_s == 92.0
     assert cost.gpu_usd == Decimal("24.0133")
     assert cost.disk_usd == Decimal("0.6948")
-    assert cost.startup_usd == Decimal("0.1235")
+    assert cost.startup_usd == Decimal("0.0928")
     assert cost.download_usd == Decimal("0.6700")
     assert cost.upload_usd == Decimal("5.6000")
     assert cost.restart_usd == Decimal("0")
-    assert cost.total_usd == Decimal("31.1016")
-    # wall time 72,400 s = 20.1111 h; all-in hourly cost 31.1016 / 20.1111 = 1.546488 -> 1.5465
+    assert cost.total_usd == Decimal("31.0709")
+    # wall time 72,400 s = 20.1111 h; all-in hourly cost 31.0709 / 20.1111 = 1.544962 -> 1.5450
     assert p.wall_hours == pytest.approx(20.1111111)
-    assert cost.usd_per_hour == Decimal("1.5465")
+    assert cost.usd_per_hour == Decimal("1.5450")
     assert p.total_usd == pytest.approx(float(cost.total_usd), abs=1e-3)  # the float twin used for scoring
 
 
@@ -69,10 +73,11 @@ def test_it_prices_expected_host_losses_from_reliability():
     # one loss costs 1,800 s (an interval) + 60 s (detection) + 360 s (start-up) = 2,220 s = 0.61667 h,
     # and exposes that time again: 0.0100503 x 20.1111 / (1 - 0.0100503 x 0.61667) = 0.203384 restarts
     assert p.expected_restarts == pytest.approx(0.203384, abs=1e-6)
-    # each: ($1.20 + $0.0347222) x 0.61667 h + 67 GB x $0.01 = 0.761412 + 0.67 = 1.431412
-    # 0.203384 x 1.431412 = 0.291126 -> 0.2911; total 31.1016 + 0.2911 = 31.3927
-    assert cost.restart_usd == Decimal("0.2911")
-    assert cost.total_usd == Decimal("31.3927")
+    # each: ($1.20 + $0.0347222) x 0.61667 h - the 92 s storage-only GPU 0.0306667 + 67 GB x $0.01
+    #   = 0.761412 - 0.030667 + 0.67 = 1.400745; 0.203384 x 1.400745 = 0.284889 -> 0.2849
+    # total 31.0709 + 0.2849 = 31.3558
+    assert cost.restart_usd == Decimal("0.2849")
+    assert cost.total_usd == Decimal("31.3558")
     assert p.wall_hours == pytest.approx(20.1111111 + 0.203384 * 0.6166667, abs=1e-5)
 
 
@@ -97,8 +102,33 @@ def test_it_bills_start_up_at_the_offers_own_downlink():
     slow, slow_cost = project(make_offer(inet_down_mbps=250.0))
     # 52 s + 77 GB x 8,000 / 250 Mb/s = 52 + 2,464 = 2,516 s, about 42 minutes
     assert slow.startup_s == 2516.0
-    # ($1.20 + 25/720) x 2,516 / 3,600 = 1.2347222 x 0.6988889 = 0.862927 -> 0.8629
-    assert slow_cost.startup_usd == Decimal("0.8629")
+    # ($1.20 + 25/720) x 2,516 / 3,600 = 1.2347222 x 0.6988889 = 0.862927, less the GPU over the storage-only
+    # 52 s + 10 GB x 8,000 / 250 Mb/s = 372 s: $1.20 x 372 / 3,600 = 0.124 -> 0.738927 -> 0.7389
+    assert slow.storage_only_s == 372.0
+    assert slow_cost.startup_usd == Decimal("0.7389")
+
+
+def test_it_bills_the_whole_start_up_where_the_provider_bills_gpu_while_loading():
+    p, cost = project(make_offer(provider="runpod"))
+    assert p.storage_only_s == 0.0
+    assert cost.startup_usd == Decimal("0.1235")  # ($1.20 + $0.0347222) x 0.1 h, the image pull included
+    vast_p, vast_cost = project(make_offer())
+    assert vast_cost.total_usd == cost.total_usd - (Decimal("0.1235") - Decimal("0.0928"))
+
+
+@pytest.mark.parametrize("reliability", [1.0, 0.97])
+def test_the_columns_price_each_provider_as_estimate_does(reliability):
+    offers = [make_offer(provider=name, reliability=reliability, inet_down_mbps=down, is_bid=bid)
+              for name in ("vast", "runpod") for down in (250.0, 2000.0, 0.0) for bid in (False, True)]
+    model = CostModel(RECIPE)
+    columns = model.total_usd_columns(
+        np.full(len(offers), STEP_S), np.array([o.inet_down_mbps for o in offers]),
+        np.array([o.inet_up_mbps for o in offers]), np.array([o.reliability for o in offers]),
+        np.array([o.is_bid for o in offers]), np.array([list(offer_prices(o)) for o in offers]),
+        np.array([o.provider == "vast" for o in offers]))
+    expected = [model.estimate(o, STEP_S, o.is_bid).total_usd for o in offers]
+    np.testing.assert_array_equal(columns, expected)  # bit for bit, infinities included
+    assert not np.isnan(columns).any()
 
 
 def test_it_writes_one_more_checkpoint_at_each_phase_end():
@@ -125,7 +155,7 @@ def test_it_uses_the_gpu_price_and_falls_back_to_the_total_when_the_listing_has_
 def test_it_costs_free_traffic_at_zero():
     _, cost = project(make_offer(inet_up_usd_per_gb=Decimal("0"), inet_down_usd_per_gb=Decimal("0")))
     assert (cost.download_usd, cost.upload_usd) == (Decimal("0"), Decimal("0"))
-    assert cost.total_usd == Decimal("24.0133") + Decimal("0.6948") + Decimal("0.1235")
+    assert cost.total_usd == Decimal("24.0133") + Decimal("0.6948") + Decimal("0.0928")
 
 
 def test_it_sums_its_parts_to_the_total():
