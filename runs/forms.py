@@ -3,6 +3,7 @@ from django.conf import settings
 
 from fleet.models import OfferProfile
 from runs import launch as launching
+from runs import launch_plan
 from training.recipe import MAX_RECIPE_CHARS, RecipeError, parse_recipe_text
 
 
@@ -80,6 +81,20 @@ class LaunchForm(forms.Form):
         if not isinstance(recipe, dict):
             raise forms.ValidationError("The recipe must be a mapping of settings.")
         return recipe
+
+    def memory_plan(self):
+        """How the form's run fits on the best-ranked card (runs.launch_plan), for the recipe and profile as they
+        stand; None while the recipe cannot be read or the plan does not know its model."""
+        recipe, profile = self._recipe_and_profile()
+        return launch_plan.shown_plan(recipe, profile) if isinstance(recipe, dict) else None
+
+    def _recipe_and_profile(self):
+        if not self.is_bound:
+            recipe = self.initial.get("recipe")
+            return (parse_recipe_text(recipe) if isinstance(recipe, str) else recipe), self.initial.get("profile")
+        if "recipe" in getattr(self, "cleaned_data", {}):
+            return self.cleaned_data["recipe"], self.cleaned_data.get("profile")
+        return None, None
 
     def disk_need(self):
         """What the form's model needs on each box's disk (runs.launch.disk_need), for the recipe and profile as

@@ -1,7 +1,6 @@
-"""The optimizer a phase steps with (the recipe's `optimizer`, or the memory plan's): AdamW with float32 moments,
-torchao's AdamW8bit (each moment in a byte, a scale per block of 256), or AdamW on the host (`HostAdamW`, GPU only).
-Their state is saved in one form, AdamW's own with float32 moments, so that a checkpoint holds plain tensors only
-and resumes under any of them (docs/training.md, "training/optimizers.py")."""
+"""The optimizer a phase steps with: AdamW with float32 moments, torchao's AdamW8bit (8-bit moments) or AdamW on the
+host (`HostAdamW`, GPU only). Their state is saved as AdamW's own, float32 moments in plain tensors, which any of them
+resumes from (docs/training.md, "training/optimizers.py")."""
 
 import contextlib
 
@@ -16,10 +15,9 @@ class OptimizerError(RecipeError):
 
 
 class HostAdamW(torch.optim.Optimizer):
-    """AdamW whose float32 moments and master copy of the factors live in the host's pinned memory: at each step the
-    gradients (clipped, whatever wrote them) go to the host, AdamW steps there, the factors come back. Not torchao's
-    CPUOffloadOptimizer: that one copies each gradient in a post-accumulate hook, before the trainer clips it, at every
-    micro-step, and misses the routed gradients the experts' backward adds into .grad itself."""
+    """AdamW whose moments and float32 copy of the factors live in the host's pinned memory: at each step the clipped
+    gradients go to the host, AdamW steps there, the factors come back (why not torchao's CPUOffloadOptimizer:
+    docs/training.md, "training/optimizers.py")."""
 
     def __init__(self, params, lr, weight_decay=0.0):
         self.device_params = [p for p in params if p.requires_grad]

@@ -1,0 +1,56 @@
+"""The launch page says how the run's model fits on the best-ranked card: its memory plan, weights, LoRA state,
+activations and headroom, as the ranking and the trainer work it out (training/memory_plan.py)."""
+
+import html
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+
+from fleet.models import OfferProfile
+from fleet.offers.ranked import rank_stored_offers
+from fleet.offers.refresh import refresh_offers
+from fleet.ranking import PRESETS, OfferFilters, memory
+from runs.box_request import BoxRequest
+from runs.launch import demo_recipe
+from training.recipe import RunRecipe
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def launcher(staff):
+    staff.user_permissions.add(Permission.objects.get(codename="launch_run"))
+    return staff
+
+
+def _plan_text(page: str) -> str:
+    block = re.search(r'<div class="meta" id="memory-plan">(.*?)</div>', page, re.S)
+    assert block, "no memory plan on the page"
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", block[1])).split())
+
+
+def test_it_shows_the_plan_on_the_best_ranked_card(client, launcher, frozen_market):
+    refresh_offers()
+    client.force_login(launcher)
+    text = _plan_text(client.get(reverse("run_launch")).content.decode())
+    request = BoxRequest.build(RunRecipe.from_stored(demo_recipe()), None)
+    best = rank_stored_offers(request.figures, request.filters).entries[0].offer
+    plan = memory.plan_on(request.figures, best.gpu_ram_gb)
+    assert text.startswith(f"Memory plan for Qwen3.6-35B-A3B on the best-ranked card, {best.gpu_name} "
+                           f"({best.gpu_ram_gb:g} GB): {plan.name}.")
+    assert "weights LoRA factors and gradients optimizer state activations head and loss headroom" in text
+    assert "65.2 GiB" in text  # 35 billion bf16 weights
+    assert f"{plan.headroom_gib:.1f} of {plan.card_gib:.1f} GiB usable" in text and plan.headroom_gib >= 0
+
+
+def test_a_profile_no_listed_card_fits_says_the_least_card(client, launcher, frozen_market):
+    refresh_offers()
+    profile = OfferProfile.objects.create(name="35b-on-80", recipe=PRESETS["qwen3.6-35b-a3b"].to_dict(),
+                                          filters=OfferFilters(vram_max_gb=80.0, max_usd_per_hour=None).to_dict())
+    client.force_login(launcher)
+    form = {"name": "on-80", "recipe": "model: {config: {model_type: qwen3_moe}}\nphases: []\n",
+            "profile": profile.pk, "budget_usd": "5", "max_restarts": "0", "bucket": ""}
+    text = _plan_text(client.post(reverse("run_launch"), form).content.decode())
+    assert text == "Memory plan for Qwen3.6-35B-A3B: no offer is ranked; a card must list at least 82.8 GB."
