@@ -25,8 +25,16 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
     python bench/train_step.py --gpus 2 --device cpu --layers 2 --experts 16 --tokens small   (its CPU smoke run)
     python bench/train_step.py --backends ours --steps 20 --router-every 10   the router's load counted as the trainer
         counts it (run again with --router-every 0 for the overhead: compare mean_seconds_per_optimizer_step)
+    python bench/train_step.py --backends ours --steps 4 --eval-every 2 --eval-rows 16   held-out validation as the
+        trainer runs it (training/validation.py) on 16 rows (or pairs with --phase dpo) every 2 steps: its seconds
+        and its share of the steps at an eval_every of 200 (eval_overhead_at_200)
     BENCH_TRACE=replays.json python bench/train_step.py --profile 4   also writes the graphed replays' kernels
         (start, duration) as a Chrome trace
+    python bench/train_step.py --model qwen3.6-35b-a3b --backends ours --memory-budget-gib 80 --memory-plan auto
+        a card's memory imposed (torch.cuda.set_per_process_memory_fraction) and the plan the trainer would take in
+        it (training/memory_plan.py: checkpointing, optimizer state), with its predicted figures beside the measured
+    python bench/train_step.py --backends ours --optimizer adamw_8bit [--memory-budget-gib 80]   8-bit moments
+        (torchao's AdamW8bit), or adamw_offload (moments on the host)
 """
 
 import argparse
@@ -47,9 +55,10 @@ from training.families import family_of
 from training.linear_attention import deltanet_path
 from training.lora import attach_lora, lora_config, model_targets
 from training.rope import restore_original_rope
-from training import moe_lora, router_load
+from training import fitting, memory_plan, optimizers
+from training import moe_lora, router_load, validation
 from training.graphs import MicroStepGraphs, eager_micro_step
-from training.data import _pack, boundaries_width, collate, pad_pairs
+from training.data import IGNORE, _pack, boundaries_width, collate, pad_pairs
 from training.packing import with_host_ends
 from training.losses import causal_lm_loss, dpo_loss
 from training.phase import PhaseLoss, Trainee, lr_lambda, to_device
@@ -96,15 +105,20 @@ def build(backend, config, layers, checkpointing):
 
 
 def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len, graphs=False, packed=None,
-            kind="cpt", attention=None, router_every=0):
+            kind="cpt", attention=None, router_every=0, eval_every=0, eval_rows=0):
     model = build(backend, config, layers, checkpointing)
     # As the trainer counts the router's load (training/router_load.py): in every micro-step, read every N steps.
     counter = router_load.attach_counter(model, DEVICE) if router_every and backend.startswith("ours") else None
     if attention:  # the attention implementation to run instead (transformers' "sdpa": the change's own measure)
         model.config._attn_implementation = attention
+    plan = planned(model, batch * seq_len * (2 if kind == "dpo" else 1), checkpointing)
+    if plan is not None and plan.checkpointing and not checkpointing:
+        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing = plan.checkpointing if plan is not None else checkpointing
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
-    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=DEVICE.type == "cuda")
+    optimizer = optimizers.build(plan.optimizer if plan is not None else MEMORY["optimizer"], groups["trainable"],
+                                 lr=1e-4, weight_decay=0.0, device=DEVICE)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
     if kind == "dpo":
         micro, loss_fn = preference_batches(config, accum, batch, seq_len), dpo_loss
@@ -124,7 +138,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        records, router = [], {}
+        records, router, eval_times = [], {}, []
+        held_out, reference = held_out_items(config, kind, eval_rows, seq_len, packed) if eval_every else ([], None)
         if counter is not None:
             counter.reset()
         for step in range(1, steps + 1):
@@ -133,6 +148,10 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
                 start = time.perf_counter()
                 router = router_load.summary(counter.take(trainee.ranks))
                 records[-1]["step_s"] += time.perf_counter() - start
+            if held_out and step % eval_every == 0:  # timed apart from the step: its share is the figure
+                eval_times.append(validation.validate(
+                    model, kind, held_out, settings=phase, batch_size=batch, tokenizer=PAD, device=DEVICE,
+                    reference=reference)["eval_s"])
         micro_s = _micro_steps_s(model, micro, loss_fn, phase, ctx, runner)
     seconds = sorted(r["step_s"] for r in records)[len(records) // 2]
     # the tokens through the forward: DPO's real ones (not its padding)
@@ -140,7 +159,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     result = {
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
         "phase": kind, "attention": model.config._attn_implementation, "packed_mean_tokens": packed,
-        "gradient_checkpointing": checkpointing,
+        "gradient_checkpointing": checkpointing, "optimizer": type(optimizer).__name__,
+        "memory_budget_gib": MEMORY["budget_gib"], "memory_plan": plan.to_dict() if plan is not None else None,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(),
         # of an optimizer step: the micro-steps alone, and the rest (clipping, norms, AdamW, zeroing, the record)
@@ -158,9 +178,32 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "mean_seconds_per_optimizer_step": round(sum(r["step_s"] for r in records) / len(records), 4),
         "router_max_mean": router.get("router_max_mean"), "router_idle_experts": router.get("router_idle_experts"),
         "router_counted": sum(map(sum, router.get("router_load", []))),
+        # with --eval-every: the validations' median seconds, and their share of the training at eval_every 200
+        "eval_every": eval_every, "eval_rows": len(held_out), "eval_runs": len(eval_times),
+        "eval_s": round(sorted(eval_times)[len(eval_times) // 2], 4) if eval_times else None,
+        "eval_overhead_at_200": (round(sorted(eval_times)[len(eval_times) // 2] / (200 * seconds), 5)
+                                 if eval_times else None),
     }
     del model, optimizer, scheduler, groups, micro, runner, trainee
     return result
+
+
+# The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan), set once by main.
+MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off"}
+
+
+def planned(model, tokens, checkpointing):
+    """With --memory-plan auto, the plan the trainer would take for this model (LoRA attached) and micro-step in the
+    budget (or what the GPU has): training/fitting.py's; None otherwise, or on a CPU without a budget."""
+    if MEMORY["plan"] != "auto" or (DEVICE.type != "cuda" and MEMORY["budget_gib"] is None):
+        return None
+    run = fitting.counted_run_of(model, tokens, gpus=1)
+    usable = MEMORY["budget_gib"] if MEMORY["budget_gib"] is not None else fitting.usable_memory_gib(DEVICE)
+    plan = memory_plan.choose(run, usable, MEMORY["optimizer"], checkpointing, offload=DEVICE.type == "cuda")
+    if plan is None:  # none fits: the most frugal, which the benchmark reports running out of memory
+        plan = memory_plan.plans(run, usable, MEMORY["optimizer"], checkpointing, offload=DEVICE.type == "cuda")[-1]
+    print(f"memory plan: {fitting.describe(plan)}", flush=True)
+    return plan
 
 
 def micro_batches(model, config, accum, batch, seq_len, packed=None):
@@ -199,6 +242,34 @@ def preference_batches(config, accum, pairs, seq_len):
         batch["ref_logps"] = torch.zeros(2 * pairs)
         micro.append(to_device(batch, DEVICE))
     return micro
+
+
+class _Pad:
+    pad_token_id = 0
+
+
+PAD = _Pad()  # all validation asks of a tokenizer for CPT and DPO rows
+
+
+def held_out_items(config, kind, count, seq_len, packed=None):
+    """(held-out items as the trainer keeps them, the DPO reference): `count` CPT rows of seq_len random tokens
+    (packed from documents with `packed`), or `count` DPO pairs shaped as `preference_batches` makes them."""
+    gen = torch.Generator().manual_seed(1)
+    if kind == "dpo":
+        pairs = [(batch["input_ids"][i], batch["attention_mask"][i], batch["labels"][i])
+                 for batch in preference_batches(config, 1, count, seq_len) for i in range(2 * count)]
+        sides = [(ids[:int(mask.sum())].tolist(), int((labels == IGNORE)[:int(mask.sum())].sum()))
+                 for ids, mask, labels in pairs]
+        items = [{"chosen": (c[:cp], c[cp:]), "rejected": (r[:rp], r[rp:])}
+                 for (c, cp), (r, rp) in zip(sides[:count], sides[count:], strict=True)]
+        return items, torch.zeros(count, 2)
+    if packed is not None:
+        return _packed_rows(config["vocab_size"], count, seq_len, packed, gen), None
+    rows = []
+    for _ in range(count):
+        ids = torch.randint(0, config["vocab_size"], (seq_len,), generator=gen).tolist()
+        rows += _pack([(ids, ids)], seq_len, pad_id=0)
+    return rows, None
 
 
 def _packed_rows(vocab_size, batch, seq_len, mean, gen):
@@ -387,7 +458,8 @@ def attempt(backend, layers, checkpointing, args):
     graphs = backend == "ours" and DEVICE.type == "cuda"  # "ours:eager": the same, plain eager micro-steps
     try:
         result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
-                         graphs, args.packed, args.phase, args.attention, args.router_every)
+                         graphs, args.packed, args.phase, args.attention, args.router_every, args.eval_every,
+                         args.eval_rows)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
@@ -466,6 +538,18 @@ def main():
     parser.add_argument("--router-every", type=int, metavar="N",
                         help="ours counts the router's load as the trainer does, read every N steps (0: off; the "
                              "default, but 1 with --smoke); compare with 0 for its overhead")
+    parser.add_argument("--eval-every", type=int, metavar="N",
+                        help="validate on held-out rows every N steps as the trainer does (0: off; the default, but 1 "
+                             "with --smoke); eval_overhead_at_200 is its share of the steps at eval_every 200")
+    parser.add_argument("--eval-rows", type=int, default=16, metavar="R",
+                        help="held-out rows of --seq-len tokens (with --phase dpo: pairs) each validation reads")
+    parser.add_argument("--optimizer", choices=memory_plan.OPTIMIZERS, default="adamw",
+                        help="the optimizer's state: float32 moments, 8-bit (torchao) or on the host")
+    parser.add_argument("--memory-budget-gib", type=float, metavar="GIB",
+                        help="the memory of a smaller card, imposed with torch.cuda.set_per_process_memory_fraction")
+    parser.add_argument("--memory-plan", choices=("off", "auto"), default="off",
+                        help="auto: ours takes the memory plan the trainer would (checkpointing, optimizer state) in "
+                             "the budget, instead of trying without checkpointing first")
     parser.add_argument("--smoke", action="store_true",
                         help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()
@@ -480,8 +564,16 @@ def main():
         args.steps, args.accum, args.batch, args.seq_len = 1, 1, 1, 64
     if args.router_every is None:
         args.router_every = 1 if args.smoke else 0
+    if args.eval_every is None:
+        args.eval_every = 1 if args.smoke else 0
+    if args.smoke:
+        args.eval_rows = 2
     if args.gpus > 1:
         return measure_ranks(args)
+    MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan)
+    if args.memory_budget_gib and DEVICE.type == "cuda":
+        total_gib = torch.cuda.get_device_properties(DEVICE).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_budget_gib / total_gib), DEVICE)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, model {args.model}", flush=True)
     if args.profile:
@@ -491,6 +583,8 @@ def main():
     for backend in args.backends.split(","):
         # Without gradient checkpointing first; then with it; then fewer layers, until one fits.
         plans = [(args.layers, False), (args.layers, True)] + [(n, True) for n in (36, 24, 12) if n < args.layers]
+        if args.memory_plan == "auto":
+            plans = [(args.layers, False)]  # the plan chooses checkpointing and the optimizer's state
         if DEVICE.type != "cuda":
             plans = plans[:1]  # no out-of-memory fallbacks to try on the CPU
         for layers, checkpointing in plans:
@@ -512,7 +606,7 @@ def main():
             print(f"| {r['backend']}{' (graphs)' if r['cuda_graphs_replayed'] else ''} | {r['layers']} | "
                   f"{r['gradient_checkpointing']} | {r['tokens_per_second']:,} | "
                   f"{r['seconds_per_optimizer_step']} | {r['peak_gib']} | {r['peak_reserved_gib']} |")
-    summary = {"model": args.model, "results": results, "goal_tokens_per_second": 22000, "goal_peak_reserved_gib": 90,
+    summary = {"model": args.model, "results": results, "memory_budget_gib": args.memory_budget_gib, "goal_tokens_per_second": 22000, "goal_peak_reserved_gib": 90,
                "deltanet_path": next((r.get("deltanet_path") for r in results if r.get("deltanet_path")), None)}
     if "ours" in ok and "grouped_mm+peft" in ok:
         summary["speedup"] = round(ok["ours"]["tokens_per_second"] / ok["grouped_mm+peft"]["tokens_per_second"], 2)

@@ -47,10 +47,12 @@ CHECKS = {
         r["worst_logprob_diff"] <= f["tolerance"] and r["adapter_in_effect"]["served_differs"] > 0
         for r in f["rows"]),
     "train_and_export": lambda f: f["steps"] == 4 and f["export_vllm"]["rc"] == 0,
-    # ... and ours counts the router's load as the trainer does: every (token, choice) pair of the step, once.
+    # ... and ours counts the router's load as the trainer does: every (token, choice) pair of the step, once ...
     "train_step": lambda f: {r["backend"] for r in f["results"] if not r.get("oom")} == {
         "ours", "ours:eager", "grouped_mm+peft"} and all(
-        r["router_every"] == 1 and r["router_counted"] > 0 for r in f["results"] if r["backend"].startswith("ours")),
+        r["router_every"] == 1 and r["router_counted"] > 0 for r in f["results"] if r["backend"].startswith("ours"))
+    # ... and each validates on its held-out rows once, as the trainer does at eval_every 1.
+    and all(r["eval_runs"] == 1 and r["eval_rows"] == 2 and r["eval_s"] > 0 for r in f["results"]),
 }
 # The kernels' own benchmarks run them in Triton's interpreter; the model benchmarks take the torch path a CPU gets.
 KERNELS = {"hopper_ws", "moe_block", "moe_gemms"}
