@@ -6,12 +6,15 @@ import threading
 import time
 from pathlib import Path
 
-from training.metric_fields import wire_point
+from training.metric_fields import ROUTER_LOAD, wire_point
 
 from .dashboard import Api, Refused
 
 log = logging.getLogger(__name__)
 TOKEN_REFUSED = (401, 403)  # this box's attempt is over: the heartbeat stops it, the points have nowhere to go
+# A batch is sent once its lines reach this size too: the router's load matrices make lines of up to a few hundred kB,
+# and the dashboard reads a body of at most 2.5 MB (Django's DATA_UPLOAD_MAX_MEMORY_SIZE).
+MAX_BATCH_BYTES = 1_500_000
 
 
 def to_point(record: dict) -> dict:
@@ -45,6 +48,10 @@ def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int
     sent_to = read_to = position
     for line in complete.splitlines(keepends=True):
         read_to += len(line)
+        if batch and read_to - sent_to > MAX_BATCH_BYTES:  # this line would make the batch too big: send it first
+            if not _send(api, batch):
+                return sent_to
+            batch, sent_to = [], read_to - len(line)
         if line.strip():
             try:
                 record = json.loads(line)
@@ -90,5 +97,9 @@ def _send(api: Api, points: list[dict]) -> bool:
         if exc.status in TOKEN_REFUSED:
             log.warning("metrics not sent: %s", exc)
             return False
+        if exc.status == 422 and any(ROUTER_LOAD in p for p in points):  # the steps without their router matrices
+            log.warning("the dashboard refused the router load of %d metric points, sent without it: %s",
+                        len(points), exc)
+            return _send(api, [{k: v for k, v in p.items() if k != ROUTER_LOAD} for p in points])
         log.warning("the dashboard refused %d metric points, dropped: %s", len(points), exc)
     return True
