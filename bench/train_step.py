@@ -30,6 +30,11 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
         and its share of the steps at an eval_every of 200 (eval_overhead_at_200)
     BENCH_TRACE=replays.json python bench/train_step.py --profile 4   also writes the graphed replays' kernels
         (start, duration) as a Chrome trace
+    python bench/train_step.py --model qwen3.6-35b-a3b --backends ours --memory-budget-gib 80 --memory-plan auto
+        a card's memory imposed (torch.cuda.set_per_process_memory_fraction) and the plan the trainer would take in
+        it (training/memory_plan.py: checkpointing, optimizer state), with its predicted figures beside the measured
+    python bench/train_step.py --backends ours --optimizer adamw_8bit [--memory-budget-gib 80]   8-bit moments
+        (torchao's AdamW8bit), or adamw_offload (moments on the host)
 """
 
 import argparse
@@ -50,6 +55,7 @@ from training.families import family_of
 from training.linear_attention import deltanet_path
 from training.lora import attach_lora, lora_config, model_targets
 from training.rope import restore_original_rope
+from training import fitting, memory_plan, optimizers
 from training import moe_lora, router_load, validation
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.data import IGNORE, _pack, boundaries_width, collate, pad_pairs
@@ -105,9 +111,14 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     counter = router_load.attach_counter(model, DEVICE) if router_every and backend.startswith("ours") else None
     if attention:  # the attention implementation to run instead (transformers' "sdpa": the change's own measure)
         model.config._attn_implementation = attention
+    plan = planned(model, batch * seq_len * (2 if kind == "dpo" else 1), checkpointing)
+    if plan is not None and plan.checkpointing and not checkpointing:
+        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing = plan.checkpointing if plan is not None else checkpointing
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
-    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-4, fused=DEVICE.type == "cuda")
+    optimizer = optimizers.build(plan.optimizer if plan is not None else MEMORY["optimizer"], groups["trainable"],
+                                 lr=1e-4, weight_decay=0.0, device=DEVICE)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
     if kind == "dpo":
         micro, loss_fn = preference_batches(config, accum, batch, seq_len), dpo_loss
@@ -148,7 +159,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     result = {
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
         "phase": kind, "attention": model.config._attn_implementation, "packed_mean_tokens": packed,
-        "gradient_checkpointing": checkpointing,
+        "gradient_checkpointing": checkpointing, "optimizer": type(optimizer).__name__,
+        "memory_budget_gib": MEMORY["budget_gib"], "memory_plan": plan.to_dict() if plan is not None else None,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(),
         # of an optimizer step: the micro-steps alone, and the rest (clipping, norms, AdamW, zeroing, the record)
@@ -174,6 +186,24 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     }
     del model, optimizer, scheduler, groups, micro, runner, trainee
     return result
+
+
+# The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan), set once by main.
+MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off"}
+
+
+def planned(model, tokens, checkpointing):
+    """With --memory-plan auto, the plan the trainer would take for this model (LoRA attached) and micro-step in the
+    budget (or what the GPU has): training/fitting.py's; None otherwise, or on a CPU without a budget."""
+    if MEMORY["plan"] != "auto" or (DEVICE.type != "cuda" and MEMORY["budget_gib"] is None):
+        return None
+    run = fitting.counted_run_of(model, tokens, gpus=1)
+    usable = MEMORY["budget_gib"] if MEMORY["budget_gib"] is not None else fitting.usable_memory_gib(DEVICE)
+    plan = memory_plan.choose(run, usable, MEMORY["optimizer"], checkpointing, offload=DEVICE.type == "cuda")
+    if plan is None:  # none fits: the most frugal, which the benchmark reports running out of memory
+        plan = memory_plan.plans(run, usable, MEMORY["optimizer"], checkpointing, offload=DEVICE.type == "cuda")[-1]
+    print(f"memory plan: {fitting.describe(plan)}", flush=True)
+    return plan
 
 
 def micro_batches(model, config, accum, batch, seq_len, packed=None):
@@ -513,6 +543,13 @@ def main():
                              "with --smoke); eval_overhead_at_200 is its share of the steps at eval_every 200")
     parser.add_argument("--eval-rows", type=int, default=16, metavar="R",
                         help="held-out rows of --seq-len tokens (with --phase dpo: pairs) each validation reads")
+    parser.add_argument("--optimizer", choices=memory_plan.OPTIMIZERS, default="adamw",
+                        help="the optimizer's state: float32 moments, 8-bit (torchao) or on the host")
+    parser.add_argument("--memory-budget-gib", type=float, metavar="GIB",
+                        help="the memory of a smaller card, imposed with torch.cuda.set_per_process_memory_fraction")
+    parser.add_argument("--memory-plan", choices=("off", "auto"), default="off",
+                        help="auto: ours takes the memory plan the trainer would (checkpointing, optimizer state) in "
+                             "the budget, instead of trying without checkpointing first")
     parser.add_argument("--smoke", action="store_true",
                         help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()
@@ -533,6 +570,10 @@ def main():
         args.eval_rows = 2
     if args.gpus > 1:
         return measure_ranks(args)
+    MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan)
+    if args.memory_budget_gib and DEVICE.type == "cuda":
+        total_gib = torch.cuda.get_device_properties(DEVICE).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_budget_gib / total_gib), DEVICE)
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, model {args.model}", flush=True)
     if args.profile:
@@ -542,6 +583,8 @@ def main():
     for backend in args.backends.split(","):
         # Without gradient checkpointing first; then with it; then fewer layers, until one fits.
         plans = [(args.layers, False), (args.layers, True)] + [(n, True) for n in (36, 24, 12) if n < args.layers]
+        if args.memory_plan == "auto":
+            plans = [(args.layers, False)]  # the plan chooses checkpointing and the optimizer's state
         if DEVICE.type != "cuda":
             plans = plans[:1]  # no out-of-memory fallbacks to try on the CPU
         for layers, checkpointing in plans:
@@ -563,7 +606,8 @@ def main():
             print(f"| {r['backend']}{' (graphs)' if r['cuda_graphs_replayed'] else ''} | {r['layers']} | "
                   f"{r['gradient_checkpointing']} | {r['tokens_per_second']:,} | "
                   f"{r['seconds_per_optimizer_step']} | {r['peak_gib']} | {r['peak_reserved_gib']} |")
-    summary = {"model": args.model, "results": results, "goal_tokens_per_second": 22000, "goal_peak_reserved_gib": 90,
+    summary = {"model": args.model, "results": results, "memory_budget_gib": args.memory_budget_gib,
+               "goal_tokens_per_second": 22000, "goal_peak_reserved_gib": 90,
                "deltanet_path": next((r.get("deltanet_path") for r in results if r.get("deltanet_path")), None)}
     if "ours" in ok and "grouped_mm+peft" in ok:
         summary["speedup"] = round(ok["ours"]["tokens_per_second"] / ok["grouped_mm+peft"]["tokens_per_second"], 2)
