@@ -5,7 +5,7 @@ bucket and executes that recipe, and the supervisor spends by that budget."""
 from django.contrib import admin
 
 from fleet.admin import ReadOnlyAdmin, ReadOnlyInline
-from runs.models import Checkpoint, Run, RunEvent
+from runs.models import Checkpoint, Evaluation, Run, RunEvent
 
 
 class RunEventInline(ReadOnlyInline):
@@ -26,3 +26,11 @@ class CheckpointAdmin(ReadOnlyAdmin):
 
     list_display = ["run", "phase", "step", "complete", "uri", "created_at"]
     list_filter = ["complete"]
+
+
+@admin.register(Evaluation)
+class EvaluationAdmin(ReadOnlyAdmin):
+    """A run's adapter scored against its base model: recorded from its box's samples through the agent API only."""
+
+    list_display = ["run", "number", "state", "base_score", "adapter_score", "difference", "promoted", "created_at"]
+    list_filter = ["state", "promoted"]

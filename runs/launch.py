@@ -138,8 +138,13 @@ DEMO_STEP_SECONDS = 2.0  # the example's CPT pace: 48 steps in about a minute an
 def demo_recipe() -> dict:
     """What the launch page starts with: the example with a CPT phase paced to last a minute or two on a simulated box
     (its tiny model trains a step in milliseconds), so that the README's "kill the box" step lands mid-phase and the
-    recovery can be watched."""
+    recovery can be watched; then its adapter is evaluated against the base model."""
     recipe = example_recipe()
     recipe["phases"][0].update(steps=48, min_step_seconds=DEMO_STEP_SECONDS)
     recipe["checkpoint"] = {"every": 6, "keep": 3}
+    # It ends with a small evaluation: the trained adapter against the base model on the example's eval file (on a
+    # tiny random model the scores are noise; the page shows how an evaluation reads).
+    recipe["phases"].append({"kind": "eval", "data": datasets.EXAMPLE_PREFIX + "eval.jsonl", "scorer": "exact",
+                              "max_new_tokens": 8, "time_limit_s": 600})
+    recipe["promote"] = {"metric": "difference", "min_gain": 0.0}
     return recipe

@@ -66,6 +66,13 @@ def test_it_trains_the_tiny_run_and_serves_its_adapter_with_the_probe_green(clie
 
     page = client.get(reverse("run_detail", args=[run.pk])).content.decode()
     assert "Serve this adapter" in page
+    # Its eval phase scored the adapter and the base model on each record of example:eval.jsonl (noise on a tiny
+    # random model: the mechanics are checked, not the scores).
+    evaluation = run.evaluations.get()
+    assert evaluation.state == "finished" and evaluation.samples.count() == evaluation.samples_expected == 5, events
+    assert "Wins / ties / losses" in page and f"of {evaluation.samples_expected}</td>" in page
+    assert "43 + 42 =" in page and "Name the capital of France." in page  # the per-sample table's prompts
+    assert reverse("run_evaluation_csv", args=[run.pk]) in page
     serve = client.get(reverse("run_serve", args=[run.pk])).context["form"]
     choice = serve.fields["checkpoint"].choices[0]
     assert choice[1].startswith("grpo (phase 5)")  # the last phase's final adapter comes first

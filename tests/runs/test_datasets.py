@@ -131,7 +131,8 @@ def test_the_launch_page_takes_an_upload_stores_it_and_lists_it(client, launcher
                                                                                  launcher)
     assert (bucket / "datasets" / digest / "data.jsonl").read_bytes() == content
     assert {p.dataset.name for p in run.phases.all()} == {  # the examples, stored like uploads
-        "example:cpt.jsonl", "chat.jsonl", "example:dpo.jsonl", "example:kto.jsonl", "example:grpo.jsonl"}
+        "example:cpt.jsonl", "chat.jsonl", "example:dpo.jsonl", "example:kto.jsonl", "example:grpo.jsonl",
+        "example:eval.jsonl"}
 
     listing = client.get(reverse("datasets")).content.decode()
     assert "chat.jsonl" in listing and digest[:14] in listing and f'title="{len(content)} bytes"' in listing

@@ -220,3 +220,23 @@ def test_its_states_replay_from_its_events(tmp_path):
                              "evaluation_failed"]) == lifecycle.EVAL_FAILED
     assert lifecycle.replay(["rented", "step", "finished", "evaluate_again", "rented", "evaluating",
                              "evaluated"]) == lifecycle.FINISHED
+
+
+def test_webhooks_subscribed_to_the_verdict_get_its_numbers(tmp_path):
+    from fleet.alerts import notify, webhooks
+    from fleet.models import WebhookDelivery
+
+    ops = notify.create_endpoint(name="ops", url="https://hooks.example.com/x", events=["run.promoted"], slack=False)
+    run, client = started(tmp_path, metric="difference", min_gain=0.5)
+    post(client, "/evaluation/samples", {"phase": 2, "samples": [sample(i) for i in range(EVAL_ROWS)]})
+    post(client, "/evaluation/finish", {"phase": 2, "generated_with": "vllm", "tokens_per_s": 7.0})
+    delivery = WebhookDelivery.objects.select_related("alert").get(endpoint=ops)  # run.evaluated not subscribed
+    body = json.loads(webhooks.body(delivery.alert, slack=False))
+    assert body["type"] == "run.promoted"
+    assert body["data"]["run"] == {"id": run.pk, "name": run.name, "state": "finished", "promoted": True}
+    numbers = body["data"]["evaluation"]
+    assert (numbers["base_score"], numbers["adapter_score"], numbers["difference"]) == (0.0, 1.0, 1.0)
+    assert (numbers["wins"], numbers["ties"], numbers["losses"], numbers["samples"]) == (5, 0, 0, 5)
+    assert numbers["generated_with"] == "vllm" and "gain over the base +1.0000" in numbers["reason"]
+    evaluated = Alert.objects.get(kind="run.evaluated")
+    assert json.loads(webhooks.body(evaluated, slack=False))["data"]["evaluation"]["promoted"] is True

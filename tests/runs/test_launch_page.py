@@ -32,7 +32,8 @@ def test_it_starts_with_a_recipe_that_launches(client, launcher):
     response = client.post(reverse("run_launch"), form)
     run = Run.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("run_detail", args=[run.pk])
-    assert run.state == "pending" and [p.kind for p in run.phases.all()] == ["cpt", "sft", "dpo", "kto", "grpo"]
+    assert run.state == "pending" and [p.kind for p in run.phases.all()] == ["cpt", "sft", "dpo", "kto", "grpo",
+                                                                            "eval"]  # the adapter scored at the end
     assert run.events.get().kind == "launched"
     # Long enough that a box killed a minute in dies mid-phase, with checkpoints before it to resume from.
     cpt = run.phases.get(index=0)
