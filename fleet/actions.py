@@ -526,7 +526,7 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
     if _plausible_price(record.usd_per_hour):
         changes["usd_per_hour"] = record.usd_per_hour
         if instance.last_synced_at is None:
-            ledger.reprice_from_start(instance, record.usd_per_hour)
+            ledger.reprice_from_start(instance, _billing_rate(record, record.usd_per_hour))
     Instance.objects.filter(pk=instance.pk).update(**changes)
     if status == "running":
         Instance.objects.filter(pk=instance.pk, state=State.PROVISIONING).update(state=State.RUNNING, running_at=now)
@@ -534,7 +534,7 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
     if instance.state == State.STOPPING:
         _finish_destroy(instance, now, report)
         return
-    ledger.bill(instance, instance.usd_per_hour, now)
+    ledger.bill(instance, _billing_rate(record, instance.usd_per_hour), now)
     if instance.failure_reason and instance.keep_until and instance.keep_until <= now:
         destroy(instance, reason=f"keep-for-debugging expired at {instance.keep_until:%Y-%m-%d %H:%M} UTC after: "
                                  f"{instance.failure_reason}", now=now)
@@ -569,6 +569,13 @@ def _finish_destroy(instance: Instance, now: datetime, report: SyncReport) -> No
 
 # A machine's hourly price beyond this is a misread, not a price (the column holds under a million).
 MAX_USD_PER_HOUR = Decimal(10_000)
+
+
+def _billing_rate(record: InstanceRecord, usd_per_hour: Decimal) -> Decimal:
+    """What the machine bills per hour in the state the provider lists it in: less than its price where the
+    provider says so (vast.ai: storage only while the image pulls and while stopped), else its price."""
+    rate = record.billing_usd_per_hour
+    return rate if rate is not None and 0 <= rate <= usd_per_hour else usd_per_hour
 
 
 def _plausible_price(usd_per_hour: Decimal | None) -> TypeGuard[Decimal]:

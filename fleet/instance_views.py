@@ -22,9 +22,9 @@ RECENT_ENDED = 20
 def instance_rows(now, boxes):
     live = list(boxes.filter(state__in=Instance.LIVE_STATES).order_by("-requested_at"))
     ended = list(boxes.exclude(state__in=Instance.LIVE_STATES).order_by("-requested_at")[:RECENT_ENDED])
-    costs = ledger.instance_costs(live + ended, now)
+    costs, rates = ledger.instance_costs(live + ended, now), ledger.billing_rates(live + ended)
     for instance in live + ended:
-        instance.cost_usd = costs[instance.pk]
+        instance.cost_usd, instance.billing_rate = costs[instance.pk], rates[instance.pk]
     return live, ended
 
 
@@ -40,6 +40,9 @@ def instance_detail(request, pk):
     instance = get_object_or_404(boxes_for(request.user), pk=pk)
     now = timezone.now()
     instance.cost_usd = ledger.instance_cost(instance, now)
+    billing = instance.cost_segments.filter(ended_at__isnull=True).first()  # what it bills now, since when
+    instance.billing_rate = billing.usd_per_hour if billing else 0
+    instance.billing_since = billing.started_at if billing else None
     difference = None
     if instance.provider_charged_usd is not None:
         difference = instance.cost_usd - instance.provider_charged_usd

@@ -83,6 +83,15 @@ def stop_billing(instance: Instance, at: datetime) -> None:
         segment.save(update_fields=["ended_at"])
 
 
+def billing_rates(instances) -> dict[int, Decimal]:
+    """What each instance bills per hour right now (its open segment's price; 0 when none is open), one query."""
+    rates = {i.pk: Decimal(0) for i in instances}
+    for pk, rate in CostSegment.objects.filter(instance_id__in=list(rates), ended_at__isnull=True).values_list(
+            "instance_id", "usd_per_hour"):
+        rates[pk] += rate
+    return rates
+
+
 def instance_cost(instance: Instance, now: datetime) -> Decimal:
     segments = [(s.usd_per_hour, s.started_at, s.ended_at) for s in instance.cost_segments.all()]
     return cost_in_window(segments, None, now) + instance.traffic_usd

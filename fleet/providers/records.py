@@ -68,6 +68,9 @@ class InstanceRecord:
     ssh_port: int | None
     started_at: datetime | None
     problems: tuple[str, ...] = ()  # fields of the listing that could not be read, left at their unknown values
+    # What the machine bills per hour in its current state, where the provider bills less than usd_per_hour in some
+    # (vast.ai: storage only until "running", and while stopped); None: usd_per_hour.
+    billing_usd_per_hour: Decimal | None = None
 
     @property
     def failed_to_start(self) -> bool:

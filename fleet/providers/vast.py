@@ -369,7 +369,24 @@ def parse_instance(raw: dict) -> InstanceRecord:
         ssh_port=read(fields.whole, "ssh_port", None, high=65535, default=None) or None,
         started_at=_timestamp(raw.get("start_date")),
         problems=tuple(problems),
+        billing_usd_per_hour=_billing_rate(raw),
     )
+
+
+GPU_BILLED_STATUSES = ("running", "frozen")  # vast.ai bills GPU time in these; storage from creation to destroy
+
+
+def _billing_rate(raw: dict) -> Decimal | None:
+    """What the instance bills per hour now: dph_total while running, only its storage (dph_total - dph_base)
+    while it is created, loading (pulling its image), stopped or exited; None where that cannot be read."""
+    if raw.get("actual_status") in GPU_BILLED_STATUSES:
+        return None
+    unread: list[str] = []  # a price it cannot read is named once, by usd_per_hour's own reading
+    total = fields.soft(raw, unread, fields.money, "dph_total", None, default=None)
+    gpu = fields.soft(raw, unread, fields.money, "dph_base", None, default=None)
+    if total is None or gpu is None or not gpu <= total:
+        return None
+    return total - gpu
 
 
 def parse_charges(result: dict) -> list[ChargeRecord]:

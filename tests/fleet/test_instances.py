@@ -218,19 +218,25 @@ def test_it_retries_a_destroy_the_provider_did_not_carry_out(offer, frozen_marke
 
 def test_it_accrues_cost_per_second_like_the_market_bills(offer, frozen_market):
     instance = _rent(offer, frozen_market)
-    frozen_market.advance(1800)
+    for _ in range(2):  # the beat's syncs see it loading (storage only), then running at the 90 s boot's end
+        frozen_market.advance(45)
+        actions.sync(now=sim_now(frozen_market))
+    frozen_market.advance(1710)
     now = sim_now(frozen_market)
     actions.sync(now=now)
     instance.refresh_from_db()
     frozen_market.report_traffic(int(instance.provider_instance_id), upload_gb=7, download_gb=67)
     charges.reconcile(now=now)
     instance.refresh_from_db()
-    # Worked by hand: half an hour at the provider's all-in price (GPU + 100 GB disk), plus 7 GB up and 67 GB
-    # down at the offer's own $/GB.
+    # Worked by hand: half an hour of the 100 GB disk, 1,710 s of the GPU (from "running" on, as vast.ai bills it),
+    # plus 7 GB up and 67 GB down at the offer's own $/GB.
     expected_traffic = Decimal(7) * offer.inet_up_usd_per_gb + Decimal(67) * offer.inet_down_usd_per_gb
     assert instance.traffic_usd == pytest.approx(expected_traffic, abs=Decimal("0.000002"))
     ours = ledger.instance_cost(instance, now)
-    assert ours == pytest.approx(instance.usd_per_hour / 2 + expected_traffic, abs=Decimal("0.0001"))
+    disk_usd_per_hour = offer.storage_usd_per_gb_month * 100 / 720
+    gpu_usd_per_hour = instance.usd_per_hour - disk_usd_per_hour
+    expected = disk_usd_per_hour / 2 + gpu_usd_per_hour * 1710 / 3600 + expected_traffic
+    assert ours == pytest.approx(expected, abs=Decimal("0.0001"))
     assert ours == pytest.approx(instance.provider_charged_usd, abs=Decimal("0.001"))
     actions.destroy(instance, reason="done", now=now)
     actions.sync(now=now + timedelta(seconds=5))
