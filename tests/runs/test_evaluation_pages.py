@@ -133,3 +133,17 @@ def test_a_running_run_cannot_be_evaluated_again(tmp_path, django_user_model):
         "data": "example:eval.jsonl", "scorer": "exact", "max_new_tokens": 16, "max_samples": 0,
         "time_limit_s": 600, "budget_usd": "1"})
     assert answer.status_code == 400 and "only a finished run" in answer.content.decode()
+
+
+def test_the_pages_show_an_evaluation_under_way_and_one_that_failed(tmp_path, django_user_model):
+    run, box = started(tmp_path)
+    post(box, "/evaluation/samples", {"phase": 2, "samples": [sample(0), sample(1)]})
+    client = owner(run, django_user_model)
+    page = client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert "state-evaluating" in page and "Evaluating: the banked adapter" in page
+    assert "2 of 5 samples recorded." in page and 'id="evaluate-again"' not in page
+    assert 'state-evaluating">evaluating' in client.get(reverse("runs")).content.decode()
+    post(box, "/evaluation/failed", {"phase": 2, "reason": "the scorer mod:score gave 1.5 for sample 2"})
+    page = client.get(reverse("run_detail", args=[run.pk])).content.decode()
+    assert "trained, evaluation failed" in page and "Evaluation failed: the scorer mod:score gave 1.5" in page
+    assert 'id="evaluate-again"' in page  # its banked adapter can be evaluated again
