@@ -35,12 +35,17 @@ def usable_memory_gib(device, gpus: int = 1) -> float:
 
 def counted_run(recipe: RunRecipe, model, gpus: int) -> memory_plan.Run:
     """The run as the plan counts it: the model's own parameters, trainable (LoRA) and frozen (the base)."""
+    return counted_run_of(model, micro_step_tokens(recipe), gpus)
+
+
+def counted_run_of(model, tokens: int, gpus: int) -> memory_plan.Run:
+    """`counted_run` for a micro-step of `tokens` (the benchmark's)."""
     lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
     weights += sum(b.numel() * b.element_size() for b in model.buffers())
     config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
     shape = memory_plan.shape_from_config(config, families.family_of(config).linear_attention)
-    return memory_plan.Run(shape, tokens=micro_step_tokens(recipe), gpus=gpus, lora_params=lora, weights_bytes=weights)
+    return memory_plan.Run(shape, tokens=tokens, gpus=gpus, lora_params=lora, weights_bytes=weights)
 
 
 def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | None = None) -> Choice:
