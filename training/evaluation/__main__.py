@@ -111,15 +111,16 @@ def transformers_generator(recipe: dict, adapter: dict, tokenizer_out: list):
     return TransformersGenerator(model, tokenizer, device)
 
 
-def generator_for(recipe: dict, adapter: dict, folder: Path, max_len: int):
-    """vLLM where it imports and the model is a folder with the adapter's vLLM export; transformers otherwise (or
-    when vLLM does not start: said in the log)."""
+def generator_for(recipe: dict, adapter: dict, folder: Path, prompts: list, max_new_tokens: int):
+    """vLLM where it imports and the model is a folder with the adapter's vLLM export (its context the longest prompt
+    and answer, rounded up); transformers otherwise, or when vLLM does not start (said in the log)."""
     model = recipe["model"]
     if vllm_available() and model.get("path") and Path(model["path"]).is_dir() and (folder / "vllm").is_dir():
         tokenizer = load_tokenizer(model, 0)
+        longest = max(len(prompt_ids(tokenizer, *prompt)) for prompt in prompts) + max_new_tokens
         try:
             return VllmGenerator(model["path"], str(folder / "vllm"), recipe["lora"]["r"], tokenizer,
-                                 model["dtype"], int(recipe.get("gpus") or 1), max_len), tokenizer
+                                 model["dtype"], int(recipe.get("gpus") or 1), -(-longest // 256) * 256), tokenizer
         except Exception as exc:  # noqa: BLE001 - vLLM's own failure to start: transformers answers instead
             _log.warning("vLLM did not start (%s: %s); generating with transformers", type(exc).__name__,
                          str(exc)[:500])
@@ -139,7 +140,9 @@ def evaluate(recipe: dict, samples: Path, done: set[int], workdir: Path) -> dict
     if not pending:
         return summary
     adapter, folder = final_adapter(recipe, index - 1, last["steps"], workdir)
-    generator, tokenizer = generator_for(recipe, adapter, folder, max_len=4096 + phase["max_new_tokens"])
+    generator, tokenizer = generator_for(recipe, adapter, folder,
+                                         [(records[i]["prompt"], records[i].get("tools")) for i in pending],
+                                         phase["max_new_tokens"])
     timed = Timed(generator)
     size = phase["batch_size"]
     with open(samples, "a", encoding="utf-8") as out:
