@@ -163,6 +163,8 @@ def finish(attempt: RunAttempt, phase: int, generated_with: str, tokens_per_s: f
                      "with evaluation/samples, then finish again.")
     if evaluation.state == Evaluation.State.WAITING:
         raise NotYet("The evaluation has not started: post evaluation/start first.")
+    if not rows:
+        raise SamplesRefused("The evaluation has no samples to summarize: its eval file has no records.")
     summary = eval_stats.summarize([b for _, b, _ in rows], [a for _, _, a in rows])
     rule = run.recipe.get("promote")
     rule = {**PROMOTE_DEFAULTS, **rule} if isinstance(rule, dict) else None
