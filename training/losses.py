@@ -170,8 +170,8 @@ def reference_kl(model, input_ids, attention_mask, labels, logps, mask) -> float
 
 def kl_estimate(ref_logps, logps, mask) -> float:
     """Mean over the masked tokens of exp(ref - logp) - (ref - logp) - 1 (TRL's GRPO; never below 0)."""
-    delta = ref_logps - logps
-    per_token = (torch.exp(delta) - delta - 1) * mask
+    delta = (ref_logps - logps).double()  # float32 rounding would take a near-zero KL below 0
+    per_token = (torch.exp(delta) - delta - 1).clamp(min=0) * mask
     return float(per_token.sum() / mask.sum().clamp(min=1))
 
 
