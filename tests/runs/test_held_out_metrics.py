@@ -156,7 +156,8 @@ def test_the_csv_has_the_phase_kind_and_held_out_columns(logged_in):
     run = _seed_with_held_out()
     response = logged_in.get(reverse("run_metrics_csv", args=[run.pk]))
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
-    assert {"eval_loss", "eval_perplexity", "rewards_accuracy", "eval_reward_mean", "zero_spread_groups"} <= set(rows[0])
+    columns = {"eval_loss", "eval_perplexity", "rewards_accuracy", "eval_reward_mean", "zero_spread_groups", "kl"}
+    assert columns <= set(rows[0])
     cpt_20 = next(r for r in rows if r["phase"] == "0" and r["step"] == "20")
     assert float(cpt_20["eval_loss"]) == 2.5 and rows[0]["eval_loss"] == ""
     assert float(rows[-1]["eval_rewards_margin"]) == 0.5 and float(rows[-1]["rewards_accuracy"]) == 0.75
