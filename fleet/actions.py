@@ -15,13 +15,13 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from fleet import hooks
-from fleet.instances import ledger, waiting
+from fleet.instances import bids, ledger, waiting
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
 from fleet.offers.ranked import rank_stored_offers, rent_settings
 from fleet.providers.registry import get_provider
 from fleet.providers.base import InstanceList
-from fleet.providers.errors import InstanceNotFound, OfferUnavailable, OutcomeUnknown, ProviderError
+from fleet.providers.errors import InstanceNotFound, OfferUnavailable, OutcomeUnknown, ProviderError, RequestRefused
 from fleet.providers.records import InstanceRecord, RentRequest
 from fleet.ranking import OfferFilters, Workload, best_offer
 from fleet.ranking.price import per_hour, rental_price
@@ -49,9 +49,10 @@ def pk_from_label(label: str) -> int | None:
 
 
 def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image: str | None = None,
-                 disk_gb: int | None = None, purpose: str = "manual", now: datetime | None = None
-                 ) -> tuple[Instance, bool]:
-    """Records the intent to rent the offer; the same key returns the same row, so a retried request rents once."""
+                 disk_gb: int | None = None, purpose: str = "manual", bid_cap_usd_per_hour: Decimal | None = None,
+                 now: datetime | None = None) -> tuple[Instance, bool]:
+    """Records the intent to rent the offer; the same key returns the same row, so a retried request rents once.
+    `bid_cap_usd_per_hour`: for a bid, the rental's price cap an outbid box may raise its bid up to."""
     now = now or timezone.now()
     bid = None
     if offer.is_bid:
@@ -64,6 +65,7 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
             machine_id=offer.machine_id,
             image=image or settings.WORKER_IMAGE, disk_gb=disk_gb, is_bid=offer.is_bid,
             bid_usd_per_hour=bid, usd_per_hour=price, requested_by=requested_by,
+            bid_cap_usd_per_hour=bid_cap_usd_per_hour if offer.is_bid else None,
             requested_at=now, purpose=purpose))
         if created:
             instance.label = label_for(instance)
@@ -540,10 +542,55 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
                                  f"{instance.failure_reason}", now=now)
         report.destroyed.append(instance.label)
         return
-    reason = failure_of(record)
+    reason = _answer_outbid(instance, record, now) if record.outbid else failure_of(record)
     if reason:
         fail(instance, reason, now=now)
         report.failed.append(instance.label)
+
+
+def _answer_outbid(instance: Instance, record: InstanceRecord, now: datetime) -> str:
+    """An outbid box raises its bid within its cap ("": it waits to resume on its machine) or moves: the reason the
+    sync fails it with, so that its work rents another box. Either is said as an event."""
+    to_beat = record.min_bid_usd_per_hour
+    if instance.bid_usd_per_hour is not None and to_beat is not None and instance.bid_usd_per_hour > to_beat:
+        return ""  # raised already: the provider starts it again
+    disk = max(Decimal(0), instance.usd_per_hour - (instance.bid_usd_per_hour or Decimal(0)))
+    answer = bids.answer_outbid(bid=instance.bid_usd_per_hour, bid_to_beat=to_beat,
+                                cap=instance.bid_cap_usd_per_hour, disk_usd_per_hour=disk)
+    if answer.bid_usd_per_hour is not None:
+        try:
+            change_bid(instance, answer.bid_usd_per_hour, now=now)
+        except ProviderError as exc:
+            answer = bids.Rebid(None, f"{answer.message} The provider refused the new bid ({exc}): the work moves.")
+        else:
+            record_event(instance, "bid-raised", answer.message, now)
+            return ""
+    record_event(instance, "outbid-moved", answer.message, now)
+    return answer.message
+
+
+def change_bid(instance: Instance, usd_per_hour: Decimal, *, now: datetime | None = None) -> Instance:
+    """Sets an interruptible box's bid for its machine at the provider, and its price here (the bid and the disk)."""
+    now = now or timezone.now()
+    disk = max(Decimal(0), instance.usd_per_hour - (instance.bid_usd_per_hour or Decimal(0)))
+    with get_provider(instance.provider) as provider:
+        if not hasattr(provider, "change_bid"):
+            raise RequestRefused(f"{instance.provider} has no bid to change here")
+        provider.change_bid(instance.provider_instance_id, usd_per_hour)
+    Instance.objects.filter(pk=instance.pk).update(bid_usd_per_hour=usd_per_hour, usd_per_hour=usd_per_hour + disk)
+    instance.refresh_from_db()
+    return instance
+
+
+def reboot(instance: Instance, *, reason: str, now: datetime | None = None) -> Instance:
+    """Restarts the box's container on the same machine (it keeps its GPUs), recorded as an event."""
+    now = now or timezone.now()
+    with get_provider(instance.provider) as provider:
+        if not hasattr(provider, "reboot"):
+            raise RequestRefused(f"{instance.provider} boxes are not rebooted from here")
+        provider.reboot(instance.provider_instance_id)
+    record_event(instance, "rebooted", f"Rebooted on the same machine: {reason}", now)
+    return instance
 
 
 def _finish_destroy(instance: Instance, now: datetime, report: SyncReport) -> None:
@@ -625,7 +672,7 @@ def request_best(recipe: Workload, filters: OfferFilters, *, idempotency_key: st
     offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
     with transaction.atomic():
         instance, created = request_rent(offer=offer, idempotency_key=idempotency_key, image=image, disk_gb=disk_gb,
-                                         purpose=purpose, now=now)
+                                         purpose=purpose, bid_cap_usd_per_hour=filters.max_usd_per_hour, now=now)
         if created and on_requested is not None:
             on_requested(instance)
     return Rented(instance, created)

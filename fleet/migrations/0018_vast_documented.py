@@ -15,4 +15,11 @@ class Migration(migrations.Migration):
             name="gpu_mem_bw_gb_s",
             field=models.FloatField(blank=True, help_text="each GPU's memory bandwidth, GB/s", null=True),
         ),
+        migrations.AddField(
+            model_name="instance",
+            name="bid_cap_usd_per_hour",
+            field=models.DecimalField(
+                blank=True, decimal_places=6, max_digits=12, null=True,
+                help_text="an outbid box raises its bid while the rental stays within this $/h; blank: it moves"),
+        ),
     ]

@@ -33,6 +33,9 @@ class Instance(models.Model):
     disk_gb = models.PositiveIntegerField()
     is_bid = models.BooleanField(default=False)
     bid_usd_per_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    bid_cap_usd_per_hour = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True,
+        help_text="an outbid box raises its bid while the rental stays within this $/h; blank: it moves")
     requested_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
     requested_at = models.DateTimeField()
     rent_attempted_at = models.DateTimeField(null=True, blank=True)

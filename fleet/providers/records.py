@@ -71,6 +71,13 @@ class InstanceRecord:
     # What the machine bills per hour in its current state, where the provider bills less than usd_per_hour in some
     # (vast.ai: storage only until "running", and while stopped); None: usd_per_hour.
     billing_usd_per_hour: Decimal | None = None
+    min_bid_usd_per_hour: Decimal | None = None  # an interruptible machine's bid to beat now (vast.ai min_bid)
+
+    @property
+    def outbid(self) -> bool:
+        """An interruptible machine stopped by a higher bid: the user still wants it running (vast.ai lists it
+        stopped, intended running)."""
+        return self.is_bid and self.status == "stopped" and self.intended_status == "running"
 
     @property
     def failed_to_start(self) -> bool:

@@ -140,6 +140,18 @@ class VastClient(HttpProvider):
                                     f"{fields.loose_text(data.get('msg') or data.get('error'), 300) or 'no reason'}")
         return True
 
+    def change_bid(self, instance_id: str, usd_per_hour: Decimal) -> None:
+        """An interruptible instance's new bid for the machine ($/h), as the CLI's `change bid` sends it; an outbid
+        one at or above the bid to beat starts again."""
+        if not BID_RANGE[0] <= float(usd_per_hour) <= BID_RANGE[1]:
+            raise RequestRefused(f"a bid of ${usd_per_hour}/h is outside ${BID_RANGE[0]:g}-{BID_RANGE[1]:g}/h")
+        self._command("PUT", f"/instances/bid_price/{instance_id}/", {"client_id": "me", "price": float(usd_per_hour)},
+                      f"change the bid of instance {instance_id}")
+
+    def reboot(self, instance_id: str) -> None:
+        """Stops and starts the instance's container on the same machine (it keeps its GPUs)."""
+        self._command("PUT", f"/instances/reboot/{instance_id}/", {}, f"reboot instance {instance_id}")
+
     def charges(self, *, days: int = CHARGE_DAYS) -> ChargeReport:
         """The charge lines of our instances created in the last `days`, per instance; a result with an unreadable line
         gives none of its lines and is named in `unreadable`."""
@@ -161,6 +173,17 @@ class VastClient(HttpProvider):
         return report
 
     # -- HTTP with retries -----------------------------------------------------------------------------------
+
+    def _command(self, method: str, path: str, body: dict, what: str) -> None:
+        """A change to one instance: 404 is InstanceNotFound, a refusal (400, or success false) RequestRefused."""
+        response = self._request(method, path, json=body, idempotent=True)
+        data = _decode(response, strict=False)
+        message = fields.loose_text(data.get("msg") or data.get("error"), 300) or f"HTTP {response.status_code}"
+        if response.status_code == 404:
+            raise InstanceNotFound(f"vast.ai could not {what}: {message}")
+        if response.status_code in (400, 403) or data.get("success") is False:
+            raise RequestRefused(f"vast.ai refused to {what}: {message}")
+        _raise_for_status(response)
 
     def _json(self, method: str, path: str, **kwargs) -> dict:
         response = self._request(method, path, **kwargs)
@@ -370,6 +393,7 @@ def parse_instance(raw: dict) -> InstanceRecord:
         started_at=_timestamp(raw.get("start_date")),
         problems=tuple(problems),
         billing_usd_per_hour=_billing_rate(raw),
+        min_bid_usd_per_hour=read(fields.money, "min_bid", None, default=None),
     )
 
 
