@@ -1,0 +1,64 @@
+"""How the trainer says its memory plan: recipes take optimizer and memory_plan with clear errors, the plan is counted
+on the model as built, said in the trainer's log and as one event line of metrics.jsonl, which the agent posts to
+the dashboard as the run's log event between the metric points around it."""
+
+import json
+
+import pytest
+
+from training import fitting, memory_plan, train
+from training.agent.metrics import forward_metrics
+from training.examples.tiny import tiny_recipe
+from training.lora import attach_lora
+from training.recipe import RecipeError, RunRecipe
+
+
+def test_a_recipe_names_an_optimizer_and_a_memory_plan_it_knows(tmp_path):
+    assert RunRecipe.from_dict(tiny_recipe(tmp_path)).memory_plan == "auto"  # the default
+    with pytest.raises(RecipeError) as refused:
+        tiny_recipe(tmp_path, optimizer="sgd", memory_plan="maybe")
+    assert "optimizer: one of ('adamw', 'adamw_8bit', 'adamw_offload'), got 'sgd'" in str(refused.value)
+    assert "memory_plan: one of ('auto', 'recipe'), got 'maybe'" in str(refused.value)
+    with pytest.raises(RecipeError, match="adamw_8bit runs on one GPU"):
+        tiny_recipe(tmp_path, optimizer="adamw_8bit", gpus=2)
+
+
+def test_the_plan_is_counted_on_the_model_as_built(tmp_path):
+    recipe = RunRecipe.from_dict(tiny_recipe(tmp_path))
+    model = attach_lora(train.build_model(recipe.model, "cpu"), r=4, alpha=8)
+    run = fitting.counted_run(recipe, model, gpus=1)
+    assert run.lora_params == sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
+    assert run.weights_bytes >= 4 * sum(p.numel() for p in model.parameters() if not p.requires_grad)  # float32
+    assert (run.tokens, run.shape.layers, run.shape.hidden) == (2 * 64, 2, 32)
+    plain = memory_plan.estimate(run, False, "adamw", 1.0)
+    assert plain.lora_gib == pytest.approx(run.lora_params * 8 / 2**30)
+
+
+def test_the_trainer_says_its_plan_in_its_log_and_as_an_event(tmp_path):
+    lines = []
+    train.run(tiny_recipe(tmp_path, metrics={"router_every": 0}), out=lines.append)
+    said = "memory plan: no GPU, the recipe's own (no checkpointing, float32 moments)"
+    assert said in lines
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert records[0] == {"event": "log", "message": said} and all("event" not in r for r in records[1:])
+
+
+class _Dashboard:
+    def __init__(self):
+        self.calls = []
+
+    def call(self, method, path, body):
+        self.calls.append((path, body))
+        return {"stored": len(body.get("points", []))}
+
+
+def test_the_agent_posts_the_event_between_the_points_around_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    point = {"phase": 0, "step": 1, "time": 1.7e9, "loss": 2.0}
+    path.write_text("\n".join(json.dumps(r) for r in (
+        point, {"event": "log", "message": "memory plan (auto): checkpointing"}, {**point, "step": 2})) + "\n")
+    api = _Dashboard()
+    assert forward_metrics(api, path, 0, 100) == path.stat().st_size
+    assert [p for p, _ in api.calls] == ["metrics", "events", "metrics"]
+    assert api.calls[1][1] == {"kind": "log", "message": "memory plan (auto): checkpointing"}
+    assert [b["points"][0]["step"] for p, b in api.calls if p == "metrics"] == [1, 2]
