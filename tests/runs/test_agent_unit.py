@@ -56,7 +56,13 @@ def test_it_maps_every_trainer_metric_onto_the_api():
               "grad_norm_linear_attention": 0.2, "grad_norm_shared_expert": 0.1,
               "grad_norm_total": 0.5, "routed_b_norm": 2.0, "routed_b_zero": 0, "routed_b_count": 96,
               "gpu_mem_gib": 70.0, "gpu_peak_gib": 80.0, "kernel_path": "triton", "router_max_mean": 1.5,
-              "router_idle_experts": 1, "router_load": [[3, 0], [1, 2]]}
+              "router_idle_experts": 1, "router_load": [[3, 0], [1, 2]],
+              # each phase kind's own figures and the held-out ones (one record holds them all here)
+              "rewards_chosen": -0.5, "rewards_rejected": -1.5, "rewards_accuracy": 0.75, "rewards_margin": 1.0,
+              "kl": 0.01, "reward_mean": 0.4, "reward_std": 0.2, "completion_length": 40.0, "zero_spread_groups": 0.25,
+              "eval_loss": 1.4, "eval_perplexity": 4.06, "eval_rewards_chosen": -0.4, "eval_rewards_rejected": -1.0,
+              "eval_rewards_accuracy": 0.5, "eval_rewards_margin": 0.6, "eval_reward_mean": 0.3,
+              "eval_reward_std": 0.1, "eval_s": 3.0}
     point = to_point(record)
     assert set(point) == set(PointIn.model_fields)  # nothing the dashboard stores is left unsent
     assert point["phase"] == 1 and point["step_s"] == 2.0 and point["gpu_mem_gib"] == 70.0

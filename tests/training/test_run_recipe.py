@@ -34,9 +34,10 @@ def test_the_derived_dicts_hold_todays_values():
     assert DEFAULTS["checkpoint"] == {"store": "checkpoints", "endpoint_url": None, "region": None, "keep": 3,
                                       "every": 50, "staging": "checkpoint-staging"}
     assert MODEL_DEFAULTS == {"dtype": "bfloat16", "seed": 0, "tokenizer": None, "revision": None}
-    assert PHASE_DEFAULTS == {"dpo": {"beta": 0.1},
-                              "kto": {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
-                              "grpo": {"num_generations": 4, "max_new_tokens": 64, "temperature": 1.0},
+    held_out = {"eval_data": None, "eval_split": 0.0, "eval_every": 0}  # every training kind's
+    assert PHASE_DEFAULTS == {"cpt": held_out, "sft": held_out, "dpo": {"beta": 0.1, **held_out},
+                              "kto": {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0, **held_out},
+                              "grpo": {"num_generations": 4, "max_new_tokens": 64, "temperature": 1.0, **held_out},
                               "eval": {"scorer": "exact", "max_new_tokens": 256, "max_samples": 0,
                                        "time_limit_s": 3600, "batch_size": 8}}
 
