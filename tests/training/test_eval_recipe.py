@@ -2,9 +2,11 @@
 refused with the reason at launch, not hours later on the box."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+import training
 from training.records import read_records, record_problems
 from training.recipe import PROMOTE_DEFAULTS, RecipeError, RunRecipe, validate
 from training.train import training_phases
@@ -115,9 +117,5 @@ def test_eval_records_are_checked_line_by_line(tmp_path):
 
 
 def test_the_examples_eval_file_is_usable():
-    from pathlib import Path
-
-    import training
-
     records = read_records(Path(training.__file__).parent / "examples" / "eval.jsonl", "eval")
     assert any(record.get("tools") for record in records)
