@@ -542,7 +542,9 @@ def _apply(instance: Instance, record: InstanceRecord, now: datetime, report: Sy
                                  f"{instance.failure_reason}", now=now)
         report.destroyed.append(instance.label)
         return
-    reason = _answer_outbid(instance, record, now) if record.outbid else failure_of(record)
+    # An outbid box whose provider names the bid to beat may raise its bid; any other stop is failure_of's to judge.
+    outbid = record.outbid and record.min_bid_usd_per_hour is not None
+    reason = _answer_outbid(instance, record, now) if outbid else failure_of(record)
     if reason:
         fail(instance, reason, now=now)
         report.failed.append(instance.label)
