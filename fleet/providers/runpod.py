@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 CLOUD_TYPES = ("SECURE", "COMMUNITY")
 STORAGE_USD_PER_GB_MONTH = Decimal("0.10")  # RunPod's published container/volume disk rate on a running pod
+IDLE_VOLUME_USD_PER_GB_MONTH = Decimal("0.20")  # RunPod's published rate for the volume of a stopped pod
+HOURS_PER_MONTH = Decimal(730)
+_STOPPED = ("EXITED", "STOPPED", "PAUSED")
 
 # Compute capability (x10, like sm_90) per GPU model; RunPod lists the model, never the capability. Longest first.
 _COMPUTE_CAPABILITY = (
@@ -70,7 +73,7 @@ query GpuTypes($gpuCount: Int!) {
 }"""
 
 _POD_FIELDS = """
-    id name desiredStatus lastStatusChange costPerHr gpuCount podType machineId imageName
+    id name desiredStatus lastStatusChange costPerHr gpuCount podType machineId imageName volumeInGb
     machine { gpuDisplayName }
     runtime {
       uptimeInSeconds
@@ -456,7 +459,7 @@ def intended_status(desired_status: str, is_bid: bool, last_status_change: str) 
     """What the pod's owner wants, in vast.ai's words: a stop (desiredStatus EXITED, STOPPED, PAUSED) someone asked for
     (a user, or the box's self-stop) is "stopped"; one RunPod or the host made, or an interruptible pod's unexplained
     one (outbid), is "running", so the sync fails it (docs/fleet.md, "RunPod pod states")."""
-    if desired_status.upper() not in ("EXITED", "STOPPED", "PAUSED"):
+    if desired_status.upper() not in _STOPPED:
         return "running"
     said = last_status_change.lower()
     if "user" in said:
@@ -546,7 +549,17 @@ def parse_pod(raw: dict, *, now: datetime | None = None) -> InstanceRecord:
         ssh_port=ssh_port,
         started_at=started_at,
         problems=tuple(problems),
+        billing_usd_per_hour=_stopped_rate(desired, runtime, read(fields.number, raw, "volumeInGb", None,
+                                                                  high=1_000_000, default=None)),
     )
+
+
+def _stopped_rate(desired: str, runtime, volume_gb: float | None) -> Decimal | None:
+    """What a stopped pod bills per hour: its volume alone at RunPod's idle rate (its container disk and GPU bill only
+    while it runs); None for a pod that is not stopped, or whose volume could not be read (its price stands)."""
+    if desired.upper() not in _STOPPED or runtime is not None or volume_gb is None:
+        return None
+    return (Decimal(str(volume_gb)) * IDLE_VOLUME_USD_PER_GB_MONTH / HOURS_PER_MONTH).quantize(Decimal("0.000001"))
 
 
 def _id_shown(raw) -> str:

@@ -144,3 +144,17 @@ def test_the_sdks_pods_are_billed_to_the_product_per_pod(runpod_sdk, runpod_fake
     running_disk = 70 * 0.10 / 730 * 2
     stopped_volume = 50 * 0.20 / 730 * 10
     assert lines["disk"] == Decimal(str(round(running_disk + stopped_volume, 6)))
+
+
+def test_a_pod_the_sdk_stopped_bills_only_its_volume_in_the_products_live_cost(runpod_sdk, runpod_fake):
+    pod_id = runpod_sdk.value("create_pod", name="idle", image_name=IMAGE, gpu_type_id="NVIDIA H200",
+                              cloud_type="SECURE", volume_in_gb=73)["id"]
+    runpod_fake.advance()
+    client = RunPodClient(runpod_fake.base_url, RUNPOD_KEY, max_retries=1, timeout_s=5)
+    try:
+        assert client.get_instance(pod_id).billing_usd_per_hour is None  # running: its price, costPerHr
+        runpod_sdk.value("stop_pod", pod_id=pod_id)
+        stopped = client.get_instance(pod_id)
+    finally:
+        client.close()
+    assert stopped.billing_usd_per_hour == Decimal("0.020000")  # 73 GB at $0.20/GB-month over 730 h

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from fleet import actions, tasks
 from fleet.inference.probes import probe_url
+from fleet.instances import ledger
 from fleet.models import Instance, Offer
 from fleet.offers.ranked import for_worker_image, rank_stored_offers
 from fleet.ranking.filters import OfferFilters
@@ -103,6 +104,8 @@ def test_a_pod_its_user_stopped_reads_as_stopped_and_one_runpod_stopped_as_faile
     stopped.refresh_from_db()
     dropped.refresh_from_db()
     assert (stopped.state, stopped.provider_status, stopped.failure_reason) == (State.RUNNING, "exited", "")
+    # Stopped without a volume, it bills nothing until it runs again (RunPod bills a stopped pod's volume only).
+    assert ledger.billing_rates([stopped])[stopped.pk] == 0
     assert stopped.status_msg.startswith("Exited by User")
     # RunPod stopped it unasked: failed, with why, and on its way out.
     assert dropped.state in (State.STOPPING, State.FAILED) and "exited on its own" in dropped.failure_reason
