@@ -53,8 +53,8 @@ def run_launch(request):
 
 def run_detail(request, pk):
     run = sharing.run_or_404(request.user, pk, Run.objects.select_related("current_instance", "profile"))
-    phases = list(run.phases.select_related("dataset"))
-    sharing.as_seen([p.dataset for p in phases if p.dataset is not None], request.user)
+    phases = list(run.phases.select_related("dataset", "eval_dataset"))
+    sharing.as_seen([d for p in phases for d in (p.dataset, p.eval_dataset) if d is not None], request.user)
     context = {"run": run, "status": wording.describe(run, phases),
                "projection": projections([run], timezone.now())[run.pk],
                "phases": phases, "attempts": run.attempts.select_related("instance"), "events": run.events.all()[:200],

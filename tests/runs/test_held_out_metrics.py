@@ -56,6 +56,14 @@ def test_a_phases_held_out_file_is_stored_granted_and_fetched_by_its_box(tmp_pat
     assert phases[2]["eval_split"] == 0.25 and "eval_data" not in phases[2]
 
 
+def test_the_run_page_lists_a_phases_held_out_data_set(tmp_path, logged_in):
+    run = _launch(tmp_path, HELD_OUT_CPT)
+    page = logged_in.get(reverse("run_detail", args=[run.pk])).content.decode()
+    held = run.phases.get(index=0).eval_dataset
+    assert "0 · cpt (held-out)" in page and ">held.jsonl</a>" in page
+    assert reverse("dataset_detail", args=[held.pk]) in page and held.sha256 in page
+
+
 def test_a_bad_held_out_line_is_named_and_nothing_is_launched(tmp_path):
     with pytest.raises(LaunchError, match=r"phases\[0\] \(cpt\)\.eval_data held\.jsonl: line 2: .*text"):
         _launch(tmp_path, b'{"text": "fine"}\n{"txt": "no text"}\n')
