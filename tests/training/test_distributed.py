@@ -97,6 +97,21 @@ def test_it_trains_on_several_ranks_as_one_process_does(runs, gpus):
 
 
 @pytest.mark.parametrize("gpus", [2, 4])
+def test_the_router_load_is_every_ranks_tokens_summed(runs, gpus):
+    # Expert parallel: each rank counts its own tokens by global expert id; the phase's end sums them over the ranks.
+    one, many = _records(runs[1])[STEPS], _records(runs[gpus])[STEPS]
+    positions = STEPS * 4 * 32 * 2  # steps x global rows x seq_len x grad_accum, all ranks together
+    top_k = TINY_CONFIG["num_experts_per_tok"]
+    assert len(many["router_load"]) == TINY_CONFIG["num_hidden_layers"]
+    assert all(len(row) == 8 for row in many["router_load"])  # every expert of the model, not a rank's slice
+    assert [sum(row) for row in many["router_load"]] == [positions * top_k] * TINY_CONFIG["num_hidden_layers"]
+    # The same rows routed by the same weights: the same experts chosen as on one process (a near tie may flip).
+    moved = sum(abs(a - b) for r1, r2 in zip(one["router_load"], many["router_load"], strict=True)
+                for a, b in zip(r1, r2, strict=True))
+    assert moved <= 0.02 * positions * top_k
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
 def test_it_saves_one_peft_adapter_equal_to_the_one_process_adapter(runs, gpus):
     name, expected = _adapter(runs[1])
     got_name, got = _adapter(runs[gpus])
