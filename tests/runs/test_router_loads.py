@@ -75,7 +75,7 @@ def test_nan_or_infinity_in_a_matrix_is_refused(launched):
     run = launched()
     client = Client(HTTP_AUTHORIZATION=f"Bearer {put_on_a_box(run)}")
     for value in ("NaN", "Infinity", "-Infinity"):
-        body = '{"points": [{"phase": 0, "step": 1, "router_load": [[1, %s]]}]}' % value
+        body = '{"points": [{"phase": 0, "step": 1, "router_load": [[1, VALUE]]}]}'.replace("VALUE", value)
         response = client.post(API + "/metrics", body, content_type="application/json")
         assert response.status_code == 422, value
     assert not RouterLoad.objects.exists()
