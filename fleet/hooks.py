@@ -14,6 +14,7 @@ MoveHandler = Callable[[Instance, str, datetime], bool]
 ReadGrant = Callable[[str, list[str], int], dict]
 BoxesOf = Callable[[object], QuerySet]
 AlertData = Callable[[object], dict | None]
+AdaptersToServe = Callable[[object], list[dict]]
 
 _boxes_of: list[BoxesOf] = []
 
@@ -21,6 +22,7 @@ _attach: list[AttachHandler] = []
 _move: list[MoveHandler] = []
 _read_grant: list[ReadGrant] = []
 _alert_data: list[AlertData] = []
+_adapters: list[AdaptersToServe] = []
 
 
 def on_attach(handler: AttachHandler) -> AttachHandler:
@@ -58,6 +60,16 @@ def alert_data(alert) -> dict:
         if found:
             return found
     return {}
+
+
+def on_adapters_to_serve(handler: AdaptersToServe) -> AdaptersToServe:
+    """`handler(user)`: trained adapters the user may serve, each {label, url, verdict, promoted}, best first (a run's
+    promoted adapter before the rest), for the Inference page."""
+    return _register(_adapters, handler)
+
+
+def adapters_to_serve(user) -> list[dict]:
+    return [adapter for handler in _adapters for adapter in handler(user)]
 
 
 def _register(handlers: list, handler):

@@ -17,3 +17,4 @@ class RunsConfig(AppConfig):
         hooks.on_read_grant(serving.adapter_grant)
         hooks.on_boxes_of(sharing.boxes_of)
         hooks.on_alert_data(evaluations.alert_data)
+        hooks.on_adapters_to_serve(serving.adapters_to_serve)

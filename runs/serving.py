@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 
 from fleet import enqueue
 from fleet.inference.adapters import MAX_SERVED_RANK, vllm_files
 from fleet.models import InferenceModel
 from fleet.ranking.workload import PRESETS
-from runs import storage
-from runs.models import Checkpoint, Run
+from runs import sharing, storage
+from runs.models import Checkpoint, Evaluation, Run
 from training.recipe import RunRecipe
 
 log = logging.getLogger(__name__)
@@ -132,3 +133,26 @@ def serve(run: Run, adapter: Servable, data: dict, *, user=None) -> InferenceMod
 def adapter_grant(folder_uri: str, names, expires_s: int) -> dict:
     """fleet.hooks.on_read_grant: a serving box's read access to exactly the adapter's files, expiring."""
     return storage.read_grant(folder_uri, names, expires_s)
+
+
+ADAPTERS_LISTED = 20  # on the Inference page, the best first
+
+
+def adapters_to_serve(user) -> list[dict]:
+    """fleet.hooks.on_adapters_to_serve: the trained runs `user` sees, promoted ones first, then by their latest
+    evaluation's adapter score, then the newest; each with its serve form's address and its verdict in words."""
+    runs = list(sharing.runs_for(user).filter(state__in=SERVABLE_STATES)[:200])
+    latest: dict[int, Evaluation] = {}
+    for evaluation in Evaluation.objects.filter(run__in=runs, state=Evaluation.State.FINISHED).order_by("number"):
+        latest[evaluation.run_id] = evaluation
+    runs.sort(key=lambda r: (r.promoted is not True, -(latest[r.pk].adapter_score if r.pk in latest else -1.0),
+                             -r.created_at.timestamp()))
+    found = []
+    for run in runs[:ADAPTERS_LISTED]:
+        evaluation = latest.get(run.pk)
+        verdict = "not evaluated" if evaluation is None else (
+            f"{'promoted' if run.promoted else 'not promoted' if run.promoted is False else 'evaluated'}: adapter "
+            f"{evaluation.adapter_score:.4f} vs base {evaluation.base_score:.4f}")
+        found.append({"label": f"{run.name} #{run.pk}", "url": reverse("run_serve", args=[run.pk]),
+                      "verdict": verdict, "promoted": run.promoted is True})
+    return found

@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from fleet import enqueue
+from fleet import enqueue, hooks
 from fleet.inference.forms import MAX_DESIRED_REPLICAS, DesiredReplicasForm, InferenceModelForm
 from fleet.inference.replicas import failing_threshold, model_states
 from fleet.access import can, is_operator, owned, owned_or_404, require_permission
@@ -48,6 +48,8 @@ def inference(request):
         "now": now,
         "can_change": can(request.user, CHANGE_MODELS),
         "can_add": can(request.user, ADD_MODELS),
+        # Trained adapters to serve, a run's promoted one first (runs registers them: fleet.hooks).
+        "adapters": hooks.adapters_to_serve(request.user) if can(request.user, ADD_MODELS) else [],
     }
     template = "fleet/_inference_fleet.html" if request.headers.get("HX-Request") else "fleet/inference.html"
     return render(request, template, context)

@@ -12,7 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import lifecycle
-from runs.models import EvalSample, Evaluation, Run
+from fleet.inference.adapters import VLLM_FILES
+from runs.models import Checkpoint, EvalSample, Evaluation, Run
 from tests.runs.test_evaluation_api import EVAL_ROWS, post, sample, started
 
 pytestmark = pytest.mark.django_db
@@ -122,7 +123,8 @@ def test_evaluating_again_records_a_new_evaluation_on_a_box_of_its_own(tmp_path,
     assert EvalSample.objects.filter(evaluation=again).count() == 3
     assert EvalSample.objects.filter(evaluation__number=0, evaluation__run=run).count() == EVAL_ROWS  # kept
     page = client.get(reverse("run_detail", args=[run.pk])).content.decode()
-    assert "Evaluated again (1)" in page and "The recipe&#x27;s eval phase" in page
+    section = page[page.index('id="run-evaluations"'):]
+    assert "Evaluated again (1)" in section and "The recipe's eval phase" in section, section[-3000:]
     assert "apart from the training" in page
 
 
@@ -147,3 +149,20 @@ def test_the_pages_show_an_evaluation_under_way_and_one_that_failed(tmp_path, dj
     page = client.get(reverse("run_detail", args=[run.pk])).content.decode()
     assert "trained, evaluation failed" in page and "Evaluation failed: the scorer mod:score gave 1.5" in page
     assert 'id="evaluate-again"' in page  # its banked adapter can be evaluated again
+
+
+def test_the_inference_page_offers_promoted_adapters_first(tmp_path, django_user_model):
+    plain = evaluated(tmp_path / "a", [(0.0, 0.9)] * EVAL_ROWS, min_gain=0.95)  # best score, not promoted
+    promoted = evaluated(tmp_path / "b", [(0.5, 0.6)] * EVAL_ROWS, min_gain=0.05)
+    boss = django_user_model.objects.create_superuser("boss", password="pw-123456789")
+    client = Client()
+    client.force_login(boss)
+    page = client.get(reverse("inference")).content.decode()
+    listed = page[page.index('id="adapters-to-serve"'):]
+    assert listed.index(f"#{promoted.pk}<") < listed.index(f"#{plain.pk}<")
+    assert reverse("run_serve", args=[promoted.pk]) in listed and "promoted: adapter 0.6000 vs base 0.5000" in listed
+    export = {f"vllm/{name}": {"size": 10, "sha256": "0" * 64} for name in VLLM_FILES}  # as if vLLM's export ran
+    for checkpoint in promoted.checkpoints.all():
+        Checkpoint.objects.filter(pk=checkpoint.pk).update(manifest={**checkpoint.manifest, **export})
+    serve = client.get(reverse("run_serve", args=[promoted.pk])).content.decode()
+    assert "Evaluated on example:eval.jsonl: adapter 0.6000 vs base 0.5000" in serve
