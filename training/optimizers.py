@@ -108,10 +108,11 @@ def _plain(value):
 
 
 def _dequantized(value):
-    """A moment as a plain float32 tensor: torchao's 8-bit ones (OptimState8bit) dequantized."""
-    if type(value) is not torch.Tensor and hasattr(value, "dequantize"):
-        value = value.dequantize()
-    return value.float().as_subclass(torch.Tensor)
+    """A moment as float32: torchao's 8-bit ones (OptimState8bit) dequantized into a plain tensor; any other (a plain
+    or a sharded DTensor moment of AdamW's) as it is."""
+    if not type(value).__module__.startswith("torchao"):
+        return value
+    return value.dequantize().float().as_subclass(torch.Tensor)
 
 
 def state_dict(optimizer) -> dict:

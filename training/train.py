@@ -90,6 +90,22 @@ class StopRequested(Exception):
     pass
 
 
+class FirstRecordSays:
+    """A metrics sink that adds `memory_plan` (the plan's line) to the first step record it writes: the agent posts it
+    as the run's log event (training/agent/metrics.py)."""
+
+    def __init__(self, sink, words: str):
+        self.sink, self.words = sink, words
+
+    def emit(self, record):
+        if self.words:
+            record, self.words = {**record, "memory_plan": self.words}, ""
+        self.sink.emit(record)
+
+    def close(self):
+        self.sink.close()
+
+
 def run_phase(phase):
     """Step a started (or restored) phase to its end: log every step, checkpoint at its interval, at its end and
     when a stop is asked for."""
@@ -120,7 +136,7 @@ def run(recipe, out=print):
     model = attach_lora(base, r=lora.r, alpha=lora.alpha, attention=lora.attention, targets=lora.targets)
     # Checkpointing and the optimizer's state as the memory plan has them for this card (training/fitting.py).
     fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size)
-    out(fit.words)
+    (out if fit.plan is not None else _log.info)(fit.words)  # a CPU run has no plan to say beside its steps
     if fit.checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -149,8 +165,8 @@ def run(recipe, out=print):
         out(f"resuming from checkpoint {name}")
 
     sinks = open_sinks(dataclasses.asdict(recipe.metrics)) if ranks.main else []
-    for sink in sinks:
-        sink.emit({"event": "log", "message": fit.words})  # the agent posts it as the run's event
+    if fit.plan is not None:
+        sinks = [FirstRecordSays(sink, fit.words) for sink in sinks]  # the agent posts it as the run's event
     # DeltaNet layers read the packed samples' boundaries on the host (training/packing.py): nothing to capture.
     capturable = not families.family_of(base.config).linear_attention and ranks.can_capture
     # Up to one graph per DPO/KTO length bucket: the graphs share one memory pool, so each more holds little beyond

@@ -1,8 +1,9 @@
 """How the trainer says its memory plan: recipes take optimizer and memory_plan with clear errors, the plan is counted
-on the model as built, said in the trainer's log and as one event line of metrics.jsonl, which the agent posts to
-the dashboard as the run's log event between the metric points around it."""
+on the model as built, said in the trainer's log and on the first step record of metrics.jsonl, which the agent posts
+to the dashboard as the run's log event."""
 
 import json
+import logging
 
 import pytest
 
@@ -34,13 +35,21 @@ def test_the_plan_is_counted_on_the_model_as_built(tmp_path):
     assert plain.lora_gib == pytest.approx(run.lora_params * 8 / 2**30)
 
 
-def test_the_trainer_says_its_plan_in_its_log_and_as_an_event(tmp_path):
+def test_a_cpu_run_logs_the_recipes_own_settings_and_leaves_its_steps_as_they_were(tmp_path, caplog):
     lines = []
-    train.run(tiny_recipe(tmp_path, metrics={"router_every": 0}), out=lines.append)
+    with caplog.at_level(logging.INFO, logger="training"):
+        train.run(tiny_recipe(tmp_path, metrics={"router_every": 0}), out=lines.append)
     said = "memory plan: no GPU, the recipe's own (no checkpointing, float32 moments)"
-    assert said in lines
-    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-    assert records[0] == {"event": "log", "message": said} and all("event" not in r for r in records[1:])
+    assert said in caplog.messages and said not in lines
+    assert all("memory_plan" not in json.loads(line) for line in open(tmp_path / "metrics.jsonl"))
+
+
+def test_a_gpu_runs_plan_rides_on_its_first_step_record_once():
+    written = []
+    sink = train.FirstRecordSays(type("Sink", (), {"emit": lambda self, r: written.append(r)})(), "memory plan (auto)")
+    for step in (1, 2):
+        sink.emit({"phase": 0, "step": step})
+    assert written == [{"phase": 0, "step": 1, "memory_plan": "memory plan (auto)"}, {"phase": 0, "step": 2}]
 
 
 class _Dashboard:
@@ -56,9 +65,10 @@ def test_the_agent_posts_the_event_between_the_points_around_it(tmp_path):
     path = tmp_path / "metrics.jsonl"
     point = {"phase": 0, "step": 1, "time": 1.7e9, "loss": 2.0}
     path.write_text("\n".join(json.dumps(r) for r in (
-        point, {"event": "log", "message": "memory plan (auto): checkpointing"}, {**point, "step": 2})) + "\n")
+        point, {**point, "step": 2, "memory_plan": "memory plan (auto): checkpointing"}, {**point, "step": 3})) + "\n")
     api = _Dashboard()
     assert forward_metrics(api, path, 0, 100) == path.stat().st_size
     assert [p for p, _ in api.calls] == ["metrics", "events", "metrics"]
     assert api.calls[1][1] == {"kind": "log", "message": "memory plan (auto): checkpointing"}
-    assert [b["points"][0]["step"] for p, b in api.calls if p == "metrics"] == [1, 2]
+    assert [[point["step"] for point in b["points"]] for p, b in api.calls if p == "metrics"] == [[1], [2, 3]]
+    assert all("memory_plan" not in point for _, b in api.calls if "points" in b for point in b["points"])

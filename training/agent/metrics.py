@@ -55,11 +55,12 @@ def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int
         if line.strip():
             try:
                 record = json.loads(line)
-                if isinstance(record, dict) and "event" in record:  # a line the trainer says once (its memory plan)
-                    if (batch and not _send(api, batch)) or not _send_event(api, record):
+                if isinstance(record, dict) and record.get("memory_plan"):  # said once, on a process's first step
+                    if batch and not _send(api, batch):
                         return sent_to
-                    batch, sent_to = [], read_to
-                    continue
+                    batch, sent_to = [], read_to - len(line)
+                    if not _send_event(api, record["memory_plan"]):
+                        return sent_to
                 batch.append(to_point(record))
             except (ValueError, TypeError, KeyError, OverflowError, OSError):
                 log.warning("skipping a metrics line that is not a JSON object: %r", line[:200])
@@ -72,10 +73,11 @@ def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int
     return read_to
 
 
-def _send_event(api: Api, record: dict) -> bool:
-    """A trainer's event line posted as the run's log event; False leaves it for the next round."""
+def _send_event(api: Api, message) -> bool:
+    """What the trainer said once (its memory plan) posted as the run's log event; False leaves it for the next
+    round."""
     try:
-        api.call("POST", "events", {"kind": "log", "message": str(record.get("message", ""))[:4000]})
+        api.call("POST", "events", {"kind": "log", "message": str(message)[:4000]})
     except ConnectionError as exc:
         log.warning("event not sent, kept for the next round: %s", exc)
         return False
