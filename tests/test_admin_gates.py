@@ -12,7 +12,7 @@ from django_celery_beat.models import ClockedSchedule, CrontabSchedule, Interval
 
 from fleet.models import Alert, Instance, Offer, OfferProfile, OfferRefresh, ThroughputCalibration
 from fleet.ranking import OfferFilters, Workload
-from runs.models import Checkpoint, Run
+from runs.models import Checkpoint, Evaluation, Run
 
 pytestmark = pytest.mark.django_db
 GUARDED_APPS = ("fleet", "runs", "django_celery_beat")
@@ -55,6 +55,8 @@ MAKERS = {
     Run: _run,
     Checkpoint: lambda: Checkpoint.objects.create(run=_run(), phase=0, step=10, uri="s3://fleet/runs/tiny/c10",
                                                   complete=True, created_at=timezone.now()),
+    Evaluation: lambda: Evaluation.objects.create(run=_run(), number=0, phase=5, settings={"scorer": "exact"},
+                                                  samples_expected=4, created_at=timezone.now()),
     PeriodicTask: lambda: PeriodicTask.objects.create(name="reap-instances", task="fleet.tasks.reap_instances",
                                                       interval=_interval()),
     IntervalSchedule: _interval,

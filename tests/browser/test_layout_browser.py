@@ -145,13 +145,17 @@ def test_it_draws_readable_axes_and_says_when_there_are_no_steps(live_server, se
     page.goto(f"{live_server.url}/runs/{seeded['fresh'].pk}/")
     wait_for_charts(page)
     empty = page.locator(".chart-empty")
-    assert empty.count() == 8 and "No steps yet" in empty.first.inner_text()
+    # every chart, the router's and its per-phase load heatmap among them, says so
+    assert empty.count() == page.locator("[data-chart]").count() == 10
+    assert "No steps yet" in empty.first.inner_text() and "No cost yet" in page.locator("#chart-cost").inner_text()
     assert "2000" not in page.locator("#run-charts").inner_text()  # no default date axis
     assert page.locator("#run-now").inner_text().startswith("Waiting for a box")
 
     page.goto(f"{live_server.url}/runs/{seeded['long'].pk}/")
     wait_for_charts(page)
-    assert page.locator(".chart-empty").count() == 0
+    # its box reported steps but never the router's load: only the router's charts say they have nothing yet
+    empty = page.evaluate("() => [...document.querySelectorAll('.chart-empty')].map(e => e.dataset.chart)")
+    assert empty and all(chart.startswith("router") for chart in empty), empty
     assert "TRAINING_PROBE_OK" not in page.content()
     assert "grpo (grpo, phase 5 of 5)" in page.locator("#run-progress").inner_text()
     # A log axis labels each tick with the number it stands for (not "5" for 0.005).

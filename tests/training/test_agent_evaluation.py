@@ -114,7 +114,14 @@ def test_it_waits_for_the_banked_finals_then_evaluates_with_the_real_child(dashb
     dashboard.answers["evaluation/start"] = [(409, {"detail": "sft's final is being sealed"})] * 2 + [
         (200, {"done": [1]})]
     api, heartbeat = agent
-    assert evaluate(api, heartbeat, recipe, tmp_path, sys.executable, start_every_s=0.01) == Exit.OK
+
+    def until_a_beat_says_uploading(_seconds):  # the wait lasts until the heartbeat has told the dashboard of it
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "uploading" not in {b["state"] for b in _posts(dashboard, "heartbeat")}:
+            time.sleep(0.01)
+
+    assert evaluate(api, heartbeat, recipe, tmp_path, sys.executable, start_every_s=0.01,
+                    sleep=until_a_beat_says_uploading) == Exit.OK
     assert len(_posts(dashboard, "evaluation/start")) == 3
     assert all(body == {"phase": 1} for body in _posts(dashboard, "evaluation/start"))
     sent = [sample for body in _posts(dashboard, "evaluation/samples") for sample in body["samples"]]
