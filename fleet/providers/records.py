@@ -96,6 +96,32 @@ class ChargeRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeRecord:
+    """A volume of the account, where a model is kept between boxes: a vast.ai volume lives on one machine (a box that
+    mounts it must be rented on that machine), a RunPod network volume in one data centre (its pods run there)."""
+
+    provider: str
+    volume_id: str
+    name: str
+    size_gb: float
+    status: str  # the provider's word; RunPod lists no status (a listed network volume is usable): "ready"
+    usable: bool  # whether a box may mount it now
+    machine_id: str = ""  # vast.ai: the machine it lives on
+    data_center_id: str = ""  # RunPod: the data centre it lives in
+    geolocation: str = ""
+    storage_usd_per_gb_month: Decimal | None = None  # what it bills per GB and month, where the provider says
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeMount:
+    """A volume a rent mounts in the box at `mount_path` (vast.ai links it by id, RunPod as networkVolumeId)."""
+
+    volume_id: str
+    mount_path: str
+    data_center_id: str = ""  # RunPod: the volume's data centre, where the pod must be deployed
+
+
+@dataclass(frozen=True, slots=True)
 class RentRequest:
     offer_id: str
     image: str
@@ -104,3 +130,4 @@ class RentRequest:
     env: dict[str, str]
     onstart: str = ""
     bid_usd_per_hour: Decimal | None = None  # set: an interruptible rental at this price
+    volume: VolumeMount | None = None  # set: the box mounts this volume of the account

@@ -22,7 +22,7 @@ from .errors import (
     ProviderError,
     RentAnswerUnreadable,
 )
-from .records import InstanceRecord, OfferRecord, RentRequest
+from .records import InstanceRecord, OfferRecord, RentRequest, VolumeRecord
 from .retrying import RetryingClient
 from .runpod_terms import PodTerms
 
@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 CLOUD_TYPES = ("SECURE", "COMMUNITY")
 STORAGE_USD_PER_GB_MONTH = Decimal("0.10")  # RunPod's published container/volume disk rate on a running pod
 IDLE_VOLUME_USD_PER_GB_MONTH = Decimal("0.20")  # RunPod's published rate for the volume of a stopped pod
+# RunPod's published network volume rate: $0.07/GB/month up to 1 TB, $0.05 for a volume over 1 TB (billed whether or
+# not a pod mounts it).
+NETWORK_VOLUME_USD_PER_GB_MONTH, NETWORK_VOLUME_LARGE_USD_PER_GB_MONTH = Decimal("0.07"), Decimal("0.05")
+NETWORK_VOLUME_CLOUD = "SECURE"  # network volumes live in RunPod's own data centres: Secure Cloud only
 HOURS_PER_MONTH = Decimal(730)
 _STOPPED = ("EXITED", "STOPPED", "PAUSED")
 
@@ -81,6 +85,7 @@ _POD_FIELDS = """
       gpus { id gpuUtilPercent }
     }"""
 
+_VOLUMES_QUERY = "query NetworkVolumes { myself { networkVolumes { id name size dataCenterId } } }"
 _PODS_QUERY = "query Pods { myself { pods {" + _POD_FIELDS + "\n  } } }"
 _POD_QUERY = "query Pod($podId: String!) { pod(input: {podId: $podId}) {" + _POD_FIELDS + "\n  } }"
 _DEPLOY_MUTATION = """
@@ -179,6 +184,16 @@ class RunPodClient(HttpProvider):
             "startSsh": True,
             **self.terms.deploy_fields(),  # the host floors each offer promises (runpod_terms)
         }
+        if request.volume is not None:
+            # The network volume is the pod's volume, mounted at the path asked; the pod is deployed in the volume's
+            # data centre (RunPod places it there; the centre is sent too where it is known).
+            if cloud_type != NETWORK_VOLUME_CLOUD:
+                raise OfferUnavailable(f"Offer {request.offer_id}: a network volume mounts only in RunPod's Secure "
+                                       "Cloud.")
+            pod["networkVolumeId"] = request.volume.volume_id
+            pod["volumeMountPath"] = request.volume.mount_path
+            if request.volume.data_center_id:
+                pod["dataCenterId"] = request.volume.data_center_id
         if request.onstart:  # RunPod has no on-start script; the container's command runs it instead
             pod["dockerArgs"] = f"bash -c {shlex.quote(request.onstart)}"
         if request.bid_usd_per_hour is None:
@@ -199,6 +214,22 @@ class RunPodClient(HttpProvider):
         if not isinstance(pod_id, str) or not pod_id:
             raise RentAnswerUnreadable(f"{what} answered without a pod id; it may have rented: reconcile by label.")
         return pod_id
+
+    def list_volumes(self) -> list[VolumeRecord]:
+        """The account's network volumes (`myself { networkVolumes { id name size dataCenterId } }`); one that cannot
+        be read is logged and left out."""
+        data = self._graphql("myself", _VOLUMES_QUERY)
+        myself = data.get("myself")
+        raw_volumes = myself.get("networkVolumes") if isinstance(myself, dict) else None
+        if not isinstance(raw_volumes, list):
+            raise MalformedResponse("RunPod myself answered without a list of network volumes.")
+        volumes = []
+        for raw in raw_volumes:
+            try:
+                volumes.append(parse_network_volume(raw))
+            except (TypeError, ValueError) as exc:
+                log.warning("RunPod listed a network volume that cannot be read: %s", exc)
+        return volumes
 
     def list_instances(self) -> InstanceList:
         data = self._graphql("myself", _PODS_QUERY)
@@ -434,6 +465,29 @@ def parse_offers(raw: dict, gpu_count: int, cloud_types=CLOUD_TYPES, *, bid: boo
             total_flops=None,
         ))
     return offers
+
+
+def network_volume_rate(size_gb: float) -> Decimal:
+    """What RunPod bills a network volume of this size per GB and month (its published tiers)."""
+    return NETWORK_VOLUME_LARGE_USD_PER_GB_MONTH if size_gb > 1000 else NETWORK_VOLUME_USD_PER_GB_MONTH
+
+
+def parse_network_volume(raw: dict) -> VolumeRecord:
+    """One network volume of `myself` as a record: RunPod lists its id, name, size (GB) and data centre, and no
+    status: a listed volume is usable."""
+    if not isinstance(raw, dict):
+        raise TypeError("network volume is not an object")
+    size_gb = fields.number(raw, "size")
+    return VolumeRecord(
+        provider="runpod",
+        volume_id=fields.text(raw, "id", blank=False),
+        name=fields.text(raw, "name", default="") or "",
+        size_gb=size_gb,
+        status="ready",
+        usable=True,
+        data_center_id=fields.text(raw, "dataCenterId", blank=False),
+        storage_usd_per_gb_month=network_volume_rate(size_gb),
+    )
 
 
 # RunPod's desiredStatus -> vast.ai's actual_status words, which the rest of the product speaks.

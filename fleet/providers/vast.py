@@ -15,7 +15,7 @@ from . import fields
 from .base import ChargeReport, HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable, RequestRefused,
                      RentAnswerUnreadable)
-from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest
+from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest, VolumeRecord
 from .retrying import AUTH_ERROR_CODES, RetryingClient
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,10 @@ ENV_TOTAL_MAX = 32768  # all of them
 START_MAX = 4096  # onstart, args and args_str together
 LABEL_MAX, IMAGE_MAX = 256, 1024
 BID_RANGE = (0.001, 128.0)  # $/h
+# vast.ai's volume list says a volume's state in `status` without documenting its words: these are the ones a box may
+# mount (a contract in force); any other ("offline", "deleting", ...) is shown to the user and refused.
+USABLE_VOLUME_STATUSES = ("running", "active", "ready", "available")
+MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/-]{0,254}")  # the CLI's VALID_MOUNT_PATH, an absolute Linux path
 # A rent sent within 4.5 s of the last one is refused with a 12 s penalty, and the 429 carries no Retry-After.
 RENT_RATE_LIMIT_WAIT_S = 12.0
 
@@ -87,6 +91,9 @@ class VastClient(HttpProvider):
         }
         if request.bid_usd_per_hour is not None:
             body["price"] = float(request.bid_usd_per_hour)
+        if request.volume is not None:  # an existing volume linked at its mount path, as the CLI's --link-volume
+            body["volume_info"] = {"mount_path": request.volume.mount_path, "create_new": False,
+                                   "volume_id": int(request.volume.volume_id)}
         response = self._request("PUT", f"/asks/{request.offer_id}/", json=body, idempotent=False,
                                  rate_limit_wait_s=RENT_RATE_LIMIT_WAIT_S)
         data = _decode(response, strict=False)
@@ -139,6 +146,21 @@ class VastClient(HttpProvider):
             raise MalformedResponse(f"vast.ai did not destroy instance {instance_id}: "
                                     f"{fields.loose_text(data.get('msg') or data.get('error'), 300) or 'no reason'}")
         return True
+
+    def list_volumes(self) -> list[VolumeRecord]:
+        """The account's volumes, as the CLI's `show volumes` asks (`GET /volumes?owner=me&type=all_volume`); one
+        that cannot be read is logged and left out."""
+        data = self._json("GET", "/volumes/", params={"owner": "me", "type": "all_volume"})
+        raw_volumes = data.get("volumes")
+        if not isinstance(raw_volumes, list):
+            raise MalformedResponse("vast.ai volume list answered without a 'volumes' list.")
+        volumes = []
+        for raw in raw_volumes:
+            try:
+                volumes.append(parse_volume(raw))
+            except (TypeError, ValueError) as exc:
+                log.warning("vast.ai listed a volume that cannot be read: %s", exc)
+        return volumes
 
     def change_bid(self, instance_id: str, usd_per_hour: Decimal) -> None:
         """An interruptible instance's new bid for the machine ($/h), as the CLI's `change bid` sends it; an outbid
@@ -229,6 +251,11 @@ def rent_request_problem(request: RentRequest) -> str:
         return f"its start script is {len(request.onstart)} characters, over {START_MAX}"
     if len(request.label) > LABEL_MAX or len(request.image) > IMAGE_MAX:
         return f"its label or image name is over {LABEL_MAX} or {IMAGE_MAX} characters"
+    if request.volume is not None:
+        if not request.volume.volume_id.isdigit():
+            return f"volume {request.volume.volume_id[:40]!r} is no vast.ai volume id (a number)"
+        if not MOUNT_PATH.fullmatch(request.volume.mount_path):
+            return f"the mount path {request.volume.mount_path[:80]!r} is not an absolute Linux path"
     bid = request.bid_usd_per_hour
     if bid is not None and not BID_RANGE[0] <= float(bid) <= BID_RANGE[1]:
         return f"a bid of ${float(bid):g}/h is outside ${BID_RANGE[0]:g}-{BID_RANGE[1]:g}/h"
@@ -333,6 +360,25 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
         pcie_gb_s=fields.number(raw, "pcie_bw", default=None),
         datacenter=_datacenter(raw),
         gpu_mem_bw_gb_s=fields.number(raw, "gpu_mem_bw", default=None),
+    )
+
+
+def parse_volume(raw: dict) -> VolumeRecord:
+    """One volume of `show volumes` as a record: its id, name (`label`), size (`disk_space`, GB), status and the
+    machine it lives on; BadField (naming the field) for anything it cannot hold."""
+    if not isinstance(raw, dict):
+        raise TypeError("volume is not an object")
+    status = fields.text(raw, "status", default="")
+    return VolumeRecord(
+        provider="vast",
+        volume_id=str(fields.whole(raw, "id", low=1, high=fields.MAX_ID)),
+        name=fields.text(raw, "label", default="") or "",
+        size_gb=fields.number(raw, "disk_space"),
+        status=status,
+        usable=status.lower() in USABLE_VOLUME_STATUSES,
+        machine_id=fields.identifier(raw, "machine_id"),
+        geolocation=fields.text(raw, "geolocation", default="") or "",
+        storage_usd_per_gb_month=fields.money(raw, "storage_cost", default=None),
     )
 
 

@@ -51,6 +51,14 @@ class AgentProcesses(InstanceHooks):
     def folder(self, instance_id: int) -> Path:
         return self.workdir / f"instance-{instance_id}"
 
+    def volume_folder(self, volume_id: int) -> Path:
+        """A volume's disk: a folder of its own, kept when the boxes that linked it are destroyed or their host dies
+        (it lives on the machine, apart from any instance), removed when the volume is deleted."""
+        return self.workdir / "volumes" / f"volume-{int(volume_id)}"
+
+    def on_volume_deleted(self, volume_id: int) -> None:
+        shutil.rmtree(self.volume_folder(volume_id), ignore_errors=True)
+
     def on_running(self, instance: dict) -> None:
         command = (instance.get("onstart") or "").strip()
         if not command or instance.get("cuda_init_error"):
@@ -67,6 +75,12 @@ class AgentProcesses(InstanceHooks):
                                                   for port, mapped in (instance.get("ports") or {}).items()})}
             if instance.get("num_gpus"):
                 env["FLEET_SIM_NUM_GPUS"] = str(instance["num_gpus"])
+            mounts = {}
+            for linked in instance.get("volume_info") or ():  # a process cannot mount: it is told where its volume is
+                mounts[linked["mount_path"]] = str(self.volume_folder(linked["id"]))
+                Path(mounts[linked["mount_path"]]).mkdir(parents=True, exist_ok=True)
+            if mounts:
+                env["FLEET_SIM_MOUNTS"] = json.dumps(mounts)
             if self.api_url and instance.get("container_api_key"):  # as vast.ai gives each machine its own key
                 env |= {"CONTAINER_API_KEY": instance["container_api_key"], "FLEET_VAST_API_URL": self.api_url}
             argv = shlex.split(command) if "\n" not in command else []

@@ -26,6 +26,9 @@ class InstanceHooks:
     def on_destroyed(self, instance: dict) -> None:
         """Destroyed through the API, or vanished from the list after its host died."""
 
+    def on_volume_deleted(self, volume_id: int) -> None:
+        """A volume was deleted: what it held is gone."""
+
     def logs(self, instance_id: int) -> str:
         """What ran on the instance printed, for `vastai logs`; called outside the market's lock."""
         return ""

@@ -74,6 +74,7 @@ class Instance:
     traffic_last_at: float | None = None
     log_lines: list = field(default_factory=list)  # (simulated time, text) of the container's log
     container_api_key: str = ""  # the key vast.ai gives the machine itself: it opens only this instance's stop
+    volume_info: list = field(default_factory=list)  # the volumes it links: {"id", "mount_path", "total_space", ...}
 
     @property
     def dph_total(self) -> float:
@@ -158,7 +159,7 @@ class Instance:
             "end_date": round(self.created_at + MAX_RENTAL_S, 3),
             "template_id": None,
             "template_name": None,
-            "volume_info": [],
+            "volume_info": [dict(linked) for linked in self.volume_info],
             "env": self.env,
             "extra_env": extra_env(self.env),  # vast.ai's pairs; the official CLI turns them back into a dict
             "onstart": self.onstart,

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 
-from . import account, billing, saved
+from . import account, billing, saved, volumes
 from .keys import SshKeyError, SshKeys
 from .catalogue import Offer, build_catalogue
 from .clock import SimClock
@@ -22,7 +22,8 @@ from .hooks import InstanceHooks
 from .instances import CUDA_803, Instance, image_cuda_version
 from .limits import MinInterval, SlidingWindowLimit
 from .pages import json_arg, paginate
-from .search import QueryError, matching, ordered, parse_filters, parse_query, select
+from .search import QueryError, check_fields, matching, ordered, parse_filters, parse_query, select
+from .volumes import Volume
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,14 @@ class Market:
                 self._fail_next_rents -= 1
                 offer.gone = True
                 raise _no_such_ask(offer_id)
-            instance = self._new_instance(offer, _rent_request(offer, body), now)
+            request = _rent_request(offer, body)
+            link = self._volume_link_locked(offer, request["volume"], now)
+            instance = self._new_instance(offer, request, now)
+            if link is not None:
+                volume, mount_path = link
+                volume.instances.append(instance.id)
+                instance.volume_info = [{"id": volume.id, "mount_path": mount_path, "total_space": volume.size_gb,
+                                         "avail_space": volume.size_gb}]
             instance.log_boot(now)
             self._instances[instance.id] = instance
             offer.rented_by = instance.id
@@ -120,6 +128,7 @@ class Market:
             _close_gpu_billing(instance, now)
             instance.state = "destroyed"
             instance.destroyed_at = now
+            self._unlink_volumes_locked(instance)
             if not instance.offer.gone:
                 instance.offer.rented_by = None  # the machine goes back on the market
             self._emit("on_destroyed", instance, now)
@@ -207,6 +216,93 @@ class Market:
                 raise MarketError(404, "no_such_key", "No such ssh key" + (" on that instance" if action == "detach"
                                                                             else ""))
             return done
+
+    # --- volumes (fleet/simulator/volumes.py) ---
+
+    def search_volumes(self, body: dict) -> list[dict]:
+        """`POST /volumes/search/`: each machine's free disk as a volume offer, through the offer search's filters
+        on the fields a volume offer holds; `allocated_storage` asks for that much free disk, as for offers."""
+        conditions = {k: v for k, v in body.items() if k not in ("order", "limit", "allocated_storage")}
+        wanted_gb = body.get("allocated_storage") or 1.0
+        try:
+            filters = parse_filters(conditions)
+            if not isinstance(wanted_gb, int | float) or isinstance(wanted_gb, bool):
+                raise QueryError("allocated_storage must be a number of GB")
+            with self._transaction():
+                listings = [volumes.volume_offer(offer, self._volume_gb_locked(offer.machine_id))
+                            for offer in self._offers if not offer.gone]
+                if listings:
+                    check_fields(filters, listings[0])
+                found = [listing for listing in matching(listings, filters) if listing["disk_space"] >= wanted_gb]
+                limit = body.get("limit")
+                return ordered(found, _order_by_pairs(body.get("order")))[:limit if isinstance(limit, int) else None]
+        except QueryError as exc:
+            raise MarketError(400, "invalid_args", str(exc)) from exc
+
+    def create_volume(self, body: dict) -> str:
+        """`PUT /volumes/` {"id": volume offer, "size", "name"?}: a volume on that machine; its name, "V.<id>"."""
+        offer_id, size = body.get("id"), body.get("size", volumes.DEFAULT_SIZE_GB)
+        if not isinstance(offer_id, int) or isinstance(offer_id, bool):
+            raise MarketError(400, "invalid_args", "id must be the volume offer's id")
+        if not isinstance(size, int | float) or isinstance(size, bool) or size <= 0:
+            raise MarketError(400, "invalid_args", "size must be a number of GB > 0")
+        with self._transaction() as now:
+            return f"V.{self._new_volume_locked(offer_id, float(size), str(body.get('name') or ''), now).id}"
+
+    def list_volumes(self) -> list[dict]:
+        with self._transaction() as now:
+            return [v.view(self._offers_by_id[v.offer_id], now) for v in self._volumes.values()]
+
+    def delete_volume(self, volume_id: int) -> None:
+        """Deletes a volume and what it held; refused while an instance links it, as vast.ai refuses it."""
+        with self._transaction():
+            volume = self._volumes.get(volume_id)
+            if volume is None:
+                raise MarketError(404, "no_such_volume", f"Volume {volume_id} not found.")
+            if volume.instances:
+                raise MarketError(400, "invalid_args", f"Volume {volume_id} is linked to instance(s) "
+                                  f"{', '.join(map(str, volume.instances))}: destroy them first.")
+            del self._volumes[volume_id]
+            self._volume_events.append(("on_volume_deleted", volume_id))
+
+    def _volume_gb_locked(self, machine_id: int) -> float:
+        return sum(v.size_gb for v in self._volumes.values() if v.machine_id == machine_id)
+
+    def _new_volume_locked(self, offer_id: int, size_gb: float, name: str, now: float) -> Volume:
+        offer = self._offers_by_id.get(offer_id)
+        if offer is None or offer.gone:
+            raise MarketError(404, "no_such_ask", f"No volume offer {offer_id}.")
+        if size_gb > offer.disk_space - self._volume_gb_locked(offer.machine_id):
+            raise MarketError(400, "invalid_args", f"{size_gb:g} GB is more than machine {offer.machine_id} has free")
+        volume = Volume(id=self._next_instance_id, machine_id=offer.machine_id, offer_id=offer.id, size_gb=size_gb,
+                        name=name, created_at=now)
+        self._next_instance_id += self._rng.randint(1, 40)  # volumes are contracts: ids from the instances' count
+        self._volumes[volume.id] = volume
+        return volume
+
+    def _volume_link_locked(self, offer: Offer, link: dict | None, now: float) -> tuple[Volume, str] | None:
+        """The volume a rent links (an existing one on this machine, or one created on it), with its mount path."""
+        if link is None:
+            return None
+        if link["create_new"]:
+            if link["volume_id"] != offer.id:
+                raise MarketError(400, "invalid_args", f"volume offer {link['volume_id']} is not on the machine of "
+                                  f"offer {offer.id}: a new volume is created on the instance's machine")
+            return self._new_volume_locked(offer.id, link["size_gb"], link["name"], now), link["mount_path"]
+        volume = self._volumes.get(link["volume_id"])
+        if volume is None:
+            raise MarketError(404, "no_such_volume", f"Volume {link['volume_id']} not found.")
+        if volume.machine_id != offer.machine_id:
+            raise MarketError(400, "invalid_args", f"volume {volume.id} is on machine {volume.machine_id}, not on "
+                              f"machine {offer.machine_id} of offer {offer.id}: a volume links only to an instance "
+                              "on its own machine")
+        return volume, link["mount_path"]
+
+    def _unlink_volumes_locked(self, instance: Instance) -> None:
+        for linked in instance.volume_info:
+            volume = self._volumes.get(linked["id"])
+            if volume is not None and instance.id in volume.instances:
+                volume.instances.remove(instance.id)
 
     def charges(self) -> list[dict]:
         with self._transaction() as now:
@@ -435,6 +531,8 @@ class Market:
         self._offers: list[Offer] = build_catalogue(s.seed, s.offer_count)
         self._offers_by_id = {offer.id: offer for offer in self._offers}
         self._instances: dict[int, Instance] = {}
+        self._volumes: dict[int, Volume] = {}
+        self._volume_events: list[tuple[str, int]] = []
         self._rng = random.Random(s.seed * 1_000_003 + 1)
         # A reset, too, never hands out an id again.
         self._next_instance_id = max(self._rng.randint(20_000_000, 29_000_000), getattr(self, "_next_instance_id", 0))
@@ -462,6 +560,7 @@ class Market:
                             s.offer_count)
                 return
             instances = saved.instances(doc, self._offers_by_id)
+            kept_volumes = [Volume(**entry) for entry in doc.get("volumes", [])]
             gone = [self._offers_by_id[offer_id] for offer_id in doc["offers_gone"]]
             rented = [(self._offers_by_id[offer_id], int(instance_id))
                       for offer_id, instance_id in doc["offers_rented"]]
@@ -476,6 +575,7 @@ class Market:
             offer.gone = True
         for offer, instance_id in rented:
             offer.rented_by = instance_id
+        self._volumes = {volume.id: volume for volume in kept_volumes}
         for instance in instances:
             if instance.state == "active" and instance.announced_running:
                 # What ran in it went with the marketplace's process: the host starts the container again (its
@@ -491,7 +591,7 @@ class Market:
             return
         doc = saved.document(seed=s.seed, offer_count=s.offer_count, next_instance_id=self._next_instance_id,
                              started_at=self._started_at, clock=now, offers=self._offers,
-                             instances=list(self._instances.values()))
+                             instances=list(self._instances.values()), volumes=list(self._volumes.values()))
         key = json.dumps({k: v for k, v in doc.items() if k not in ("clock", "saved_at")}, sort_keys=True)
         if key == self._saved_key and not self._clock_moved:
             return  # nothing changed; the clock runs on at its speed from the last write
@@ -580,6 +680,7 @@ class Market:
             if instance.state == "dead" and not instance.listed(now) and instance.destroyed_at is None:
                 instance.state = "destroyed"
                 instance.destroyed_at = instance.vanish_at
+                self._unlink_volumes_locked(instance)
                 self._emit("on_destroyed", instance, now)
 
     def _die(self, instance: Instance, at: float, vanish_after_s: float, why: str) -> None:
@@ -634,11 +735,25 @@ class Market:
         with self._hook_lock:
             with self._lock:
                 events, self._events = self._events, []
+                deleted, self._volume_events = self._volume_events, []
+            for hook, volume_id in deleted:
+                try:
+                    getattr(self.hooks, hook)(volume_id)
+                except Exception:
+                    log.exception("simulator hook %s failed for volume %s", hook, volume_id)
             for hook, view in events:
                 try:
                     getattr(self.hooks, hook)(view)
                 except Exception:
                     log.exception("simulator hook %s failed for instance %s", hook, view.get("id"))
+
+
+def _order_by_pairs(value) -> list[tuple[str, bool]]:
+    """A search's `order` ([[field, "asc"|"desc"], ...]) as (field, descending) pairs; anything else orders nothing."""
+    if not isinstance(value, list):
+        return []
+    return [(pair[0], pair[1] == "desc") for pair in value
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)]
 
 
 def _order_by(value) -> list[tuple[str, bool]]:
@@ -709,7 +824,12 @@ def _rent_request(offer: Offer, body: dict) -> dict:
     if not isinstance(env, (dict, str)):
         raise MarketError(400, "invalid_args", "env must be an object or a string")
     _within_limits(body, env)
+    try:
+        volume = volumes.link_request(body.get("volume_info"))
+    except ValueError as exc:
+        raise MarketError(400, "invalid_args", str(exc)) from None
     return {
+        "volume": volume,
         "image": image,
         "disk_gb": float(disk_gb),
         "price": None if price is None else float(price),

@@ -1,6 +1,6 @@
-"""The marketplace's state file: the instances it rented, the offers they hold or lost, the account's start, the clock
-and the next instance id, kept across restarts as JSON (written whole, then put in place; one that cannot be read is
-set aside with a warning and the marketplace starts afresh)."""
+"""The marketplace's state file: the instances it rented, the volumes, the offers they hold or lost, the account's
+start, the clock and the next instance id, kept across restarts as JSON (written whole, then put in place; one that
+cannot be read is set aside with a warning and the marketplace starts afresh)."""
 
 import json
 import logging
@@ -19,7 +19,7 @@ _PAIRS = ("gpu_intervals", "log_lines")  # lists of tuples, which JSON keeps as 
 
 
 def document(*, seed: int, offer_count: int, next_instance_id: int, started_at: float, clock: float,
-             offers: list[Offer], instances: list[Instance]) -> dict:
+             offers: list[Offer], instances: list[Instance], volumes=()) -> dict:
     """What the file holds; `clock` is the simulated time at `saved_at`, the real time of writing."""
     return {
         "format": FORMAT,
@@ -33,6 +33,7 @@ def document(*, seed: int, offer_count: int, next_instance_id: int, started_at: 
         "offers_rented": sorted([o.id, o.rented_by] for o in offers if o.rented_by is not None),
         "instances": [{**{f.name: getattr(i, f.name) for f in fields(Instance) if f.name != "offer"},
                        "offer": i.offer.id} for i in instances],
+        "volumes": [volume.saved() for volume in volumes],
     }
 
 

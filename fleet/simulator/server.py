@@ -77,6 +77,10 @@ API_ROUTES = [  # under /api/v0
     (_route("PUT", r"/instances/(\d+)"), "manage_instance"),
     (_route("DELETE", r"/instances/(\d+)"), "destroy_instance"),
     (_route("GET", r"/charges"), "charges"),
+    (_route("POST", r"/volumes/search"), "search_volumes"),
+    (_route("GET", r"/volumes"), "list_volumes"),
+    (_route("PUT", r"/volumes"), "create_volume"),
+    (_route("DELETE", r"/volumes"), "delete_volume"),
     (_route("GET", r"/users/current"), "show_user"),
     (_route("GET", r"/users/me/invoices"), "invoices"),
 ]
@@ -95,7 +99,8 @@ NOT_MODELLED = [
     (re.compile(r"/commands/"), "copy, cloud copy or execute"),
     (re.compile(r"/instances/execute/"), "execute"),
     (re.compile(r"/instances/\d+/snapshot/?"), "take snapshot"),
-    (re.compile(r"/(?:network_)?volumes?(?:/|$)"), "volumes"),
+    (re.compile(r"/network_volumes?(?:/|$)"), "network volumes"),
+    (re.compile(r"/volumes?/(?:copy|unlist)"), "clone volume / unlist volume"),
     (re.compile(r"/template"), "templates"),
     (re.compile(r"/(?:endptjobs|workergroups|autojobs|endpoints?)/"), "serverless endpoints and workergroups"),
     (re.compile(r"/machines?/"), "host machines"),
@@ -352,6 +357,23 @@ class Handler(BaseHTTPRequestHandler):
     def detach_ssh(self, instance_id: int, key_id: int) -> None:
         self.server.market.ssh_keys("detach", instance_id, key_id)
         self._json(200, {"success": True, "msg": f"ssh key {key_id} detached from instance {instance_id}"})
+
+    def search_volumes(self) -> None:
+        self._json(200, {"offers": self.server.market.search_volumes(self.body)})
+
+    def list_volumes(self) -> None:
+        self._json(200, {"volumes": self.server.market.list_volumes()})
+
+    def create_volume(self) -> None:
+        self._json(200, {"success": True, "volume_name": self.server.market.create_volume(self.body)})
+
+    def delete_volume(self) -> None:
+        volume_id = self.query.get("id") or self.body.get("id")
+        if not str(volume_id or "").isdigit():
+            self._error(400, "invalid_args", "id must be the volume's id")
+            return
+        self.server.market.delete_volume(int(volume_id))
+        self._json(200, {"success": True, "msg": f"Volume {volume_id} deleted"})
 
     def show_user(self) -> None:
         self._json(200, self.server.market.user())

@@ -3,7 +3,8 @@
 from decimal import Decimal
 
 from fleet import actions
-from fleet.providers.records import RentRequest
+from fleet.providers.errors import OfferUnavailable
+from fleet.providers.records import RentRequest, VolumeMount
 from fleet.providers.runpod import RunPodClient
 from tests.fleet.runpod_server import NO_CAPACITY, RUNPOD_KEY
 
@@ -110,6 +111,34 @@ def test_it_deploys_on_a_network_volume_in_its_data_centre(runpod_sdk, runpod_fa
     unknown = runpod_sdk.calls([("create_pod", {"name": "x", "image_name": IMAGE, "gpu_type_id": "NVIDIA H200",
                                                 "network_volume_id": "nope", "data_center_id": "US-KS-2"})])[0]
     assert unknown == {"error": "QueryError", "message": "Network volume nope not found"}
+
+
+def test_the_product_lists_network_volumes_and_deploys_on_one_as_the_sdk_does(runpod_sdk, runpod_fake):
+    volume_id = runpod_fake.add_network_volume("qwen", 1200, "US-KS-2")
+    client = RunPodClient(runpod_fake.base_url, RUNPOD_KEY, max_retries=1, timeout_s=5)
+    try:
+        (volume,) = client.list_volumes()
+        assert (volume.volume_id, volume.name, volume.size_gb, volume.data_center_id, volume.usable) == (
+            volume_id, "qwen", 1200.0, "US-KS-2", True)
+        assert volume.storage_usd_per_gb_month == Decimal("0.05")  # RunPod's rate over 1 TB
+        mount = VolumeMount(volume_id, "/workspace/models", data_center_id="US-KS-2")
+        pod_id = client.rent(RentRequest(offer_id="NVIDIA H200:SECURE:1", image=IMAGE, disk_gb=50, label="vol-run",
+                                         env={}, volume=mount))
+        try:
+            client.rent(RentRequest(offer_id="NVIDIA H200:COMMUNITY:1", image=IMAGE, disk_gb=50, label="community",
+                                    env={}, volume=mount))
+            raise AssertionError("a network volume was sent to Community Cloud")
+        except OfferUnavailable as exc:
+            assert "Secure Cloud" in str(exc)
+    finally:
+        client.close()
+    sent = runpod_fake.deploy_inputs[-1]
+    assert (sent["networkVolumeId"], sent["volumeMountPath"], sent["dataCenterId"]) == (
+        volume_id, "/workspace/models", "US-KS-2")
+    pod = runpod_sdk.value("get_pod", pod_id=pod_id)
+    assert pod["volumeMountPath"] == "/workspace/models"
+    assert runpod_fake.pods[pod_id].data_center_id == "US-KS-2"
+    assert runpod_fake.pods[pod_id].network_volume["id"] == volume_id
 
 
 def test_it_keeps_the_volume_mount_path_and_ports_a_pod_was_made_with(runpod_sdk):

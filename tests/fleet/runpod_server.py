@@ -12,7 +12,8 @@ podFindAndDeployOnDemand, podRentInterruptable, podStop, podResume, podTerminate
 memory: a new pod is CREATED without a runtime; after `boot_polls` reads of it (or `advance()`) it is RUNNING with a
 runtime (public ports, GPU utilisation). Stop makes it EXITED (desiredStatus too) without a runtime, resume RUNNING
 again; terminate removes it, as RunPod stops listing terminated pods. A pod keeps the volume, mount path, ports and
-network volume it was deployed with; a network volume (`add_network_volume`) pins the pod to its data centre.
+network volume it was deployed with; a network volume (`add_network_volume`) pins the pod to its data centre, mounts
+only in Secure Cloud, and is read back as the pod's networkVolume at its volumeMountPath.
 
 Billing, as REST API v2's `GET /v2/billing/pods` (RunPod's GraphQL has no per-pod charges): records per pod per
 bucket (gpuAmount, cpuAmount, diskAmount, totalAmount) with `metadata`; pods accrue only on `elapse(hours)`, GPU time
@@ -119,7 +120,7 @@ type Pod {
   gpuCount: Int, podType: String, machineId: String, imageName: String, containerDiskInGb: Int,
   dockerArgs: String, dockerId: String, env: [String], memoryInGb: Float, vcpuCount: Float, port: Int,
   ports: String, uptimeSeconds: Int, volumeInGb: Float, volumeMountPath: String, machine: Machine,
-  runtime: PodRuntime
+  runtime: PodRuntime, networkVolumeId: String, networkVolume: NetworkVolume, dataCenterId: String
 }
 
 type Machine { gpuDisplayName: String, podHostId: String }
@@ -158,6 +159,7 @@ class FakePod:
     last_status_change: str = ""
     public_ip: str = "203.0.113.10"
     public_ports: dict = field(default_factory=dict)
+    network_volume: dict | None = None  # the network volume mounted at volume_mount_path, as RunPod lists it
 
     def as_json(self) -> dict:
         runtime = None
@@ -194,6 +196,9 @@ class FakePod:
             "volumeMountPath": self.volume_mount_path,
             "machine": {"gpuDisplayName": self.display_name, "podHostId": f"{self.id}-{self.machine_id}"},
             "runtime": runtime,
+            "networkVolumeId": self.network_volume_id,
+            "networkVolume": self.network_volume,
+            "dataCenterId": self.data_center_id,
         }
 
 
@@ -506,8 +511,9 @@ class FakeRunPod:
         prices = {"SECURE": (secure, s_spot if interruptible else s_price),
                   "COMMUNITY": (community, c_spot if interruptible else c_price)}
         clouds = [pod_input.get("cloudType") or "ALL"]
-        if clouds == ["ALL"]:  # either cloud: the cheaper one that has it
-            clouds = sorted((c for c in prices if prices[c][0] and prices[c][1] and self._in_stock(gpu_id, c)),
+        if clouds == ["ALL"]:  # either cloud: the cheaper one that has it (Secure only for a network volume)
+            clouds = sorted((c for c in prices if prices[c][0] and prices[c][1] and self._in_stock(gpu_id, c)
+                             and (c == "SECURE" or pod_input.get("networkVolumeId") is None)),
                             key=lambda c: prices[c][1])
         cloud = clouds[0] if clouds else "SECURE"
         listed, price = prices[cloud]
@@ -525,6 +531,8 @@ class FakeRunPod:
                 raise _GraphQLError(f"Network volume {volume_id} not found")
             if data_center not in (None, volume["dataCenterId"]):
                 raise _GraphQLError(f"Network volume {volume_id} is in {volume['dataCenterId']}, not {data_center}")
+            if cloud != "SECURE":
+                raise _GraphQLError("Network volumes are available in Secure Cloud only.")
             data_center = volume["dataCenterId"]
         volume_gb = int(pod_input.get("volumeInGb") or 0)
         mount = pod_input.get("volumeMountPath")
@@ -545,6 +553,7 @@ class FakeRunPod:
             container_disk_gb=int(pod_input.get("containerDiskInGb") or 10),
             volume_in_gb=volume_gb, volume_mount_path=mount, network_volume_id=volume_id,
             data_center_id=data_center or "EU-RO-1",
+            network_volume=dict(self.network_volumes[volume_id]) if volume_id is not None else None,
             docker_args=str(pod_input.get("dockerArgs") or ""),
             last_status_change="Rented by User: " + time.strftime("%a %b %d %Y %H:%M:%S GMT+0000", time.gmtime()),
         )
