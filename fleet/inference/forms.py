@@ -53,12 +53,16 @@ class InferenceModelForm(forms.ModelForm):
         return image
 
 
-# The vLLM whose adapter loading was read against what the trainer exports, both layouts: Qwen3-MoE's per-expert
-# one and Qwen3.5/3.6-MoE's fused 3-D one. Older tags are refused where they are known not to serve the adapter.
-VLLM_IMAGE = "vllm/vllm-openai:v0.34.0"
+# The vLLM releases bench/serve_check.py has served the trainer's exports with on a GPU, per model family: greedy
+# answers as transformers + peft gives them within bf16, the adapter in effect (bench/NOTES_serve_check.md).
+CHECKED_VLLM = {"Qwen3-MoE": (0, 26, 0)}
+VLLM_IMAGE = "vllm/vllm-openai:v0.26.0"  # the release checked on Qwen3-MoE
+# Qwen3.5/3.6-MoE's fused 3-D expert LoRA: the first release whose loader reads it (from vLLM's source; not yet served
+# by serve_check), so its default image, with the form saying it is unchecked.
+QWEN3_5_VLLM_IMAGE = "vllm/vllm-openai:v0.34.0"
 VLLM_TAG = re.compile(r"(?:docker\.io/)?vllm/vllm-openai:v(\d+)\.(\d+)\.(\d+)")
 FIRST_MOE_LORA_VLLM = (0, 11, 2)  # the first that loads LoRA on fused MoE experts (per-expert, Qwen3-MoE)
-FIRST_QWEN3_5_MOE_LORA_VLLM = (0, 34, 0)  # the first checked to load the 3-D expert LoRA of Qwen3.5/3.6-MoE
+FIRST_QWEN3_5_MOE_LORA_VLLM = (0, 34, 0)  # the first that loads the 3-D expert LoRA of Qwen3.5/3.6-MoE
 QWEN3_5_NAMES = re.compile(r"qwen3[._]?[56]", re.IGNORECASE)
 MAX_VRAM_GB = 2000.0
 
@@ -92,6 +96,9 @@ class ServeAdapterForm(forms.Form):
     def __init__(self, *args, adapters: list[tuple[int, str]], **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["checkpoint"].choices = adapters
+        base = self.initial.get("base_model") or ""
+        self.fields["image"].initial = default_image(base)
+        self.fields["image"].help_text = f"a vLLM image; it runs with --enable-lora. {checked_words(base)}"
 
     def clean_name(self):
         name = self.cleaned_data["name"].strip()
@@ -144,7 +151,27 @@ def serving_image_problem(image: str, base_model: str) -> str:
         why, first = "loads no LoRA on MoE experts", FIRST_MOE_LORA_VLLM
     else:
         return ""
-    return f"vLLM {_dotted(version)} {why}: use v{_dotted(first)} or later, e.g. {VLLM_IMAGE}."
+    return f"vLLM {_dotted(version)} {why}: use v{_dotted(first)} or later, e.g. {default_image(base_model)}."
+
+
+def family(base_model: str) -> str:
+    """The model family a base's adapters are exported for, as serve_check names it."""
+    return "Qwen3.5/3.6-MoE" if QWEN3_5_NAMES.search(base_model) else "Qwen3-MoE"
+
+
+def default_image(base_model: str) -> str:
+    """The serve form's vLLM image for this base: the release checked with its family, else the first that loads it."""
+    return QWEN3_5_VLLM_IMAGE if family(base_model) != "Qwen3-MoE" else VLLM_IMAGE
+
+
+def checked_words(base_model: str) -> str:
+    """What the serve form says of the release its image names for this base: checked, or not yet."""
+    checked = CHECKED_VLLM.get(family(base_model))
+    if checked:
+        return f"vLLM v{_dotted(checked)} has served {family(base_model)} adapters as peft answers them."
+    return (f"No vLLM release has yet been checked serving {family(base_model)} adapters on a GPU: "
+            f"v{_dotted(FIRST_QWEN3_5_MOE_LORA_VLLM)} is the first whose loader reads their fused experts; "
+            f"ask the adapter a few prompts before sending it traffic.")
 
 
 def _dotted(version: tuple[int, ...]) -> str:

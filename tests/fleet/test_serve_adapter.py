@@ -270,13 +270,27 @@ def test_it_serves_the_adapter_on_the_base_revision_it_was_trained_on(client, st
     run = _finished_run(tmp_path, model={"path": BASE, "revision": "a1b2c3d"})
     client.force_login(staff)
     data = _serve_data(client, run)
-    assert data["base_revision"] == "a1b2c3d" and data["image"] == "vllm/vllm-openai:v0.34.0"
+    assert data["base_revision"] == "a1b2c3d" and data["image"] == "vllm/vllm-openai:v0.26.0"
     assert client.post(reverse("run_serve", args=[run.pk]), data).status_code == 302
     model = InferenceModel.objects.get()
     assert model.base_revision == "a1b2c3d"
     assert f"vllm serve {BASE} --revision a1b2c3d --host" in replicas.serving_onstart(model)
     bad = client.post(reverse("run_serve", args=[run.pk]), {**data, "name": "other", "base_revision": "x; rm -rf /"})
     assert bad.status_code == 400 and "A revision is a branch, tag or commit" in bad.content.decode()
+
+
+@pytest.mark.parametrize("base, image, words", [
+    (BASE, "vllm/vllm-openai:v0.26.0", "vLLM v0.26.0 has served Qwen3-MoE adapters as peft answers them."),
+    ("Qwen/Qwen3.6-35B-A3B", "vllm/vllm-openai:v0.34.0",
+     "No vLLM release has yet been checked serving Qwen3.5/3.6-MoE adapters on a GPU"),
+])
+def test_the_form_starts_with_the_release_checked_for_the_bases_family_or_says_none_is(client, staff, tmp_path, base,
+                                                                                        image, words):
+    run = _finished_run(tmp_path, model={"path": base})
+    client.force_login(staff)
+    page = client.get(reverse("run_serve", args=[run.pk]))
+    assert page.context["form"].fields["image"].initial == image and f'value="{image}"' in page.content.decode()
+    assert words in page.content.decode()
 
 
 @pytest.mark.parametrize("image, base, refused", [
