@@ -238,7 +238,7 @@ _FAST_TASKS = ["fleet.tasks.refresh_offers", "fleet.tasks.rank_profiles", "fleet
                "fleet.tasks.retry_webhooks"]
 _SLOW_TASKS = ["fleet.tasks.rent_instance", "fleet.tasks.destroy_instance", "fleet.tasks.move_instance",
                "fleet.tasks.reap_instances", "fleet.tasks.maintain_inference_fleet", "runs.tasks.supervise_runs",
-               "fleet.tasks.rent_waiting_instances", "runs.tasks.seal_checkpoint"]
+               "fleet.tasks.rent_waiting_instances", "runs.tasks.seal_checkpoint", "runs.tasks.record_model_manifest"]
 CELERY_TASK_ROUTES = {**{name: {"queue": "fast"} for name in _FAST_TASKS},
                       **{name: {"queue": "slow"} for name in _SLOW_TASKS}}
 OFFER_REFRESH_SECONDS = env_int("OFFER_REFRESH_SECONDS", 60, minimum=5)

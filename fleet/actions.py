@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from fleet import hooks
+from fleet import hooks, volumes
 from fleet.instances import bids, ledger, waiting
 from fleet.alerts.notify import raise_alert
 from fleet.models import Alert, Instance, InstanceEvent, Offer
@@ -50,9 +50,10 @@ def pk_from_label(label: str) -> int | None:
 
 def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image: str | None = None,
                  disk_gb: int | None = None, purpose: str = "manual", bid_cap_usd_per_hour: Decimal | None = None,
-                 now: datetime | None = None) -> tuple[Instance, bool]:
+                 volume: dict | None = None, now: datetime | None = None) -> tuple[Instance, bool]:
     """Records the intent to rent the offer; the same key returns the same row, so a retried request rents once.
-    `bid_cap_usd_per_hour`: for a bid, the rental's price cap an outbid box may raise its bid up to."""
+    `bid_cap_usd_per_hour`: for a bid, the rental's price cap an outbid box may raise its bid up to. `volume`: the
+    account's volume the box mounts (fleet.volumes.pinned), kept on the row for the rent."""
     now = now or timezone.now()
     bid = None
     if offer.is_bid:
@@ -66,6 +67,8 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
             image=image or settings.WORKER_IMAGE, disk_gb=disk_gb, is_bid=offer.is_bid,
             bid_usd_per_hour=bid, usd_per_hour=price, requested_by=requested_by,
             bid_cap_usd_per_hour=bid_cap_usd_per_hour if offer.is_bid else None,
+            volume={"id": volume["id"], "mount_path": volume["mount_path"],
+                    "data_center_id": volume.get("data_center_id") or ""} if volume else {},
             requested_at=now, purpose=purpose))
         if created:
             instance.label = label_for(instance)
@@ -74,7 +77,8 @@ def request_rent(*, offer: Offer, idempotency_key: str, requested_by=None, image
             record_event(instance, "requested",
                          f"{who} asked for offer {offer.offer_id}: {offer.num_gpus}x {offer.gpu_name} at "
                          f"{per_hour(price)}, {'bid (interruptible)' if offer.is_bid else 'on-demand'}"
-                         f", {instance.disk_gb} GB disk, image {instance.image}", now)
+                         f", {instance.disk_gb} GB disk, image {instance.image}"
+                         + (f", volume {volume['id']} mounted at {volume['mount_path']}" if volume else ""), now)
     return instance, created
 
 
@@ -90,7 +94,8 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
         return instance
     request = RentRequest(offer_id=instance.offer_id, image=instance.image, disk_gb=instance.disk_gb,
                           label=instance.label, env={**(env or {}), "FLEET_INSTANCE": instance.label},
-                          onstart=onstart, bid_usd_per_hour=instance.bid_usd_per_hour)
+                          onstart=onstart, bid_usd_per_hour=instance.bid_usd_per_hour,
+                          volume=volumes.rent_mount(instance.volume))
     try:
         with get_provider(instance.provider) as provider:
             provider_id = provider.rent(request)
@@ -663,18 +668,22 @@ class Rented:
 
 def request_best(recipe: Workload, filters: OfferFilters, *, idempotency_key: str, purpose: str,
                  image: str | None = None, disk_gb: int | None = None, avoid_machines=frozenset(),
-                 avoid_offers=frozenset(), on_requested=None, now: datetime | None = None) -> Rented | None:
+                 avoid_offers=frozenset(), on_requested=None, volume: dict | None = None,
+                 now: datetime | None = None) -> Rented | None:
     """Records a rent of the best-ranked stored offer for the recipe and filters (or returns None);
-    `on_requested(instance)` runs in the recording transaction, before `rent` calls the provider."""
+    `on_requested(instance)` runs in the recording transaction, before `rent` calls the provider. With a `volume`
+    (fleet.volumes.pinned) only offers that can mount it are taken, and the box mounts it."""
     now = now or timezone.now()
-    ranked = [entry.offer for entry in rank_stored_offers(recipe, filters).entries]
+    ranked = [entry.offer for entry in rank_stored_offers(recipe, filters).entries
+              if volume is None or volumes.mounts(entry.offer, volume)]
     best = best_offer(ranked, avoid_machines, avoid_offers)
     if best is None:
         return None
     offer = Offer.objects.get(provider=best.provider, offer_id=best.offer_id, is_bid=best.is_bid)
     with transaction.atomic():
         instance, created = request_rent(offer=offer, idempotency_key=idempotency_key, image=image, disk_gb=disk_gb,
-                                         purpose=purpose, bid_cap_usd_per_hour=filters.max_usd_per_hour, now=now)
+                                         purpose=purpose, bid_cap_usd_per_hour=filters.max_usd_per_hour,
+                                         volume=volume, now=now)
         if created and on_requested is not None:
             on_requested(instance)
     return Rented(instance, created)

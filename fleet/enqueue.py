@@ -16,6 +16,7 @@ MOVE_INSTANCE = "fleet.tasks.move_instance"
 DELIVER_WEBHOOK = "fleet.tasks.deliver_webhook"
 MAINTAIN_INFERENCE_FLEET = "fleet.tasks.maintain_inference_fleet"
 SEAL_CHECKPOINT = "runs.tasks.seal_checkpoint"
+RECORD_MODEL_MANIFEST = "runs.tasks.record_model_manifest"
 
 
 class QueueUnavailable(Exception):
@@ -52,6 +53,10 @@ def maintain_inference_fleet() -> None:
 
 def seal_checkpoint(checkpoint_id: int) -> None:
     _send(SEAL_CHECKPOINT, checkpoint_id)
+
+
+def record_model_manifest(uri: str) -> None:
+    _send(RECORD_MODEL_MANIFEST, uri)
 
 
 def _send(name: str, *args, countdown_s: float | None = None) -> None:

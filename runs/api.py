@@ -149,6 +149,8 @@ class S3ModelOut(Schema):
                                                    "download is checked against")
     download: PresignedGetsOut
     expires_at: datetime = Field(..., description="the presigned GETs stop working then")
+    manifest: dict[str, dict] | None = Field(None, description="{file name: {size, sha256}} as the dashboard hashed "
+                                                               "the files: a volume's copy is used only if it matches")
 
 
 class RefusedModelOut(Schema):
@@ -167,6 +169,8 @@ class SpecOut(Schema):
     phases: list[PhaseOut]
     model: ModelOut | None = Field(None, description="the base model the box downloads; none when it is built from "
                                                      "the recipe's config")
+    model_volume: dict | None = Field(None, description="{mount_path}: where the run's volume is mounted, the model "
+                                                        "kept in it between boxes")
     resume: list[dict]
     upload: dict
     heartbeat_interval_s: int

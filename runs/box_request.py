@@ -9,7 +9,7 @@ from fleet.models import OfferProfile
 from fleet.offers.ranked import run_settings
 from fleet.ranking import OfferFilters, Workload, micro_step_vram_gb
 from fleet.ranking.memory import plan_run
-from runs import serving
+from runs import model_manifests, serving
 from runs.models import Run
 from training.memory_plan import MEMORY_PLANS, OPTIMIZERS
 from training.recipe import RunRecipe
@@ -23,10 +23,18 @@ class BoxRequest:
     filters: OfferFilters
     keep: int  # checkpoints the store keeps
     built_from_config: bool  # random weights built on the box: nothing to download
+    volume: dict | None = None  # the volume its boxes mount (fleet.volumes.pinned): only offers that can are rented
 
     @classmethod
     def for_run(cls, run: Run) -> "BoxRequest":
-        return cls.build(RunRecipe.from_stored(run.recipe), run.profile, disk_gb=run.disk_gb)
+        request = cls.build(RunRecipe.from_stored(run.recipe), run.profile, disk_gb=run.disk_gb)
+        if not run.volume:
+            return request
+        request = replace(request, volume=run.volume)
+        if model_manifests.holds(run.volume, (run.recipe.get("model") or {}).get("path")):
+            # A box that mounts the volume finds the model there, checked: its start-up has no model download.
+            request = replace(request, figures=replace(request.figures, model_download_gb=0.0))
+        return request
 
     @classmethod
     def for_evaluation(cls, run: Run) -> "BoxRequest":

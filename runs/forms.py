@@ -1,6 +1,7 @@
 from django import forms
 from django.conf import settings
 
+from fleet import volumes
 from fleet.models import OfferProfile
 from runs import launch as launching
 from runs import launch_plan
@@ -59,9 +60,37 @@ class LaunchForm(forms.Form):
                                  help_text="what each box is rented with: blank for what the model needs (said "
                                            "below), or more; never less")
 
+    volume_provider = forms.ChoiceField(
+        required=False, label="Volume at", choices=[("", "no volume"), ("vast", "vast.ai"), ("runpod", "RunPod")],
+        help_text="keep the base model on a volume of your account between boxes: its boxes are rented only where "
+                  "it mounts (a vast.ai volume's machine; RunPod Secure Cloud in the network volume's data centre), "
+                  "and once a box has checked the model there against the manifest the dashboard recorded, each "
+                  "box's start-up is priced and run without the model's download")
+    volume_id = forms.CharField(required=False, max_length=100, label="Volume id",
+                                help_text="as `vastai show volumes` or RunPod's network volumes list it")
+    volume_mount_path = forms.CharField(required=False, max_length=200, label="Volume mount path",
+                                        initial=volumes.DEFAULT_MOUNT_PATH,
+                                        help_text=f"where the box mounts it; blank for {volumes.DEFAULT_MOUNT_PATH}")
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["data_files"].widget.attrs["data-max-bytes"] = settings.DATASET_MAX_BYTES
+
+    def volume(self) -> dict | None:
+        """The volume the cleaned form names ({provider, id, mount_path}), or None."""
+        data = self.cleaned_data
+        if not data.get("volume_provider"):
+            return None
+        return {"provider": data["volume_provider"], "id": data.get("volume_id") or "",
+                "mount_path": data.get("volume_mount_path") or volumes.DEFAULT_MOUNT_PATH}
+
+    def clean(self):
+        data = super().clean()
+        if data.get("volume_provider") and not data.get("volume_id"):
+            self.add_error("volume_id", "Name the volume's id, or choose no volume.")
+        elif data.get("volume_id") and not data.get("volume_provider"):
+            self.add_error("volume_provider", "Choose the provider the volume is at.")
+        return data
 
     @staticmethod
     def text_bytes_limit() -> int:

@@ -7,8 +7,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import volumes
 from fleet.instances import disk
-from runs import datasets, events, sharing, storage, tokens
+from fleet.providers.errors import ProviderError
+from fleet.providers.registry import configured_providers
+from runs import datasets, events, model_manifests, sharing, storage, tokens
 from runs.box_request import BoxRequest
 from runs.models import Phase, Run
 import training
@@ -25,9 +28,9 @@ class LaunchError(ValueError):
 
 
 def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_restarts: int, profile=None,
-           user=None, uploads=None, disk_gb: int | None = None, now=None) -> Run:
+           user=None, uploads=None, disk_gb: int | None = None, volume: dict | None = None, now=None) -> Run:
     """Checks everything, the model where it lives and the disk it needs (at least that, `disk_gb` if more), the
-    phases' data last (runs.datasets: uploads by file name, stored data sets, s3:// objects), stores that data in the
+    `volume` it names ({provider, id, mount_path}), the phases' data last (runs.datasets), stores that data in the
     bucket and writes the run; nothing is rented before all of it passed."""
     now = now or timezone.now()
     try:
@@ -49,6 +52,7 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
         disk_gb = disk.chosen_disk_gb(need, disk_gb)
     except ValueError as exc:
         raise LaunchError(str(exc), "disk_gb") from None
+    kept_volume = checked_volume(volume, checked["model"], need.weights_gb) if volume else {}
     try:
         data, held_out = datasets.resolve_with_held_out(checked, bucket, uploads or {}, user=user, now=now)
     except datasets.DataError as exc:  # said beside the Data files field, where the files are chosen
@@ -56,7 +60,7 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
     with transaction.atomic():
         run = Run.objects.create(name=name, recipe=recipe, profile=profile, bucket=bucket, budget_usd=budget_usd,
                                  max_restarts=max_restarts, disk_gb=disk_gb, token_nonce=tokens.new_nonce(),
-                                 created_by=user, created_at=now)
+                                 created_by=user, created_at=now, volume=kept_volume)
         Phase.objects.bulk_create([Phase(run=run, index=i, name=p["name"], kind=p["kind"], steps=p["steps"],
                                          dataset=data[i], eval_dataset=held_out.get(i))
                                    for i, p in enumerate(checked["phases"])])
@@ -64,7 +68,52 @@ def launch(*, name: str, recipe: dict, bucket: str, budget_usd: Decimal, max_res
         run.events.create(at=now, kind="launched", message=f"Launched by {who}"
                           f" with a ${budget_usd} budget and at most {max_restarts} restarts. Its boxes are rented "
                           f"with {disk_gb} GB of disk; the model needs {need}.")
+        if kept_volume:
+            run.events.create(at=now, kind="volume", message=volume_words(kept_volume, checked["model"]["path"]))
     return run
+
+
+def checked_volume(volume: dict, model: dict, need_gb: float) -> dict:
+    """The volume a run names ({provider, id, mount_path}) as the run keeps it (fleet.volumes.pinned), once the
+    provider lists it usable and big enough for the model; LaunchError by the volume's field otherwise."""
+    if "config" in model:
+        raise LaunchError("The model is built from its config on the box: there is no download for a volume to keep.",
+                          "volume_id")
+    provider, volume_id = volume.get("provider") or "", str(volume.get("id") or "").strip()
+    mount_path = (volume.get("mount_path") or volumes.DEFAULT_MOUNT_PATH).rstrip("/") or "/"
+    if provider not in configured_providers():
+        raise LaunchError(f"A volume at {provider or 'no provider'} cannot be used: this deployment has no key for it.",
+                          "volume_provider")
+    problem = volumes.mount_path_problem(mount_path)
+    if problem:
+        raise LaunchError(f"Mount path: {problem}.", "volume_mount_path")
+    try:
+        found = volumes.find(provider, volume_id)
+    except volumes.VolumeRefused as exc:
+        raise LaunchError(f"The volume cannot be used: {exc}.", "volume_id") from None
+    except ProviderError as exc:
+        raise LaunchError(f"The volume could not be looked up at {provider}: {exc} Nothing was launched: try again.",
+                          "volume_id") from None
+    problem = volumes.volume_problem(found, need_gb)
+    if problem:
+        raise LaunchError(f"The volume cannot be used: {problem}.", "volume_id")
+    model_manifests.wanted(model["path"])  # an s3:// model's manifest, which a box checks the volume's copy against
+    return volumes.pinned(found, mount_path)
+
+
+def volume_words(volume: dict, model_path: str) -> str:
+    """What the launch event says of the run's volume: where its boxes may be rented, how the model is checked, and
+    what keeping the volume costs."""
+    monthly = volumes.storage_usd_per_month(volume)
+    checked = ("each box uses the weights already there only when every file matches the size and sha256 the "
+               "dashboard recorded for the model, and downloads what does not" if model_source.kind_of(model_path)
+               == "s3" else "a hub model is downloaded into it by each box (the dashboard records no manifest of a "
+               "hub model to check the volume's copy against)")
+    return (f"Its boxes mount {volume['provider']} volume {volume['id']} ({volume['name'] or 'no name'}, "
+            f"{volume['size_gb']:g} GB) at {volume['mount_path']} and are rented on {volumes.where(volume)}; "
+            f"{checked}. Keeping the volume costs "
+            + (f"${monthly} a month" if monthly is not None else "what its provider bills for its storage")
+            + ", whether or not a box mounts it.")
 
 
 def model_size_gb(model: dict) -> float | None:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from runs import storage
+from runs import model_manifests, storage
 from runs.models import ModelGrant, RunAttempt
 from training import model_source
 
@@ -63,3 +63,12 @@ def for_attempt(attempt: RunAttempt, *, now: datetime | None = None) -> dict | N
                                    update_conflicts=True, unique_fields=["attempt"],
                                    update_fields=["uri", "grant", "expires_at"])
     return fresh
+
+
+def with_manifest(grant: dict | None, run) -> dict | None:
+    """The grant with the model's manifest as the dashboard recorded it, for a run whose boxes keep the model on a
+    volume: what the box checks the volume's copy against before it skips the download."""
+    if not grant or not run.volume or grant.get("kind") != "s3":
+        return grant
+    manifest = model_manifests.recorded(grant["uri"])
+    return {**grant, "manifest": manifest} if manifest else grant

@@ -28,6 +28,9 @@ class Run(models.Model):
     current_instance = models.ForeignKey("fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL,
                                          related_name="+")
     bad_machines = models.JSONField(default=list, blank=True, help_text="hosts this run will not be rented on again")
+    volume = models.JSONField(default=dict, blank=True, help_text="the provider's volume its boxes mount, where the "
+                              "base model is kept between boxes ({provider, id, name, mount_path, size_gb, "
+                              "machine_id, data_center_id, storage_usd_per_gb_month}); empty: none")
     current_phase = models.PositiveSmallIntegerField(default=0)
     current_step = models.PositiveIntegerField(default=0)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -163,6 +166,33 @@ class ModelGrant(models.Model):
     uri = models.TextField(help_text="the recipe's model.path it was signed for")
     grant = models.JSONField(help_text="the spec's model, as the box receives it")
     expires_at = models.DateTimeField(help_text="its presigned GETs stop working then")
+
+
+class ModelManifest(models.Model):
+    """An s3:// base model's files as the dashboard itself read them, with their sizes and sha256
+    (runs.model_manifests): what a box checks a volume's copy of the model against before it skips the download."""
+
+    uri = models.CharField(max_length=1000, unique=True, help_text="the model's s3://bucket/prefix")
+    files = models.JSONField(default=dict, help_text="{name: size} as listed when the recording began")
+    manifest = models.JSONField(default=dict, blank=True, help_text="{name: {size, sha256}} of the files hashed so far")
+    complete = models.BooleanField(default=False, help_text="every listed file is hashed")
+    started_at = models.DateTimeField()
+    recorded_at = models.DateTimeField(null=True, blank=True)
+
+
+class VolumeModel(models.Model):
+    """A volume a box said holds a base model whose every file matched the dashboard's manifest: the ranking prices
+    a box that mounts it without the model's download (the next box checks the files again before using them)."""
+
+    provider = models.CharField(max_length=20)
+    volume_id = models.CharField(max_length=100)
+    uri = models.CharField(max_length=1000, help_text="the model's reference (model.path)")
+    verified_at = models.DateTimeField()
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                            help_text="the run whose box said so")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "volume_id", "uri"], name="one_volume_model")]
 
 
 class MetricPoint(models.Model):

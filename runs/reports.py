@@ -8,13 +8,14 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import Instance
-from runs import checkpoints, datasets, evaluations, events, lifecycle, model_grants, pulse, router_loads, storage
+from runs import (checkpoints, datasets, evaluations, events, lifecycle, model_grants, model_manifests, pulse,
+                  router_loads, storage)
 from runs.models import MetricPoint, Run, RunAttempt
 from training import metric_fields
 from training.recipe import RunRecipe
 
 METRIC_FIELDS = list(metric_fields.NAMES)
-AGENT_EVENTS = ("agent_started", "probe_ok", "probe_failed", "finished", "trainer_failed", "log")
+AGENT_EVENTS = ("agent_started", "probe_ok", "probe_failed", "finished", "trainer_failed", "log", "model_on_volume")
 
 
 def heartbeat_interval_s() -> int:
@@ -122,6 +123,11 @@ def ingest_metrics(attempt: RunAttempt, points: list[dict], *, now=None) -> int:
 def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> str:
     now = now or timezone.now()
     run = attempt.run
+    if kind == "model_on_volume":  # the box checked the volume's model against the recorded manifest
+        if run.volume:
+            model_manifests.box_says_held(run, now)
+            run.events.create(at=now, kind="model_on_volume", message=message)
+        return run.state
     if kind == "log":
         limit = settings.AGENT_MAX_LOG_EVENTS_PER_HOUR
         logged = run.events.filter(kind="log", at__gte=now - timedelta(hours=1)).count()
@@ -178,7 +184,8 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
                    for p in run.phases.select_related("dataset", "eval_dataset")],
         # The base model, when the box downloads it: a hub id, or an s3:// prefix's files by size with their GETs
         # (signed once per attempt).
-        "model": model_grants.for_attempt(attempt, now=now),
+        "model": model_grants.with_manifest(model_grants.for_attempt(attempt, now=now), run),
+        "model_volume": {"mount_path": run.volume["mount_path"]} if run.volume else None,
         "resume": [{"phase": c.phase, "step": c.step, "uri": c.uri, "manifest": c.manifest,
                     "download": storage.download_grant(where, c.uri, c.manifest, settings.STORAGE_GRANT_S)}
                    for c in candidates],

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from fleet import actions, locks
+from fleet import actions, locks, volumes
 from fleet.alerts.notify import raise_alert
 from fleet.offers.calibration import box_measurement_problem, record_finished_run
 from fleet.models import Alert, Instance
@@ -184,19 +184,20 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
         requested = actions.request_best(request.figures, request.filters, idempotency_key=f"run-{run.pk}-attempt-"
                                          f"{run.attempts.count()}", purpose="training", image=image,
                                          disk_gb=run.disk_gb, avoid_machines=set(run.bad_machines),
-                                         on_requested=attempt, now=now)
+                                         on_requested=attempt, volume=request.volume, now=now)
     except _NoLongerWanted:
         return None
     if requested is None:
         hours = settings.RUN_NO_OFFER_TIMEOUT_H
+        mounts = f"; its volume mounts on {volumes.where(request.volume)}" if request.volume else ""
         if now - _waiting_since(run) >= timedelta(hours=hours):
             # Nothing bills meanwhile, but a run left waiting for good is one its user believes is on its way.
             _end(run, "no_offer", f"No offer passed the run's filters for {hours:g} h ({len(run.bad_machines)} "
-                                  f"hosts excluded as bad; {request.vram_words}): widen the filters or the GPU "
+                                  f"hosts excluded as bad; {request.vram_words}{mounts}): widen the filters or the GPU "
                                   "choice and launch it again.", now)
             return None
-        message = f"No offer passes the run's filters (bad hosts excluded; {request.vram_words}); trying again " \
-                  "next pass."
+        message = f"No offer passes the run's filters (bad hosts excluded; {request.vram_words}{mounts}); trying " \
+                  "again next pass."
         if not run.events.filter(kind="waiting", message=message).exists():
             run.events.create(at=now, kind="waiting", message=message)
         return None

@@ -42,7 +42,7 @@ def run_launch(request):
             run = launching.launch(name=data["name"], recipe=data["recipe"], bucket=data["bucket"],
                                    budget_usd=data["budget_usd"], max_restarts=data["max_restarts"],
                                    profile=data["profile"], user=request.user, uploads=data["data_files"],
-                                   disk_gb=data["disk_gb"])
+                                   disk_gb=data["disk_gb"], volume=form.volume())
         except launching.LaunchError as exc:
             form.add_error(exc.field, str(exc))
         else:

@@ -72,16 +72,16 @@ def folder_name(reference: str) -> str:
 
 
 def fetch(grant: dict, root: Path, *, token: str | None = None, snapshot=None, tries: int = 3,
-          sleep=time.sleep) -> Path:
+          sleep=time.sleep, trust_marker: bool = True) -> Path:
     """The model's folder on this box, downloaded into `root` unless a finished copy is there already. `grant` is
     the spec's model: {"kind": "hub", "repo_id", "revision"}, {"kind": "s3", "uri", "files": {name: size},
-    "download": presigned GETs}, or {"kind": "refused", "reason"}. `token` (HF_TOKEN) is passed to the hub and
-    never written anywhere."""
+    "download": presigned GETs}, or {"kind": "refused", "reason"}. `token` (HF_TOKEN) goes to the hub,
+    never written anywhere. `trust_marker` False (a volume other hosts wrote): no marker is proof."""
     if grant["kind"] == "refused":
         raise ModelRefused(f"the dashboard could not grant the model: {grant['reason']}")
     reference = grant["repo_id"] if grant["kind"] == "hub" else grant["uri"]
     folder = Path(root) / folder_name(reference)
-    if _finished(folder, reference):
+    if trust_marker and _finished(folder, reference):
         log.info("model %s: the box has it already in %s", reference, folder)
         return folder
     folder.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,8 @@ class Instance(models.Model):
     disk_gb = models.PositiveIntegerField()
     is_bid = models.BooleanField(default=False)
     bid_usd_per_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    volume = models.JSONField(default=dict, blank=True, help_text="the account's volume the box mounts: {id, "
+                              "mount_path, data_center_id}; empty: none")
     bid_cap_usd_per_hour = models.DecimalField(
         max_digits=12, decimal_places=6, null=True, blank=True,
         help_text="an outbid box raises its bid while the rental stays within this $/h; blank: it moves")

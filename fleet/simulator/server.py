@@ -368,8 +368,8 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"success": True, "volume_name": self.server.market.create_volume(self.body)})
 
     def delete_volume(self) -> None:
-        volume_id = self.query.get("id") or self.body.get("id")
-        if not str(volume_id or "").isdigit():
+        volume_id = str(self.query.get("id") or self.body.get("id") or "")
+        if not volume_id.isdigit():
             self._error(400, "invalid_args", "id must be the volume's id")
             return
         self.server.market.delete_volume(int(volume_id))

@@ -187,7 +187,7 @@ def test_a_store_that_does_not_answer_is_a_503_the_box_rides_out_and_the_run_goe
 
     granted = []
 
-    def fetched(api, grant, model, folder):
+    def fetched(api, grant, model, folder, volume=None):
         granted.append(grant)
         raise _Stop
 

@@ -1,6 +1,5 @@
 """What the trainer reads besides a checkpoint: each phase's data, checked against its sha256, and the base model."""
 
-import json
 import os
 import shutil
 import time
@@ -12,6 +11,7 @@ import httpx
 from training import model_source
 from training.checkpoint_names import UnsafePath, inside
 
+from . import volume as box_volume
 from .dashboard import Api
 from .manifests import CheckpointMismatch, fetch_verified
 from .retry import retried
@@ -59,17 +59,53 @@ def _fetched(data: dict, where: str, folder: Path, fetched: dict, tries: int, sl
     return fetched[data["sha256"]]
 
 
-def fetch_model(api: Api, grant: dict | None, model: dict, root: Path) -> dict:
+def fetch_model(api: Api, grant: dict | None, model: dict, root: Path, volume: dict | None = None) -> dict:
     """The recipe's model section, its path this box's copy of a hub or s3:// model (the spec's `model` grant),
-    downloaded once per box and resumable; a model from a config or a folder is left as it is. HF_TOKEN opens a
-    gated or private hub model and is never logged."""
+    downloaded once per box and resumable; HF_TOKEN opens a gated hub model and is never logged. With the run's
+    `volume` the model is kept there, used without a download when it matches the dashboard's manifest
+    (docs/runs.md, "Volumes")."""
     if not grant:
         return model
-    reference = grant.get("repo_id") or grant.get("uri")
-    api.call("POST", "events", {"kind": "log", "message": f"Downloading the model {reference} into the box's disk."})
+    reference = str(grant.get("repo_id") or grant.get("uri"))
+    mount_path = volume["mount_path"] if volume else ""
+    manifest = grant.get("manifest") if volume else None
+    folder = None
+    if volume:
+        try:
+            root = box_volume.mounted(mount_path)
+        except box_volume.VolumeUnusable as exc:
+            raise model_source.ModelRefused(str(exc)) from None
+        if grant.get("kind") in ("hub", "s3"):
+            folder = box_volume.model_folder(root, reference)
+    if manifest and folder is not None and folder.exists():
+        problems = box_volume.mismatches(folder, manifest)
+        if not problems:
+            api.call("POST", "events", {"kind": "model_on_volume", "message": (
+                f"The model {reference} is on the volume at {mount_path} and every one of its "
+                f"{len(manifest)} files matches the manifest the dashboard recorded: no download.")})
+            return {**model, "path": str(folder), "revision": None}
+        said = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        api.call("POST", "events", {"kind": "log", "message": (
+            f"The volume at {mount_path} does not hold the model {reference} as recorded ({said}): "
+            "downloading it into the volume.")[:4000]})
+    elif folder is not None and folder.exists():
+        # No manifest to check the volume's files against (a hub model, or one the dashboard has not recorded yet):
+        # what another host left there is not used.
+        shutil.rmtree(folder)
+    where = f"the volume at {mount_path}" if volume else "the box's disk"
+    api.call("POST", "events", {"kind": "log", "message": f"Downloading the model {reference} into {where}."})
     started = time.monotonic()
-    folder = model_source.fetch(grant, root, token=os.environ.get("HF_TOKEN") or None)
-    done = json.loads((folder / model_source.DONE).read_text())
-    api.call("POST", "events", {"kind": "log", "message": f"The model {reference} is on the box's disk: "
-                                f"{done['bytes'] / 1e9:.2f} GB, {time.monotonic() - started:.0f} s."})
+    folder = model_source.fetch(grant, root, token=os.environ.get("HF_TOKEN") or None, trust_marker=not volume)
+    if manifest:
+        problems = box_volume.mismatches(folder, manifest)
+        if problems:
+            raise model_source.ModelRefused(f"the model {reference} as downloaded does not match the manifest the "
+                                            f"dashboard recorded: {'; '.join(problems[:5])}")
+    done = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    api.call("POST", "events", {"kind": "log", "message": f"The model {reference} is on {where}: "
+                                f"{done / 1e9:.2f} GB, {time.monotonic() - started:.0f} s."})
+    if manifest:
+        api.call("POST", "events", {"kind": "model_on_volume", "message": (
+            f"The model {reference} is on the volume at {mount_path}, every file matching the manifest "
+            "the dashboard recorded: the next box that mounts it skips the download.")})
     return {**model, "path": str(folder), "revision": None}

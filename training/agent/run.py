@@ -55,7 +55,8 @@ def run(api: Api, heartbeat: Heartbeat, workdir: Path, python: str) -> Exit:
         api.call("POST", "events", {"kind": "trainer_failed", "message": f"Nothing was trained: {exc}"[:4000]})
         return Exit.DATA_REFUSED
     try:
-        recipe["model"] = fetch_model(api, spec.get("model"), recipe.get("model") or {}, workdir / "model")
+        recipe["model"] = fetch_model(api, spec.get("model"), recipe.get("model") or {}, workdir / "model",
+                                      volume=spec.get("model_volume"))
     except model_source.ModelRefused as exc:
         api.call("POST", "events", {"kind": "trainer_failed", "message": f"Nothing was trained: {exc}"[:4000]})
         return Exit.MODEL_REFUSED
