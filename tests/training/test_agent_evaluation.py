@@ -85,6 +85,11 @@ with open(args["--samples"], "a") as out:
 if mode == "crash":
     print("Traceback: RuntimeError: CUDA error: an illegal memory access was encountered", flush=True)
     sys.exit(3)
+if mode == "error":
+    print("W1204 a warning the libraries print as they import", flush=True)
+    print("evaluation error: record 2: the scorer training.examples.rewards:contains_answer raised KeyError: 'answer'",
+          file=sys.stderr, flush=True)
+    sys.exit(2)
 if mode == "hang":
     time.sleep(120)
 with open(args["--summary"], "w") as f:
@@ -141,6 +146,15 @@ def test_a_crash_is_reported_with_the_end_of_its_log(dashboard, agent, fake_chil
     (failed,) = _posts(dashboard, "evaluation/failed")
     assert failed["phase"] == 1 and failed["reason"].startswith("The evaluation exited with 3: ")
     assert "CUDA error: an illegal memory access" in failed["reason"]
+    assert not _posts(dashboard, "evaluation/finish")
+
+
+def test_an_error_the_child_stopped_on_is_reported_as_it_said_it(dashboard, agent, fake_child, tmp_path):
+    recipe, python = fake_child("error")
+    assert evaluate(*agent, recipe, tmp_path, python) == Exit.OK
+    (failed,) = _posts(dashboard, "evaluation/failed")
+    assert failed["reason"] == ("The evaluation exited with 2: record 2: the scorer "
+                                "training.examples.rewards:contains_answer raised KeyError: 'answer'")
     assert not _posts(dashboard, "evaluation/finish")
 
 

@@ -98,6 +98,10 @@ def test_a_scoring_function_is_called_as_grpo_rewards_are_and_held_to_zero_to_on
         over.score("p", "a", {"prompt": "p"})
     with pytest.raises(ScoreError, match="returned 'nan'"):
         Scorer("tests.training.test_eval_scorers:not_a_number").score("p", "a", {"prompt": "p"})
+    # A GRPO reward taken for a scorer reads a record's `answer`, which an eval record does not have.
+    with pytest.raises(ScoreError, match="^the scorer training.examples.rewards:contains_answer raised KeyError: "
+                                         "'answer'$"):
+        Scorer("training.examples.rewards:contains_answer").score("p", "a", {"prompt": "p", "expected": "4"})
 
 
 def twice(prompt, answer, record):

@@ -18,6 +18,8 @@ from .self_stop import stop_machine
 log = logging.getLogger(__name__)
 
 EVAL_KIND = "eval"  # training.recipe.EVAL_KIND, which the agent does not import (no torch before the probe)
+# How `python -m training.evaluation` ends on a recipe, record or scorer error: this exit, after this line on stderr.
+CHILD_ERROR_EXIT, CHILD_ERROR_MARK = 2, "evaluation error: "
 START_EVERY_S, START_PATIENCE_S = 10.0, 1800.0  # evaluation/start, asked again while the finals are being sealed
 MAX_SAMPLES_A_POST = 100
 MAX_TEXT_CHARS, CUT_MARK = 20_000, " [cut]"
@@ -164,11 +166,22 @@ def _run_child(api, heartbeat, recipe_path, workdir, python, phase, limit_s, don
                                f"({forwarder.forwarded} samples recorded by then).")
     if child.returncode != 0:
         tail = log_path.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace")
-        raise EvaluationFailed(f"The evaluation exited with {child.returncode}: {tail}"[-4000:])
+        raise EvaluationFailed(f"The evaluation exited with {child.returncode}: "
+                               f"{failure_words(child.returncode, tail)}"[-4000:])
     _drain(forwarder, sleep)
     result = json.loads(summary.read_text()) if summary.exists() else {}
     _finish(api, phase, result)
     return Exit.OK
+
+
+def failure_words(returncode: int, tail: str) -> str:
+    """What a failed child's log says of its end: its own error when it stopped on one (CHILD_ERROR_EXIT, the text
+    after its last CHILD_ERROR_MARK), not the libraries' warnings before it; else the end of the log, a crash's
+    traceback."""
+    start = tail.rfind(CHILD_ERROR_MARK)
+    if returncode == CHILD_ERROR_EXIT and start >= 0:
+        return tail[start + len(CHILD_ERROR_MARK):].strip()
+    return tail
 
 
 def _drain(forwarder: SampleForwarder, sleep) -> None:

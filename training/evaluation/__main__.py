@@ -153,11 +153,14 @@ def evaluate(recipe: dict, samples: Path, done: set[int], workdir: Path) -> dict
             base = timed.generate(prompts, phase["max_new_tokens"], adapter=False)
             for i, (adapter_answer, _), (base_answer, _) in zip(batch, tuned, base, strict=True):
                 record = records[i]
+                try:
+                    scores = [scorer.score(record["prompt"], said, record) for said in (base_answer, adapter_answer)]
+                except ScoreError as exc:
+                    raise ScoreError(f"record {i + 1}: {exc}") from exc
                 out.write(json.dumps({
                     "index": i, "prompt": shown_prompt(record["prompt"]), "expected": shown_expected(record),
                     "base_answer": base_answer, "adapter_answer": adapter_answer,
-                    "base_score": scorer.score(record["prompt"], base_answer, record),
-                    "adapter_score": scorer.score(record["prompt"], adapter_answer, record)}) + "\n")
+                    "base_score": scores[0], "adapter_score": scores[1]}) + "\n")
             out.flush()
             os.fsync(out.fileno())
             print(f"eval: {min(start + size, len(pending))}/{len(pending)} samples", flush=True)

@@ -14,7 +14,8 @@ _REASONING_END = "</think>"
 
 
 class ScoreError(ValueError):
-    """A scorer that cannot score: a record it cannot read, or a function that gave something outside [0, 1]."""
+    """A scorer that cannot score: a record it cannot read, or a function that raised or gave something outside
+    [0, 1]."""
 
 
 def final_answer(text: str) -> str:
@@ -100,7 +101,10 @@ class Scorer:
     def score(self, prompt, answer: str, record: dict) -> float:
         if self.function is None:
             return BUILT_IN[self.name](answer, record)
-        value = self.function(prompt, answer, record)
+        try:
+            value = self.function(prompt, answer, record)
+        except Exception as exc:  # the recipe's own code: whatever it raises stops the evaluation, with its words
+            raise ScoreError(f"the scorer {self.name} raised {type(exc).__name__}: {str(exc)[:300]}") from exc
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or not 0 <= value <= 1:
             raise ScoreError(f"the scorer {self.name} returned {str(value)[:60]!r}; a score is a number from 0 to 1")
