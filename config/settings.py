@@ -375,6 +375,9 @@ AGENT_DEAD_MAN_WINDOW_S = env_int("AGENT_DEAD_MAN_WINDOW_S", 3 * 3600, minimum=6
 # Read grants (data, model, the checkpoint resumed from, a serving box's adapter) last this long: a model's download
 # may take over half an hour, and a presigned GET is checked when each file's download starts.
 STORAGE_GRANT_S = env_int("STORAGE_GRANT_S", 3600, minimum=60, maximum=12 * 3600)
+# The Hugging Face hub the dashboard reads a hub model's manifest from (its LFS files' sha256), with HF_TOKEN when set
+# (a gated or private model); empty: huggingface.co.
+HF_ENDPOINT = env_str("HF_ENDPOINT", "")
 # Upload grants are short and renewed only with a live token: a replaced or ended box can write into its own
 # attempt's folder (which no other attempt reads) until its last grant runs out, never for longer than an hour.
 STORAGE_UPLOAD_GRANT_S = env_int("STORAGE_UPLOAD_GRANT_S", 900, minimum=60, maximum=3600)

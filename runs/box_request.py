@@ -31,7 +31,7 @@ class BoxRequest:
         if not run.volume:
             return request
         request = replace(request, volume=run.volume)
-        if model_manifests.holds(run.volume, (run.recipe.get("model") or {}).get("path")):
+        if model_manifests.holds(run.volume, run.recipe.get("model")):
             # A box that mounts the volume finds the model there, checked: its start-up has no model download.
             request = replace(request, figures=replace(request.figures, model_download_gb=0.0))
         return request

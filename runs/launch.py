@@ -97,7 +97,7 @@ def checked_volume(volume: dict, model: dict, need_gb: float) -> dict:
     problem = volumes.volume_problem(found, need_gb)
     if problem:
         raise LaunchError(f"The volume cannot be used: {problem}.", "volume_id")
-    model_manifests.wanted(model["path"])  # an s3:// model's manifest, which a box checks the volume's copy against
+    model_manifests.wanted(model)  # the model's manifest, which a box checks the volume's copy against
     return volumes.pinned(found, mount_path)
 
 

@@ -68,7 +68,12 @@ def for_attempt(attempt: RunAttempt, *, now: datetime | None = None) -> dict | N
 def with_manifest(grant: dict | None, run) -> dict | None:
     """The grant with the model's manifest as the dashboard recorded it, for a run whose boxes keep the model on a
     volume: what the box checks the volume's copy against before it skips the download."""
-    if not grant or not run.volume or grant.get("kind") != "s3":
+    if not grant or not run.volume or grant.get("kind") not in ("s3", "hub"):
         return grant
-    manifest = model_manifests.recorded(grant["uri"])
-    return {**grant, "manifest": manifest} if manifest else grant
+    uri = model_manifests.key(run.recipe.get("model"))
+    manifest = model_manifests.recorded(uri)
+    if not manifest or uri is None:
+        return grant
+    if grant["kind"] == "hub":  # the box downloads the commit the manifest is of, whatever the branch is now
+        return {**grant, "manifest": manifest, "revision": model_manifests.pinned_revision(uri)}
+    return {**grant, "manifest": manifest}

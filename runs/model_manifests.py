@@ -1,11 +1,15 @@
-"""An s3:// base model's manifest as the dashboard itself read it (every file's size and sha256, a few files per task),
-which a box checks a volume's copy of the model against before it skips the download; and which volumes a box said
-hold the model (docs/runs.md, "Volumes")."""
+"""A base model's manifest as the dashboard itself read it, which a box checks a volume's copy of the model against
+before it skips the download: an s3:// model's every file hashed here (a few files per task), a hub model's weights by
+the sha256 the hub keeps for its LFS files, at the commit its revision names then; and which volumes a box said hold
+the model (docs/runs.md, "Volumes")."""
 
 import hashlib
+import os
 import time
 
+from django.conf import settings
 from django.db import transaction
+from huggingface_hub import HfApi
 from django.utils import timezone
 
 from fleet import enqueue
@@ -17,9 +21,27 @@ BUDGET_S = 420.0  # of a task's time, spent hashing before it hands the rest to 
 CHUNK = 8 << 20
 
 
-def wanted(uri: str) -> bool:
-    """Whether a model needs its manifest recorded (an s3:// model, not recorded or under way yet); starts it."""
-    if model_source.kind_of(uri) != "s3":
+HUB = "hub:"
+
+
+def key(model) -> str | None:
+    """The manifest's key for a recipe's model section: its s3:// uri, hub:owner/name@revision for a hub model (the
+    hub's default branch when it names none), None for a model built from a config or read from a folder."""
+    path = model.get("path") if isinstance(model, dict) and "config" not in model else None
+    if not isinstance(path, str):
+        return None
+    kind = model_source.kind_of(path)
+    if kind == "s3":
+        return path
+    if kind == "hub":
+        return f"{HUB}{path}@{model.get('revision') or 'main'}"
+    return None
+
+
+def wanted(model) -> bool:
+    """Whether a model needs its manifest recorded (an s3:// or hub model, not recorded or under way yet); starts it."""
+    uri = key(model)
+    if uri is None:
         return False
     _, created = ModelManifest.objects.get_or_create(uri=uri, defaults={"started_at": timezone.now()})
     if created:
@@ -27,18 +49,33 @@ def wanted(uri: str) -> bool:
     return created
 
 
-def recorded(uri: str) -> dict[str, dict] | None:
-    """{name: {size, sha256}} of a model the dashboard has hashed whole, or None."""
+def recorded(uri: str | None) -> dict[str, dict] | None:
+    """{name: {size, sha256}} of a model the dashboard has recorded whole, or None."""
+    row = ModelManifest.objects.filter(uri=uri, complete=True).first() if uri else None
+    return row.manifest if row is not None and row.manifest else None
+
+
+def pinned_revision(uri: str) -> str | None:
+    """The hub commit a hub model's recorded manifest is of (what its boxes download), or None."""
     row = ModelManifest.objects.filter(uri=uri, complete=True).first()
-    return row.manifest if row is not None else None
+    return row.revision or None if row is not None else None
 
 
 def record(uri: str, *, budget_s: float = BUDGET_S, clock=time.monotonic) -> bool:
-    """Hashes the model's files not hashed yet, until `budget_s` is spent; True once every file is. The files are
-    listed once, when the recording begins: a model changed under its prefix later is another model."""
+    """Records the model's manifest: a hub model's at once, an s3:// model's files not hashed yet until `budget_s`
+    is spent; True once whole. The files are listed once, when the recording begins: a model changed under its prefix
+    (or a branch moved on the hub) later is another model."""
     row, _ = ModelManifest.objects.get_or_create(uri=uri, defaults={"started_at": timezone.now()})
     if row.complete:
         return True
+    try:
+        return _record_hub(row) if uri.startswith(HUB) else _record_s3(row, uri, budget_s, clock)
+    except Exception:
+        row.delete()  # the hub or the store failed: the next launch that keeps this model on a volume asks again
+        raise
+
+
+def _record_s3(row: ModelManifest, uri: str, budget_s: float, clock) -> bool:
     if not row.files:
         row.files = storage.model_files(uri)
         row.save(update_fields=["files"])
@@ -56,6 +93,20 @@ def record(uri: str, *, budget_s: float = BUDGET_S, clock=time.monotonic) -> boo
     return True
 
 
+def _record_hub(row: ModelManifest) -> bool:
+    """A hub model's weights as the hub lists them at its revision: each LFS file's size and sha256, and the commit.
+    The small files the hub keeps no sha256 for (config, tokenizer) are not in it: a box downloads those afresh."""
+    repo_id, _, revision = row.uri.removeprefix(HUB).rpartition("@")
+    api = HfApi(endpoint=settings.HF_ENDPOINT or None, token=os.environ.get("HF_TOKEN") or None)
+    info = api.model_info(repo_id, revision=revision, files_metadata=True)
+    row.manifest = {sibling.rfilename: {"size": sibling.lfs.size, "sha256": sibling.lfs.sha256}
+                    for sibling in info.siblings or () if sibling.lfs is not None}
+    row.files = {name: entry["size"] for name, entry in row.manifest.items()}
+    row.revision, row.complete, row.recorded_at = info.sha or "", True, timezone.now()
+    row.save(update_fields=["manifest", "files", "revision", "complete", "recorded_at"])
+    return True
+
+
 def _object_sha256(bucket: str, key: str, size: int) -> str:
     """The object's sha256, read through the dashboard's client; ValueError when it is not the size listed."""
     digest, read = hashlib.sha256(), 0
@@ -68,8 +119,9 @@ def _object_sha256(bucket: str, key: str, size: int) -> str:
     return digest.hexdigest()
 
 
-def holds(volume: dict, uri: str | None) -> bool:
+def holds(volume: dict, model) -> bool:
     """Whether a box said the run's volume holds this model, every file matching the recorded manifest."""
+    uri = key(model)
     if not volume or not uri or recorded(uri) is None:
         return False
     return VolumeModel.objects.filter(provider=volume["provider"], volume_id=volume["id"], uri=uri).exists()
@@ -77,8 +129,8 @@ def holds(volume: dict, uri: str | None) -> bool:
 
 def box_says_held(run, now) -> None:
     """A box of the run found (or made) the model on its volume, matching the manifest: remembered for the ranking."""
-    uri = (run.recipe.get("model") or {}).get("path")
-    if not run.volume or not isinstance(uri, str):
+    uri = key(run.recipe.get("model"))
+    if not run.volume or uri is None:
         return
     VolumeModel.objects.update_or_create(provider=run.volume["provider"], volume_id=run.volume["id"], uri=uri,
                                          defaults={"verified_at": now, "run": run})

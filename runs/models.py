@@ -169,10 +169,13 @@ class ModelGrant(models.Model):
 
 
 class ModelManifest(models.Model):
-    """An s3:// base model's files as the dashboard itself read them, with their sizes and sha256
-    (runs.model_manifests): what a box checks a volume's copy of the model against before it skips the download."""
+    """A base model's files as the dashboard itself read them, with their sizes and sha256 (runs.model_manifests):
+    an s3:// model's every file, a hub model's weights (its LFS files, by the hub's own sha256, at one commit). What a
+    box checks a volume's copy of the model against before it skips the download."""
 
-    uri = models.CharField(max_length=1000, unique=True, help_text="the model's s3://bucket/prefix")
+    uri = models.CharField(max_length=1000, unique=True,
+                           help_text="the model's s3://bucket/prefix, or hub:owner/name@revision")
+    revision = models.CharField(max_length=64, blank=True, help_text="a hub model: the commit the manifest is of")
     files = models.JSONField(default=dict, help_text="{name: size} as listed when the recording began")
     manifest = models.JSONField(default=dict, blank=True, help_text="{name: {size, sha256}} of the files hashed so far")
     complete = models.BooleanField(default=False, help_text="every listed file is hashed")

@@ -3,10 +3,12 @@ disk once (docs/training.md, "training/model_source.py")."""
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -72,11 +74,12 @@ def folder_name(reference: str) -> str:
 
 
 def fetch(grant: dict, root: Path, *, token: str | None = None, snapshot=None, tries: int = 3,
-          sleep=time.sleep, trust_marker: bool = True) -> Path:
+          sleep=time.sleep, trust_marker: bool = True, skip: Iterable[str] = ()) -> Path:
     """The model's folder on this box, downloaded into `root` unless a finished copy is there already. `grant` is
     the spec's model: {"kind": "hub", "repo_id", "revision"}, {"kind": "s3", "uri", "files": {name: size},
     "download": presigned GETs}, or {"kind": "refused", "reason"}. `token` (HF_TOKEN) goes to the hub,
-    never written anywhere. `trust_marker` False (a volume other hosts wrote): no marker is proof."""
+    never written anywhere. `trust_marker` False (a volume other hosts wrote): no marker is proof. `skip`: a hub
+    model's files checked in the folder already, not downloaded again."""
     if grant["kind"] == "refused":
         raise ModelRefused(f"the dashboard could not grant the model: {grant['reason']}")
     reference = grant["repo_id"] if grant["kind"] == "hub" else grant["uri"]
@@ -88,7 +91,7 @@ def fetch(grant: dict, root: Path, *, token: str | None = None, snapshot=None, t
     started = time.monotonic()
     if grant["kind"] == "hub":
         fetch_hub(grant["repo_id"], folder, revision=grant.get("revision"), token=token, snapshot=snapshot,
-                  tries=tries, sleep=sleep)
+                  tries=tries, sleep=sleep, skip=skip)
     elif grant["kind"] == "s3":
         fetch_s3(grant["files"], grant["download"]["files"], folder, tries=tries, sleep=sleep)
     else:
@@ -107,15 +110,16 @@ def _finished(folder: Path, reference: str) -> bool:
 
 
 def fetch_hub(repo_id: str, folder: Path, *, revision: str | None = None, token: str | None = None, snapshot=None,
-              tries: int = 3, sleep=time.sleep) -> None:
+              tries: int = 3, sleep=time.sleep, skip: Iterable[str] = ()) -> None:
     """The hub repository's files into `folder` (huggingface_hub's snapshot_download with a local folder: its
-    partial files there are resumed, on the next try and on the next start alike). An error is tried again, then
-    refused with the hub's words, the token struck out of them."""
+    partial files there are resumed, on the next try and on the next start alike), but for the files named in `skip`
+    (checked there already). An error is tried again, then refused with the hub's words, the token struck out."""
     if snapshot is None:
         from huggingface_hub import snapshot_download as snapshot
+    skipped = {"ignore_patterns": [glob.escape(name) for name in sorted(skip)]} if skip else {}
     for attempt in range(tries):
         try:
-            snapshot(repo_id, revision=revision, local_dir=str(folder), token=token or None)
+            snapshot(repo_id, revision=revision, local_dir=str(folder), token=token or None, **skipped)
             return
         except Exception as exc:  # noqa: BLE001 - the hub fails in many ways (auth, gated, network); each is said
             said = f"{type(exc).__name__}: {exc}"

@@ -15,7 +15,8 @@ class Migration(migrations.Migration):
             name='ModelManifest',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('uri', models.CharField(help_text="the model's s3://bucket/prefix", max_length=1000, unique=True)),
+                ('uri', models.CharField(help_text="the model's s3://bucket/prefix, or hub:owner/name@revision", max_length=1000, unique=True)),
+                ('revision', models.CharField(blank=True, help_text='a hub model: the commit the manifest is of', max_length=64)),
                 ('files', models.JSONField(default=dict, help_text='{name: size} as listed when the recording began')),
                 ('manifest', models.JSONField(blank=True, default=dict, help_text='{name: {size, sha256}} of the files hashed so far')),
                 ('complete', models.BooleanField(default=False, help_text='every listed file is hashed')),

@@ -77,12 +77,21 @@ def fetch_model(api: Api, grant: dict | None, model: dict, root: Path, volume: d
             raise model_source.ModelRefused(str(exc)) from None
         if grant.get("kind") in ("hub", "s3"):
             folder = box_volume.model_folder(root, reference)
+    hub = grant.get("kind") == "hub"
+    checked: list[str] = []
     if manifest and folder is not None and folder.exists():
         problems = box_volume.mismatches(folder, manifest)
+        if hub:  # the hub keeps no sha256 of its small files: those are downloaded afresh beside the checked weights
+            checked = box_volume.keep_only(folder, manifest)
         if not problems:
+            if hub:
+                model_source.fetch_hub(reference, folder, revision=grant.get("revision"),
+                                       token=os.environ.get("HF_TOKEN") or None, skip=checked)
             api.call("POST", "events", {"kind": "model_on_volume", "message": (
                 f"The model {reference} is on the volume at {mount_path} and every one of its "
-                f"{len(manifest)} files matches the manifest the dashboard recorded: no download.")})
+                f"{len(manifest)} files matches the manifest the dashboard recorded: no download"
+                + (" of its weights (its small files, which the hub keeps no sha256 of, were fetched afresh)."
+                   if hub else "."))})
             return {**model, "path": str(folder), "revision": None}
         said = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
         api.call("POST", "events", {"kind": "log", "message": (
@@ -95,7 +104,8 @@ def fetch_model(api: Api, grant: dict | None, model: dict, root: Path, volume: d
     where = f"the volume at {mount_path}" if volume else "the box's disk"
     api.call("POST", "events", {"kind": "log", "message": f"Downloading the model {reference} into {where}."})
     started = time.monotonic()
-    folder = model_source.fetch(grant, root, token=os.environ.get("HF_TOKEN") or None, trust_marker=not volume)
+    folder = model_source.fetch(grant, root, token=os.environ.get("HF_TOKEN") or None, trust_marker=not volume,
+                                skip=checked)
     if manifest:
         problems = box_volume.mismatches(folder, manifest)
         if problems:

@@ -69,6 +69,23 @@ def mismatches(folder: Path, manifest: dict[str, dict]) -> list[str]:
     return problems
 
 
+def keep_only(folder: Path, manifest: dict[str, dict]) -> list[str]:
+    """Removes everything in the folder the manifest does not name (a hub model's small files, the hub client's own
+    records of what it downloaded: another host may have written either), so those are downloaded afresh; the names
+    of the manifest's files left there, each of which `mismatches` has checked."""
+    names = set(manifest)
+    for top, dirs, files in os.walk(folder, topdown=False):  # links are never followed
+        here = Path(top)
+        for name in files + [d for d in dirs if (here / d).is_symlink()]:
+            if (here / name).relative_to(folder).as_posix() not in names:
+                (here / name).unlink()
+        for name in dirs:
+            if not (here / name).is_symlink() and not any((here / name).iterdir()):
+                (here / name).rmdir()
+    return sorted(name for name in names if (folder / name).is_file() and not (folder / name).is_symlink()
+                  and (folder / name).stat().st_size == manifest[name]["size"])
+
+
 def _unlink_first_link(folder: Path, name: str) -> None:
     path = folder
     for part in Path(name).parts:
