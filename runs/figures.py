@@ -182,41 +182,38 @@ def _grad_norms(data: RunData, rows, edges) -> dict:
 
 
 def _b_matrices(data: RunData, rows, edges) -> dict:
-    traces = []
-    for p in data.stats:
-        if not p.points:
-            continue
-        colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
-        xs, ys = _phase_series(data, rows, edges, "routed_b_norm", p)
-        traces.append(_trace(f"B norm · {p.name}", xs, ys, colour))
-        xs, ys = _phase_series(data, rows, edges, "routed_b_zero", p)
-        traces.append(_trace(f"B at zero · {p.name}", xs, ys, colour, yaxis="y2",
-                             line={"color": colour, "width": 1.2, "dash": "dash", "shape": "hv"}))
-    title = "Routed LoRA B: norm (solid) and matrices still at zero (dashed)"
-    return {"id": "b-matrices", "title": title, "data": traces,
-            "layout": layout(title, "B norm", shapes=_phase_marks(data),
-                              yaxis2={"title": {"text": "B matrices at zero"}, "overlaying": "y", "side": "right",
-                                      "rangemode": "tozero", "showgrid": False},
-                              margin={"l": 64, "r": 56})}
+    return _solid_and_dashed(data, rows, edges, "b-matrices",
+                             "Routed LoRA B: norm (solid) and matrices still at zero (dashed)",
+                             ("routed_b_norm", "B norm", "B norm"),
+                             ("routed_b_zero", "B at zero", "B matrices at zero"))
 
 
 def _router(data: RunData, rows, edges) -> dict:
     """The router's balance per phase: the worst layer's busiest expert over its mean (solid; 1 is even) and the
     experts that got no token (dashed), at each logging interval (docs/training.md, "training/router_load.py")."""
+    return _solid_and_dashed(data, rows, edges, "router",
+                             "Router load: busiest expert over the mean (solid) and experts with no token (dashed)",
+                             ("router_max_mean", "max/mean", "max / mean load"),
+                             ("router_idle_experts", "idle experts", "experts with no token"), connectgaps=True)
+
+
+def _solid_and_dashed(data: RunData, rows, edges, chart: str, title: str, solid: tuple, dashed: tuple,
+                      **options) -> dict:
+    """Two figures per phase in its colour: `solid` on the left axis, `dashed` (a step line) on the right; each is
+    (field, trace label, axis title)."""
     traces = []
     for p in data.stats:
         if not p.points:
             continue
         colour = PHASE_COLOURS[p.index % len(PHASE_COLOURS)]
-        xs, ys = _phase_series(data, rows, edges, "router_max_mean", p)
-        traces.append(_trace(f"max/mean · {p.name}", xs, ys, colour, connectgaps=True))
-        xs, ys = _phase_series(data, rows, edges, "router_idle_experts", p)
-        traces.append(_trace(f"idle experts · {p.name}", xs, ys, colour, yaxis="y2", connectgaps=True,
+        xs, ys = _phase_series(data, rows, edges, solid[0], p)
+        traces.append(_trace(f"{solid[1]} · {p.name}", xs, ys, colour, **options))
+        xs, ys = _phase_series(data, rows, edges, dashed[0], p)
+        traces.append(_trace(f"{dashed[1]} · {p.name}", xs, ys, colour, yaxis="y2", **options,
                              line={"color": colour, "width": 1.2, "dash": "dash", "shape": "hv"}))
-    title = "Router load: busiest expert over the mean (solid) and experts with no token (dashed)"
-    return {"id": "router", "title": title, "data": traces,
-            "layout": layout(title, "max / mean load", shapes=_phase_marks(data),
-                              yaxis2={"title": {"text": "experts with no token"}, "overlaying": "y", "side": "right",
+    return {"id": chart, "title": title, "data": traces,
+            "layout": layout(title, solid[2], shapes=_phase_marks(data),
+                              yaxis2={"title": {"text": dashed[2]}, "overlaying": "y", "side": "right",
                                       "rangemode": "tozero", "showgrid": False},
                               margin={"l": 64, "r": 56})}
 
