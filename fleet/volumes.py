@@ -74,6 +74,13 @@ def mounts(offer, volume: dict) -> bool:
     return False
 
 
+def lost(volume: dict, bad_machines) -> bool:
+    """Whether no box can mount the run's `volume` any more: a vast.ai volume lives on one machine, and the run has
+    counted that machine as bad (its host died or hung). Pure."""
+    return bool(volume) and volume["provider"] == "vast" and bool(volume.get("machine_id")) and \
+        str(volume["machine_id"]) in {str(machine) for machine in bad_machines or ()}
+
+
 def where(volume: dict) -> str:
     """Which offers can mount it, in words."""
     if volume["provider"] == "vast":

@@ -4,6 +4,7 @@ with it, the launch sizes the disk with it."""
 
 from dataclasses import dataclass, replace
 
+from fleet import volumes
 from fleet.instances import disk
 from fleet.models import OfferProfile
 from fleet.offers.ranked import run_settings
@@ -28,7 +29,8 @@ class BoxRequest:
     @classmethod
     def for_run(cls, run: Run) -> "BoxRequest":
         request = cls.build(RunRecipe.from_stored(run.recipe), run.profile, disk_gb=run.disk_gb)
-        if not run.volume:
+        if not run.volume or volumes.lost(run.volume, run.bad_machines):
+            # No volume, or its machine failed: the boxes go anywhere and download the model onto their own disk.
             return request
         request = replace(request, volume=run.volume)
         if model_manifests.holds(run.volume, run.recipe.get("model")):

@@ -185,7 +185,10 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         # The base model, when the box downloads it: a hub id, or an s3:// prefix's files by size with their GETs
         # (signed once per attempt).
         "model": model_grants.with_manifest(model_grants.for_attempt(attempt, now=now), run),
-        "model_volume": {"mount_path": run.volume["mount_path"]} if run.volume else None,
+        # Only a box rented with the volume mounted keeps the model there (one rented after the volume's machine
+        # failed downloads it onto its own disk).
+        "model_volume": ({"mount_path": run.volume["mount_path"]} if run.volume and attempt.instance.volume
+                         else None),
         "resume": [{"phase": c.phase, "step": c.step, "uri": c.uri, "manifest": c.manifest,
                     "download": storage.download_grant(where, c.uri, c.manifest, settings.STORAGE_GRANT_S)}
                    for c in candidates],

@@ -180,6 +180,11 @@ def _request_box(run: Run, now: datetime) -> Instance | None:
 
     again = evaluations.again_due(run)  # an evaluate-again's box: one GPU ranked by the model's inference VRAM
     request = BoxRequest.for_evaluation(run) if again is not None else BoxRequest.for_run(run)
+    if run.volume and request.volume is None:
+        message = (f"The volume {run.volume['id']} lives on vast.ai machine {run.volume['machine_id']}, which failed "
+                   "this run: its boxes are rented elsewhere and download the model onto their own disk.")
+        if not run.events.filter(kind="log", message=message).exists():
+            run.events.create(at=now, kind="log", message=message)
     try:
         requested = actions.request_best(request.figures, request.filters, idempotency_key=f"run-{run.pk}-attempt-"
                                          f"{run.attempts.count()}", purpose="training", image=image,

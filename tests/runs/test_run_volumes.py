@@ -15,6 +15,7 @@ from fleet.offers.refresh import refresh_offers
 from runs import model_manifests, supervisor
 from runs.box_request import BoxRequest
 from runs.launch import LaunchError, launch
+from runs.models import Run
 from tests.marketplace import MARKET_KEY
 from tests.runs.conftest import tiny_recipe
 
@@ -101,6 +102,27 @@ def test_a_launch_refuses_a_volume_it_cannot_use_by_its_field(s3, frozen_market,
                volume={"provider": "vast", "id": small})
 
 
+def test_a_run_whose_volumes_machine_failed_rents_elsewhere_and_downloads_the_model(s3, frozen_market,  # noqa: F811
+                                                                                       tmp_path):
+    _put_model(s3)
+    refresh_offers()
+    offer = rank_stored_offers(*_request(_launch(tmp_path, None))).entries[1].offer
+    volume_id = _volume_on(frozen_market, offer.offer_id, 100)
+    run = _launch(tmp_path, {"provider": "vast", "id": volume_id, "mount_path": "/workspace/models"})
+    Run.objects.filter(pk=run.pk).update(bad_machines=[offer.machine_id])  # its host died under an earlier box
+    run.refresh_from_db()
+    assert BoxRequest.for_run(run).volume is None
+
+    supervisor.supervise(now=timezone.now())
+    run.refresh_from_db()
+    box = run.current_instance
+    assert box is not None and box.machine_id != offer.machine_id and box.volume == {}
+    assert run.events.filter(kind="log", message__contains=f"machine {offer.machine_id}, which failed").exists()
+    (listed,) = [i for i in frozen_market.state()["instances"] if i["label"] == box.label]
+    spec = Client(HTTP_AUTHORIZATION=f"Bearer {listed['env']['FLEET_AGENT_TOKEN']}").get("/api/agent/v1/spec").json()
+    assert spec["model_volume"] is None and spec["model"]["kind"] == "s3"  # the model comes onto the box's disk
+
+
 def test_which_offers_mount_a_volume():
     class Offer:
         def __init__(self, provider, offer_id, machine_id=""):
@@ -112,6 +134,7 @@ def test_which_offers_mount_a_volume():
     assert not volumes.mounts(Offer("runpod", "NVIDIA H200:SECURE:1"), vast)
     assert volumes.mounts(Offer("runpod", "NVIDIA H200:SECURE:1"), runpod)
     assert not volumes.mounts(Offer("runpod", "NVIDIA H200:COMMUNITY:1"), runpod)
+    assert volumes.lost(vast, ["17", 4242]) and not volumes.lost(vast, ["17"]) and not volumes.lost(runpod, ["4242"])
 
 
 def _request(run):
