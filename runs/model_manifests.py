@@ -1,7 +1,6 @@
-"""A base model's manifest as the dashboard itself read it, which a box checks a volume's copy of the model against
-before it skips the download: an s3:// model's every file hashed here (a few files per task), a hub model's weights by
-the sha256 the hub keeps for its LFS files, at the commit its revision names then; and which volumes a box said hold
-the model (docs/runs.md, "Volumes")."""
+"""A base model's manifest as the dashboard itself read it (an s3:// model's files hashed here, a hub model's weights
+by the hub's own LFS sha256 at one commit), which a box checks a volume's copy against before it skips the download;
+and which volumes hold the model (docs/runs.md, "Volumes")."""
 
 import hashlib
 import os

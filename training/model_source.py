@@ -76,10 +76,9 @@ def folder_name(reference: str) -> str:
 def fetch(grant: dict, root: Path, *, token: str | None = None, snapshot=None, tries: int = 3,
           sleep=time.sleep, trust_marker: bool = True, skip: Iterable[str] = ()) -> Path:
     """The model's folder on this box, downloaded into `root` unless a finished copy is there already. `grant` is
-    the spec's model: {"kind": "hub", "repo_id", "revision"}, {"kind": "s3", "uri", "files": {name: size},
-    "download": presigned GETs}, or {"kind": "refused", "reason"}. `token` (HF_TOKEN) goes to the hub,
-    never written anywhere. `trust_marker` False (a volume other hosts wrote): no marker is proof. `skip`: a hub
-    model's files checked in the folder already, not downloaded again."""
+    the spec's model (hub, s3 or refused; docs/agent.md). `token` (HF_TOKEN) goes to the hub, never written anywhere.
+    `trust_marker` False (a volume other hosts wrote): no marker is proof. `skip`: a hub model's files checked in
+    the folder already, not downloaded again."""
     if grant["kind"] == "refused":
         raise ModelRefused(f"the dashboard could not grant the model: {grant['reason']}")
     reference = grant["repo_id"] if grant["kind"] == "hub" else grant["uri"]
