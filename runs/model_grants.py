@@ -70,10 +70,9 @@ def with_manifest(grant: dict | None, run) -> dict | None:
     volume: what the box checks the volume's copy against before it skips the download."""
     if not grant or not run.volume or grant.get("kind") not in ("s3", "hub"):
         return grant
-    uri = model_manifests.key(run.recipe.get("model"))
-    manifest = model_manifests.recorded(uri)
-    if not manifest or uri is None:
+    row = model_manifests.recorded(model_manifests.key(run.recipe.get("model")))
+    if row is None:
         return grant
     if grant["kind"] == "hub":  # the box downloads the commit the manifest is of, whatever the branch is now
-        return {**grant, "manifest": manifest, "revision": model_manifests.pinned_revision(uri)}
-    return {**grant, "manifest": manifest}
+        return {**grant, "manifest": row.manifest, "revision": row.revision or None}
+    return {**grant, "manifest": row.manifest}

@@ -48,16 +48,11 @@ def wanted(model) -> bool:
     return created
 
 
-def recorded(uri: str | None) -> dict[str, dict] | None:
-    """{name: {size, sha256}} of a model the dashboard has recorded whole, or None."""
+def recorded(uri: str | None) -> ModelManifest | None:
+    """The model's manifest row once the dashboard has recorded it whole with at least one file (its `manifest`:
+    {name: {size, sha256}}; a hub model's `revision`: the commit it is of), or None."""
     row = ModelManifest.objects.filter(uri=uri, complete=True).first() if uri else None
-    return row.manifest if row is not None and row.manifest else None
-
-
-def pinned_revision(uri: str) -> str | None:
-    """The hub commit a hub model's recorded manifest is of (what its boxes download), or None."""
-    row = ModelManifest.objects.filter(uri=uri, complete=True).first()
-    return row.revision or None if row is not None else None
+    return row if row is not None and row.manifest else None
 
 
 def record(uri: str, *, budget_s: float = BUDGET_S, clock=time.monotonic) -> bool:
@@ -121,7 +116,7 @@ def _object_sha256(bucket: str, key: str, size: int) -> str:
 def holds(volume: dict, model) -> bool:
     """Whether a box said the run's volume holds this model, every file matching the recorded manifest."""
     uri = key(model)
-    if not volume or not uri or recorded(uri) is None:
+    if not volume or recorded(uri) is None:
         return False
     return VolumeModel.objects.filter(provider=volume["provider"], volume_id=volume["id"], uri=uri).exists()
 

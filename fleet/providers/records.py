@@ -5,9 +5,15 @@ code past the client ever sees a provider's own field names or units (vast.ai's 
 x100, bandwidth is Mb/s, storage is $/GB/month).
 """
 
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +137,14 @@ class RentRequest:
     onstart: str = ""
     bid_usd_per_hour: Decimal | None = None  # set: an interruptible rental at this price
     volume: VolumeMount | None = None  # set: the box mounts this volume of the account
+
+
+def readable(raws: Iterable, parse: Callable[[Any], T], what: str) -> list[T]:
+    """Each listed item parsed; one that cannot be read is logged with `what` it is and left out."""
+    parsed = []
+    for raw in raws:
+        try:
+            parsed.append(parse(raw))
+        except (TypeError, ValueError) as exc:
+            log.warning("%s that cannot be read: %s", what, exc)
+    return parsed

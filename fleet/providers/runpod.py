@@ -22,7 +22,7 @@ from .errors import (
     ProviderError,
     RentAnswerUnreadable,
 )
-from .records import InstanceRecord, OfferRecord, RentRequest, VolumeRecord
+from .records import InstanceRecord, OfferRecord, RentRequest, VolumeRecord, readable
 from .retrying import RetryingClient
 from .runpod_terms import PodTerms
 
@@ -223,13 +223,7 @@ class RunPodClient(HttpProvider):
         raw_volumes = myself.get("networkVolumes") if isinstance(myself, dict) else None
         if not isinstance(raw_volumes, list):
             raise MalformedResponse("RunPod myself answered without a list of network volumes.")
-        volumes = []
-        for raw in raw_volumes:
-            try:
-                volumes.append(parse_network_volume(raw))
-            except (TypeError, ValueError) as exc:
-                log.warning("RunPod listed a network volume that cannot be read: %s", exc)
-        return volumes
+        return readable(raw_volumes, parse_network_volume, "RunPod listed a network volume")
 
     def list_instances(self) -> InstanceList:
         data = self._graphql("myself", _PODS_QUERY)

@@ -15,7 +15,7 @@ from . import fields
 from .base import ChargeReport, HttpProvider, InstanceList, OfferSearch, instance_list
 from .errors import (AuthenticationFailed, InstanceNotFound, MalformedResponse, OfferUnavailable, RequestRefused,
                      RentAnswerUnreadable)
-from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest, VolumeRecord
+from .records import ChargeRecord, InstanceRecord, OfferRecord, RentRequest, VolumeRecord, readable
 from .retrying import AUTH_ERROR_CODES, RetryingClient
 
 log = logging.getLogger(__name__)
@@ -154,13 +154,7 @@ class VastClient(HttpProvider):
         raw_volumes = data.get("volumes")
         if not isinstance(raw_volumes, list):
             raise MalformedResponse("vast.ai volume list answered without a 'volumes' list.")
-        volumes = []
-        for raw in raw_volumes:
-            try:
-                volumes.append(parse_volume(raw))
-            except (TypeError, ValueError) as exc:
-                log.warning("vast.ai listed a volume that cannot be read: %s", exc)
-        return volumes
+        return readable(raw_volumes, parse_volume, "vast.ai listed a volume")
 
     def change_bid(self, instance_id: str, usd_per_hour: Decimal) -> None:
         """An interruptible instance's new bid for the machine ($/h), as the CLI's `change bid` sends it; an outbid

@@ -106,7 +106,7 @@ def test_the_dashboard_records_the_weights_sha256_and_the_commit_from_the_hub(hu
     assert model_manifests.record(f"hub:{REPO}@main") is True
     row = ModelManifest.objects.get(uri=f"hub:{REPO}@main")
     assert row.revision == COMMIT and row.complete
-    assert model_manifests.recorded(row.uri) == {
+    assert model_manifests.recorded(row.uri).manifest == {
         name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in WEIGHTS.items()}
     assert hub.asked and "blobs=true" in hub.asked[0].lower()  # the files with their LFS sha256
 

@@ -37,7 +37,7 @@ def volume(tmp_path, monkeypatch):
 
 
 def _granted():
-    return {**model_grants.grant({"path": MODEL}, expires_s=600), "manifest": model_manifests.recorded(MODEL)}
+    return {**model_grants.grant({"path": MODEL}, expires_s=600), "manifest": model_manifests.recorded(MODEL).manifest}
 
 
 def test_the_dashboard_hashes_the_model_itself_a_few_files_per_task(s3):  # noqa: F811
@@ -47,7 +47,7 @@ def test_the_dashboard_hashes_the_model_itself_a_few_files_per_task(s3):  # noqa
     row = ModelManifest.objects.get(uri=MODEL)
     assert len(row.manifest) == 1 and not row.complete and model_manifests.recorded(MODEL) is None
     assert model_manifests.record(MODEL) is True
-    assert model_manifests.recorded(MODEL) == {
+    assert model_manifests.recorded(MODEL).manifest == {
         name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in FILES.items()}
 
 
