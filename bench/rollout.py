@@ -6,7 +6,9 @@ Random bf16 weights in qwen3-30b-a3b's shape (bench/train_step.py's MODELS; --la
 alpha=64 attached as the trainer attaches it; 16 prompts of 96 to 128 random tokens, left-padded; 256 new tokens at
 temperature 1, every row to the full length (the model, built from a config, has no eos, and none is passed; the
 lengths are checked). One warm-up rollout each (ours captures its graph in it), then 2 timed. Prints the tokens/s
-of each (new tokens over wall time), the speed-up, and last one JSON line.
+of each (new tokens over wall time), the speed-up, and last one JSON line. Then the eval phase's generator
+(training/evaluation/generate.py, greedy) on the same prompts, with the adapter and with it off, as that phase
+answers each batch: eval_tokens_per_second counts both answers over both calls' time.
 
     python bench/rollout.py [--layers 48] [--batch 16] [--prompt-tokens 128] [--new-tokens 256]
     python bench/rollout.py --device cpu    (on the CPU: the tiny model, 4 prompts, 16 new tokens, eager)
@@ -24,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.train_step import MODELS
 from training import rollout
+from training.evaluation.generate import Timed, TransformersGenerator
 from training.examples.tiny import TINY_CONFIG
 from training.lora import attach_lora
 from training.recipe import ModelSettings
@@ -58,6 +61,35 @@ def timed(fn, runs, device):
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     return out, seconds
+
+
+class IdsOnly:
+    """The tokenizer the eval generator reads on a random model: ids in, no text out (no eos: every answer runs to
+    its full length)."""
+
+    pad_token_id, eos_token_id = PAD, None
+
+    @staticmethod
+    def decode(tokens, skip_special_tokens=False):
+        return ""
+
+
+def eval_generation(model, ids, mask, new_tokens, runs, device):
+    """The eval phase's tokens/s: each timed run answers every prompt with the adapter, then with it off."""
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+    generator = TransformersGenerator(model, IdsOnly(), device)
+
+    def both():
+        timer = Timed(generator)
+        for adapter in (True, False):
+            answers = timer.generate(prompts, new_tokens, adapter=adapter)
+            assert all(n == new_tokens for _, n in answers), "an eval answer stopped early"
+        return timer
+
+    both()  # warm-up: each way captures its decode step
+    timers = [both() for _ in range(runs)]
+    generator.close()
+    return round(sum(t.tokens for t in timers) / sum(t.seconds for t in timers))
 
 
 def main():
@@ -110,12 +142,16 @@ def main():
     decoders = base.__dict__.get(rollout.DECODERS_ATTRIBUTE, {})
     speedup = round(results["ours"]["tokens_per_second"] / results["transformers"]["tokens_per_second"], 2)
     print(f"speed-up {speedup}x", flush=True)
+    graphed = any(d.graph is not None for d in decoders.values())  # read before the eval generator releases them
+    eval_tps = eval_generation(model, ids, mask, args.new_tokens, args.runs, device)
+    print(f"eval phase (greedy, adapter and base answers): {eval_tps:,} tokens/s", flush=True)
     print(json.dumps({
         "model": args.model if device.type == "cuda" else "tiny", "layers": layers, "device": name,
         "batch": args.batch, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "cuda_graph": any(d.graph is not None for d in decoders.values()),
+        "cuda_graph": graphed,
         "transformers_tokens_per_second": results["transformers"]["tokens_per_second"],
         "ours_tokens_per_second": results["ours"]["tokens_per_second"], "speedup": speedup, "runs": results,
+        "eval_tokens_per_second": eval_tps,
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None,
     }), flush=True)
     return 0

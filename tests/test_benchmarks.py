@@ -28,7 +28,7 @@ FIGURES = {
     "ranking": {"median_ms", "p95_ms", "passed", "all_pass_median_ms", "all_pass_ranked"},
     "reaper": {"median_ms", "queries", "constant_queries"},
     "recovery": {"noticed_s", "first_step_s", "resumed_phase", "resumed_step"},
-    "rollout": {"transformers_tokens_per_second", "ours_tokens_per_second", "speedup"},
+    "rollout": {"transformers_tokens_per_second", "ours_tokens_per_second", "speedup", "eval_tokens_per_second"},
     "run_page": {"page_p95_ms", "data_p95_ms", "data_cold_p95_ms", "list_p95_ms", "largest_trace_points"},
     "serve_check": {"rows", "vllm", "tolerance", "families"},
     "train_and_export": {"train_rc", "steps", "store", "export_peft", "export_vllm", "vllm_key_count"},
@@ -41,6 +41,7 @@ CHECKS = {
     "ingest": lambda f: f["points"] == 4000,
     "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
     "reaper": lambda f: f["constant_queries"],
+    "rollout": lambda f: f["eval_tokens_per_second"] > 0,
     # Without a GPU and vLLM: both families trained, exported and merged, the merged weights answering as peft
     # within the bf16 tolerance, and unlike the base.
     "serve_check": lambda f: f["vllm"].startswith("skipped") and len(f["rows"]) == 2 and all(

@@ -26,13 +26,13 @@ SLACK_GIB = 0.8
 CONTEXT_GIB = 0.9  # what the driver and CUDA context keep of a card's memory: a 96 GB card has about 95 GiB usable
 HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of this many tokens at a time, in bf16
 
-# Throughput of each plan against no checkpointing and float32 moments in the card. Checkpointing recomputes every
-# layer's forward: 8,735 against 11,961 tokens/s on 35B-A3B (0.73), 16,365 against 21,341 on 30B-A3B (0.77). The
-# 8-bit step dequantizes and requantizes the moments once per optimizer step (8 micro-steps): a few percent. The
-# offloaded step copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet
-# measured, taken as 0.7.
-CHECKPOINTING_SPEED = 0.75
-OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7}
+# Throughput of each plan against no checkpointing and float32 moments in the card (one H200, r=32, 8 x 2 x 2048
+# tokens). Checkpointing recomputes every layer's forward: 8,735 against 11,961 tokens/s on 35B-A3B (0.73), 16,601
+# against 22,684 on 30B-A3B (0.73). torchao's 8-bit step dequantizes and requantizes every moment once per optimizer
+# step: 0.48 s of 2.45 on 30B-A3B (13,361 against 16,601 tokens/s with checkpointing, 0.80). The offloaded step
+# copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7.
+CHECKPOINTING_SPEED = 0.74
+OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.8, "adamw_offload": 0.7}
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,11 @@ class InferenceModelForm(forms.ModelForm):
 CHECKED_VLLM = {"Qwen3-MoE": (0, 26, 0)}
 VLLM_IMAGE = "vllm/vllm-openai:v0.26.0"  # the release checked on Qwen3-MoE
 # Qwen3.5/3.6-MoE's fused 3-D expert LoRA: the first release whose loader reads it (from vLLM's source; not yet served
-# by serve_check), so its default image, with the form saying it is unchecked.
+# by serve_check: it needs a newer torch than the GPU machine's), so its default image, with the form saying it is
+# unchecked. serve_check ran v0.26.0 on tiny Qwen3.5-MoE models: its base model alone answered apart from
+# transformers' (up to 2.4 nats a token, bench/NOTES_serve_check.md), so no adapter check could pass there.
 QWEN3_5_VLLM_IMAGE = "vllm/vllm-openai:v0.34.0"
+CHECKED_BEFORE_QWEN3_5 = (0, 26, 0)
 VLLM_TAG = re.compile(r"(?:docker\.io/)?vllm/vllm-openai:v(\d+)\.(\d+)\.(\d+)")
 FIRST_MOE_LORA_VLLM = (0, 11, 2)  # the first that loads LoRA on fused MoE experts (per-expert, Qwen3-MoE)
 FIRST_QWEN3_5_MOE_LORA_VLLM = (0, 34, 0)  # the first that loads the 3-D expert LoRA of Qwen3.5/3.6-MoE
@@ -169,9 +172,10 @@ def checked_words(base_model: str) -> str:
     checked = CHECKED_VLLM.get(family(base_model))
     if checked:
         return f"vLLM v{_dotted(checked)} has served {family(base_model)} adapters as peft answers them."
-    return (f"No vLLM release has yet been checked serving {family(base_model)} adapters on a GPU: "
-            f"v{_dotted(FIRST_QWEN3_5_MOE_LORA_VLLM)} is the first whose loader reads their fused experts; "
-            f"ask the adapter a few prompts before sending it traffic.")
+    return (f"No vLLM release has yet served {family(base_model)} adapters as peft answers them: on a GPU, "
+            f"v{_dotted(CHECKED_BEFORE_QWEN3_5)} answered apart from transformers even without an adapter, and "
+            f"v{_dotted(FIRST_QWEN3_5_MOE_LORA_VLLM)}, the first whose loader reads their fused experts, is not yet "
+            f"checked; ask the adapter a few prompts before sending it traffic.")
 
 
 def _dotted(version: tuple[int, ...]) -> str:

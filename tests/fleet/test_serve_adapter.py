@@ -282,7 +282,7 @@ def test_it_serves_the_adapter_on_the_base_revision_it_was_trained_on(client, st
 @pytest.mark.parametrize("base, image, words", [
     (BASE, "vllm/vllm-openai:v0.26.0", "vLLM v0.26.0 has served Qwen3-MoE adapters as peft answers them."),
     ("Qwen/Qwen3.6-35B-A3B", "vllm/vllm-openai:v0.34.0",
-     "No vLLM release has yet been checked serving Qwen3.5/3.6-MoE adapters on a GPU"),
+     "No vLLM release has yet served Qwen3.5/3.6-MoE adapters as peft answers them"),
 ])
 def test_the_form_starts_with_the_release_checked_for_the_bases_family_or_says_none_is(client, staff, tmp_path, base,
                                                                                         image, words):
