@@ -573,7 +573,8 @@ def main():
     MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan)
     if args.memory_budget_gib and DEVICE.type == "cuda":
         total_gib = torch.cuda.get_device_properties(DEVICE).total_memory / 2**30
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_budget_gib / total_gib), torch.cuda.current_device())
+        fraction = min(1.0, args.memory_budget_gib / total_gib)
+        torch.cuda.set_per_process_memory_fraction(fraction, torch.cuda.current_device())  # it wants an index
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, model {args.model}", flush=True)
     if args.profile:

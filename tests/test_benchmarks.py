@@ -24,6 +24,7 @@ FIGURES = {
     "ingest": {"points", "points_per_s", "batch_p50_ms"},
     "moe_block": {"rows", "gemm"},
     "moe_gemms": {"configs", "block"},
+    "optimizer_step": {"device", "tensors", "factors", "results"},
     "probes": {"round_s", "ok", "failed", "misjudged", "queries"},
     "ranking": {"median_ms", "p95_ms", "passed", "all_pass_median_ms", "all_pass_ranked"},
     "reaper": {"median_ms", "queries", "constant_queries"},
@@ -41,6 +42,9 @@ CHECKS = {
     "ingest": lambda f: f["points"] == 4000,
     "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
     "reaper": lambda f: f["constant_queries"],
+    # ours steps as AdamW does up to its 8-bit moments: within a few percent of AdamW's own movement
+    "optimizer_step": lambda f: f["results"]["ours_8bit"]["max_rel_diff_to_adamw"] < 0.1
+    and f["results"]["ours_8bit"]["state_bytes"] < f["results"]["adamw"]["state_bytes"] / 3,
     "rollout": lambda f: f["eval_tokens_per_second"] > 0,
     # Without a GPU and vLLM: both families trained, exported and merged, the merged weights answering as peft
     # within the bf16 tolerance, and unlike the base.

@@ -1,11 +1,13 @@
 """The optimizer a phase steps with: AdamW with float32 moments, torchao's AdamW8bit (8-bit moments) or AdamW on the
-host (`HostAdamW`, GPU only). Their state is saved as AdamW's own, float32 moments in plain tensors, which any of them
-resumes from (docs/training.md, "training/optimizers.py")."""
+host (`HostAdamW`, GPU only); `AdamW8bit`, 8-bit moments on our own kernel, is measured beside them. Their state is
+saved as AdamW's own, float32 moments in plain tensors, which any of them resumes from (docs/training.md,
+"training/optimizers.py")."""
 
 import contextlib
 
 import torch
 
+from training.kernels import adamw8bit
 from training.memory_plan import OPTIMIZERS
 from training.recipe import RecipeError
 
@@ -67,6 +69,61 @@ class HostAdamW(torch.optim.Optimizer):
         with torch.no_grad():
             for host, p in zip(self.host_params, self.device_params, strict=True):
                 host.copy_(p.detach())  # the checkpoint's factors are the model's: the master copy follows them
+
+
+class AdamW8bit(torch.optim.Optimizer):
+    """AdamW with 8-bit moments whose step is one Triton kernel per parameter (training/kernels/adamw8bit.py): no
+    torchao, no compilation, no Python work per element. Its state dict holds AdamW's float32 moments, as every
+    checkpoint does; loading one encodes them again."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    def _state(self, p):
+        state = self.state[p]
+        if "exp_avg_scale" not in state:
+            blocks = adamw8bit.blocks(p.numel())
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros(p.numel(), dtype=torch.int8, device=p.device),
+                         exp_avg_sq=torch.zeros(p.numel(), dtype=torch.uint8, device=p.device),
+                         exp_avg_scale=torch.zeros(blocks, device=p.device),
+                         exp_avg_sq_scale=torch.zeros(blocks, device=p.device))
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not p.is_contiguous():
+                    raise OptimizerError("adamw_8bit steps contiguous parameters only")
+                state = self._state(p)
+                state["step"] += 1
+                adamw8bit.step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"],
+                               state["exp_avg_sq_scale"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                               weight_decay=group["weight_decay"], step_number=float(state["step"]))
+        return None
+
+    def state_dict(self):
+        saved = super().state_dict()
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, entry in saved["state"].items():
+            shape = params[index].shape
+            saved["state"][index] = {
+                "step": entry["step"],
+                "exp_avg": adamw8bit.decode(entry["exp_avg"], entry["exp_avg_scale"], False).view(shape),
+                "exp_avg_sq": adamw8bit.decode(entry["exp_avg_sq"], entry["exp_avg_sq_scale"], True).view(shape)}
+        return saved
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for p, entry in self.state.items():
+            if "exp_avg_scale" in entry or "exp_avg" not in entry:
+                continue
+            for key, second in (("exp_avg", False), ("exp_avg_sq", True)):
+                entry[key], entry[f"{key}_scale"] = (t.to(p.device) for t in adamw8bit.encode(entry[key], second))
+            entry["step"] = torch.as_tensor(entry["step"], dtype=torch.float32).cpu()
 
 
 def _torchao_optim():

@@ -1,0 +1,139 @@
+"""The 8-bit AdamW kernel (training/kernels/adamw8bit.py, in Triton's interpreter here): its first step is AdamW's,
+later steps are the torch reference's (the same codes decoded, updated, encoded again), moments survive encoding
+within their companded precision, and the optimizer trains a small model to the loss float32 moments reach."""
+
+import statistics
+
+import pytest
+import torch
+
+from training import optimizers, train
+from training.examples.tiny import TINY_CONFIG, tiny_recipe
+from training.kernels import adamw8bit
+from training.lora import attach_lora
+from training.recipe import RunRecipe
+
+HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}
+
+
+def _params(*shapes, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
+
+
+def _grads(params, seed):
+    generator = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator) * torch.logspace(-4, 0, p.shape[-1])
+
+
+def test_the_first_step_is_adamws():
+    ours, theirs = _params((7, 300), (5,)), _params((7, 300), (5,))
+    for params in (ours, theirs):
+        _grads(params, seed=1)
+    optimizers.AdamW8bit(ours, **HYPER).step()
+    torch.optim.AdamW(theirs, **HYPER).step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _reference_step(p, state, step_number):
+    """The kernel's arithmetic in torch: decode, AdamW's update, encode."""
+    beta1, beta2 = HYPER["betas"]
+    m = adamw8bit.decode(state["m"], state["ms"], False).view(p.shape)
+    v = adamw8bit.decode(state["v"], state["vs"], True).view(p.shape)
+    m = beta1 * m + (1 - beta1) * p.grad
+    v = beta2 * v + (1 - beta2) * p.grad * p.grad
+    bias1, bias2 = 1 - beta1 ** step_number, (1 - beta2 ** step_number) ** 0.5
+    with torch.no_grad():
+        p.mul_(1 - HYPER["lr"] * HYPER["weight_decay"])
+        p.sub_(HYPER["lr"] / bias1 * m / (v.sqrt() / bias2 + HYPER["eps"]))
+    (state["m"], state["ms"]), (state["v"], state["vs"]) = adamw8bit.encode(m, False), adamw8bit.encode(v, True)
+
+
+def test_later_steps_are_the_reference_arithmetic_and_the_codes_its_codes():
+    ours, theirs = _params((3, 700)), _params((3, 700))
+    optimizer = optimizers.AdamW8bit(ours, **HYPER)
+    reference = {}
+    for step in range(1, 6):
+        for params in (ours, theirs):
+            _grads(params, seed=10 + step)
+        optimizer.step()
+        if not reference:
+            reference = {"m": torch.zeros(2100, dtype=torch.int8), "v": torch.zeros(2100, dtype=torch.uint8),
+                         "ms": torch.zeros(9), "vs": torch.zeros(9)}
+        _reference_step(theirs[0], reference, step)
+        torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+        state = optimizer.state[ours[0]]
+        torch.testing.assert_close(state["exp_avg_scale"], reference["ms"], rtol=1e-5, atol=0)
+        # a value on a rounding edge may take the next code in one and not the other: at most one step, rarely
+        for key, ref in (("exp_avg", "m"), ("exp_avg_sq", "v")):
+            off = (state[key].int() - reference[ref].int()).abs()
+            assert off.max() <= 1 and (off > 0).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_encoding_keeps_small_values_relative_precision_and_never_decodes_a_second_moment_to_zero(second):
+    """Within 8% down to a hundredth of its block's largest first moment and a ten-thousandth of its largest second
+    moment (a linear code keeps that only down to about a tenth)."""
+    values = torch.logspace(-8, 0, 256) * (1 if second else torch.where(torch.arange(256) % 2 == 0, 1.0, -1.0))
+    decoded = adamw8bit.decode(*adamw8bit.encode(values, second), second)
+    relative = (decoded - values).abs() / values.abs()
+    within = values.abs() >= (1e-4 if second else 1e-2)
+    assert within.sum() > 30 and relative[within].max() < 0.08
+    if second:
+        assert decoded.min() > 0
+    else:
+        assert (decoded.sign() == values.sign())[values.abs() > 1e-4].all()
+
+
+def test_the_state_dict_holds_float32_moments_that_load_back_into_the_same_codes():
+    params = _params((4, 260))
+    optimizer = optimizers.AdamW8bit(params, **HYPER)
+    for seed in (1, 2, 3):
+        _grads(params, seed)
+        optimizer.step()
+    saved = optimizer.state_dict()
+    entry = saved["state"][0]
+    assert entry["exp_avg"].dtype == torch.float32 and entry["exp_avg"].shape == params[0].shape
+    assert set(entry) == {"step", "exp_avg", "exp_avg_sq"} and float(entry["step"]) == 3
+    again = optimizers.AdamW8bit(params, **HYPER)
+    again.load_state_dict(saved)
+    mine, theirs = optimizer.state[params[0]], again.state[params[0]]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert (mine[key].int() - theirs[key].int()).abs().max() <= 1
+        torch.testing.assert_close(mine[f"{key}_scale"], theirs[f"{key}_scale"])
+    plain = torch.optim.AdamW(params, **HYPER)  # and AdamW resumes from it as from its own
+    plain.load_state_dict(saved)
+    torch.testing.assert_close(plain.state[params[0]]["exp_avg"], entry["exp_avg"])
+
+
+# Big enough that most moments are whole blocks of 256.
+CONFIG = {**TINY_CONFIG, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8}
+
+
+def test_it_trains_a_small_model_to_the_loss_of_float32_moments(tmp_path):
+    """200 steps of a tiny MoE with LoRA on a fixed batch: the last 50 losses' mean within the spread float32 AdamW's
+    own seeds give."""
+    recipe = RunRecipe.from_dict(tiny_recipe(tmp_path, phases=(("cpt", 1),), config=CONFIG))
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(3, CONFIG["vocab_size"], (4, 32), generator=generator)
+
+    def last_losses(make, seed):
+        torch.manual_seed(seed)
+        model = attach_lora(train.build_model(recipe.model, "cpu"), r=16, alpha=32)
+        optimizer = make([p for p in model.parameters() if p.requires_grad])
+        losses = []
+        for _ in range(200):
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return statistics.mean(losses[-50:])
+
+    plain = [last_losses(lambda ps: torch.optim.AdamW(ps, lr=2e-3), seed) for seed in (1, 2, 3)]
+    ours = last_losses(lambda ps: optimizers.AdamW8bit(ps, lr=2e-3), 1)
+    spread = max(plain) - min(plain)
+    assert abs(ours - statistics.mean(plain)) <= max(3 * spread, 0.02 * statistics.mean(plain)), (ours, plain)
+    assert ours < last_losses(lambda ps: torch.optim.AdamW(ps, lr=0.0), 1) - 0.5  # it trained
