@@ -73,7 +73,11 @@ def text_fields(family, s):
         return {**common, "intermediate_size": s["hidden"] * 2, "norm_topk_prob": True}
     return {**common, "shared_expert_intermediate_size": s["hidden"] // 2, "linear_num_value_heads": 4,
             "linear_num_key_heads": 2, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
-            "linear_conv_kernel_dim": 4, "full_attention_interval": 4}
+            "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+            # as the published configs have it: interleaved M-RoPE over a quarter of each head, its three sections
+            # summing to the rotary frequencies (64 x 0.25 / 2 = 8; Qwen3.5's own: 256 x 0.25 / 2 = 11 + 11 + 10)
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                "mrope_section": [3, 3, 2], "mrope_interleaved": True}}
 
 
 def build(folder, family, s, seed=0):
