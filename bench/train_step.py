@@ -112,8 +112,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     if attention:  # the attention implementation to run instead (transformers' "sdpa": the change's own measure)
         model.config._attn_implementation = attention
     plan = planned(model, batch * seq_len * (2 if kind == "dpo" else 1), checkpointing)
-    if plan is not None and plan.checkpointing and not checkpointing:
-        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if plan is not None and plan.checkpointing and not checkpointing:  # every layer, or the plan's first few
+        fitting.checkpoint_layers(model.get_base_model(), fitting.Choice(True, plan.optimizer, plan, plan.name))
     checkpointing = plan.checkpointing if plan is not None else checkpointing
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None

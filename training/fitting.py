@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training import families, memory_plan
+from training import distributed, families, memory_plan
 from training.recipe import RecipeError, RunRecipe
 
 
@@ -70,6 +70,19 @@ def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | 
         return Choice(frugal.checkpointing, frugal.optimizer, frugal,
                       f"memory plan: no plan fits {usable:.1f} GiB; trying the most frugal: {describe(frugal)}")
     return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}")
+
+
+def checkpoint_layers(base, choice: "Choice") -> int:
+    """Gradient checkpointing on `base` as the choice has it: every decoder layer, or the plan's first few (the rest
+    keep their activations); returns how many layers recompute."""
+    if not choice.checkpointing:
+        return 0
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = distributed.decoder_layers(base)
+    count = len(layers) if choice.plan is None else min(choice.plan.checkpointed, len(layers))
+    for layer in layers[count:]:
+        layer.gradient_checkpointing = False  # transformers' GradientCheckpointingLayer reads it at each call
+    return count
 
 
 def describe(plan: memory_plan.Plan) -> str:

@@ -32,6 +32,9 @@ HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of th
 # step: 0.48 s of 2.45 on 30B-A3B (13,361 against 16,601 tokens/s with checkpointing, 0.80). The offloaded step
 # copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7.
 CHECKPOINTING_SPEED = 0.74
+# The shares of the decoder layers a plan may checkpoint: the fewest that fit, so that a card a little short of the
+# whole run's activations recomputes only some layers (the first ones: training/fitting.checkpoint_layers).
+CHECKPOINT_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.8, "adamw_offload": 0.7}
 
 
@@ -90,7 +93,8 @@ class Run:
 class Plan:
     """One way to train a run on a card, in GiB per GPU; `card_gib` is what the card leaves usable."""
 
-    checkpointing: bool
+    checkpointed: int  # decoder layers recomputed in the backward (0: none; `layers`: every one)
+    layers: int
     optimizer: str
     weights_gib: float
     lora_gib: float  # the factors and their gradients
@@ -115,12 +119,20 @@ class Plan:
         return self.headroom_gib >= 0
 
     @property
+    def checkpointing(self) -> bool:
+        return self.checkpointed > 0
+
+    @property
     def speed(self) -> float:
-        """Its throughput against the plain plan's (no checkpointing, float32 moments in the card)."""
-        return (CHECKPOINTING_SPEED if self.checkpointing else 1.0) * OPTIMIZER_SPEED[self.optimizer]
+        """Its throughput against the plain plan's (no checkpointing, float32 moments in the card): each checkpointed
+        layer's share of CHECKPOINTING_SPEED's extra time."""
+        share = self.checkpointed / self.layers if self.layers else 0.0
+        return OPTIMIZER_SPEED[self.optimizer] / (1.0 + (1.0 / CHECKPOINTING_SPEED - 1.0) * share)
 
     @property
     def name(self) -> str:
+        if 0 < self.checkpointed < self.layers:
+            return f"checkpointing {self.checkpointed} of {self.layers} layers, {MOMENTS[self.optimizer]}"
         return plan_name(self.checkpointing, self.optimizer)
 
     def to_dict(self) -> dict:
@@ -128,13 +140,16 @@ class Plan:
         figures = {key: round(getattr(self, key), 1) for key in (
             "weights_gib", "lora_gib", "optimizer_gib", "activations_gib", "head_gib", "slack_gib", "host_gib",
             "card_gib", "total_gib", "headroom_gib")}
-        return {"plan": self.name, "checkpointing": self.checkpointing, "optimizer": self.optimizer,
+        return {"plan": self.name, "checkpointing": self.checkpointing, "checkpointed_layers": self.checkpointed,
+                "optimizer": self.optimizer,
                 "speed": round(self.speed, 3), "fits": self.fits, **figures}
 
 
+MOMENTS = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host"}
+
+
 def plan_name(checkpointing: bool, optimizer: str) -> str:
-    moments = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host"}
-    return f"{'checkpointing' if checkpointing else 'no checkpointing'}, {moments[optimizer]}"
+    return f"{'checkpointing' if checkpointing else 'no checkpointing'}, {MOMENTS[optimizer]}"
 
 
 def usable_gib(card_gib: float) -> float:
@@ -148,37 +163,38 @@ def layer_activation_bytes(run: Run) -> float:
     return ACTIVATION_BYTES[kind] * run.tokens * run.shape.hidden
 
 
-def estimate(run: Run, checkpointing: bool, optimizer: str, card_gib: float) -> Plan:
-    """The memory of `run` trained with this checkpointing and optimizer on a card with `card_gib` usable."""
+def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: float) -> Plan:
+    """The memory of `run` trained with this checkpointing (True: every layer; a share of the layers) and optimizer
+    on a card with `card_gib` usable."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     shape = run.shape
     params = run.lora_params if run.lora_params is not None else shape.lora_params(run.lora_rank, run.attention)
     weights = run.weights_bytes if run.weights_bytes is not None else shape.total_params_b * 1e9 * 2
     per_layer = layer_activation_bytes(run)
-    if checkpointing:  # each layer's input kept; one layer's activations at a time in the recomputation
-        activations = run.tokens * shape.hidden * 2 * shape.layers + per_layer
-    else:
-        activations = per_layer * shape.layers
+    checkpointed = round(float(checkpointing) * shape.layers)
+    # a checkpointed layer keeps its input, and one at a time holds its activations again in the recomputation
+    activations = run.tokens * shape.hidden * 2 * checkpointed + per_layer * (shape.layers - checkpointed) \
+        + (per_layer if checkpointed else 0)
     head = min(run.tokens, HEAD_CHUNK_TOKENS) * shape.vocab * 2 + run.tokens * shape.hidden * 2
     lora_share = params / run.gpus  # the routed experts by expert parallelism, the rest by FSDP
-    return Plan(checkpointing=checkpointing, optimizer=optimizer, weights_gib=weights / run.gpus / GIB,
-                lora_gib=lora_share * FACTOR_BYTES / GIB, optimizer_gib=lora_share * OPTIMIZER_BYTES[optimizer] / GIB,
+    return Plan(checkpointed=checkpointed, layers=shape.layers, optimizer=optimizer,
+                weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * FACTOR_BYTES / GIB,
+                optimizer_gib=lora_share * OPTIMIZER_BYTES[optimizer] / GIB,
                 activations_gib=activations / GIB, head_gib=head / GIB, slack_gib=SLACK_GIB,
                 host_gib=lora_share * HOST_BYTES[optimizer] / GIB, card_gib=card_gib)
 
 
 def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto",
-               offload: bool = True, gpus: int = 1) -> list[tuple[bool, str]]:
-    """The (checkpointing, optimizer) pairs to try, in order: no checkpointing before checkpointing, float32 moments
-    before 8-bit before offloaded (exact moments are kept while checkpointing alone fits); none less frugal than the
-    recipe's own settings. `mode` "recipe": the recipe's settings only. offload false: no host to offload to (a CPU
-    run). Several GPUs step with float32 moments only (training/recipe.py)."""
+               offload: bool = True, gpus: int = 1) -> list[tuple[float, str]]:
+    """The (share of layers checkpointed, optimizer) pairs to try, in order: fewer checkpointed layers before more,
+    float32 moments before 8-bit before offloaded; none less frugal than the recipe's own settings. `mode` "recipe":
+    the recipe's settings only. offload false: no host (a CPU run). Several GPUs: float32 moments only."""
     if mode == "recipe":
-        return [(checkpointing, optimizer)]
+        return [(float(checkpointing), optimizer)]
     allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):] if gpus == 1 else (optimizer,)
-    return [(ckpt, opt) for opt in allowed if offload or opt != "adamw_offload"
-            for ckpt in (False, True) if ckpt or not checkpointing]
+    shares = (1.0,) if checkpointing else CHECKPOINT_SHARES
+    return [(share, opt) for opt in allowed if offload or opt != "adamw_offload" for share in shares]
 
 
 def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,

@@ -137,8 +137,7 @@ def run(recipe, out=print):
     # Checkpointing and the optimizer's state as the memory plan has them for this card (training/fitting.py).
     fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size)
     (out if fit.plan is not None else _log.info)(fit.words)  # a CPU run has no plan to say beside its steps
-    if fit.checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    fitting.checkpoint_layers(base, fit)
     model.train()
     # After LoRA, so that its factors are sharded and averaged (training/distributed.py); runs the experts-forward
     # guard (on several ranks: layer by layer, on every rank).

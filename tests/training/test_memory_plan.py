@@ -61,8 +61,9 @@ def test_cards_as_listed_leave_the_driver_its_share():
     q36 = Run(Q36, tokens=TOKENS)
     usable = memory_plan.usable_gib
     assert choose(q36, usable(140.4)).name == "no checkpointing, float32 moments"  # an H200
-    # A 96 GB card (95.6 GiB) has 94.7 usable: 95.9 predicted with float32 moments does not fit; 8-bit moments do.
-    assert choose(q36, usable(95.6)).name == "checkpointing, 8-bit moments"
+    # A 96 GB card (95.6 GiB) has 94.7 usable: 95.9 predicted with float32 moments does not fit; 8-bit moments do,
+    # with room left to keep the activations of a quarter of the layers instead of recomputing them.
+    assert choose(q36, usable(95.6)).name == "checkpointing 30 of 40 layers, 8-bit moments"
     # An 80 GB card (79.6 GiB): the weights (65.2) and the float32 factors with their gradients (14.1) fill it.
     assert choose(q36, usable(79.6)) is None
     plan = estimate(q36, True, "adamw_offload", usable(79.6))
@@ -97,8 +98,13 @@ def test_each_part_is_the_arithmetic_of_the_shape():
 def test_a_card_chooses_the_plan_its_step_says():
     run = Run(Q36, tokens=TOKENS)
     ladder = steps(run)
-    assert [p.name for _, p in ladder] == ["checkpointing, moments on the host", "checkpointing, 8-bit moments",
-                                           "checkpointing, float32 moments", "no checkpointing, float32 moments"]
+    assert [p.name for _, p in ladder] == [
+        "checkpointing, moments on the host", "checkpointing, 8-bit moments",
+        "checkpointing 30 of 40 layers, 8-bit moments", "checkpointing, float32 moments",
+        "checkpointing 30 of 40 layers, float32 moments", "checkpointing 20 of 40 layers, float32 moments",
+        "checkpointing 10 of 40 layers, float32 moments", "no checkpointing, float32 moments"]
+    speeds = [p.speed for _, p in ladder]  # a bigger card never runs a slower plan
+    assert speeds == sorted(speeds) and speeds[-1] == 1.0
     for card, plan in ladder:
         assert choose(run, memory_plan.usable_gib(card + 0.01)).name == plan.name
         assert choose(run, memory_plan.usable_gib(card - 0.01)) is None or \

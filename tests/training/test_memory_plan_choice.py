@@ -72,3 +72,43 @@ def test_the_agent_posts_the_event_between_the_points_around_it(tmp_path):
     assert api.calls[1][1] == {"kind": "log", "message": "memory plan (auto): checkpointing"}
     assert [[point["step"] for point in b["points"]] for p, b in api.calls if p == "metrics"] == [[1], [2, 3]]
     assert all("memory_plan" not in point for _, b in api.calls if "points" in b for point in b["points"])
+
+
+def test_a_partial_plan_recomputes_its_first_layers_only_and_trains_as_the_plain_model_does(tmp_path):
+    """Checkpointing some layers changes what is kept, not what is computed: the same loss and LoRA gradients."""
+    import torch
+
+    recipe = RunRecipe.from_dict(tiny_recipe(tmp_path))
+    grads = {}
+    for checkpointed in (0, 1, 2):
+        torch.manual_seed(0)
+        base = train.build_model(recipe.model, "cpu")
+        model = attach_lora(base, r=4, alpha=8)
+        plan = memory_plan.estimate(fitting.counted_run(recipe, model, gpus=1), checkpointed / 2, "adamw", 1.0)
+        assert plan.checkpointed == checkpointed and plan.checkpointing == (checkpointed > 0)
+        choice = fitting.Choice(plan.checkpointing, "adamw", plan, plan.name)
+        assert fitting.checkpoint_layers(base, choice) == checkpointed
+        layers = fitting.distributed.decoder_layers(base)
+        assert [layer.gradient_checkpointing for layer in layers] == [i < checkpointed for i in range(2)]
+        model.train()
+        ids = torch.randint(3, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads[checkpointed] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads[0] and grads[0].keys() == grads[1].keys() == grads[2].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(grads[2][name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_card_a_little_short_of_the_whole_runs_activations_recomputes_a_share_of_the_layers():
+    run = memory_plan.Run(memory_plan.SHAPES["Qwen3-30B-A3B"], tokens=2 * 2048)
+    plain, every = memory_plan.estimate(run, False, "adamw", 0), memory_plan.estimate(run, True, "adamw", 0)
+    # Two GiB short: 12 of the 48 layers keep only their inputs (0.23 GiB less each, less one layer's activations
+    # held again in the recomputation) and free 2.6 GiB.
+    card = plain.total_gib - 2.0
+    plan = memory_plan.choose(run, card)
+    assert plan.name == "checkpointing 12 of 48 layers, float32 moments" and plan.fits
+    assert every.activations_gib < plan.activations_gib < plain.activations_gib
+    assert every.speed < plan.speed < plain.speed == 1.0
+    assert plan.speed == pytest.approx(1 / (1 + (1 / memory_plan.CHECKPOINTING_SPEED - 1) / 4))
+    assert plan.to_dict()["checkpointed_layers"] == 12
