@@ -117,8 +117,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     checkpointing = plan.checkpointing if plan is not None else checkpointing
     groups = parameter_groups(model)
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
-    optimizer = optimizers.build(plan.optimizer if plan is not None else MEMORY["optimizer"], groups["trainable"],
-                                 lr=1e-4, weight_decay=0.0, device=DEVICE)
+    optimizer = eight_bit_or_built(plan.optimizer if plan is not None else MEMORY["optimizer"], groups["trainable"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
     if kind == "dpo":
         micro, loss_fn = preference_batches(config, accum, batch, seq_len), dpo_loss
@@ -160,6 +159,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "backend": backend, "cuda_graphs_replayed": runner is not None and runner.replaying, "layers": layers,
         "phase": kind, "attention": model.config._attn_implementation, "packed_mean_tokens": packed,
         "gradient_checkpointing": checkpointing, "optimizer": type(optimizer).__name__,
+        "optimizer_from": type(optimizer).__module__.split(".")[0],
         "memory_budget_gib": MEMORY["budget_gib"], "memory_plan": plan.to_dict() if plan is not None else None,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(),
@@ -188,8 +188,15 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     return result
 
 
-# The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan), set once by main.
-MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off"}
+# The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan, --eight-bit), set by main.
+MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off", "eight_bit": "torchao"}
+
+
+def eight_bit_or_built(name, params):
+    """The optimizer the trainer would build; with --eight-bit triton, 8-bit moments on our own kernel instead."""
+    if name == "adamw_8bit" and MEMORY["eight_bit"] == "triton":
+        return optimizers.AdamW8bit(params, lr=1e-4)
+    return optimizers.build(name, params, lr=1e-4, weight_decay=0.0, device=DEVICE)
 
 
 def planned(model, tokens, checkpointing):
@@ -550,6 +557,8 @@ def main():
     parser.add_argument("--memory-plan", choices=("off", "auto"), default="off",
                         help="auto: ours takes the memory plan the trainer would (checkpointing, optimizer state) in "
                              "the budget, instead of trying without checkpointing first")
+    parser.add_argument("--eight-bit", choices=("torchao", "triton"), default="torchao",
+                        help="8-bit moments from torchao (what the trainer builds) or training/kernels/adamw8bit.py")
     parser.add_argument("--smoke", action="store_true",
                         help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()
@@ -570,7 +579,8 @@ def main():
         args.eval_rows = 2
     if args.gpus > 1:
         return measure_ranks(args)
-    MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan)
+    MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan,
+                  eight_bit=args.eight_bit)
     if args.memory_budget_gib and DEVICE.type == "cuda":
         total_gib = torch.cuda.get_device_properties(DEVICE).total_memory / 2**30
         fraction = min(1.0, args.memory_budget_gib / total_gib)
