@@ -4,7 +4,6 @@ import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -18,32 +17,21 @@ from training.agent.metrics import forward_metrics, to_point
 from training.agent.retry import JITTER, backoff_s, retried
 from training.agent.self_stop import stop_machine
 from training.agent.uploads import Uploader
+from tests.http_servers import QuietHandler, serving
 
 
-class _Dashboard(BaseHTTPRequestHandler):
+class _Dashboard(QuietHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.posts.append((self.path, body, self.headers["Authorization"]))
-        answer = self.server.answers.get(self.path.rsplit("/", 1)[-1], {})
-        data = json.dumps(answer).encode()
-        self.send_response(self.server.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.answer(self.server.status, self.server.answers.get(self.path.rsplit("/", 1)[-1], {}))
 
 
 @pytest.fixture
 def dashboard():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard)
-    server.posts, server.answers = [], {"metrics": {"stored": 0}, "heartbeat": {"command": "continue"}}
-    server.status = 200
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    answers = {"metrics": {"stored": 0}, "heartbeat": {"command": "continue"}}
+    with serving(_Dashboard, posts=[], answers=answers, status=200) as server:
+        yield server
 
 
 def _api(server):

@@ -6,9 +6,7 @@ them; a weight file another host changed is downloaded again, at the commit the 
 import fnmatch
 import hashlib
 import json
-import threading
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from runs.models import ModelManifest, Run
 from training import model_source
 from training.agent.inputs import fetch_model
 from training.agent.volume import SIM_MOUNTS
+from tests.http_servers import QuietHandler, serving
 
 from .test_storage_s3 import _Recorder
 
@@ -30,40 +29,26 @@ SMALL = {"config.json": b'{"model_type": "qwen3_moe"}', "tokenizer_config.json":
 MOUNT = {"mount_path": "/workspace/models"}
 
 
-class _Hub(BaseHTTPRequestHandler):
+class _Hub(QuietHandler):
     """The hub's model API: /api/models/{repo}/revision/{revision}?blobs=True, as huggingface_hub reads it."""
 
     def do_GET(self):
         self.server.asked.append(self.path)
         if not self.path.startswith(f"/api/models/{REPO}/revision/main"):
-            return self._answer(404, {"error": "Repository not found"})
+            return self.answer(404, {"error": "Repository not found"})
         siblings = [{"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest(),
                      "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
                     for name, data in WEIGHTS.items()]
         siblings += [{"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
                      for name, data in SMALL.items()]
-        self._answer(200, {"id": REPO, "modelId": REPO, "sha": COMMIT, "private": False, "siblings": siblings})
-
-    def _answer(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.answer(200, {"id": REPO, "modelId": REPO, "sha": COMMIT, "private": False, "siblings": siblings})
 
 
 @pytest.fixture
 def hub(settings):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    server.asked = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    settings.HF_ENDPOINT = f"http://127.0.0.1:{server.server_port}"
-    yield server
-    server.shutdown()
+    with serving(_Hub, asked=[]) as server:
+        settings.HF_ENDPOINT = f"http://127.0.0.1:{server.server_port}"
+        yield server
 
 
 @pytest.fixture

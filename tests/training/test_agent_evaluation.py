@@ -5,9 +5,7 @@ overruns its time limit (evaluation/failed with the reason), long texts cut, and
 import json
 import os
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,11 +14,12 @@ from training.agent.evaluation import CUT_MARK, MAX_TEXT_CHARS, evaluate
 from training.agent.exit_codes import Exit
 from training.agent.heartbeat import Heartbeat
 from training.agent.run import run
+from tests.http_servers import QuietHandler, serving
 
 from .tiny_eval_run import tiny_eval_recipe, train_tiny_eval_run
 
 
-class _Dashboard(BaseHTTPRequestHandler):
+class _Dashboard(QuietHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         path = self.path.split("/api/agent/v1/", 1)[-1]
@@ -29,35 +28,19 @@ class _Dashboard(BaseHTTPRequestHandler):
         status, answer = queued.pop(0) if len(queued) > 1 else (queued[0] if queued else (200, {}))
         if path == "heartbeat" and body.get("state") in self.server.refused_states:
             status, answer = 422, {"detail": [{"msg": "unknown state"}]}
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.answer(status, answer)
 
     def do_GET(self):
-        data = json.dumps(self.server.spec).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.answer(200, self.server.spec)
 
 
 @pytest.fixture
 def dashboard():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard)
-    server.posts, server.refused_states = [], set()
-    server.answers = {"heartbeat": [(200, {"command": "continue"})], "evaluation/start": [(200, {"done": []})],
-                      "evaluation/samples": [(200, {"recorded": 1})], "evaluation/finish": [(200, {})],
-                      "evaluation/failed": [(200, {})]}
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    answers = {"heartbeat": [(200, {"command": "continue"})], "evaluation/start": [(200, {"done": []})],
+               "evaluation/samples": [(200, {"recorded": 1})], "evaluation/finish": [(200, {})],
+               "evaluation/failed": [(200, {})]}
+    with serving(_Dashboard, posts=[], refused_states=set(), answers=answers) as server:
+        yield server
 
 
 @pytest.fixture

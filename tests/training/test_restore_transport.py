@@ -3,8 +3,6 @@
 
 import hashlib
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -12,39 +10,26 @@ from training.agent import resume
 from training.agent import run as agent_run
 from training.agent.heartbeat import Heartbeat
 from training.agent.retry import JITTER
+from tests.http_servers import QuietHandler, serving
 
 NAME = "ckpt-p01-s00000004"
 DATA = b"optimizer state" * 64
 
 
-class _Store(BaseHTTPRequestHandler):
+class _Store(QuietHandler):
     """A checkpoint store that answers the first `failures` GETs with `status`, then the file."""
 
     def do_GET(self):
         self.server.gets += 1
         if self.server.gets <= self.server.failures:
-            self.send_response(self.server.status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        body = self.server.body
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+            return self.answer(self.server.status)
+        self.answer(200, self.server.body)
 
 
 @pytest.fixture
 def store_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Store)
-    server.gets, server.failures, server.status, server.body = 0, 0, 503, DATA
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(_Store, gets=0, failures=0, status=503, body=DATA) as server:
+        yield server
 
 
 class _Dashboard:
