@@ -8,6 +8,7 @@ with its state's bytes and how far its factors drift from float32 AdamW's after 
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -48,10 +49,16 @@ def state_bytes(optimizer):
     return total
 
 
-def measure(name, make, shapes, steps, device):
+def starting_factors(shapes, device):
+    """The factors every optimizer starts from: the same random values for each."""
     generator = torch.Generator(device=device).manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(shape, device=device, generator=generator) * 0.01) for shape in shapes]
-    initial = [p.detach().clone() for p in params] if name == "adamw" else None
+    return [torch.randn(shape, device=device, generator=generator) * 0.01 for shape in shapes]
+
+
+def measure(make, initial, steps, device):
+    """(figures, the factors after `steps` timed steps) of the optimizer `make` builds, from `initial`."""
+    generator = torch.Generator(device=device)
+    params = [torch.nn.Parameter(x.clone()) for x in initial]
     optimizer = make(params)
     seconds = []
     for step in range(steps + 1):  # the first: warm-up (state made, kernels compiled)
@@ -69,7 +76,7 @@ def measure(name, make, shapes, steps, device):
             seconds.append(time.perf_counter() - start)
     result = {"ms_per_step": round(1000 * sorted(seconds)[len(seconds) // 2], 2),
               "state_bytes": state_bytes(optimizer)}
-    return result, [p.detach() for p in params], initial
+    return result, [p.detach() for p in params]
 
 
 def main():
@@ -88,17 +95,15 @@ def main():
           f"{count / 1e9:.3f} billion factors, {steps} timed steps", flush=True)
     makers = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=device.type == "cuda"),
               "ours_8bit": lambda ps: optimizers.AdamW8bit(ps, lr=1e-4)}
-    try:
-        import torchao.optim  # noqa: F401
-
+    if importlib.util.find_spec("torchao") is not None:
         makers["torchao_8bit"] = lambda ps: optimizers.build("adamw_8bit", ps, lr=1e-4, weight_decay=0.0,
                                                              device=device)
-    except ImportError as exc:
-        print(f"torchao not measured: {exc}", flush=True)
-    results, finals, initial = {}, {}, None
+    else:
+        print("torchao not measured: it is not installed", flush=True)
+    initial = starting_factors(shapes, device)
+    results, finals = {}, {}
     for name, make in makers.items():
-        results[name], finals[name], start = measure(name, make, shapes, steps, device)
-        initial = initial if start is None else start
+        results[name], finals[name] = measure(make, initial, steps, device)
         print(f"{name}: {results[name]}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()

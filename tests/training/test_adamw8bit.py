@@ -54,14 +54,12 @@ def _reference_step(p, state, step_number):
 def test_later_steps_are_the_reference_arithmetic_and_the_codes_its_codes():
     ours, theirs = _params((3, 700)), _params((3, 700))
     optimizer = optimizers.AdamW8bit(ours, **HYPER)
-    reference = {}
+    reference = {"m": torch.zeros(2100, dtype=torch.int8), "v": torch.zeros(2100, dtype=torch.uint8),
+                 "ms": torch.zeros(9), "vs": torch.zeros(9)}  # 2,100 elements: 9 blocks of 256, the last partial
     for step in range(1, 6):
         for params in (ours, theirs):
             _grads(params, seed=10 + step)
         optimizer.step()
-        if not reference:
-            reference = {"m": torch.zeros(2100, dtype=torch.int8), "v": torch.zeros(2100, dtype=torch.uint8),
-                         "ms": torch.zeros(9), "vs": torch.zeros(9)}
         _reference_step(theirs[0], reference, step)
         torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
         state = optimizer.state[ours[0]]

@@ -6,8 +6,9 @@ import json
 import logging
 
 import pytest
+import torch
 
-from training import fitting, memory_plan, train
+from training import distributed, fitting, memory_plan, train
 from training.agent.metrics import forward_metrics
 from training.examples.tiny import tiny_recipe
 from training.lora import attach_lora
@@ -76,8 +77,6 @@ def test_the_agent_posts_the_event_between_the_points_around_it(tmp_path):
 
 def test_a_partial_plan_recomputes_its_first_layers_only_and_trains_as_the_plain_model_does(tmp_path):
     """Checkpointing some layers changes what is kept, not what is computed: the same loss and LoRA gradients."""
-    import torch
-
     recipe = RunRecipe.from_dict(tiny_recipe(tmp_path))
     grads = {}
     for checkpointed in (0, 1, 2):
@@ -88,7 +87,7 @@ def test_a_partial_plan_recomputes_its_first_layers_only_and_trains_as_the_plain
         assert plan.checkpointed == checkpointed and plan.checkpointing == (checkpointed > 0)
         choice = fitting.Choice(plan.checkpointing, "adamw", plan, plan.name)
         assert fitting.checkpoint_layers(base, choice) == checkpointed
-        layers = fitting.distributed.decoder_layers(base)
+        layers = distributed.decoder_layers(base)
         assert [layer.gradient_checkpointing for layer in layers] == [i < checkpointed for i in range(2)]
         model.train()
         ids = torch.randint(3, 100, (2, 16), generator=torch.Generator().manual_seed(1))
