@@ -25,10 +25,12 @@ def tiny_model_folder(folder: Path) -> dict[str, int]:
     """The example recipe's tiny Qwen3-MoE, its random weights saved in several safetensors shards beside a byte-level
     tokenizer, as a model's folder is stored; {file name: size}."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
     fields = dict(tiny_recipe()["model"]["config"])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)  # the same weights every run: a draw the trainer's guards refuse would fail it by chance
     AutoModelForCausalLM.from_config(config).save_pretrained(folder, max_shard_size="40KB")
     vocab = {char: index for index, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     vocab["<|endoftext|>"] = len(vocab)  # 257 tokens, inside the model's 260
