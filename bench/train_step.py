@@ -34,12 +34,13 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
         a card's memory imposed (torch.cuda.set_per_process_memory_fraction) and the plan the trainer would take in
         it (training/memory_plan.py: checkpointing, optimizer state), with its predicted figures beside the measured
     python bench/train_step.py --backends ours --optimizer adamw_8bit [--memory-budget-gib 80]   8-bit moments
-        (torchao's AdamW8bit), or adamw_offload (moments on the host)
+        (ours, training/kernels/adamw8bit.py; --eight-bit torchao for torchao's), or adamw_offload (on the host)
 """
 
 import argparse
 import contextlib
 import gc
+import importlib
 import json
 import os
 import subprocess
@@ -189,13 +190,13 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
 
 
 # The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan, --eight-bit), set by main.
-MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off", "eight_bit": "torchao"}
+MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off", "eight_bit": "ours"}
 
 
 def eight_bit_or_built(name, params):
-    """The optimizer the trainer would build; with --eight-bit triton, 8-bit moments on our own kernel instead."""
-    if name == "adamw_8bit" and MEMORY["eight_bit"] == "triton":
-        return optimizers.AdamW8bit(params, lr=1e-4)
+    """The optimizer the trainer would build; with --eight-bit torchao, torchao's 8-bit moments instead of ours."""
+    if name == "adamw_8bit" and MEMORY["eight_bit"] == "torchao":
+        return importlib.import_module("torchao.optim").AdamW8bit(params, lr=1e-4)
     return optimizers.build(name, params, lr=1e-4, weight_decay=0.0, device=DEVICE)
 
 
@@ -551,14 +552,14 @@ def main():
     parser.add_argument("--eval-rows", type=int, default=16, metavar="R",
                         help="held-out rows of --seq-len tokens (with --phase dpo: pairs) each validation reads")
     parser.add_argument("--optimizer", choices=memory_plan.OPTIMIZERS, default="adamw",
-                        help="the optimizer's state: float32 moments, 8-bit (torchao) or on the host")
+                        help="the optimizer's state: float32 moments, 8-bit or on the host")
     parser.add_argument("--memory-budget-gib", type=float, metavar="GIB",
                         help="the memory of a smaller card, imposed with torch.cuda.set_per_process_memory_fraction")
     parser.add_argument("--memory-plan", choices=("off", "auto"), default="off",
                         help="auto: ours takes the memory plan the trainer would (checkpointing, optimizer state) in "
                              "the budget, instead of trying without checkpointing first")
-    parser.add_argument("--eight-bit", choices=("torchao", "triton"), default="torchao",
-                        help="8-bit moments from torchao (what the trainer builds) or training/kernels/adamw8bit.py")
+    parser.add_argument("--eight-bit", choices=("ours", "torchao"), default="ours",
+                        help="8-bit moments on training/kernels/adamw8bit.py (what the trainer builds) or torchao's")
     parser.add_argument("--smoke", action="store_true",
                         help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 GIB = 2**30
 OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload")
-MEMORY_PLANS = ("auto", "recipe")  # auto: the cheapest plan that fits, never less frugal than the recipe says
+MEMORY_PLANS = ("auto", "recipe")  # auto: the fastest plan that fits, never less frugal than the recipe says
 
 # Bytes on the card per LoRA parameter: peft keeps the factors in float32 over a bf16 base, and so their gradients.
 FACTOR_BYTES = 4 + 4
-# The optimizer state on the card per LoRA parameter: AdamW's two float32 moments; torchao's AdamW8bit keeps each
-# moment in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them (and a float32 copy of
-# the factors) in the host's memory.
+# The optimizer state on the card per LoRA parameter: AdamW's two float32 moments; AdamW8bit (training/optimizers.py)
+# keeps each moment in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them (and a float32
+# copy of the factors) in the host's memory.
 OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2 * (1 + 4 / 256), "adamw_offload": 0.0}
 HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8}  # pinned host memory per LoRA parameter
 
@@ -20,22 +20,23 @@ HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8}  # pi
 # one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 GiB reserved (full
 # attention), Qwen3.6-35B-A3B 119.2 GiB (three DeltaNet layers in four keep their gates, convolutions and chunk states).
 ACTIVATION_BYTES = {"attention": 32.0, "linear_attention": 81.0}
-# The rest of the reserve beside what is counted (allocator blocks, cuBLAS workspaces, the step's small tensors):
-# 35B-A3B and 30B-A3B with checkpointing leave 0.6 and 0.9 GiB uncounted.
-SLACK_GIB = 0.8
+# The rest of the reserve beside what is counted (allocator blocks, cuBLAS workspaces, the step's small tensors): the
+# same 30B-A3B run reserved 89.2 GiB in one lease and 90.3 in another; 1.4 keeps every measured 30B-A3B point within
+# 0.7 GiB (0.8 let a plan predicted at 73.8 of 74 GiB run out of memory).
+SLACK_GIB = 1.4
 CONTEXT_GIB = 0.9  # what the driver and CUDA context keep of a card's memory: a 96 GB card has about 95 GiB usable
 HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of this many tokens at a time, in bf16
 
 # Throughput of each plan against no checkpointing and float32 moments in the card (one H200, r=32, 8 x 2 x 2048
 # tokens). Checkpointing recomputes every layer's forward: 8,735 against 11,961 tokens/s on 35B-A3B (0.73), 16,601
-# against 22,684 on 30B-A3B (0.73). torchao's 8-bit step dequantizes and requantizes every moment once per optimizer
-# step: 0.48 s of 2.45 on 30B-A3B (13,361 against 16,601 tokens/s with checkpointing, 0.80). The offloaded step
+# against 22,684 on 30B-A3B (0.73). Our 8-bit step (training/kernels/adamw8bit.py) takes 36 ms against fused AdamW's
+# 14.5 on 30B-A3B's adapter: 16,315 against 16,601 tokens/s with checkpointing (0.98). The offloaded step
 # copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7.
 CHECKPOINTING_SPEED = 0.74
 # The shares of the decoder layers a plan may checkpoint: the fewest that fit, so that a card a little short of the
 # whole run's activations recomputes only some layers (the first ones: training/fitting.checkpoint_layers).
 CHECKPOINT_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
-OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.8, "adamw_offload": 0.7}
+OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.98, "adamw_offload": 0.7}
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,9 @@ def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool
 
 def choose(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
            mode: str = "auto", offload: bool = True) -> Plan | None:
-    """The first candidate that fits in `usable` GiB, or None when none does."""
-    return next((plan for plan in plans(run, usable, optimizer, checkpointing, mode, offload) if plan.fits), None)
+    """The fastest candidate that fits in `usable` GiB (the first of equals), or None when none does."""
+    fitting = [plan for plan in plans(run, usable, optimizer, checkpointing, mode, offload) if plan.fits]
+    return max(fitting, key=lambda plan: plan.speed, default=None)
 
 
 def smallest_card_gib(run: Run, optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto") -> float:
@@ -219,15 +221,13 @@ def smallest_card_gib(run: Run, optimizer: str = "adamw", checkpointing: bool = 
 def steps(run: Run, optimizer: str = "adamw", checkpointing: bool = False,
           mode: str = "auto") -> list[tuple[float, Plan]]:
     """(least card GiB, plan) for each plan some card would choose, smallest card first: a card of at least that
-    memory, and less than the next entry's, runs that plan."""
+    memory, and less than the next entry's, runs that plan (a faster one the more memory it has)."""
     found: list[tuple[float, Plan]] = []
-    least = float("inf")
-    for plan in plans(run, 0.0, optimizer, checkpointing, mode):  # a card takes the first that fits it
-        card = plan.total_gib + CONTEXT_GIB
-        if card < least:  # chosen on cards too small for every plan tried before it
-            found.append((card, plan))
-            least = card
-    return found[::-1]
+    for need in sorted({plan.total_gib for plan in plans(run, 0.0, optimizer, checkpointing, mode)}):
+        plan = choose(run, need, optimizer, checkpointing, mode)  # a card with just `need` usable
+        if plan is not None and (not found or plan.speed > found[-1][1].speed):
+            found.append((need + CONTEXT_GIB, plan))
+    return found
 
 
 def shape_from_config(config, linear_attention: bool) -> ModelShape:

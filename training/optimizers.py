@@ -1,19 +1,17 @@
-"""The optimizer a phase steps with: AdamW with float32 moments, torchao's AdamW8bit (8-bit moments) or AdamW on the
-host (`HostAdamW`, GPU only); `AdamW8bit`, 8-bit moments on our own kernel, is measured beside them. Their state is
-saved as AdamW's own, float32 moments in plain tensors, which any of them resumes from (docs/training.md,
-"training/optimizers.py")."""
-
-import contextlib
+"""The optimizer a phase steps with: AdamW with float32 moments, `AdamW8bit` (8-bit moments on our own kernel) or
+AdamW on the host (`HostAdamW`, GPU only). Their state is saved as AdamW's own, float32 moments in plain tensors, which
+any of them resumes from (docs/training.md, "training/optimizers.py")."""
 
 import torch
 
 from training.kernels import adamw8bit
+from training.kernels._config import interpreting
 from training.memory_plan import OPTIMIZERS
 from training.recipe import RecipeError
 
 
 class OptimizerError(RecipeError):
-    """The optimizer cannot run here (offloading on a CPU-only run, torchao missing)."""
+    """The optimizer cannot run here (offloading on a CPU-only run, a parameter it cannot step)."""
 
 
 class HostAdamW(torch.optim.Optimizer):
@@ -100,7 +98,8 @@ class AdamW8bit(torch.optim.Optimizer):
                     raise OptimizerError("adamw_8bit steps contiguous parameters only")
                 state = self._state(p)
                 state["step"] += 1
-                adamw8bit.step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"],
+                run = adamw8bit.step if p.is_cuda or interpreting() else adamw8bit.step_in_torch
+                run(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"],
                                state["exp_avg_sq_scale"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                                weight_decay=group["weight_decay"], step_number=float(state["step"]))
         return None
@@ -126,15 +125,6 @@ class AdamW8bit(torch.optim.Optimizer):
             entry["step"] = torch.as_tensor(entry["step"], dtype=torch.float32).cpu()
 
 
-def _torchao_optim():
-    try:
-        import torchao.optim
-    except ImportError as exc:
-        raise OptimizerError("optimizer adamw_8bit needs torchao (requirements/worker.txt), which cannot be imported "
-                             f"here: {exc}") from None
-    return torchao.optim
-
-
 def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch.optim.Optimizer:
     """The optimizer `name` (memory_plan.OPTIMIZERS) over `params` on `device`."""
     device = torch.device(device)
@@ -142,7 +132,7 @@ def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
     if name == "adamw_8bit":
-        return _torchao_optim().AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+        return AdamW8bit(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw_offload":
         if device.type != "cuda":
             raise OptimizerError("optimizer adamw_offload moves the optimizer's state from the GPU to the host, and "
@@ -151,55 +141,17 @@ def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch
     raise OptimizerError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
-def step_context(optimizer, device):
-    """Where `optimizer.step()` runs: torchao compiles its 8-bit step once per parameter shape, tens of seconds each
-    on a CPU, where it gains nothing; there it runs eagerly, the same arithmetic."""
-    if torch.device(device).type == "cpu" and type(optimizer).__module__.startswith("torchao"):
-        return torch.compiler.set_stance("force_eager")
-    return contextlib.nullcontext()
-
-
-def _plain(value):
-    """A rate torchao keeps as a tensor, as a number."""
-    return float(value) if torch.is_tensor(value) else value
-
-
-def _dequantized(value):
-    """A moment as float32: torchao's 8-bit ones (OptimState8bit) dequantized into a plain tensor; any other (a plain
-    or a sharded DTensor moment of AdamW's) as it is."""
-    if not type(value).__module__.startswith("torchao"):
-        return value
-    return value.dequantize().float().as_subclass(torch.Tensor)
-
-
 def state_dict(optimizer) -> dict:
-    """AdamW's own state dict with plain float32 moments and rates as numbers, whichever optimizer this is: what a
-    checkpoint holds (plain tensors, loaded with weights_only) and any of them resumes from."""
+    """AdamW's own state dict with plain float32 moments, whichever optimizer this is (ours 8-bit decodes its codes):
+    what a checkpoint holds (plain tensors, loaded with weights_only) and any of them resumes from."""
     saved = optimizer.state_dict()
-    state = {index: {key: value if key == "step" else _dequantized(value) for key, value in entry.items()}
-             for index, entry in saved["state"].items()}
-    groups = [{key: _plain(value) for key, value in group.items()} for group in saved["param_groups"]]
-    return {"state": state, "param_groups": groups}
+    return {"state": saved["state"], "param_groups": saved["param_groups"]}
 
 
 def load_state_dict(optimizer, saved: dict) -> None:
-    """`state_dict`'s form (AdamW's own, as every checkpoint holds it) into `optimizer`, each moment put in the form
-    this optimizer keeps it (8-bit where torchao's does)."""
+    """`state_dict`'s form (AdamW's own, as every checkpoint holds it) into `optimizer`: its own settings kept where
+    the checkpoint lacks one (another optimizer saved it), each moment put in the form this optimizer keeps it."""
     own = optimizer.state_dict()
     groups = [{**mine, **{key: value for key, value in theirs.items() if key in mine and key != "params"}}
               for mine, theirs in zip(own["param_groups"], saved["param_groups"], strict=True)]
     optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
-    new_buffer = getattr(optimizer, "_new_buffer", None)
-    if new_buffer is None:  # torch's AdamW, or the host's
-        return
-    for group in optimizer.param_groups:  # torchao steps with tensor rates
-        for key in ("lr", "initial_lr"):
-            if key in group and not torch.is_tensor(group[key]):
-                group[key] = torch.tensor(float(group[key]), dtype=torch.float32)
-        for p in group["params"]:
-            entry = optimizer.state.get(p)
-            for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
-                if entry and key in entry and type(entry[key]) is torch.Tensor:
-                    buffer = new_buffer(p, signed)
-                    buffer.copy_(entry[key].to(buffer.device))
-                    entry[key] = buffer

@@ -114,9 +114,8 @@ class Trainee:
             coef = (self.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
             grads = [distributed.local(p.grad) for p in groups["trainable"] if p.grad is not None]
             torch._foreach_mul_(grads, coef.to(grads[0].device))
-        lr = float(scheduler.get_last_lr()[0])  # torchao keeps its rate as a tensor
-        with optimizers.step_context(optimizer, device):
-            optimizer.step()
+        lr = float(scheduler.get_last_lr()[0])
+        optimizer.step()
         scheduler.step()
         if self.graphs is not None:
             self.graphs.zero_grads()  # in place: captured graphs accumulate into these tensors

@@ -127,9 +127,9 @@ class RunRecipe:
     max_grad_norm: float = 1.0
     promote: dict | None = None  # with an eval phase: {metric, min_gain, min_score} (PROMOTE_DEFAULTS)
     gradient_checkpointing: bool = False
-    # adamw (float32 moments) | adamw_8bit (torchao's 8-bit moments) | adamw_offload (moments on the host, GPU only)
+    # adamw (float32 moments) | adamw_8bit (8-bit moments, our kernel) | adamw_offload (moments on the host, GPU only)
     optimizer: str = "adamw"
-    # auto: on one GPU the trainer takes the cheapest plan that fits the memory it finds (training/memory_plan.py),
+    # auto: on one GPU the trainer takes the fastest plan that fits the memory it finds (training/memory_plan.py),
     # never less frugal than gradient_checkpointing and optimizer say; recipe: those two as they are.
     memory_plan: str = "auto"
     # On a GPU, CPT/SFT/DPO/KTO micro-steps of one shape are captured once and replayed (DPO/KTO rows are then padded

@@ -1,6 +1,7 @@
 """The 8-bit AdamW kernel (training/kernels/adamw8bit.py, in Triton's interpreter here): its first step is AdamW's,
-later steps are the torch reference's (the same codes decoded, updated, encoded again), moments survive encoding
-within their companded precision, and the optimizer trains a small model to the loss float32 moments reach."""
+later steps are its torch twin's (the same codes decoded, updated, encoded again; what a CPU steps with), moments
+survive encoding within their companded precision, and the optimizer trains a small model to the loss float32
+moments reach."""
 
 import statistics
 
@@ -37,20 +38,6 @@ def test_the_first_step_is_adamws():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _reference_step(p, state, step_number):
-    """The kernel's arithmetic in torch: decode, AdamW's update, encode."""
-    beta1, beta2 = HYPER["betas"]
-    m = adamw8bit.decode(state["m"], state["ms"], False).view(p.shape)
-    v = adamw8bit.decode(state["v"], state["vs"], True).view(p.shape)
-    m = beta1 * m + (1 - beta1) * p.grad
-    v = beta2 * v + (1 - beta2) * p.grad * p.grad
-    bias1, bias2 = 1 - beta1 ** step_number, (1 - beta2 ** step_number) ** 0.5
-    with torch.no_grad():
-        p.mul_(1 - HYPER["lr"] * HYPER["weight_decay"])
-        p.sub_(HYPER["lr"] / bias1 * m / (v.sqrt() / bias2 + HYPER["eps"]))
-    (state["m"], state["ms"]), (state["v"], state["vs"]) = adamw8bit.encode(m, False), adamw8bit.encode(v, True)
-
-
 def test_later_steps_are_the_reference_arithmetic_and_the_codes_its_codes():
     ours, theirs = _params((3, 700)), _params((3, 700))
     optimizer = optimizers.AdamW8bit(ours, **HYPER)
@@ -60,7 +47,9 @@ def test_later_steps_are_the_reference_arithmetic_and_the_codes_its_codes():
         for params in (ours, theirs):
             _grads(params, seed=10 + step)
         optimizer.step()
-        _reference_step(theirs[0], reference, step)
+        adamw8bit.step_in_torch(theirs[0].data, theirs[0].grad, reference["m"], reference["v"], reference["ms"],
+                                reference["vs"], lr=HYPER["lr"], beta1=HYPER["betas"][0], beta2=HYPER["betas"][1],
+                                eps=HYPER["eps"], weight_decay=HYPER["weight_decay"], step_number=step)
         torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
         state = optimizer.state[ours[0]]
         torch.testing.assert_close(state["exp_avg_scale"], reference["ms"], rtol=1e-5, atol=0)
@@ -68,6 +57,22 @@ def test_later_steps_are_the_reference_arithmetic_and_the_codes_its_codes():
         for key, ref in (("exp_avg", "m"), ("exp_avg_sq", "v")):
             off = (state[key].int() - reference[ref].int()).abs()
             assert off.max() <= 1 and (off > 0).float().mean() < 0.01
+
+
+def test_outside_the_interpreter_a_cpu_steps_in_torch_as_the_kernel_does(monkeypatch):
+    """A CPU run of the trainer (no GPU, no TRITON_INTERPRET) gets the same optimizer, stepped in torch."""
+    kernel, torch_only = _params((3, 700)), _params((3, 700))
+    optimizers_ = [optimizers.AdamW8bit(kernel, **HYPER), optimizers.AdamW8bit(torch_only, **HYPER)]
+    for step in range(1, 4):
+        for params in (kernel, torch_only):
+            _grads(params, seed=20 + step)
+        optimizers_[0].step()
+        monkeypatch.setattr(optimizers, "interpreting", lambda: False)
+        optimizers_[1].step()
+        monkeypatch.undo()
+        torch.testing.assert_close(kernel[0], torch_only[0], rtol=1e-5, atol=1e-6)
+    assert optimizers.build("adamw_8bit", torch_only, lr=1e-3, weight_decay=0.0, device="cpu").__class__ is \
+        optimizers.AdamW8bit  # what a recipe's adamw_8bit gets
 
 
 @pytest.mark.parametrize("second", [False, True])

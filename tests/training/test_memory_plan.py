@@ -12,18 +12,26 @@ from training import head_loss, memory_plan
 from training.memory_plan import SHAPES, Run, choose, estimate, steps
 
 Q36, Q30 = SHAPES["Qwen3.6-35B-A3B"], SHAPES["Qwen3-30B-A3B"]
+# What the benchmark measured: the text model alone, 34.66 billion parameters (the published checkpoint, which the
+# trainer loads whole, adds its vision tower).
+Q36_TEXT = replace(Q36, total_params_b=34.66)
 TOKENS = 2 * 2048
 
-# (model, checkpointing, measured peak reserved GiB): the calibration points.
+# (model, checkpointing (a share of the layers), optimizer, measured peak reserved GiB): the calibration points.
 MEASURED = [
-    (Q36, False, 119.2),  # whole H200, 11,961 tokens/s
-    (Q36, True, 95.1),  # 96 GiB budget, 8,735 tokens/s
-    (Q30, True, 78.2),  # 80 GiB budget, 16,365 tokens/s
-    (Q30, False, 89.2),  # whole H200 (bench/NOTES_train_step.md), 21,341 tokens/s
+    (Q36_TEXT, False, "adamw", 119.2),  # whole H200, 11,961 tokens/s
+    (Q36_TEXT, True, "adamw", 95.1),  # 96 GiB budget, 8,735 tokens/s
+    (Q30, True, "adamw", 78.2),  # 80 GiB budget, 16,365 tokens/s
+    (Q30, True, "adamw", 78.7),  # again in another lease, 16,601 tokens/s
+    (Q30, False, "adamw", 89.2),  # whole H200 (bench/NOTES_train_step.md), 21,341 tokens/s
+    (Q30, False, "adamw", 90.3),  # again in another lease, 22,684 tokens/s
+    (Q30, 0.5, "adamw_8bit", 77.4),  # 80 GiB budget, our 8-bit moments, 18,687 tokens/s
+    (Q30, True, "adamw_8bit", 71.6),  # 74 GiB budget, our 8-bit moments, 16,315 tokens/s
 ]
-# How far off the model may be: the 35B-A3B points come out 0.7-0.8 GiB high (its counted weights and adapters are
-# 0.5 GiB over the measured 92.8 GiB allocated), the 30B-A3B points within 0.1.
-TOLERANCE_GIB = 1.0
+# How far off the model may be. The same run reserves up to 1.1 GiB more in one lease than in another (89.2 and 90.3
+# above), so the slack is set to keep every 30B-A3B point within 0.7 GiB either way; the 35B-A3B points come out 0.7
+# GiB high. Over is safe: a plan predicted too small is a run out of memory on a rented card.
+UNDER_GIB, OVER_GIB = 0.7, 1.5
 
 
 def shape_with_layers(shape, layers):
@@ -33,28 +41,34 @@ def shape_with_layers(shape, layers):
     return replace(shape, layers=layers, total_params_b=outside + per_layer * layers)
 
 
-@pytest.mark.parametrize(("shape", "checkpointing", "reserved"), MEASURED)
-def test_the_predicted_reserve_is_within_a_gib_of_the_measured_one(shape, checkpointing, reserved):
-    plan = estimate(Run(shape, tokens=TOKENS), checkpointing, "adamw", 141.0)
-    assert plan.total_gib == pytest.approx(reserved, abs=TOLERANCE_GIB)
+@pytest.mark.parametrize(("shape", "checkpointing", "optimizer", "reserved"), MEASURED)
+def test_the_predicted_reserve_is_close_to_the_measured_one_and_rarely_under(shape, checkpointing, optimizer,
+                                                                             reserved):
+    plan = estimate(Run(shape, tokens=TOKENS), checkpointing, optimizer, 141.0)
+    assert -UNDER_GIB <= plan.total_gib - reserved <= OVER_GIB
 
 
 def test_the_runs_that_ran_out_of_memory_do_not_fit_and_those_that_ran_do():
-    q36, q30 = Run(Q36, tokens=TOKENS), Run(Q30, tokens=TOKENS)
+    q36, q30 = Run(Q36_TEXT, tokens=TOKENS), Run(Q30, tokens=TOKENS)
     assert not estimate(q36, False, "adamw", 96.0).fits  # 96 GiB without checkpointing
     assert estimate(q36, True, "adamw", 96.0).fits  # with it, 95.1 GiB reserved
     for layers in (40, 36):  # 80 GiB, even with checkpointing
-        assert not estimate(Run(shape_with_layers(Q36, layers), tokens=TOKENS), True, "adamw", 80.0).fits
+        assert not estimate(Run(shape_with_layers(Q36_TEXT, layers), tokens=TOKENS), True, "adamw", 80.0).fits
     assert not estimate(q30, False, "adamw", 80.0).fits
     assert estimate(q30, True, "adamw", 80.0).fits  # 78.2 GiB reserved
+    # 36 of 48 layers checkpointed with 8-bit moments ran out of memory in 74 GiB (predicted 73.8 with less slack)
+    assert not estimate(q30, 0.75, "adamw_8bit", 74.0).fits
+    assert estimate(q30, True, "adamw_8bit", 74.0).fits  # 71.6 GiB reserved
 
 
 def test_each_budget_gets_the_plan_that_ran_there():
     q36, q30 = Run(Q36, tokens=TOKENS), Run(Q30, tokens=TOKENS)
     assert choose(q36, 141.0).name == "no checkpointing, float32 moments"
-    assert choose(q36, 96.0).name == "checkpointing, float32 moments"
-    assert choose(q30, 80.0).name == "checkpointing, float32 moments"
     assert choose(q30, 141.0).name == "no checkpointing, float32 moments"
+    # The fastest plan that fits, not the first: 8-bit moments cost 2% of a step on our kernel, checkpointing 26%.
+    assert choose(q30, 74.0).name == "checkpointing, 8-bit moments"  # 16,315 tokens/s at 71.6 GiB
+    assert choose(q30, 78.5).name == "checkpointing 24 of 48 layers, 8-bit moments"  # 18,687 at 77.4 (80 GiB)
+    assert choose(q30, 78.5).speed > estimate(q30, True, "adamw", 78.5).speed  # which fits too: 16,601 at 78.7
 
 
 def test_cards_as_listed_leave_the_driver_its_share():
@@ -68,7 +82,7 @@ def test_cards_as_listed_leave_the_driver_its_share():
     assert choose(q36, usable(79.6)) is None
     plan = estimate(q36, True, "adamw_offload", usable(79.6))
     assert plan.weights_gib + plan.lora_gib > usable(79.6)
-    assert choose(Run(Q30, tokens=TOKENS), usable(79.6)).name == "checkpointing, float32 moments"
+    assert choose(Run(Q30, tokens=TOKENS), usable(79.6)).name == "checkpointing 24 of 48 layers, 8-bit moments"
 
 
 def test_the_recipes_own_choice_is_a_floor_and_recipe_mode_is_it_alone():
@@ -98,11 +112,13 @@ def test_each_part_is_the_arithmetic_of_the_shape():
 def test_a_card_chooses_the_plan_its_step_says():
     run = Run(Q36, tokens=TOKENS)
     ladder = steps(run)
+    # 8-bit moments cost 2% of a step and each quarter of the layers checkpointed about 9%: a card short of float32
+    # moments drops them before it recomputes anything.
     assert [p.name for _, p in ladder] == [
         "checkpointing, moments on the host", "checkpointing, 8-bit moments",
-        "checkpointing 30 of 40 layers, 8-bit moments", "checkpointing, float32 moments",
-        "checkpointing 30 of 40 layers, float32 moments", "checkpointing 20 of 40 layers, float32 moments",
-        "checkpointing 10 of 40 layers, float32 moments", "no checkpointing, float32 moments"]
+        "checkpointing 30 of 40 layers, 8-bit moments", "checkpointing 20 of 40 layers, 8-bit moments",
+        "checkpointing 10 of 40 layers, 8-bit moments", "no checkpointing, 8-bit moments",
+        "no checkpointing, float32 moments"]
     speeds = [p.speed for _, p in ladder]  # a bigger card never runs a slower plan
     assert speeds == sorted(speeds) and speeds[-1] == 1.0
     for card, plan in ladder:

@@ -14,9 +14,7 @@ from training.examples.tiny import TINY_CONFIG, tiny_recipe
 from training.lora import attach_lora
 from training.recipe import RecipeError, RunRecipe
 
-pytest.importorskip("torchao")
-
-# Big enough that torchao keeps most moments in 8 bits (tensors of 4,096 elements and more, whole blocks of 256).
+# Big enough that most moments are whole blocks of 256.
 CONFIG = {**TINY_CONFIG, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8}
 LORA = {"r": 16, "alpha": 32}
 STEPS, WINDOW = 200, 50
@@ -35,8 +33,8 @@ def test_eight_bit_moments_reach_the_loss_of_float32_moments(tmp_path):
     model = attach_lora(train.build_model(RunRecipe.from_dict(_recipe(tmp_path, "adamw", 1)).model, "cpu"),
                         r=LORA["r"], alpha=LORA["alpha"])
     trainable = [p for p in model.parameters() if p.requires_grad]
-    eight_bit = sum(p.numel() for p in trainable if p.numel() >= 4096 and p.numel() % 256 == 0)
-    assert eight_bit / sum(p.numel() for p in trainable) > 0.8  # the comparison is about 8-bit moments
+    whole_blocks = sum(p.numel() for p in trainable if p.numel() % 256 == 0)
+    assert whole_blocks / sum(p.numel() for p in trainable) > 0.8  # the comparison is about 8-bit moments
     ends = {}
     for name in ("adamw", "adamw_8bit"):
         train.run(_recipe(tmp_path / name, name, STEPS), out=lambda line: None)
@@ -87,8 +85,7 @@ def test_the_checkpoint_holds_plain_float32_moments_for_every_choice(tmp_path):
         for _ in range(3):
             for p in params:
                 p.grad = torch.randn_like(p)
-            with optimizers.step_context(optimizer, "cpu"):
-                optimizer.step()
+            optimizer.step()
         torch.save(optimizers.state_dict(optimizer), tmp_path / f"{name}.pt")
         saved = torch.load(tmp_path / f"{name}.pt", weights_only=True)
         assert all(type(v) is torch.Tensor and v.dtype == torch.float32 for entry in saved["state"].values()
@@ -102,20 +99,18 @@ def test_a_state_saved_under_one_choice_loads_under_another(tmp_path):
     source = optimizers.build("adamw_8bit", params, lr=1e-3, weight_decay=0.0, device="cpu")
     for _ in range(3):
         params[0].grad = torch.randn_like(params[0])
-        with optimizers.step_context(source, "cpu"):
-            source.step()
+        source.step()
     saved = optimizers.state_dict(source)
     full = optimizers.build("adamw", params, lr=1e-3, weight_decay=0.0, device="cpu")
     optimizers.load_state_dict(full, saved)
     assert torch.equal(full.state[params[0]]["exp_avg"], saved["state"][0]["exp_avg"])
     again = optimizers.build("adamw_8bit", params, lr=1e-3, weight_decay=0.0, device="cpu")
     optimizers.load_state_dict(again, optimizers.state_dict(full))
-    assert type(again.state[params[0]]["exp_avg"]).__name__ == "OptimState8bit"  # 8-bit again, not float32
-    # The same codes, each block's scale taken again from the dequantized values: within 1% of the block's largest.
+    assert again.state[params[0]]["exp_avg"].dtype == torch.int8  # 8-bit again, not float32
+    # The same codes, each block's scale taken again from the decoded values: within 1% of the block's largest.
     moment = saved["state"][0]["exp_avg"]
     assert torch.allclose(optimizers.state_dict(again)["state"][0]["exp_avg"], moment, rtol=0,
                           atol=0.01 * float(moment.abs().max()))
-    assert torch.is_tensor(again.param_groups[0]["lr"])  # torchao steps with a tensor rate
 
 
 def test_the_host_optimizer_steps_as_adamw_does_and_round_trips():

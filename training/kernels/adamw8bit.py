@@ -61,6 +61,24 @@ def step(param, grad, codes_m, codes_v, scale_m, scale_v, *, lr, beta1, beta2, e
         ROWS=rows, QBLOCK=QBLOCK, num_warps=4)
 
 
+def step_in_torch(param, grad, codes_m, codes_v, scale_m, scale_v, *, lr, beta1, beta2, eps, weight_decay,
+                  step_number):
+    """The kernel's step in torch (decode, AdamW's update, encode), in place: where no Triton kernel runs (a CPU
+    outside the interpreter) and the tests' reference."""
+    m = decode(codes_m, scale_m, False).view(param.shape)
+    v = decode(codes_v, scale_v, True).view(param.shape)
+    g = grad.float()
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    bias1, bias2_sqrt = 1 - beta1 ** step_number, (1 - beta2 ** step_number) ** 0.5
+    new = param.float() * (1 - lr * weight_decay) - lr / bias1 * m / (v.sqrt() / bias2_sqrt + eps)
+    param.copy_(new)
+    for (codes, scale), (fresh_codes, fresh_scale) in (((codes_m, scale_m), encode(m, False)),
+                                                        ((codes_v, scale_v), encode(v, True))):
+        codes.copy_(fresh_codes)
+        scale.copy_(fresh_scale)
+
+
 def _blocked(flat: torch.Tensor) -> torch.Tensor:
     pad = (-flat.numel()) % QBLOCK
     return torch.nn.functional.pad(flat, (0, pad)).view(-1, QBLOCK)

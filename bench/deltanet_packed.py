@@ -1,0 +1,141 @@
+"""Gated DeltaNet on packed rows as the trainer runs it for Qwen3.5/3.6-MoE (training/linear_attention.py): the
+fast path (the whole stream in one flash-linear-attention call told the sample ends, `cu_seqlens`) against the
+layer's own forward once per sample, on one layer of the Qwen3.6-35B-A3B shape in bf16. Both are measured against
+the same layer in float32 (per sample), so the check reads "the fast path is as close to the truth as the per-sample
+path": outputs, the input's gradient and the projection's weight gradient. Then each path's forward+backward time.
+Last line: one JSON object.
+
+    python bench/deltanet_packed.py [--rows 2] [--seq-len 2048] [--mean 600] [--runs 10]
+    python bench/deltanet_packed.py --smoke   a tiny layer on the CPU in float32; the packed call is made by a
+        stand-in that runs transformers' chunked rule one sample at a time (the argument contract, not FLA's speed)
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training import linear_attention
+from training.examples.tiny import TINY_QWEN3_5_CONFIG
+
+# One DeltaNet layer of Qwen3.6-35B-A3B (the text model's linear-attention fields).
+SHAPE = {"hidden_size": 2048, "linear_num_value_heads": 32, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_attention_heads": 16,
+         "num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-6}
+
+
+def stand_in_rule(q, k, v, g, beta, cu_seqlens_cpu, **kwargs):
+    """FLA's packed call as transformers' reference computes it: each sample alone (CPU smoke runs only)."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import torch_chunk_gated_delta_rule
+
+    groups = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
+    parts = [torch_chunk_gated_delta_rule(q[:, s:e], k[:, s:e], v[:, s:e], g=g[:, s:e], beta=beta[:, s:e],
+                                          use_qk_l2norm_in_kernel=True)[0]
+             for s, e in pairwise(cu_seqlens_cpu.tolist())]
+    return torch.cat(parts, dim=1), None
+
+
+def layer_of(fields, dtype, device):
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
+
+    config = AutoConfig.for_model("qwen3_5_moe_text", **fields)
+    torch.manual_seed(0)
+    layer = Qwen3_5MoeGatedDeltaNet(config, 0)
+    for p in layer.parameters():  # the published layer's scale: projections ~ N(0, 0.02)
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)
+    return layer.to(device=device, dtype=dtype)
+
+
+def sample_ends(total, mean, generator):
+    """Packed sample boundaries over `total` tokens: exponential lengths of `mean` tokens, as CPT data packs."""
+    ends, at = [0], 0
+    while at < total:
+        at = min(total, at + max(1, int(torch.empty(1).exponential_(1 / mean, generator=generator).item())))
+        ends.append(at)
+    return tuple(ends)
+
+
+def forward_backward(path, layer, hidden, ends, rule):
+    x = hidden.detach().clone().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)
+    if path == "fast":
+        out = linear_attention.fast_packed_forward(layer, x, ends, rule)
+    else:
+        out = linear_attention.reference_packed_forward(layer, x, ends)
+    (out.float() * torch.linspace(-1, 1, out.shape[-1], device=out.device)).sum().backward()
+    return out.detach().float(), x.grad.float(), layer.in_proj_qkv.weight.grad.float()
+
+
+def relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def timed_ms(fn, runs, device):
+    times = []
+    for _ in range(runs + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times[1:])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--mean", type=int, default=600, help="mean sample length in tokens")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if args.smoke:
+        fields = {k: v for k, v in TINY_QWEN3_5_CONFIG.items() if k != "model_type"}
+        args.rows, args.seq_len, args.mean, args.runs, dtype = 2, 24, 7, 2, torch.float32
+    else:
+        fields, dtype = SHAPE, torch.bfloat16
+    rule = linear_attention.fla_chunk_rule() if device.type == "cuda" else stand_in_rule
+    if rule is None:
+        sys.exit("flash-linear-attention is not installed: the fast path has nothing to run")
+    ends = sample_ends(args.rows * args.seq_len, args.mean, torch.Generator().manual_seed(1))
+    hidden = torch.randn(args.rows, args.seq_len, fields["hidden_size"], generator=torch.Generator().manual_seed(2))
+    hidden = hidden.to(device)
+
+    truth = forward_backward("per_sample", layer_of(fields, torch.float32, device), hidden, ends, rule)
+    layer = layer_of(fields, dtype, device)
+    fast = forward_backward("fast", layer, hidden.to(dtype), ends, rule)
+    alone = forward_backward("per_sample", layer, hidden.to(dtype), ends, rule)
+    names = ("output", "input_grad", "qkv_weight_grad")
+    figures = {
+        "path": "fla" if rule is not stand_in_rule else "stand-in", "dtype": str(dtype).removeprefix("torch."),
+        "samples": len(ends) - 1, "tokens": ends[-1],
+        **{f"{label}_{n}": float(f"{relative(a, b):.3g}") for label, ours, theirs in (
+            ("fast_vs_float32", fast, truth), ("per_sample_vs_float32", alone, truth),
+            ("fast_vs_per_sample", fast, alone)) for n, a, b in zip(names, ours, theirs, strict=True)},
+    }
+    # within bf16: the fast path no further from float32 than the per-sample path, with a margin of bf16's own noise
+    figures["equal_within_bf16"] = all(
+        figures[f"fast_vs_float32_{n}"] <= 1.5 * figures[f"per_sample_vs_float32_{n}"] + 1e-4 for n in names)
+    for path in ("fast", "per_sample"):
+        figures[f"{path}_ms"] = round(timed_ms(lambda p=path: forward_backward(p, layer, hidden.to(dtype), ends, rule),
+                                               args.runs, device), 2)
+    figures["speedup"] = round(figures["per_sample_ms"] / figures["fast_ms"], 2)
+    for key, value in figures.items():
+        print(f"{key:40s} {value}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
