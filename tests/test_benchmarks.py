@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A benchmark's last line is one JSON object: the keys each smoke run must print.
 FIGURES = {
+    "deltanet_packed": {"path", "samples", "tokens", "equal_within_bf16", "fast_ms", "per_sample_ms",
+                        "fast_vs_per_sample_output", "fast_vs_per_sample_input_grad"},
     "chaos": {"scenarios", "kinds", "orphaned_boxes", "double_rents", "lost_offers", "hostile_posts_accepted",
               "healthy_boxes_shed_beyond_cap", "serving_boxes_billing_past_window",
               "checkpoints_refused_by_successors", "honest_completes_refused", "errors"},
@@ -38,6 +40,9 @@ FIGURES = {
 # What each smoke run's figures must say beyond their presence.
 CHECKS = {
     "chaos": lambda f: f["scenarios"] == f["kinds"] and f["errors"] == 0,  # each scenario once, none failing
+    # the packed call (a stand-in here) keeps each of several samples apart: the per-sample answer, in float32
+    "deltanet_packed": lambda f: f["samples"] > 3 and f["equal_within_bf16"]
+    and f["fast_vs_per_sample_output"] < 1e-5 and f["fast_vs_per_sample_input_grad"] < 1e-5,
     "hopper_ws": lambda f: f["timed"] is False,
     "ingest": lambda f: f["points"] == 4000,
     "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
