@@ -59,8 +59,9 @@ CHECKED_VLLM = {"Qwen3-MoE": (0, 26, 0)}
 VLLM_IMAGE = "vllm/vllm-openai:v0.26.0"  # the release checked on Qwen3-MoE
 # Qwen3.5/3.6-MoE's fused 3-D expert LoRA: the first release whose loader reads it (from vLLM's source; not yet served
 # by serve_check: it needs a newer torch than the GPU machine's), so its default image, with the form saying it is
-# unchecked. serve_check ran v0.26.0 on tiny Qwen3.5-MoE models: its base model alone answered apart from
-# transformers' (up to 2.4 nats a token, bench/NOTES_serve_check.md), so no adapter check could pass there.
+# unchecked. serve_check ran v0.26.0 on tiny Qwen3.5-MoE models, twice as the published configs shape them (M-RoPE
+# sections): its base model alone answered apart from transformers' (up to 2.4-4.6 nats a token, 3 to 10 of 32
+# answers equal; bench/NOTES_serve_check.md), so no adapter check could pass there.
 QWEN3_5_VLLM_IMAGE = "vllm/vllm-openai:v0.34.0"
 CHECKED_BEFORE_QWEN3_5 = (0, 26, 0)
 VLLM_TAG = re.compile(r"(?:docker\.io/)?vllm/vllm-openai:v(\d+)\.(\d+)\.(\d+)")
