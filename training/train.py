@@ -4,6 +4,7 @@ the last complete checkpoint (docs/training.md, "training/train.py")."""
 import argparse
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import signal
@@ -122,9 +123,42 @@ def run_phase(phase):
     phase.finish()
 
 
+# Times a one-GPU run with `memory_plan: auto` starts again on a more frugal plan after running out of memory.
+OOM_RETRIES = 2
+
+
+class OutOfMemoryOnPlan(Exception):
+    """The run went out of GPU memory on the plan it chose: the plan (a memory_plan.Plan), to choose below it."""
+
+    def __init__(self, plan):
+        super().__init__(f"out of GPU memory on plan {plan.name} ({plan.total_gib:.1f} of {plan.card_gib:.1f} GiB)")
+        self.plan = plan
+
+
 def run(recipe, out=print):
-    """Run (or continue) every phase of a validated recipe (the dict `load_recipe` returns)."""
+    """Run (or continue) every phase of a validated recipe (the dict `load_recipe` returns). A one-GPU run whose memory
+    plan was chosen for it (`memory_plan: auto`) and that still runs out of GPU memory starts again from its last
+    complete checkpoint on the next more frugal plan, up to OOM_RETRIES times, instead of ending."""
     recipe = RunRecipe.from_dict(recipe)
+    budget_gib = None
+    for retry in range(OOM_RETRIES + 1):
+        try:
+            return _train(recipe, out, budget_gib)
+        except OutOfMemoryOnPlan as exc:
+            failed = exc.plan
+            if retry == OOM_RETRIES:
+                raise torch.OutOfMemoryError(f"{exc}; no more frugal plan was tried after {OOM_RETRIES}") from None
+        # Outside the except block: the traceback, and the model it holds, are gone before the memory is returned.
+        gc.collect()
+        torch.cuda.empty_cache()
+        budget_gib = failed.total_gib - 0.01  # whatever the next plan is, it must need less than this one did
+        out(f"out of GPU memory on plan {failed.name} ({failed.total_gib:.1f} GiB predicted); starting again from the "
+            f"last complete checkpoint on a plan under {budget_gib:.1f} GiB")
+    raise AssertionError("unreachable")
+
+
+def _train(recipe, out, budget_gib):
+    """One attempt at the whole run, its memory plan chosen within `budget_gib` (None: what the card has)."""
     ranks = distributed.join(recipe.gpus)
     if not ranks.main:
         out = _quiet  # rank 0 prints and writes the metrics for all
@@ -135,7 +169,7 @@ def run(recipe, out=print):
     lora = recipe.lora
     model = attach_lora(base, r=lora.r, alpha=lora.alpha, attention=lora.attention, targets=lora.targets)
     # Checkpointing and the optimizer's state as the memory plan has them for this card (training/fitting.py).
-    fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size)
+    fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size, budget_gib=budget_gib)
     (out if fit.plan is not None else _log.info)(fit.words)  # a CPU run has no plan to say beside its steps
     fitting.checkpoint_layers(base, fit)
     model.train()
@@ -185,6 +219,10 @@ def run(recipe, out=print):
                 else:
                     phase.start()
                 run_phase(phase)
+    except torch.OutOfMemoryError:
+        if not retriable(recipe, fit, ranks):
+            raise
+        raise OutOfMemoryOnPlan(fit.plan) from None  # the traceback and what it holds are let go
     finally:
         uploader.wait()  # also when stopped on request: the last checkpoint must reach the store
         for sink in sinks:
@@ -192,6 +230,12 @@ def run(recipe, out=print):
         ranks.leave()
     out("run complete" if start_phase < len(phases) else "run already complete; nothing to do")
     return model
+
+
+def retriable(recipe, fit, ranks) -> bool:
+    """Whether running out of memory may be met with a more frugal plan: one GPU, a plan the trainer chose for the
+    memory it found (not the recipe's own settings), and a plan below it to choose."""
+    return ranks.size == 1 and recipe.memory_plan == "auto" and fit.plan is not None and fit.plan.fits
 
 
 def training_phases(phases):

@@ -1,0 +1,84 @@
+"""A one-GPU run that still runs out of memory on the plan it chose starts again from its last complete checkpoint on
+a more frugal plan, says so, and ends as a run that never ran out; a run on the recipe's own settings does not (what
+it asked for is what it gets). The GPU is played on the CPU: the plan as a card would choose it, the out-of-memory
+error raised inside a step."""
+
+import json
+
+import pytest
+import torch
+
+from training import checkpoint, fitting, memory_plan, train
+from training.examples.tiny import tiny_recipe
+from training.phase import Trainee
+
+CARD = memory_plan.Run(memory_plan.SHAPES["Qwen3-30B-A3B"], tokens=2 * 2048)
+
+
+@pytest.fixture
+def card(monkeypatch):
+    """The plan a 78.5 GiB card chooses for the 30B shape (or within the budget a retry gives); the budgets asked."""
+    budgets = []
+
+    def choose(recipe, model, device, gpus=1, budget_gib=None):
+        budgets.append(budget_gib)
+        if recipe.memory_plan == "recipe":
+            return fitting.Choice(False, "adamw", memory_plan.estimate(CARD, False, "adamw", 78.5), "the recipe's")
+        plan = memory_plan.choose(CARD, 78.5 if budget_gib is None else budget_gib)
+        return fitting.Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {plan.name}")
+
+    monkeypatch.setattr(fitting, "choose", choose)
+    return budgets
+
+
+def out_of_memory_at(monkeypatch, calls):
+    """The trainer's optimizer step runs out of memory at these calls (counted over the whole run, from 1)."""
+    step, count = Trainee.optimizer_step, [0]
+
+    def failing(self, *args, **kwargs):
+        count[0] += 1
+        if count[0] in calls:
+            torch.empty(1)  # the step has begun
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainee, "optimizer_step", failing)
+
+
+def _recipe(tmp_path, **settings):
+    return tiny_recipe(tmp_path, phases=(("cpt", 4),), checkpoint={"every": 1}, metrics={"router_every": 0},
+                       **settings)
+
+
+def test_it_starts_again_from_its_last_checkpoint_on_a_more_frugal_plan(tmp_path, monkeypatch, card):
+    out_of_memory_at(monkeypatch, {3})  # step 3: steps 1 and 2 are checkpointed
+    lines = []
+    train.run(_recipe(tmp_path), out=lines.append)
+    first = memory_plan.choose(CARD, 78.5)
+    assert card[0] is None and card[1] == pytest.approx(first.total_gib - 0.01)
+    second = memory_plan.choose(CARD, card[1])
+    assert second.total_gib < first.total_gib and second.speed < first.speed
+    assert any(line.startswith(f"out of GPU memory on plan {first.name}") for line in lines)
+    assert f"resuming from checkpoint {checkpoint.checkpoint_name(0, 2)}" in lines and lines[-1] == "run complete"
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == [1, 2, 3, 4]  # every step once: the one that ran out was never logged
+    said = [r["memory_plan"] for r in records if "memory_plan" in r]
+    assert said == [f"memory plan (auto): {first.name}", f"memory plan (auto): {second.name}"]  # the run's events
+
+
+def test_it_gives_up_after_its_retries(tmp_path, monkeypatch, card):
+    out_of_memory_at(monkeypatch, {1, 2, 3})
+    lines = []
+    with pytest.raises(torch.OutOfMemoryError, match="no more frugal plan was tried after 2"):
+        train.run(_recipe(tmp_path), out=lines.append)
+    assert len(card) == 3 and card[1] > card[2]  # each start asked for less than the one before
+    assert sum(line.startswith("out of GPU memory on plan") for line in lines) == 2
+
+
+def test_a_run_on_the_recipes_own_settings_is_not_started_again(tmp_path, monkeypatch, card):
+    out_of_memory_at(monkeypatch, {2})
+    lines = []
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+        train.run(_recipe(tmp_path, memory_plan="recipe"), out=lines.append)
+    assert card == [None] and not any("out of GPU memory" in line for line in lines)
