@@ -15,7 +15,7 @@ import time
 import torch
 
 from training import checkpoint, distributed, families, guards, model_source, moe_lora, router_load
-from training import fitting
+from training import fitting, trainer_exits
 from training.data import length_buckets, load_tokenizer
 from training.graphs import MicroStepGraphs
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
@@ -275,11 +275,11 @@ def main(argv=None):
         recipe = load_recipe(args.recipe)
         run(recipe, out=lambda line: print(line, flush=True))
     except RecipeError as exc:
-        print(f"recipe error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        print(f"{trainer_exits.RECIPE_ERROR_MARK}{exc}", file=sys.stderr, flush=True)
+        return trainer_exits.RECIPE_ERROR_EXIT
     except guards.GuardError as exc:
-        print(f"ABORTED by a guard: {exc}", file=sys.stderr, flush=True)
-        return 3
+        print(f"{trainer_exits.GUARD_MARK}{exc}", file=sys.stderr, flush=True)
+        return trainer_exits.GUARD_EXIT
     except StopRequested as exc:
         print(str(exc), flush=True)
         return STOPPED_EXIT

@@ -6,6 +6,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from training.trainer_exits import own_words
+
 from .dashboard import Api
 from .exit_codes import Exit
 from .heartbeat import Heartbeat
@@ -57,8 +59,9 @@ def watch(api: Api, trainer: subprocess.Popen, uploader: Uploader, metrics: Metr
         report_finished(api)
         return Exit.OK
     tail = (workdir / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
+    words = own_words(trainer.returncode, tail)
     api.call("POST", "events", {"kind": "trainer_failed",
-                                "message": f"The trainer exited with {trainer.returncode}: {tail}"[-4000:]})
+                                "message": f"The trainer exited with {trainer.returncode}: {words}"[-4000:]})
     return Exit.TRAINER_FAILED
 
 
