@@ -27,6 +27,8 @@ MEASURED = [
     (Q30, False, "adamw", 90.3),  # again in another lease, 22,684 tokens/s
     (Q30, 0.5, "adamw_8bit", 77.4),  # 80 GiB budget, our 8-bit moments, 18,687 tokens/s
     (Q30, True, "adamw_8bit", 71.6),  # 74 GiB budget, our 8-bit moments, 16,315 tokens/s
+    (Q30, 0.75, "adamw_8bit", 74.3),  # 76 GiB budget, 17,668 tokens/s
+    (Q30, False, "adamw_8bit", 83.2),  # 85 GiB budget, 21,725 tokens/s
 ]
 # How far off the model may be. The same run reserves up to 1.1 GiB more in one lease than in another (89.2 and 90.3
 # above), so the slack is set to keep every 30B-A3B point within 0.7 GiB either way; the 35B-A3B points come out 0.7
@@ -65,7 +67,7 @@ def test_each_budget_gets_the_plan_that_ran_there():
     q36, q30 = Run(Q36, tokens=TOKENS), Run(Q30, tokens=TOKENS)
     assert choose(q36, 141.0).name == "no checkpointing, float32 moments"
     assert choose(q30, 141.0).name == "no checkpointing, float32 moments"
-    # The fastest plan that fits, not the first: 8-bit moments cost 2% of a step on our kernel, checkpointing 26%.
+    # The fastest plan that fits, not the first: 8-bit moments cost 3% of a step on our kernel, checkpointing 26%.
     assert choose(q30, 74.0).name == "checkpointing, 8-bit moments"  # 16,315 tokens/s at 71.6 GiB
     assert choose(q30, 78.5).name == "checkpointing 24 of 48 layers, 8-bit moments"  # 18,687 at 77.4 (80 GiB)
     assert choose(q30, 78.5).speed > estimate(q30, True, "adamw", 78.5).speed  # which fits too: 16,601 at 78.7
@@ -112,7 +114,7 @@ def test_each_part_is_the_arithmetic_of_the_shape():
 def test_a_card_chooses_the_plan_its_step_says():
     run = Run(Q36, tokens=TOKENS)
     ladder = steps(run)
-    # 8-bit moments cost 2% of a step and each quarter of the layers checkpointed about 9%: a card short of float32
+    # 8-bit moments cost 3% of a step and each quarter of the layers checkpointed about 9%: a card short of float32
     # moments drops them before it recomputes anything.
     assert [p.name for _, p in ladder] == [
         "checkpointing, moments on the host", "checkpointing, 8-bit moments",

@@ -107,7 +107,7 @@ def test_a_card_a_little_short_of_the_whole_runs_activations_recomputes_a_share_
     # recomputation) and free 2.6 GiB.
     card = plain.total_gib - 2.0
     plan = memory_plan.choose(run, card)
-    assert plan.name == "no checkpointing, 8-bit moments"  # 2% slower, where checkpointing a quarter costs 6.5%
+    assert plan.name == "no checkpointing, 8-bit moments"  # 3% slower, where checkpointing a quarter costs 6.5%
     plan = max((p for p in memory_plan.plans(run, card) if p.fits and p.optimizer == "adamw"), key=lambda p: p.speed)
     assert plan.name == "checkpointing 12 of 48 layers, float32 moments" and plan.fits
     assert every.activations_gib < plan.activations_gib < plain.activations_gib
