@@ -24,6 +24,7 @@ FIGURES = {
                      "ms_sdpa_masked"},
     "hopper_ws": {"max_rel_err", "timed", "rows"},
     "ingest": {"points", "points_per_s", "batch_p50_ms"},
+    "memory_table": {"rows", "measured"},
     "moe_block": {"rows", "gemm"},
     "moe_gemms": {"configs", "block"},
     "optimizer_step": {"device", "tensors", "factors", "results"},
@@ -45,6 +46,9 @@ CHECKS = {
     and f["fast_vs_per_sample_output"] < 1e-5 and f["fast_vs_per_sample_input_grad"] < 1e-5,
     "hopper_ws": lambda f: f["timed"] is False,
     "ingest": lambda f: f["points"] == 4000,
+    # each family in each budget ran and said its plan and its reserve beside the prediction
+    "memory_table": lambda f: f["measured"] == 4 and all(
+        r["plan"] and r["predicted_gib"] > 0 and r["tokens_per_second"] > 0 for r in f["rows"]),
     "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
     "reaper": lambda f: f["constant_queries"],
     # ours steps as AdamW does up to its 8-bit moments: within a few percent of AdamW's own movement
