@@ -1,8 +1,8 @@
 """The memory plans' table in one go: for each model and card budget, the plan the trainer takes there
-(training/memory_plan.py) with its predicted reserve and speed beside what `bench/train_step.py --memory-plan auto` measures in that budget.
-Each run is a process of its own with its own time limit, and each result is appended to --out as it comes, so a
-run that hangs or runs out of time loses only itself. Predicted tokens/s: the whole card's measured figure (the first
-budget, "whole") times the plan's speed. Last line: one JSON object.
+(training/memory_plan.py), its predicted reserve and speed beside what `bench/train_step.py --memory-plan auto`
+measures in that budget. Each run is a process of its own with its own time limit, and each result is appended to
+--out as it comes, so a run that hangs or runs out of time loses only itself. Predicted tokens/s: the whole card's
+measured figure (the budget "whole") times the plan's speed. Last line: one JSON object.
 
     python bench/memory_table.py [--models qwen3-30b-a3b,qwen3.6-35b-a3b] [--budgets whole,96,80,74]
         [--steps 3] [--limit-s 540] [--out table.jsonl] [--optimizer adamw]
