@@ -49,7 +49,7 @@ def counted_run_of(model, tokens: int, gpus: int) -> memory_plan.Run:
 
 
 def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | None = None) -> Choice:
-    """How this run trains: with `memory_plan: auto` on a GPU the first plan that fits `budget_gib` (default: what
+    """How this run trains: with `memory_plan: auto` on a GPU the fastest plan that fits `budget_gib` (default: what
     the card has for this process), never less frugal than the recipe (several GPUs: float32 moments, with or
     without checkpointing); otherwise the recipe's own settings."""
     device = torch.device(device)

@@ -99,9 +99,9 @@ class AdamW8bit(torch.optim.Optimizer):
                 state = self._state(p)
                 state["step"] += 1
                 run = adamw8bit.step if p.is_cuda or interpreting() else adamw8bit.step_in_torch
-                run(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"],
-                               state["exp_avg_sq_scale"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                               weight_decay=group["weight_decay"], step_number=float(state["step"]))
+                run(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"], state["exp_avg_sq_scale"],
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                    step_number=float(state["step"]))
         return None
 
     def state_dict(self):
@@ -144,8 +144,7 @@ def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch
 def state_dict(optimizer) -> dict:
     """AdamW's own state dict with plain float32 moments, whichever optimizer this is (ours 8-bit decodes its codes):
     what a checkpoint holds (plain tensors, loaded with weights_only) and any of them resumes from."""
-    saved = optimizer.state_dict()
-    return {"state": saved["state"], "param_groups": saved["param_groups"]}
+    return optimizer.state_dict()
 
 
 def load_state_dict(optimizer, saved: dict) -> None:

@@ -84,7 +84,6 @@ def _quiet(line):
 
 
 STOP = threading.Event()
-STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; started again, it resumes
 
 
 class StopRequested(Exception):
@@ -282,7 +281,7 @@ def main(argv=None):
         return trainer_exits.GUARD_EXIT
     except StopRequested as exc:
         print(str(exc), flush=True)
-        return STOPPED_EXIT
+        return trainer_exits.STOPPED_EXIT
     return 0
 
 

@@ -1,8 +1,9 @@
-"""How the trainer's process ends when it ends on its own error, and the words its last line starts with: the agent
-reports from that line on, not the libraries' warnings printed before it (training/agent/watch.py)."""
+"""How the trainer's process ends when not with 0, and the words its last line starts with when it ends on its own
+error: the agent reports from that line on, not the libraries' warnings printed before it (training/agent/watch.py)."""
 
 RECIPE_ERROR_EXIT, RECIPE_ERROR_MARK = 2, "recipe error: "
 GUARD_EXIT, GUARD_MARK = 3, "ABORTED by a guard: "
+STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; started again, it resumes
 OWN_MARKS = {RECIPE_ERROR_EXIT: RECIPE_ERROR_MARK, GUARD_EXIT: GUARD_MARK}
 
 

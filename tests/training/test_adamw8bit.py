@@ -62,13 +62,13 @@ def test_later_steps_are_the_reference_arithmetic_and_the_codes_its_codes():
 def test_outside_the_interpreter_a_cpu_steps_in_torch_as_the_kernel_does(monkeypatch):
     """A CPU run of the trainer (no GPU, no TRITON_INTERPRET) gets the same optimizer, stepped in torch."""
     kernel, torch_only = _params((3, 700)), _params((3, 700))
-    optimizers_ = [optimizers.AdamW8bit(kernel, **HYPER), optimizers.AdamW8bit(torch_only, **HYPER)]
+    on_kernel, in_torch = optimizers.AdamW8bit(kernel, **HYPER), optimizers.AdamW8bit(torch_only, **HYPER)
     for step in range(1, 4):
         for params in (kernel, torch_only):
             _grads(params, seed=20 + step)
-        optimizers_[0].step()
+        on_kernel.step()
         monkeypatch.setattr(optimizers, "interpreting", lambda: False)
-        optimizers_[1].step()
+        in_torch.step()
         monkeypatch.undo()
         torch.testing.assert_close(kernel[0], torch_only[0], rtol=1e-5, atol=1e-6)
     assert optimizers.build("adamw_8bit", torch_only, lr=1e-3, weight_decay=0.0, device="cpu").__class__ is \

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from training import checkpoint
 from training.examples.tiny import tiny_recipe
 from training.recipe import RecipeError
-from training.train import STOPPED_EXIT, run
+from training.train import run
+from training.trainer_exits import STOPPED_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
 CASCADE = [("cpt", 8), ("sft", 6), ("dpo", 4), ("kto", 3), ("grpo", 4)]
