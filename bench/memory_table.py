@@ -46,7 +46,8 @@ def measured(model, budget, args):
                    tokens_per_second=r["tokens_per_second"], peak_reserved_gib=r.get("peak_reserved_gib"),
                    deltanet_path=r.get("deltanet_path"))
     elif results:
-        row["error"] = "out of memory"
+        row["error"] = f"out of memory at {results[-1].get('peak_reserved_gib')} GiB reserved: " \
+            + (results[-1].get("error") or "")[:120]
     elif "error" not in row:
         row["error"] = f"exit {code}: " + (out.strip().splitlines() or [""])[-1][-300:]
     return row

@@ -116,9 +116,13 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     if plan is not None and plan.checkpointing and not checkpointing:  # every layer, or the plan's first few
         fitting.checkpoint_layers(model.get_base_model(), fitting.Choice(True, plan.optimizer, plan, plan.name))
     checkpointing = plan.checkpointing if plan is not None else checkpointing
+    optimizer_name = plan.optimizer if plan is not None else MEMORY["optimizer"]
+    fitting.cast_factors(model, fitting.Choice(checkpointing, optimizer_name, plan, ""))  # as the trainer does
     groups = parameter_groups(model)
+    # As the trainer: a DeltaNet family's micro-steps read their packed samples' ends on the host, so run eagerly.
+    graphs = graphs and not family_of(model.config).linear_attention
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
-    optimizer = eight_bit_or_built(plan.optimizer if plan is not None else MEMORY["optimizer"], groups["trainable"])
+    optimizer = eight_bit_or_built(optimizer_name, groups["trainable"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))
     if kind == "dpo":
         micro, loss_fn = preference_batches(config, accum, batch, seq_len), dpo_loss
@@ -135,8 +139,10 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         # replays), guard on (it must pass on ours).
         trainee.optimizer_step(micro, PhaseLoss(loss_fn, phase, ctx), optimizer, scheduler,
                                check_guard=backend.startswith("ours"))
+        warmup_peak = None
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
+            warmup_peak = round(torch.cuda.max_memory_reserved() / 2**30, 1)  # eager steps, capture, first replays
             torch.cuda.reset_peak_memory_stats()
         records, router, eval_times = [], {}, []
         held_out, reference = held_out_items(config, kind, eval_rows, seq_len, packed) if eval_every else ([], None)
@@ -161,9 +167,10 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "phase": kind, "attention": model.config._attn_implementation, "packed_mean_tokens": packed,
         "gradient_checkpointing": checkpointing, "optimizer": type(optimizer).__name__,
         "optimizer_from": type(optimizer).__module__.split(".")[0],
+        "factor_dtype": str(groups["trainable"][0].dtype).removeprefix("torch."),
         "memory_budget_gib": MEMORY["budget_gib"], "memory_plan": plan.to_dict() if plan is not None else None,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
-        "tokens_per_second": round(tokens / seconds), **_peaks(),
+        "tokens_per_second": round(tokens / seconds), **_peaks(), "warmup_peak_reserved_gib": warmup_peak,
         # of an optimizer step: the micro-steps alone, and the rest (clipping, norms, AdamW, zeroing, the record)
         "micro_steps_s": round(micro_s, 3), "rest_of_step_s": round(seconds - micro_s, 3),
         "deltanet_path": deltanet_path() if family_of(model.config).linear_attention else None,
@@ -462,7 +469,7 @@ def graphed_ms(model, batch, phase, ctx):
 
 
 def attempt(backend, layers, checkpointing, args):
-    result, error = None, None
+    result, error, oom_peak = None, None, None
     graphs = backend == "ours" and DEVICE.type == "cuda"  # "ours:eager": the same, plain eager micro-steps
     try:
         result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
@@ -470,13 +477,16 @@ def attempt(backend, layers, checkpointing, args):
                          args.eval_rows)
     except torch.OutOfMemoryError as exc:
         error = str(exc)[:160]
+        if DEVICE.type == "cuda":  # where it got to, in the warm-up or the timed steps
+            oom_peak = round(torch.cuda.max_memory_reserved() / 2**30, 1)
     # Outside the except block, so the traceback (and the model it holds) is gone before the memory is returned.
     gc.collect()
     if DEVICE.type == "cuda":
         torch.cuda.empty_cache()
     if result is None:
         print(f"{backend} layers={layers} checkpointing={checkpointing}: out of memory ({error})", flush=True)
-        return {"backend": backend, "layers": layers, "gradient_checkpointing": checkpointing, "oom": True}
+        return {"backend": backend, "layers": layers, "gradient_checkpointing": checkpointing, "oom": True,
+                "error": error, "peak_reserved_gib": oom_peak}
     return result
 
 

@@ -85,6 +85,17 @@ def checkpoint_layers(base, choice: "Choice") -> int:
     return count
 
 
+def cast_factors(model, choice: "Choice") -> None:
+    """The LoRA factors (and so their gradients) in bf16 where the plan keeps them so (memory_plan.BF16_FACTORS);
+    before anything holds them: the optimizer, a captured graph, a loaded checkpoint."""
+    if choice.optimizer not in memory_plan.BF16_FACTORS:
+        return
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+
+
 def describe(plan: memory_plan.Plan) -> str:
     """One line: the plan and where its memory goes."""
     host = f", {plan.host_gib:.1f} GiB on the host" if plan.host_gib else ""

@@ -5,22 +5,30 @@ Pure (no torch): the trainer, the ranking and the launch page share it (docs/tra
 from dataclasses import dataclass
 
 GIB = 2**30
-OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload")
+# In the order of what they leave on the card per LoRA parameter, most first (a recipe's choice is the plan's floor).
+OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload", "adamw_8bit_bf16")
 MEMORY_PLANS = ("auto", "recipe")  # auto: the fastest plan that fits, never less frugal than the recipe says
 
-# Bytes on the card per LoRA parameter: peft keeps the factors in float32 over a bf16 base, and so their gradients.
-FACTOR_BYTES = 4 + 4
+# Bytes on the card per LoRA parameter, the factor and its gradient: peft keeps the factors in float32 over a bf16
+# base, and so their gradients; adamw_8bit_bf16 keeps both in bf16 (its step rounds stochastically: no update is lost
+# to bf16's coarse grid; training/kernels/adamw8bit.py).
+FACTOR_BYTES = {"adamw": 8, "adamw_8bit": 8, "adamw_offload": 8, "adamw_8bit_bf16": 4}
+BF16_FACTORS = frozenset(opt for opt, size in FACTOR_BYTES.items() if size == 4)
 # The optimizer state on the card per LoRA parameter: AdamW's two float32 moments; AdamW8bit (training/optimizers.py)
 # keeps each moment in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them (and a float32
 # copy of the factors) in the host's memory.
-OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": 2 * (1 + 4 / 256), "adamw_offload": 0.0}
-HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8}  # pinned host memory per LoRA parameter
+EIGHT_BIT = 2 * (1 + 4 / 256)
+OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": EIGHT_BIT, "adamw_offload": 0.0, "adamw_8bit_bf16": EIGHT_BIT}
+HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8, "adamw_8bit_bf16": 0.0}  # pinned, per param
 
 # What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing; calibrated on
-# one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 and 90.3 GiB reserved with
-# float32 moments, 83.2 with 8-bit (full attention), Qwen3.6-35B-A3B 119.2 GiB (three DeltaNet layers in four keep
-# their gates, convolutions and chunk states).
-ACTIVATION_BYTES = {"attention": 33.6, "linear_attention": 81.0}
+# one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py). Full attention: the timed steps of
+# Qwen3-30B-A3B reserve 33.6 (89.2 and 90.3 GiB with float32 moments, 83.2 with 8-bit), but the first step (eager
+# warm-up, then the CUDA-graph capture) holds about 15% more: with bf16 factors, plans predicted 78.3 and 75.6 GiB at
+# 33.6 ran out of memory in 80 and 77 GiB budgets, one at 72.7 ran in 74 (timed peak 73.1), so 33.6 x 1.145. Qwen3.6-
+# 35B-A3B 119.2 GiB (three DeltaNet layers in four keep their gates, convolutions and chunk states; graphed, as the
+# trainer no longer runs DeltaNet families: the eager reserve is not yet measured).
+ACTIVATION_BYTES = {"attention": 38.5, "linear_attention": 81.0}
 # The rest of the reserve beside what is counted (allocator blocks, cuBLAS workspaces, the step's small tensors): the
 # same 30B-A3B run reserved 89.2 GiB in one lease and 90.3 in another; 1.4 keeps every measured 30B-A3B point within
 # 0.7 GiB (0.8 let a plan predicted at 73.8 of 74 GiB run out of memory).
@@ -38,7 +46,7 @@ CHECKPOINTING_SPEED = 0.74
 # The shares of the decoder layers a plan may checkpoint: the fewest that fit, so that a card a little short of the
 # whole run's activations recomputes only some layers (the first ones: training/fitting.checkpoint_layers).
 CHECKPOINT_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
-OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7}
+OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7, "adamw_8bit_bf16": 0.97}
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,8 @@ class Plan:
                 "speed": round(self.speed, 3), "fits": self.fits, **figures}
 
 
-MOMENTS = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host"}
+MOMENTS = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host",
+           "adamw_8bit_bf16": "8-bit moments and bf16 factors"}
 
 
 def plan_name(checkpointing: bool, optimizer: str) -> str:
@@ -182,7 +191,7 @@ def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: fl
     head = min(run.tokens, HEAD_CHUNK_TOKENS) * shape.vocab * 2 + run.tokens * shape.hidden * 2
     lora_share = params / run.gpus  # the routed experts by expert parallelism, the rest by FSDP
     return Plan(checkpointed=checkpointed, layers=shape.layers, optimizer=optimizer,
-                weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * FACTOR_BYTES / GIB,
+                weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * FACTOR_BYTES[optimizer] / GIB,
                 optimizer_gib=lora_share * OPTIMIZER_BYTES[optimizer] / GIB,
                 activations_gib=activations / GIB, head_gib=head / GIB, slack_gib=SLACK_GIB,
                 host_gib=lora_share * HOST_BYTES[optimizer] / GIB, card_gib=card_gib)
@@ -190,8 +199,8 @@ def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: fl
 
 def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto",
                offload: bool = True, gpus: int = 1) -> list[tuple[float, str]]:
-    """The (share of layers checkpointed, optimizer) pairs to try, in order: fewer checkpointed layers before more,
-    float32 moments before 8-bit before offloaded; none less frugal than the recipe's own settings. `mode` "recipe":
+    """The (share of layers checkpointed, optimizer) pairs to try, in order: OPTIMIZERS' order, and fewer checkpointed
+    layers before more within each; none less frugal than the recipe's own settings. `mode` "recipe":
     the recipe's settings only. offload false: no host (a CPU run). Several GPUs: float32 moments only."""
     if mode == "recipe":
         return [(float(checkpointing), optimizer)]

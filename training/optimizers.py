@@ -91,7 +91,7 @@ class AdamW8bit(torch.optim.Optimizer):
     def step(self, closure=None):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
+            for index, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 if not p.is_contiguous():
@@ -101,7 +101,7 @@ class AdamW8bit(torch.optim.Optimizer):
                 run = adamw8bit.step if p.is_cuda or interpreting() else adamw8bit.step_in_torch
                 run(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"], state["exp_avg_sq_scale"],
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    step_number=float(state["step"]))
+                    step_number=float(state["step"]), seed=int(state["step"]) * 1_000_003 + index)
         return None
 
     def state_dict(self):
@@ -133,6 +133,11 @@ def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
     if name == "adamw_8bit":
         return AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw_8bit_bf16":
+        if any(p.dtype != torch.bfloat16 for p in params):
+            raise OptimizerError("optimizer adamw_8bit_bf16 steps bf16 factors: cast them first "
+                                 "(training/fitting.cast_factors)")
+        return AdamW8bit(params, lr=lr, weight_decay=weight_decay)  # a bf16 factor is rounded stochastically
     if name == "adamw_offload":
         if device.type != "cuda":
             raise OptimizerError("optimizer adamw_offload moves the optimizer's state from the GPU to the host, and "

@@ -49,10 +49,10 @@ def test_it_shows_the_plan_on_the_best_ranked_card(client, launcher, frozen_mark
 
 def test_a_profile_no_listed_card_fits_says_the_least_card(client, launcher, frozen_market):
     refresh_offers()
-    profile = OfferProfile.objects.create(name="35b-on-80", recipe=PRESETS["qwen3.6-35b-a3b"].to_dict(),
-                                          filters=OfferFilters(vram_max_gb=80.0, max_usd_per_hour=None).to_dict())
+    profile = OfferProfile.objects.create(name="35b-on-48", recipe=PRESETS["qwen3.6-35b-a3b"].to_dict(),
+                                          filters=OfferFilters(vram_max_gb=48.0, max_usd_per_hour=None).to_dict())
     client.force_login(launcher)
-    form = {"name": "on-80", "recipe": "model: {config: {model_type: qwen3_moe}}\nphases: []\n",
+    form = {"name": "on-48", "recipe": "model: {config: {model_type: qwen3_moe}}\nphases: []\n",
             "profile": profile.pk, "budget_usd": "5", "max_restarts": "0", "bucket": ""}
     text = _plan_text(client.post(reverse("run_launch"), form).content.decode())
-    assert text == "Memory plan for Qwen3.6-35B-A3B: no offer is ranked; a card must list at least 83.4 GB."
+    assert text == "Memory plan for Qwen3.6-35B-A3B: no offer is ranked; a card must list at least 79.8 GB."

@@ -140,3 +140,25 @@ def test_it_trains_a_small_model_to_the_loss_of_float32_moments(tmp_path):
     spread = max(plain) - min(plain)
     assert abs(ours - statistics.mean(plain)) <= max(3 * spread, 0.02 * statistics.mean(plain)), (ours, plain)
     assert ours < last_losses(lambda ps: torch.optim.AdamW(ps, lr=0.0), 1) - 0.5  # it trained
+
+
+@pytest.mark.parametrize("in_torch", [False, True])
+def test_bf16_factors_keep_updates_smaller_than_bf16s_grid(monkeypatch, in_torch):
+    """100 steps of 1e-4 each from 1.0, where bf16's grid is 2^-8 apart below 1: rounding to nearest would keep every
+    element at 1.0; stochastic rounding moves each by a random walk on the grid whose mean is 0.99 (kernel and torch)."""
+    if in_torch:
+        monkeypatch.setattr(optimizers, "interpreting", lambda: False)
+    param = torch.nn.Parameter(torch.ones(4096, dtype=torch.bfloat16))
+    optimizer = optimizers.build("adamw_8bit_bf16", [param], lr=1e-4, weight_decay=0.0, device="cpu")
+    for _ in range(100):
+        param.grad = torch.ones_like(param)  # Adam's update is the rate itself, every step
+        optimizer.step()
+    values = param.detach().float()
+    assert param.dtype == torch.bfloat16
+    assert abs(values.mean().item() - 0.99) < 5e-4, values.mean()
+    assert (values < 1.0).float().mean() > 0.9 and values.min() > 0.95
+
+
+def test_bf16_factors_are_refused_in_float32():
+    with pytest.raises(optimizers.OptimizerError, match="bf16"):
+        optimizers.build("adamw_8bit_bf16", _params((3, 4)), lr=1e-3, weight_decay=0.0, device="cpu")

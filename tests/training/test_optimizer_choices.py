@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from training import checkpoint, optimizers, train
 from training.examples.tiny import TINY_CONFIG, tiny_recipe
@@ -29,17 +30,19 @@ def _losses(work_dir):
     return [json.loads(line)["loss"] for line in open(work_dir / "metrics.jsonl") if '"loss"' in line]
 
 
-def test_eight_bit_moments_reach_the_loss_of_float32_moments(tmp_path):
+@pytest.mark.parametrize("frugal", ["adamw_8bit", "adamw_8bit_bf16"])
+def test_eight_bit_moments_reach_the_loss_of_float32_moments(tmp_path, frugal):
+    """Also with the factors and their gradients in bf16 (rounded stochastically)."""
     model = attach_lora(train.build_model(RunRecipe.from_dict(_recipe(tmp_path, "adamw", 1)).model, "cpu"),
                         r=LORA["r"], alpha=LORA["alpha"])
     trainable = [p for p in model.parameters() if p.requires_grad]
     whole_blocks = sum(p.numel() for p in trainable if p.numel() % 256 == 0)
     assert whole_blocks / sum(p.numel() for p in trainable) > 0.8  # the comparison is about 8-bit moments
     ends = {}
-    for name in ("adamw", "adamw_8bit"):
+    for name in ("adamw", frugal):
         train.run(_recipe(tmp_path / name, name, STEPS), out=lambda line: None)
         ends[name] = _losses(tmp_path / name)
-    full, eight = ends["adamw"], ends["adamw_8bit"]
+    full, eight = ends["adamw"], ends[frugal]
     assert full[0] == eight[0] and full[0] - statistics.mean(full[-WINDOW:]) > 0.5  # the same start, and it learned
     # Within noise: both runs read the same batches, so the last 50 steps' means may differ by what the optimizer
     # does; noise is what those means carry from step to step, 3 standard errors of the float32 run's (about 0.014;
@@ -65,7 +68,7 @@ def _stopped_and_resumed(work_dir, first, then, monkeypatch, stop_at=3, steps=6)
     return _losses(work_dir)
 
 
-@pytest.mark.parametrize("name", ["adamw", "adamw_8bit"])
+@pytest.mark.parametrize("name", ["adamw", "adamw_8bit", "adamw_8bit_bf16"])
 def test_a_run_stopped_and_resumed_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch, name):
     train.run(_recipe(tmp_path / "whole", name, 6), out=lambda line: None)
     resumed = _stopped_and_resumed(tmp_path / "resumed", name, name, monkeypatch)
@@ -76,6 +79,8 @@ def test_a_run_stopped_and_resumed_ends_where_an_uninterrupted_one_does(tmp_path
     _, state = checkpoint.load(store, checkpoint.latest_complete(store), tmp_path / "read")
     moments = [v for entry in state["optimizer"]["state"].values() for k, v in entry.items() if k != "step"]
     assert moments and all(type(v) is torch.Tensor and v.dtype == torch.float32 for v in moments)
+    adapter = load_file(tmp_path / "read" / "adapter" / "adapter_model.safetensors")
+    assert {t.dtype for t in adapter.values()} == {torch.bfloat16 if name == "adamw_8bit_bf16" else torch.float32}
 
 
 def test_the_checkpoint_holds_plain_float32_moments_for_every_choice(tmp_path):
