@@ -21,14 +21,15 @@ EIGHT_BIT = 2 * (1 + 4 / 256)
 OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": EIGHT_BIT, "adamw_offload": 0.0, "adamw_8bit_bf16": EIGHT_BIT}
 HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8, "adamw_8bit_bf16": 0.0}  # pinned, per param
 
-# What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing; calibrated on
-# one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py). Full attention: the timed steps of
-# Qwen3-30B-A3B reserve 33.6 (89.2 and 90.3 GiB with float32 moments, 83.2 with 8-bit), but the first step (eager
-# warm-up, then the CUDA-graph capture) holds about 15% more: with bf16 factors, plans predicted 78.3 and 75.6 GiB at
-# 33.6 ran out of memory in 80 and 77 GiB budgets, one at 72.7 ran in 74 (timed peak 73.1), so 33.6 x 1.145. Qwen3.6-
-# 35B-A3B 119.2 GiB (three DeltaNet layers in four keep their gates, convolutions and chunk states; graphed, as the
-# trainer no longer runs DeltaNet families: the eager reserve is not yet measured).
-ACTIVATION_BYTES = {"attention": 38.5, "linear_attention": 81.0}
+# What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing, over the timed
+# steps; calibrated on one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 and
+# 90.3 GiB reserved with float32 moments, 83.2 with 8-bit (full attention), Qwen3.6-35B-A3B 119.2 GiB (three DeltaNet
+# layers in four keep their gates, convolutions and chunk states; measured graphed, the eager reserve not yet).
+ACTIVATION_BYTES = {"attention": 33.6, "linear_attention": 81.0}
+# The first step holds more than the timed ones: its eager warm-up, then the CUDA-graph capture (training/graphs.py;
+# DeltaNet families are not captured). Plans predicted 78.3 and 75.6 GiB from the timed steps ran out of memory in 80
+# and 77 GiB budgets, one at 72.7 ran in 74 (and float32 factors at 83.1 in 85): 14.5% more, within 1%.
+FIRST_STEP = {"attention": 1.145, "linear_attention": 1.0}
 # The rest of the reserve beside what is counted (allocator blocks, cuBLAS workspaces, the step's small tensors): the
 # same 30B-A3B run reserved 89.2 GiB in one lease and 90.3 in another; 1.4 keeps every measured 30B-A3B point within
 # 0.7 GiB (0.8 let a plan predicted at 73.8 of 74 GiB run out of memory).
@@ -170,9 +171,9 @@ def usable_gib(card_gib: float) -> float:
 
 
 def layer_activation_bytes(run: Run) -> float:
-    """What one layer keeps for the backward pass over a micro-step, without checkpointing."""
+    """What one layer keeps for the backward pass over a micro-step, without checkpointing, at its first step's."""
     kind = "linear_attention" if run.shape.linear_attention else "attention"
-    return ACTIVATION_BYTES[kind] * run.tokens * run.shape.hidden
+    return ACTIVATION_BYTES[kind] * FIRST_STEP[kind] * run.tokens * run.shape.hidden
 
 
 def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: float) -> Plan:

@@ -108,13 +108,13 @@ def test_an_interconnect_the_listing_leaves_out_is_not_taken_for_pcie_and_says_s
 
 def test_the_models_weights_are_spread_over_the_recipes_gpus():
     model = PRESETS["qwen3-235b-a22b"]  # 470 GB of BF16 weights
-    # Each GPU: 109.4 GiB of weights, 18.4 of LoRA state, checkpointing (training/memory_plan.py): 134.3 GB listed.
-    assert (model.gpus, model.vram_gb, model.vram_total_gb) == (4, 134.3, 537.2)
+    # Each GPU: 109.4 GiB of weights, 18.4 of LoRA state, checkpointing (training/memory_plan.py): 134.4 GB listed.
+    assert (model.gpus, model.vram_gb, model.vram_total_gb) == (4, 134.4, 537.6)
     offers = [box("h200x4", 4), h100("h100x4", 4), h100("h100x8", 8), box("h200x1", 1)]
     ranking = rank_offers(offers, model, ANY_BOX)
     assert ranked_ids(ranking) == ["h200x4"]
     assert reasons_of(ranking, "h200x1") == ("1 GPU < the 4 the recipe trains on",)
-    needed = "VRAM 4 x 79.6 GB = 318.4 GB < needed 537.2 GB for Qwen3-235B-A22B on 4 GPUs (134.3 GB each)"
+    needed = "VRAM 4 x 79.6 GB = 318.4 GB < needed 537.6 GB for Qwen3-235B-A22B on 4 GPUs (134.4 GB each)"
     assert reasons_of(ranking, "h100x4")[-1] == needed
     assert reasons_of(ranking, "h100x8")[-1] == needed  # the recipe trains on 4 of its 8
     any_card = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
@@ -126,8 +126,8 @@ def test_the_models_weights_are_spread_over_the_recipes_gpus():
 
 def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
     filters = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
-    # 35B on one GPU: 65.2 GiB of weights, 14.1 of float32 LoRA factors and gradients, checkpointing's 1.3.
-    alone = ("VRAM 79.6 GB < needed 83.4 GB for Qwen3.6-35B-A3B",)
+    # 35B on one GPU: 65.2 GiB of weights, 7.0 of bf16 LoRA factors and gradients, 3.6 of 8-bit moments, checkpointing.
+    alone = ("VRAM 79.6 GB < needed 79.9 GB for Qwen3.6-35B-A3B",)
     assert exclusion_reasons(h100("one", 1), filters, Workload()) == alone
     assert exclusion_reasons(h100("pair", 2), filters, Workload()) == alone  # a one-GPU recipe trains on one of them
     assert exclusion_reasons(h100("pair", 2), filters, Workload(gpus=2)) == ()  # half the weights and LoRA a GPU

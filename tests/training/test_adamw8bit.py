@@ -145,7 +145,7 @@ def test_it_trains_a_small_model_to_the_loss_of_float32_moments(tmp_path):
 @pytest.mark.parametrize("in_torch", [False, True])
 def test_bf16_factors_keep_updates_smaller_than_bf16s_grid(monkeypatch, in_torch):
     """100 steps of 1e-4 each from 1.0, where bf16's grid is 2^-8 apart below 1: rounding to nearest would keep every
-    element at 1.0; stochastic rounding moves each by a random walk on the grid whose mean is 0.99 (kernel and torch)."""
+    element at 1.0; stochastic rounding moves each by a random walk on the grid whose mean is 0.99 (kernel, torch)."""
     if in_torch:
         monkeypatch.setattr(optimizers, "interpreting", lambda: False)
     param = torch.nn.Parameter(torch.ones(4096, dtype=torch.bfloat16))

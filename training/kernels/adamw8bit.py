@@ -86,7 +86,7 @@ def step_in_torch(param, grad, codes_m, codes_v, scale_m, scale_v, *, lr, beta1,
 
 
 def round_stochastically(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """float32 `x` to bf16, each element rounded up or down with odds by its distance from either (the kernel's rule)."""
+    """float32 `x` to bf16, each element rounded up or down with odds by its distance from either (as the kernel)."""
     generator = torch.Generator(device=x.device).manual_seed(int(seed))
     noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
     return ((x.contiguous().view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
