@@ -55,9 +55,9 @@ def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | 
     device = torch.device(device)
     asked = (recipe.gradient_checkpointing, recipe.optimizer)
     if device.type != "cuda":
-        if recipe.optimizer == "adamw_offload":
-            raise RecipeError("optimizer adamw_offload keeps the optimizer's state on the host instead of the GPU, and "
-                              "this run has no GPU: use adamw or adamw_8bit")
+        if recipe.optimizer in memory_plan.OFFLOADED:
+            raise RecipeError(f"optimizer {recipe.optimizer} keeps the optimizer's state on the host instead of the "
+                              "GPU, and this run has no GPU: use adamw or adamw_8bit")
         return Choice(*asked, None, f"memory plan: no GPU, the recipe's own ({memory_plan.plan_name(*asked)})")
     run = counted_run(recipe, model, gpus)
     usable = budget_gib if budget_gib is not None else usable_memory_gib(device, gpus)

@@ -6,20 +6,23 @@ from dataclasses import dataclass
 
 GIB = 2**30
 # In the order of what they leave on the card per LoRA parameter, most first (a recipe's choice is the plan's floor).
-OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload", "adamw_8bit_bf16")
+OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload", "adamw_8bit_bf16", "adamw_offload_bf16")
 MEMORY_PLANS = ("auto", "recipe")  # auto: the fastest plan that fits, never less frugal than the recipe says
 
 # Bytes on the card per LoRA parameter, the factor and its gradient: peft keeps the factors in float32 over a bf16
-# base, and so their gradients; adamw_8bit_bf16 keeps both in bf16 (its step rounds stochastically: no update is lost
-# to bf16's coarse grid; training/kernels/adamw8bit.py).
-FACTOR_BYTES = {"adamw": 8, "adamw_8bit": 8, "adamw_offload": 8, "adamw_8bit_bf16": 4}
+# base, and so their gradients; the _bf16 optimizers keep both in bf16 (the 8-bit step rounds stochastically, so no
+# update is lost to bf16's coarse grid: training/kernels/adamw8bit.py; the host's keeps a float32 copy).
+FACTOR_BYTES = {"adamw": 8, "adamw_8bit": 8, "adamw_offload": 8, "adamw_8bit_bf16": 4, "adamw_offload_bf16": 4}
 BF16_FACTORS = frozenset(opt for opt, size in FACTOR_BYTES.items() if size == 4)
 # The optimizer state on the card per LoRA parameter: AdamW's two float32 moments; AdamW8bit (training/optimizers.py)
 # keeps each moment in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them (and a float32
 # copy of the factors) in the host's memory.
 EIGHT_BIT = 2 * (1 + 4 / 256)
-OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": EIGHT_BIT, "adamw_offload": 0.0, "adamw_8bit_bf16": EIGHT_BIT}
-HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8, "adamw_8bit_bf16": 0.0}  # pinned, per param
+OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": EIGHT_BIT, "adamw_offload": 0.0, "adamw_8bit_bf16": EIGHT_BIT,
+                   "adamw_offload_bf16": 0.0}
+HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8, "adamw_8bit_bf16": 0.0,  # pinned, per param
+              "adamw_offload_bf16": 4 + 4 + 8}
+OFFLOADED = frozenset(opt for opt, size in HOST_BYTES.items() if size)
 
 # What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing, over the timed
 # steps; calibrated on one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 and
@@ -42,12 +45,14 @@ HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of th
 # against 22,684 on 30B-A3B (0.73). Our 8-bit step (training/kernels/adamw8bit.py) takes 36 ms against fused AdamW's
 # 14.5 on 30B-A3B's adapter; with it, no checkpointing 21,725 tokens/s (0.958), half the layers checkpointed 18,687
 # (0.824 of 22,684: 0.97 x 0.850), three quarters 17,668, all 16,315 (0.719): 0.97 over all four. The offloaded step
-# copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7.
+# copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7 (with
+# bf16 factors too, though half the bytes cross).
 CHECKPOINTING_SPEED = 0.74
 # The shares of the decoder layers a plan may checkpoint: the fewest that fit, so that a card a little short of the
 # whole run's activations recomputes only some layers (the first ones: training/fitting.checkpoint_layers).
 CHECKPOINT_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
-OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7, "adamw_8bit_bf16": 0.97}
+OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7, "adamw_8bit_bf16": 0.97,
+                   "adamw_offload_bf16": 0.7}
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,8 @@ class Plan:
 
 
 MOMENTS = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host",
-           "adamw_8bit_bf16": "8-bit moments and bf16 factors"}
+           "adamw_8bit_bf16": "8-bit moments and bf16 factors",
+           "adamw_offload_bf16": "moments on the host and bf16 factors"}
 
 
 def plan_name(checkpointing: bool, optimizer: str) -> str:
@@ -207,7 +213,7 @@ def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str 
         return [(float(checkpointing), optimizer)]
     allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):] if gpus == 1 else (optimizer,)
     shares = (1.0,) if checkpointing else CHECKPOINT_SHARES
-    return [(share, opt) for opt in allowed if offload or opt != "adamw_offload" for share in shares]
+    return [(share, opt) for opt in allowed if offload or opt not in OFFLOADED for share in shares]
 
 
 def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,

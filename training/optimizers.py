@@ -6,7 +6,7 @@ import torch
 
 from training.kernels import adamw8bit
 from training.kernels._config import interpreting
-from training.memory_plan import OPTIMIZERS
+from training.memory_plan import BF16_FACTORS, OPTIMIZERS
 from training.recipe import RecipeError
 
 
@@ -134,16 +134,20 @@ def build(name: str, params, *, lr: float, weight_decay: float, device) -> torch
     if name == "adamw_8bit":
         return AdamW8bit(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw_8bit_bf16":
-        if any(p.dtype != torch.bfloat16 for p in params):
-            raise OptimizerError("optimizer adamw_8bit_bf16 steps bf16 factors: cast them first "
-                                 "(training/fitting.cast_factors)")
+        _factors_as_planned(name, params)
         return AdamW8bit(params, lr=lr, weight_decay=weight_decay)  # a bf16 factor is rounded stochastically
-    if name == "adamw_offload":
+    if name in ("adamw_offload", "adamw_offload_bf16"):
         if device.type != "cuda":
-            raise OptimizerError("optimizer adamw_offload moves the optimizer's state from the GPU to the host, and "
-                                 "this run has no GPU: use adamw or adamw_8bit")
-        return HostAdamW(params, lr=lr, weight_decay=weight_decay)
+            raise OptimizerError(f"optimizer {name} moves the optimizer's state from the GPU to the host, and this run "
+                                 "has no GPU: use adamw or adamw_8bit")
+        _factors_as_planned(name, params)
+        return HostAdamW(params, lr=lr, weight_decay=weight_decay)  # float32 on the host whatever the factors
     raise OptimizerError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def _factors_as_planned(name, params):
+    if name in BF16_FACTORS and any(p.dtype != torch.bfloat16 for p in params):
+        raise OptimizerError(f"optimizer {name} steps bf16 factors: cast them first (training/fitting.cast_factors)")
 
 
 def state_dict(optimizer) -> dict:

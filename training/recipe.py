@@ -129,6 +129,7 @@ class RunRecipe:
     gradient_checkpointing: bool = False
     # adamw (float32 moments) | adamw_8bit (8-bit moments, our kernel) | adamw_offload (moments on the host, GPU only)
     # | adamw_8bit_bf16 (8-bit moments, the factors and their gradients in bf16, rounded stochastically)
+    # | adamw_offload_bf16 (moments and a float32 copy of the factors on the host, bf16 factors on the GPU)
     optimizer: str = "adamw"
     # auto: on one GPU the trainer takes the fastest plan that fits the memory it finds (training/memory_plan.py),
     # never less frugal than gradient_checkpointing and optimizer say; recipe: those two as they are.

@@ -36,7 +36,7 @@ CASES = {
     "vram_unknown": Case({"gpu_ram_gb": math.nan}, "VRAM unknown"),
     "vram_range": Case({"gpu_ram_gb": 120.0}, "VRAM 120 GB outside the RTX PRO 6000 (90-100 GB), H200 (130-150 GB), "
                                               "B200 (170-190 GB) tiers", off={"gpu_tiers": "any"}),
-    "vram_needed": Case({"gpu_ram_gb": 79.6}, "VRAM 79.6 GB < needed 79.9 GB for Qwen3.6-35B-A3B",
+    "vram_needed": Case({"gpu_ram_gb": 75.0}, "VRAM 75 GB < needed 76.3 GB for Qwen3.6-35B-A3B",
                         filters={"gpu_tiers": "any"}),
     "price_unknown": Case({"storage_usd_per_gb_month": None}, "storage price unknown"),
     # the rental's price: the machine and 250 GB of disk at $0.15 per GB-month

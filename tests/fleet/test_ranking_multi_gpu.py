@@ -35,6 +35,10 @@ def h100(offer_id, num_gpus, **changes) -> OfferRecord:
     return box(offer_id, num_gpus, gpu_name="H100 SXM", gpu_ram_gb=79.6, **changes)
 
 
+def l40s(offer_id, num_gpus, **changes) -> OfferRecord:
+    return box(offer_id, num_gpus, gpu_name="L40S", gpu_ram_gb=47.7, compute_capability=89, **changes)
+
+
 def ranked_ids(ranking) -> list[str]:
     return [e.offer.offer_id for e in ranking.entries]
 
@@ -126,11 +130,12 @@ def test_the_models_weights_are_spread_over_the_recipes_gpus():
 
 def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
     filters = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
-    # 35B on one GPU: 65.2 GiB of weights, 7.0 of bf16 LoRA factors and gradients, 3.6 of 8-bit moments, checkpointing.
-    alone = ("VRAM 79.6 GB < needed 79.9 GB for Qwen3.6-35B-A3B",)
-    assert exclusion_reasons(h100("one", 1), filters, Workload()) == alone
-    assert exclusion_reasons(h100("pair", 2), filters, Workload()) == alone  # a one-GPU recipe trains on one of them
-    assert exclusion_reasons(h100("pair", 2), filters, Workload(gpus=2)) == ()  # half the weights and LoRA a GPU
+    # 30B on one GPU: 56.8 GiB of weights, 4.8 of bf16 LoRA factors and gradients, checkpointing, moments on the host.
+    q30 = PRESETS["qwen3-30b-a3b"]
+    alone = ("VRAM 47.7 GB < needed 65.3 GB for Qwen3-30B-A3B",)
+    assert exclusion_reasons(l40s("one", 1), filters, q30) == alone
+    assert exclusion_reasons(l40s("pair", 2), filters, q30) == alone  # a one-GPU recipe trains on one of them
+    assert exclusion_reasons(l40s("pair", 2), filters, replace(q30, gpus=2)) == ()  # half the weights and LoRA a GPU
 
 
 def test_the_moe_family_figures_give_the_field_notes_adapter_size():

@@ -19,7 +19,7 @@ def test_a_recipe_names_an_optimizer_and_a_memory_plan_it_knows(tmp_path):
     assert RunRecipe.from_dict(tiny_recipe(tmp_path)).memory_plan == "auto"  # the default
     with pytest.raises(RecipeError) as refused:
         tiny_recipe(tmp_path, optimizer="sgd", memory_plan="maybe")
-    known = "('adamw', 'adamw_8bit', 'adamw_offload', 'adamw_8bit_bf16')"
+    known = "('adamw', 'adamw_8bit', 'adamw_offload', 'adamw_8bit_bf16', 'adamw_offload_bf16')"
     assert f"optimizer: one of {known}, got 'sgd'" in str(refused.value)
     assert "memory_plan: one of ('auto', 'recipe'), got 'maybe'" in str(refused.value)
     with pytest.raises(RecipeError, match="adamw_8bit runs on one GPU"):

@@ -135,6 +135,29 @@ def test_the_host_optimizer_steps_as_adamw_does_and_round_trips():
     assert torch.equal(copy.state[copy.host_params[0]]["exp_avg_sq"], host.state[host.host_params[0]]["exp_avg_sq"])
 
 
+def test_the_host_optimizer_keeps_bf16_factors_on_a_float32_copy():
+    """adamw_offload_bf16: AdamW steps the float32 copy on the host; the card's bf16 factors are that copy rounded, so
+    updates below bf16's grid add up there instead of being lost."""
+    torch.manual_seed(0)
+    factors = [torch.nn.Parameter(torch.randn(32, 16).to(torch.bfloat16))]
+    reference = [torch.nn.Parameter(factors[0].detach().float())]  # the same start, in float32
+    start = factors[0].detach().clone()
+    host, plain = optimizers.HostAdamW(factors, lr=1e-4), torch.optim.AdamW(reference, lr=1e-4, weight_decay=0.0)
+    for _ in range(20):
+        grad = (torch.rand(32, 16) + 0.5).to(torch.bfloat16)  # one sign: AdamW moves every factor by the rate
+        factors[0].grad, reference[0].grad = grad, grad.float()
+        host.step()
+        plain.step()
+    assert factors[0].dtype == torch.bfloat16
+    torch.testing.assert_close(host.host_params[0], reference[0].detach(), rtol=1e-5, atol=1e-6)  # AdamW's steps
+    assert torch.equal(factors[0], host.host_params[0].to(torch.bfloat16))
+    # 20 steps of about 1e-4 each: the copy moved 2e-3, under half of bf16's grid at 1 (3.9e-3), and the factors
+    # follow it where it crossed a rounding edge
+    assert (host.host_params[0] - start.float()).abs().mean() > 1.5e-3 and (factors[0] != start).any()
+    with pytest.raises(optimizers.OptimizerError, match="bf16"):
+        optimizers.build("adamw_offload_bf16", reference, lr=1e-3, weight_decay=0.0, device="cuda")
+
+
 def test_offloading_is_refused_without_a_gpu(tmp_path):
     with pytest.raises(optimizers.OptimizerError, match="no GPU"):
         optimizers.build("adamw_offload", [torch.nn.Parameter(torch.zeros(2))], lr=1e-3, weight_decay=0.0,
