@@ -65,11 +65,29 @@ def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | 
         own = memory_plan.estimate(run, *asked, usable)
         return Choice(*asked, own, f"memory plan (the recipe's): {describe(own)}")
     plan = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing)
-    if plan is None:  # nothing fits: the most frugal, said so; the run may still go out of memory
-        frugal = memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing)[-1]
+    host, short, offload = host_memory_gib(), "", True
+    if plan is not None and host is not None and plan.host_gib > host:  # the moments on the host would not fit there
+        short = f" (not {plan.name}: it pins {plan.host_gib:.1f} GiB on the host, which has {host:.1f} free)"
+        offload = False
+        plan = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing, offload=False)
+    if plan is None:  # nothing fits: the most frugal (on the card, where the host is short), said so; it may still fail
+        frugal = (memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing, offload=offload)
+                  or memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing))[-1]
         return Choice(frugal.checkpointing, frugal.optimizer, frugal,
-                      f"memory plan: no plan fits {usable:.1f} GiB; trying the most frugal: {describe(frugal)}")
-    return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}")
+                      f"memory plan: no plan fits {usable:.1f} GiB{short}; trying the most frugal: {describe(frugal)}")
+    return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}{short}")
+
+
+def host_memory_gib() -> float | None:
+    """What the host's memory has available now (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / memory_plan.GIB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def checkpoint_layers(base, choice: "Choice") -> int:

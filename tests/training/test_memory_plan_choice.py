@@ -115,3 +115,26 @@ def test_a_card_a_little_short_of_the_whole_runs_activations_recomputes_a_share_
     assert every.speed < plan.speed < plain.speed == 1.0
     assert plan.speed == pytest.approx(1 / (1 + (1 / memory_plan.CHECKPOINTING_SPEED - 1) / 4))
     assert plan.to_dict()["checkpointed_layers"] == 12
+
+
+def test_a_host_short_of_the_offloaded_moments_gets_a_plan_that_keeps_them_on_the_card(tmp_path, monkeypatch):
+    """On a GPU (the budget given, as the out-of-memory retry gives it) whose only fitting plan puts the moments on
+    the host: taken where the host has the memory, passed over (and said so) where it has not."""
+    recipe = RunRecipe.from_dict(tiny_recipe(tmp_path))
+    model = attach_lora(train.build_model(recipe.model, "cpu"), r=4, alpha=8)
+    run = fitting.counted_run(recipe, model, gpus=1)
+    offloaded = memory_plan.estimate(run, True, "adamw_offload_bf16", 0.0)
+    on_card = memory_plan.estimate(run, True, "adamw_8bit_bf16", 0.0)
+    budget = (offloaded.total_gib + on_card.total_gib) / 2  # the offloaded plan fits, the next one does not
+    monkeypatch.setattr(fitting, "host_memory_gib", lambda: 64.0)
+    roomy = fitting.choose(recipe, model, "cuda", budget_gib=budget)
+    assert roomy.optimizer == "adamw_offload_bf16" and roomy.plan.fits
+    monkeypatch.setattr(fitting, "host_memory_gib", lambda: offloaded.host_gib / 2)
+    short = fitting.choose(recipe, model, "cuda", budget_gib=budget)
+    assert short.optimizer == "adamw_8bit_bf16" and short.plan.host_gib == 0  # the most frugal on the card
+    assert short.words.startswith(f"memory plan: no plan fits {budget:.1f} GiB (not checkpointing, moments on the "
+                                  f"host and bf16 factors: it pins {offloaded.host_gib:.1f} GiB on the host")
+
+
+def test_it_reads_the_hosts_available_memory():
+    assert 0 < fitting.host_memory_gib() < 1 << 20  # Linux: MemAvailable
