@@ -44,7 +44,7 @@ def measured(model, budget, args):
         plan = r.get("memory_plan") or {}
         row.update(plan=plan.get("plan"), predicted_gib=plan.get("total_gib"), speed=plan.get("speed"),
                    tokens_per_second=r["tokens_per_second"], peak_reserved_gib=r.get("peak_reserved_gib"),
-                   deltanet_path=r.get("deltanet_path"))
+                   warmup_peak_reserved_gib=r.get("warmup_peak_reserved_gib"), deltanet_path=r.get("deltanet_path"))
     elif results:
         row["error"] = f"out of memory at {results[-1].get('peak_reserved_gib')} GiB reserved: " \
             + (results[-1].get("error") or "")[:120]
@@ -84,11 +84,12 @@ def main():
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
     with_predictions(rows)
-    print("| model | budget GiB | plan | predicted GiB | peak reserved GiB | predicted tokens/s | tokens/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | budget GiB | plan | predicted GiB | first step's peak GiB | peak reserved GiB | predicted tokens/s "
+          "| tokens/s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [r.get("plan") or r.get("error"), r.get("predicted_gib"), r.get("peak_reserved_gib"),
-                 r.get("predicted_tokens_per_second"), r.get("tokens_per_second")]
+        cells = [r.get("plan") or r.get("error"), r.get("predicted_gib"), r.get("warmup_peak_reserved_gib"),
+                 r.get("peak_reserved_gib"), r.get("predicted_tokens_per_second"), r.get("tokens_per_second")]
         print(f"| {r['model']} | {r['budget_gib']} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     print(json.dumps({"rows": rows, "measured": sum("tokens_per_second" in r for r in rows)}), flush=True)
     return 0
