@@ -84,8 +84,8 @@ def main():
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
     with_predictions(rows)
-    print("| model | budget GiB | plan | predicted GiB | first step's peak GiB | peak reserved GiB | predicted tokens/s "
-          "| tokens/s |")
+    print("| model | budget GiB | plan | predicted GiB | first step's peak GiB | peak reserved GiB "
+          "| predicted tokens/s | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         cells = [r.get("plan") or r.get("error"), r.get("predicted_gib"), r.get("warmup_peak_reserved_gib"),

@@ -44,6 +44,7 @@ class Offer(models.Model):
     pcie_gb_s = models.FloatField(null=True, blank=True, help_text="GB/s of each GPU's PCIe link")
     datacenter = models.BooleanField(null=True, blank=True, help_text="a datacenter host; blank: not said")
     gpu_mem_bw_gb_s = models.FloatField(null=True, blank=True, help_text="each GPU's memory bandwidth, GB/s")
+    cpu_ram_gb = models.FloatField(null=True, blank=True, help_text="the host memory the rental gets; blank: not said")
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     available = models.BooleanField(default=True, help_text="listed in the latest refresh")

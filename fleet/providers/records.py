@@ -52,6 +52,8 @@ class OfferRecord:
     # bandwidth (gpu_mem_bw, GB/s); None where the listing says nothing.
     datacenter: bool | None = None
     gpu_mem_bw_gb_s: float | None = None
+    # The host memory the rental gets (vast.ai cpu_ram), GiB as gpu_ram_gb is; None where the listing says nothing.
+    cpu_ram_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

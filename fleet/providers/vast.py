@@ -354,7 +354,12 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
         pcie_gb_s=fields.number(raw, "pcie_bw", default=None),
         datacenter=_datacenter(raw),
         gpu_mem_bw_gb_s=fields.number(raw, "gpu_mem_bw", default=None),
+        cpu_ram_gb=_gib(fields.number(raw, "cpu_ram", default=None)),
     )
+
+
+def _gib(mib: float | None) -> float | None:
+    return None if mib is None else round(mib / MIB_PER_GIB, 1)
 
 
 def parse_volume(raw: dict) -> VolumeRecord:

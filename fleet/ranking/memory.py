@@ -46,6 +46,19 @@ def plan_on(recipe, card_gb: float) -> memory_plan.Plan | None:
                               recipe.memory_plan)
 
 
+# What the host needs beside an offloaded optimizer's pinned memory: the trainer's own process, the tokenizer, the data.
+HOST_BESIDE_GIB = 8.0
+
+
+def host_needs(recipe) -> tuple[tuple[float, float, float, str], ...]:
+    """(card from, card below, host memory needed, plan name) for each span of card sizes whose plan keeps the
+    moments on the host: a box there needs that much host memory, or the trainer has no plan that fits."""
+    steps = ladder(recipe)
+    ends = [card for card, _ in steps[1:]] + [float("inf")] * bool(steps)
+    return tuple((card, end, plan.host_gib + HOST_BESIDE_GIB, plan.name)
+                 for (card, plan), end in zip(steps, ends, strict=True) if plan.host_gib > 0)
+
+
 def speed_column(recipe, card_gb: np.ndarray) -> np.ndarray:
     """Each card's plan's speed against the plain plan's (1.0 where the plan does not apply)."""
     steps = ladder(recipe)

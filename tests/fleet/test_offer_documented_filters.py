@@ -44,6 +44,8 @@ LOOSE = {"gpu_tiers": [], "max_usd_per_hour": "", "min_driver_version": "", "min
 def test_the_client_reads_the_documented_host_fields():
     offer = parse_offer(DOCUMENTED_OFFER)
     assert offer.datacenter is False and offer.gpu_mem_bw_gb_s == 888.8 and offer.geolocation == "Atlantis, AT"
+    assert offer.cpu_ram_gb == 64.0  # cpu_ram in MB, as gpu_ram
+    assert parse_offer({k: v for k, v in DOCUMENTED_OFFER.items() if k != "cpu_ram"}).cpu_ram_gb is None
     assert parse_offer({**DOCUMENTED_OFFER, "hosting_type": 1}).datacenter is True
     assert parse_offer({k: v for k, v in DOCUMENTED_OFFER.items() if k not in ("hosting_type", "gpu_mem_bw")}
                        ).datacenter is None

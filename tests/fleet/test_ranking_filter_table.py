@@ -38,6 +38,10 @@ CASES = {
                                               "B200 (170-190 GB) tiers", off={"gpu_tiers": "any"}),
     "vram_needed": Case({"gpu_ram_gb": 75.0}, "VRAM 75 GB < needed 76.3 GB for Qwen3.6-35B-A3B",
                         filters={"gpu_tiers": "any"}),
+    # an 80 GB card whose only plan for 35B-A3B keeps the moments (28.1 GiB) on the host, 8 GiB beside them
+    "host_ram_needed": Case({"gpu_ram_gb": 79.6, "cpu_ram_gb": 32.0}, "host memory 32 GB < needed 36.1 GB for "
+                            "Qwen3.6-35B-A3B (checkpointing, moments on the host and bf16 factors)",
+                            filters={"gpu_tiers": "any"}, passing={"gpu_ram_gb": 79.6, "cpu_ram_gb": 64.0}),
     "price_unknown": Case({"storage_usd_per_gb_month": None}, "storage price unknown"),
     # the rental's price: the machine and 250 GB of disk at $0.15 per GB-month
     "price_cap": Case({"gpu_usd_per_hour": Decimal("2.93")}, "$2.982/h > cap $1.30/h", off={"max_usd_per_hour": None}),

@@ -38,6 +38,18 @@ def test_the_35b_preset_fits_a_96_gb_card_with_checkpointing_and_8_bit_moments_a
         "GiB headroom" in ranking.find("rtx").why
 
 
+def test_an_80_gb_card_for_35b_needs_the_host_memory_its_moments_on_the_host_take():
+    """28.1 GiB of moments and a float32 copy pinned, and 8 beside them: a box with less is not ranked for it (the
+    trainer would find no plan), one with more is, and a listing silent on it is given the benefit."""
+    short, roomy, silent = h100("short", 1, cpu_ram_gb=32.0), h100("roomy", 1, cpu_ram_gb=128.0), h100("silent", 1)
+    ranking = rank_offers([short, roomy, silent], Q36, ANY_CARD)
+    assert sorted(e.offer.offer_id for e in ranking.entries) == ["roomy", "silent"]
+    assert ranking.find("short").reasons == (
+        "host memory 32 GB < needed 36.1 GB for Qwen3.6-35B-A3B (checkpointing, moments on the host and bf16 factors)",)
+    # The 30B preset keeps its moments on an 80 GB card: the host's memory does not matter there.
+    assert exclusion_reasons(short, ANY_CARD, Q30) == ()
+
+
 def test_the_30b_preset_fits_an_80_gb_card_with_checkpointing_and_at_its_cost():
     plain = replace(Q30, vram_needed_gb=70.0)  # a stated figure: no plan, the card's own speed
     h100_plain = rank_offers([h100("h100", 1)], plain, ANY_CARD).entries[0]

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from fleet.providers.records import OfferRecord
 
+from .. import memory
 from ..price import per_hour, rental_usd_per_hour
 from ..workload import Workload
 from .settings import GPU_TIERS, OfferFilters, parse_version, version_at_least
@@ -72,6 +73,22 @@ def _driver_unknown_words(o, f, r) -> str:
     return f"driver unknown ({text!r})" if isinstance(text, str) and text.strip() else "driver unknown"
 
 
+def _host_short(card_gb, host_gb, needs):
+    """(host memory needed, plan) where a card of `card_gb` takes a plan with the moments on the host and the
+    listing's host memory is short of it; None otherwise (a listing silent on it passes)."""
+    if host_gb is None or not _known(host_gb):
+        return None
+    for low, high, need, plan in needs:
+        if low <= card_gb < high and host_gb < need:
+            return need, plan
+    return None
+
+
+def _host_ram_words(o, f, r) -> str:
+    need, plan = _host_short(o.gpu_ram_gb, o.cpu_ram_gb, memory.host_needs(r))
+    return f"host memory {_num(o.cpu_ram_gb)} GB < needed {_num(round(need, 1))} GB for {r.model} ({plan})"
+
+
 def _vram_needed_words(o, f, r) -> str:
     if r.gpus == 1:
         return f"VRAM {_num(o.gpu_ram_gb)} GB < needed {_num(r.vram_gb)} GB for {r.model}"
@@ -124,6 +141,10 @@ FILTERS: tuple[Filter, ...] = (
     Filter("vram_needed", "too little VRAM for the model", given="vram_unknown",
            binds=lambda f, r: {"vram_needed": r.vram_gb},
            test="ram < vram_needed", words=_vram_needed_words),
+    # Where the only plan that fits the card keeps the moments on the host, the host must hold them (pinned).
+    Filter("host_ram_needed", "too little host memory for the moments on the host", given="vram_unknown",
+           when=lambda f, r: bool(memory.host_needs(r)), binds=lambda f, r: {"host_needs": memory.host_needs(r)},
+           test="host_short(ram, o.cpu_ram_gb, host_needs) is not None", words=_host_ram_words),
     Filter("price_unknown", "price unknown",
            test="not prices_known(o)", words=_price_unknown_words),
     # Stops "cheapest rentable" from landing on $1.90-2.50/h boxes. The cap is on the rental's price (the machine
@@ -264,7 +285,7 @@ class _CountryCodes(dict):
 
 # What a test may call besides the names its entry binds.
 TEST_NAMES = {"known": _known, "prices_known": _prices_known, "blank_price": _blank_price, "in_ranges": _in_ranges,
-              "rental_usd_per_hour": rental_usd_per_hour}
+              "rental_usd_per_hour": rental_usd_per_hour, "host_short": _host_short}
 
 
 def country_code(geolocation) -> str:
