@@ -130,8 +130,9 @@ class RankedOffer:
         if t.estimated:
             lines.append("throughput is an estimate: no run has measured this GPU")
         if (plan := memory.plan_on(self._pricing.recipe, o.gpu_ram_gb)) is not None:
+            host = f", {plan.host_gib:.1f} GiB pinned on the host" if plan.host_gib else ""
             lines.append(f"memory plan: {plan.name}; {plan.total_gib:.1f} of {plan.card_gib:.1f} GiB usable, "
-                         f"{plan.headroom_gib:.1f} GiB headroom")
+                         f"{plan.headroom_gib:.1f} GiB headroom{host}")
         return tuple(lines)
 
 

@@ -46,6 +46,8 @@ def test_an_80_gb_card_for_35b_needs_the_host_memory_its_moments_on_the_host_tak
     assert sorted(e.offer.offer_id for e in ranking.entries) == ["roomy", "silent"]
     assert ranking.find("short").reasons == (
         "host memory 32 GB < needed 36.1 GB for Qwen3.6-35B-A3B (checkpointing, moments on the host and bf16 factors)",)
+    assert "memory plan: checkpointing, moments on the host and bf16 factors; 75.4 of 78.7 GiB usable, 3.3 GiB " \
+        "headroom, 28.1 GiB pinned on the host" in ranking.find("roomy").why
     # The 30B preset keeps its moments on an 80 GB card: the host's memory does not matter there.
     assert exclusion_reasons(short, ANY_CARD, Q30) == ()
 
