@@ -117,7 +117,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         fitting.checkpoint_layers(model.get_base_model(), fitting.Choice(True, plan.optimizer, plan, plan.name))
     checkpointing = plan.checkpointing if plan is not None else checkpointing
     optimizer_name = plan.optimizer if plan is not None else MEMORY["optimizer"]
-    fitting.cast_factors(model, fitting.Choice(checkpointing, optimizer_name, plan, ""))  # as the trainer does
+    fitting.cast_factors(model, optimizer_name)  # as the trainer does
     groups = parameter_groups(model)
     # As the trainer: a DeltaNet family's micro-steps read their packed samples' ends on the host, so run eagerly.
     graphs = graphs and not family_of(model.config).linear_attention
@@ -214,9 +214,9 @@ def planned(model, tokens, checkpointing):
         return None
     run = fitting.counted_run_of(model, tokens, gpus=1)
     usable = MEMORY["budget_gib"] if MEMORY["budget_gib"] is not None else fitting.usable_memory_gib(DEVICE)
-    plan = memory_plan.choose(run, usable, MEMORY["optimizer"], checkpointing, offload=DEVICE.type == "cuda")
-    if plan is None:  # none fits: the most frugal, which the benchmark reports running out of memory
-        plan = memory_plan.plans(run, usable, MEMORY["optimizer"], checkpointing, offload=DEVICE.type == "cuda")[-1]
+    # none fits: the most frugal, which the benchmark reports running out of memory; a CPU has no host to offload to
+    plan = memory_plan.take(run, usable, MEMORY["optimizer"], checkpointing,
+                            host_gib=fitting.host_memory_gib() if DEVICE.type == "cuda" else 0.0)
     print(f"memory plan: {fitting.describe(plan)}", flush=True)
     return plan
 

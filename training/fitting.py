@@ -64,17 +64,14 @@ def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | 
     if recipe.memory_plan == "recipe":
         own = memory_plan.estimate(run, *asked, usable)
         return Choice(*asked, own, f"memory plan (the recipe's): {describe(own)}")
-    plan = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing)
-    host, short, offload = host_memory_gib(), "", True
-    if plan is not None and host is not None and plan.host_gib > host:  # the moments on the host would not fit there
-        short = f" (not {plan.name}: it pins {plan.host_gib:.1f} GiB on the host, which has {host:.1f} free)"
-        offload = False
-        plan = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing, offload=False)
-    if plan is None:  # nothing fits: the most frugal (on the card, where the host is short), said so; it may still fail
-        frugal = (memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing, offload=offload)
-                  or memory_plan.plans(run, usable, recipe.optimizer, recipe.gradient_checkpointing))[-1]
-        return Choice(frugal.checkpointing, frugal.optimizer, frugal,
-                      f"memory plan: no plan fits {usable:.1f} GiB{short}; trying the most frugal: {describe(frugal)}")
+    host = host_memory_gib()
+    plan = memory_plan.take(run, usable, recipe.optimizer, recipe.gradient_checkpointing, host_gib=host)
+    unbounded = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing)
+    short = "" if unbounded is None or host is None or unbounded.host_gib <= host else \
+        f" (not {unbounded.name}: it pins {unbounded.host_gib:.1f} GiB on the host, which has {host:.1f} free)"
+    if not plan.fits:  # the most frugal, said so; the run may still go out of memory
+        return Choice(plan.checkpointing, plan.optimizer, plan,
+                      f"memory plan: no plan fits {usable:.1f} GiB{short}; trying the most frugal: {describe(plan)}")
     return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}{short}")
 
 
@@ -103,10 +100,10 @@ def checkpoint_layers(base, choice: "Choice") -> int:
     return count
 
 
-def cast_factors(model, choice: "Choice") -> None:
-    """The LoRA factors (and so their gradients) in bf16 where the plan keeps them so (memory_plan.BF16_FACTORS);
+def cast_factors(model, optimizer: str) -> None:
+    """The LoRA factors (and so their gradients) in bf16 where the optimizer keeps them so (memory_plan.BF16_FACTORS);
     before anything holds them: the optimizer, a captured graph, a loaded checkpoint."""
-    if choice.optimizer not in memory_plan.BF16_FACTORS:
+    if optimizer not in memory_plan.BF16_FACTORS:
         return
     with torch.no_grad():
         for param in model.parameters():

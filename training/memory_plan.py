@@ -5,24 +5,37 @@ Pure (no torch): the trainer, the ranking and the launch page share it (docs/tra
 from dataclasses import dataclass
 
 GIB = 2**30
-# In the order of what they leave on the card per LoRA parameter, most first (a recipe's choice is the plan's floor).
-OPTIMIZERS = ("adamw", "adamw_8bit", "adamw_offload", "adamw_8bit_bf16", "adamw_offload_bf16")
 MEMORY_PLANS = ("auto", "recipe")  # auto: the fastest plan that fits, never less frugal than the recipe says
 
-# Bytes on the card per LoRA parameter, the factor and its gradient: peft keeps the factors in float32 over a bf16
-# base, and so their gradients; the _bf16 optimizers keep both in bf16 (the 8-bit step rounds stochastically, so no
-# update is lost to bf16's coarse grid: training/kernels/adamw8bit.py; the host's keeps a float32 copy).
-FACTOR_BYTES = {"adamw": 8, "adamw_8bit": 8, "adamw_offload": 8, "adamw_8bit_bf16": 4, "adamw_offload_bf16": 4}
-BF16_FACTORS = frozenset(opt for opt, size in FACTOR_BYTES.items() if size == 4)
-# The optimizer state on the card per LoRA parameter: AdamW's two float32 moments; AdamW8bit (training/optimizers.py)
-# keeps each moment in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them (and a float32
-# copy of the factors) in the host's memory.
+
+@dataclass(frozen=True)
+class Optimizer:
+    """What an optimizer choice costs per LoRA parameter and in speed (against float32 AdamW on the card)."""
+
+    factor_bytes: float  # on the card: the factor and its gradient
+    state_bytes: float  # on the card: the optimizer's state
+    host_bytes: float  # pinned on the host
+    speed: float
+    words: str
+
+
+# peft keeps the factors in float32 over a bf16 base, and so their gradients; the _bf16 choices keep both in bf16 (the
+# 8-bit step rounds stochastically, so no update is lost to bf16's coarse grid: training/kernels/adamw8bit.py; the
+# host's keeps a float32 copy). AdamW's state is two float32 moments; AdamW8bit (training/optimizers.py) keeps each
+# in a byte with a float32 scale per block of 256; the offloaded optimizer keeps them, and a float32 copy of the
+# factors, in the host's memory. Speeds: CHECKPOINTING_SPEED's note below.
 EIGHT_BIT = 2 * (1 + 4 / 256)
-OPTIMIZER_BYTES = {"adamw": 8.0, "adamw_8bit": EIGHT_BIT, "adamw_offload": 0.0, "adamw_8bit_bf16": EIGHT_BIT,
-                   "adamw_offload_bf16": 0.0}
-HOST_BYTES = {"adamw": 0.0, "adamw_8bit": 0.0, "adamw_offload": 4 + 4 + 8, "adamw_8bit_bf16": 0.0,  # pinned, per param
-              "adamw_offload_bf16": 4 + 4 + 8}
-OFFLOADED = frozenset(opt for opt, size in HOST_BYTES.items() if size)
+# In the order of what they leave on the card, most first (a recipe's choice is the plan's floor).
+OPTIMIZER_FIGURES = {
+    "adamw": Optimizer(8, 8.0, 0.0, 1.0, "float32 moments"),
+    "adamw_8bit": Optimizer(8, EIGHT_BIT, 0.0, 0.97, "8-bit moments"),
+    "adamw_offload": Optimizer(8, 0.0, 4 + 4 + 8, 0.7, "moments on the host"),
+    "adamw_8bit_bf16": Optimizer(4, EIGHT_BIT, 0.0, 0.97, "8-bit moments and bf16 factors"),
+    "adamw_offload_bf16": Optimizer(4, 0.0, 4 + 4 + 8, 0.7, "moments on the host and bf16 factors"),
+}
+OPTIMIZERS = tuple(OPTIMIZER_FIGURES)
+BF16_FACTORS = frozenset(name for name, figures in OPTIMIZER_FIGURES.items() if figures.factor_bytes == 4)
+OFFLOADED = frozenset(name for name, figures in OPTIMIZER_FIGURES.items() if figures.host_bytes)
 
 # What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing, over the timed
 # steps; calibrated on one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 and
@@ -51,8 +64,6 @@ CHECKPOINTING_SPEED = 0.74
 # The shares of the decoder layers a plan may checkpoint: the fewest that fit, so that a card a little short of the
 # whole run's activations recomputes only some layers (the first ones: training/fitting.checkpoint_layers).
 CHECKPOINT_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
-OPTIMIZER_SPEED = {"adamw": 1.0, "adamw_8bit": 0.97, "adamw_offload": 0.7, "adamw_8bit_bf16": 0.97,
-                   "adamw_offload_bf16": 0.7}
 
 
 @dataclass(frozen=True)
@@ -144,12 +155,13 @@ class Plan:
         """Its throughput against the plain plan's (no checkpointing, float32 moments in the card): each checkpointed
         layer's share of CHECKPOINTING_SPEED's extra time."""
         share = self.checkpointed / self.layers if self.layers else 0.0
-        return OPTIMIZER_SPEED[self.optimizer] / (1.0 + (1.0 / CHECKPOINTING_SPEED - 1.0) * share)
+        return OPTIMIZER_FIGURES[self.optimizer].speed / (1.0 + (1.0 / CHECKPOINTING_SPEED - 1.0) * share)
 
     @property
     def name(self) -> str:
         if 0 < self.checkpointed < self.layers:
-            return f"checkpointing {self.checkpointed} of {self.layers} layers, {MOMENTS[self.optimizer]}"
+            return f"checkpointing {self.checkpointed} of {self.layers} layers, " \
+                f"{OPTIMIZER_FIGURES[self.optimizer].words}"
         return plan_name(self.checkpointing, self.optimizer)
 
     def to_dict(self) -> dict:
@@ -162,13 +174,8 @@ class Plan:
                 "speed": round(self.speed, 3), "fits": self.fits, **figures}
 
 
-MOMENTS = {"adamw": "float32 moments", "adamw_8bit": "8-bit moments", "adamw_offload": "moments on the host",
-           "adamw_8bit_bf16": "8-bit moments and bf16 factors",
-           "adamw_offload_bf16": "moments on the host and bf16 factors"}
-
-
 def plan_name(checkpointing: bool, optimizer: str) -> str:
-    return f"{'checkpointing' if checkpointing else 'no checkpointing'}, {MOMENTS[optimizer]}"
+    return f"{'checkpointing' if checkpointing else 'no checkpointing'}, {OPTIMIZER_FIGURES[optimizer].words}"
 
 
 def usable_gib(card_gib: float) -> float:
@@ -197,38 +204,50 @@ def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: fl
         + (per_layer if checkpointed else 0)
     head = min(run.tokens, HEAD_CHUNK_TOKENS) * shape.vocab * 2 + run.tokens * shape.hidden * 2
     lora_share = params / run.gpus  # the routed experts by expert parallelism, the rest by FSDP
+    figures = OPTIMIZER_FIGURES[optimizer]
     return Plan(checkpointed=checkpointed, layers=shape.layers, optimizer=optimizer,
-                weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * FACTOR_BYTES[optimizer] / GIB,
-                optimizer_gib=lora_share * OPTIMIZER_BYTES[optimizer] / GIB,
+                weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * figures.factor_bytes / GIB,
+                optimizer_gib=lora_share * figures.state_bytes / GIB,
                 activations_gib=activations / GIB, head_gib=head / GIB, slack_gib=SLACK_GIB,
-                host_gib=lora_share * HOST_BYTES[optimizer] / GIB, card_gib=card_gib)
+                host_gib=lora_share * figures.host_bytes / GIB, card_gib=card_gib)
 
 
 def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto",
-               offload: bool = True, gpus: int = 1) -> list[tuple[float, str]]:
+               gpus: int = 1) -> list[tuple[float, str]]:
     """The (share of layers checkpointed, optimizer) pairs to try, in order: OPTIMIZERS' order, and fewer checkpointed
-    layers before more within each; none less frugal than the recipe's own settings. `mode` "recipe":
-    the recipe's settings only. offload false: no host (a CPU run). Several GPUs: float32 moments only."""
+    layers before more within each; none less frugal than the recipe's own settings. `mode` "recipe": the recipe's
+    settings only. Several GPUs: the recipe's optimizer only (float32 moments)."""
     if mode == "recipe":
         return [(float(checkpointing), optimizer)]
     allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):] if gpus == 1 else (optimizer,)
     shares = (1.0,) if checkpointing else CHECKPOINT_SHARES
-    return [(share, opt) for opt in allowed if offload or opt not in OFFLOADED for share in shares]
+    return [(share, opt) for opt in allowed for share in shares]
 
 
 def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
-          mode: str = "auto", offload: bool = True) -> list[Plan]:
+          mode: str = "auto", host_gib: float | None = None) -> list[Plan]:
     """Every candidate plan with `usable` GiB (`usable_gib` of a listed card; a budget as it is), in the order they
-    are tried."""
-    return [estimate(run, ckpt, opt, usable)
-            for ckpt, opt in candidates(optimizer, checkpointing, mode, offload, run.gpus)]
+    are tried; with `host_gib` (the host memory free; 0 on a CPU run: no host to offload to) only those whose
+    optimizer's state fits there."""
+    found = [estimate(run, ckpt, opt, usable) for ckpt, opt in candidates(optimizer, checkpointing, mode, run.gpus)]
+    return [plan for plan in found if host_gib is None or plan.host_gib <= host_gib]
 
 
 def choose(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
-           mode: str = "auto", offload: bool = True) -> Plan | None:
-    """The fastest candidate that fits in `usable` GiB (the first of equals), or None when none does."""
-    fitting = [plan for plan in plans(run, usable, optimizer, checkpointing, mode, offload) if plan.fits]
+           mode: str = "auto", host_gib: float | None = None) -> Plan | None:
+    """The fastest candidate that fits in `usable` GiB (and `host_gib`: `plans`; the first of equals), or None when
+    none does."""
+    fitting = [plan for plan in plans(run, usable, optimizer, checkpointing, mode, host_gib) if plan.fits]
     return max(fitting, key=lambda plan: plan.speed, default=None)
+
+
+def take(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
+         host_gib: float | None = None) -> Plan:
+    """What a run trains with: `choose`'s plan, or where none fits the most frugal (its `fits` false; within the
+    host where any is), which may still run out of memory."""
+    return choose(run, usable, optimizer, checkpointing, host_gib=host_gib) or (
+        plans(run, usable, optimizer, checkpointing, host_gib=host_gib) or plans(run, usable, optimizer, checkpointing)
+    )[-1]
 
 
 def smallest_card_gib(run: Run, optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto") -> float:

@@ -171,7 +171,7 @@ def _train(recipe, out, budget_gib):
     fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size, budget_gib=budget_gib)
     (out if fit.plan is not None else _log.info)(fit.words)  # a CPU run has no plan to say beside its steps
     fitting.checkpoint_layers(base, fit)
-    fitting.cast_factors(model, fit)
+    fitting.cast_factors(model, fit.optimizer)
     model.train()
     # After LoRA, so that its factors are sharded and averaged (training/distributed.py); runs the experts-forward
     # guard (on several ranks: layer by layer, on every rank).

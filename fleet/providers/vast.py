@@ -330,7 +330,7 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
         host_id=fields.identifier(raw, "host_id"),
         gpu_name=fields.text(raw, "gpu_name", blank=False),
         num_gpus=fields.whole(raw, "num_gpus", low=1),
-        gpu_ram_gb=round(fields.number(raw, "gpu_ram") / MIB_PER_GIB, 1),
+        gpu_ram_gb=_gib(fields.number(raw, "gpu_ram")),
         compute_capability=int(round(fields.number(raw, "compute_cap") / 10)),
         cuda_max=fields.number(raw, "cuda_max_good", default=0.0),
         driver_version=fields.text(raw, "driver_version", default=""),
@@ -358,7 +358,8 @@ def parse_offer(raw: dict, *, is_bid: bool = False) -> OfferRecord:
     )
 
 
-def _gib(mib: float | None) -> float | None:
+def _gib(mib):
+    """A listing's MB (MiB) as GiB to a tenth; None as it is."""
     return None if mib is None else round(mib / MIB_PER_GIB, 1)
 
 

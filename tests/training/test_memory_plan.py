@@ -106,10 +106,12 @@ def test_the_recipes_own_choice_is_a_floor_and_recipe_mode_is_it_alone():
     assert choose(q30, 141.0, optimizer="adamw_8bit").name == "no checkpointing, 8-bit moments"
     assert choose(q30, 141.0, checkpointing=True).name == "checkpointing, float32 moments"
     assert choose(q30, 80.0, mode="recipe") is None  # no checkpointing asked for: it does not fit
-    assert choose(q30, 60.0, offload=False) is None  # a CPU run has no host to offload to
+    assert choose(q30, 60.0, host_gib=0.0) is None  # a CPU run has no host to offload to
+    assert choose(q30, 66.0).optimizer == "adamw_offload_bf16"  # 19.1 GiB on the host
+    assert choose(q30, 66.0, host_gib=19.0) is None and choose(q30, 66.0, host_gib=19.2) is not None
     assert memory_plan.candidates("adamw_offload", True) == [
         (True, "adamw_offload"), (True, "adamw_8bit_bf16"), (True, "adamw_offload_bf16")]
-    assert memory_plan.candidates("adamw", offload=False)[-1] == (1.0, "adamw_8bit_bf16")
+    assert [p.optimizer for p in memory_plan.plans(q30, 0.0, host_gib=0.0)][-1] == "adamw_8bit_bf16"
     assert memory_plan.candidates("adamw_offload_bf16", True) == [(True, "adamw_offload_bf16")]
 
 
