@@ -89,19 +89,19 @@ class AdamW8bit(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        for group in self.param_groups:
+        # Each tensor's place among all the groups' seeds its rounding bits: no two tensors draw the same ones.
+        for index, (group, p) in enumerate((g, p) for g in self.param_groups for p in g["params"]):
+            if p.grad is None:
+                continue
+            if not p.is_contiguous():
+                raise OptimizerError("adamw_8bit steps contiguous parameters only")
+            state = self._state(p)
+            state["step"] += 1
             beta1, beta2 = group["betas"]
-            for index, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                if not p.is_contiguous():
-                    raise OptimizerError("adamw_8bit steps contiguous parameters only")
-                state = self._state(p)
-                state["step"] += 1
-                run = adamw8bit.step if p.is_cuda or interpreting() else adamw8bit.step_in_torch
-                run(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"], state["exp_avg_sq_scale"],
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    step_number=float(state["step"]), seed=int(state["step"]) * 1_000_003 + index)
+            run = adamw8bit.step if p.is_cuda or interpreting() else adamw8bit.step_in_torch
+            run(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["exp_avg_scale"], state["exp_avg_sq_scale"],
+                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                step_number=float(state["step"]), seed=int(state["step"]) * 1_000_003 + index)
         return None
 
     def state_dict(self):
