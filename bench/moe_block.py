@@ -9,7 +9,10 @@ memory, TFLOP/s, and the relative error (||got - ref|| / ||ref||) of the output 
 float32 reference.
 The last printed line is one JSON object.
 
-    python bench/moe_block.py [--quick]
+    python bench/moe_block.py [--quick] [--sonic]
+    --sonic: SonicMoE (pip sonic-moe, optional) beside ours on the same experts and routing, experts only: the
+        forward alone and the forward with the input gradient (its weight gradients, which LoRA does not need,
+        left out), eager and replayed from a CUDA graph; where it cannot run, the row says why
     python bench/moe_block.py --smoke   (on a CPU, the kernels in Triton's interpreter: the tiny shape, 64 tokens,
         float32, every path but the CUDA-graph one; fails unless every path runs and matches the reference)
 """
@@ -292,10 +295,12 @@ def main():
     parser.add_argument("--tokens", default="4096,16384")
     parser.add_argument("--profile", action="store_true", help="first: per-kernel times of ours:triton, 30B, 4096")
     parser.add_argument("--paths",
-                        default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:triton+graph,ours:loop")
+                        default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:triton+graph,"
+                                "ours:triton_scatter,ours:triton_scatter+graph,ours:loop")
+    parser.add_argument("--sonic", action="store_true", help="also SonicMoE beside ours, experts only (see above)")
     args = parser.parse_args()
     if args.smoke:
-        args.shapes, args.tokens = "tiny", "64"
+        args.shapes, args.tokens, args.sonic = "tiny", "64", True
         args.paths = ",".join(p for p in args.paths.split(",") if not p.endswith("+graph"))
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = ["qwen3-30b-a3b"] if args.quick else args.shapes.split(",")
@@ -361,6 +366,11 @@ def main():
                     row = dict(shape=shape_name, tokens=tokens, path=path, error=f"{type(exc).__name__}: {exc}"[:400])
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
+            if args.sonic:
+                for row in sonic_compare(holder, *ref["inputs"]):
+                    row = dict(shape=shape_name, tokens=tokens, **row)
+                    results.setdefault("sonic", []).append(row)
+                    print(json.dumps(row), flush=True)
             del ref, inputs, grad
             try:
                 gemm = dict(shape=shape_name, tokens=tokens, **grouped_gemm_bench(shape, tokens))
@@ -378,6 +388,9 @@ def main():
             worst = max(v for k, v in row["err"].items())
             table.append(f"{row['shape']:22s} {row['tokens']:6d} {row['path']:16s} {row['ms']:9.3f} ms "
                          f"{row['tflops']:7.1f} TF/s peak+{row['peak_extra_gib']:7.2f} GiB err<={worst:.1e}")
+    for row in results.get("sonic", []):
+        figures = row.get("error") or f"{row['ms']} ms eager, {row.get('graphed_ms', '-')} graphed, err {row['err']}"
+        table.append(f"{row['shape']:22s} {row['tokens']:6d} {row['path']:28s} {figures}"[:200])
     for g in results["gemm"]:
         if "error" not in g:
             table.append(f"gemm {g['shape']:22s} {g['tokens']:6d} triton {g['triton']['tflops']} TF/s, "
@@ -394,6 +407,9 @@ def smoke_verdict(results):
     """1 (and why) unless every path and GEMM ran and each matched the float32 reference within SMOKE_TOLERANCE."""
     errors = [row.get("error") or max(row["err"].values()) for row in results["rows"]]
     errors += [g.get("error") or g[path]["rel_err"] for g in results["gemm"] for path in ("triton", "grouped_mm")]
+    # ours beside SonicMoE: every row checked; SonicMoE itself may only be missing (a CPU has no CUTLASS DSL)
+    errors += [max(row["err"].values()) if "err" in row else row["error"] for row in results.get("sonic", [])
+               if row["path"] != "sonic"]
     bad = [e for e in errors if isinstance(e, str) or e > SMOKE_TOLERANCE]
     if bad:
         print(f"smoke: {len(bad)} of {len(errors)} checks failed: {bad[:3]}")
@@ -453,6 +469,131 @@ def profile(shape, tokens, path="ours:triton"):
             print(f"tuned {name}: {key[:8]} -> {config}")
     print(json.dumps(dict(profile=path, tokens=tokens, host_enqueue_ms=round(enqueue_ms, 3),
                           eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
+
+
+def sonic_compare(holder, x, index, weights, grad):
+    """SonicMoE (arXiv 2512.14080; pip sonic-moe, on QuACK and the CUTLASS DSL) and ours on the same experts, routing
+    and input, the experts alone (no router): rows of ms, eager and graphed, with each output's and input gradient's
+    error against a float32 reference of the same experts (SonicMoE's without LoRA, ours with it); where SonicMoE
+    cannot run, a row saying why."""
+    adopt_routed_lora(holder)
+    set_path(holder, "ours:triton")  # on a CPU in Triton's interpreter
+    xs = x.detach().requires_grad_()
+
+    def ours(inp):
+        return holder.mlp.experts(inp, index, weights)
+
+    rows = _like_for_like("ours:" + moe_lora.kernels_of(holder).choose(x.device), ours, xs, [xs] + lora_params(holder),
+                          grad, index, weights, holder, with_lora=True)
+    try:
+        import sonicmoe
+        import sonicmoe.functional as sonic_functional
+        from sonicmoe.enums import ActivationType
+    except Exception as exc:  # noqa: BLE001 - an optional extra: say why, keep every other figure
+        return rows + [dict(path="sonic", error=f"not importable: {type(exc).__name__}: {exc}"[:400])]
+    experts = holder.mlp.experts.get_base_layer()
+    num_tokens, top_k = index.shape
+    scores = weights.detach().reshape(-1).float().requires_grad_()
+    routing = dict(
+        token_indices=torch.arange(num_tokens, device=DEVICE, dtype=torch.int32).repeat_interleave(top_k),
+        expert_indices=index.reshape(-1).to(torch.int32),
+        # HF keeps (E, 2I, H) [gate | up] and (E, H, I): SonicMoE reads them as (2I, H, E) and (H, I, E) views.
+        w1=experts.gate_up_proj.detach().permute(1, 2, 0), b1=None,
+        w2=experts.down_proj.detach().permute(1, 2, 0), b2=None,
+        E=experts.gate_up_proj.shape[0], stream_id=torch.cuda.current_stream().cuda_stream,
+        activation_type=ActivationType.SWIGLU, concat_layout=True,
+    )
+
+    def sonic(inp):
+        return sonicmoe.moe_general_routing_inputs(inp, scores, **routing)[0]
+
+    try:
+        with _sonic_without_weight_grads(sonic_functional):
+            rows += _like_for_like(f"sonic {getattr(sonicmoe, '__version__', '?')}", sonic, xs, [xs, scores], grad,
+                                   index, weights, holder, with_lora=False)
+    except Exception as exc:  # noqa: BLE001 - keep the other figures
+        rows.append(dict(path="sonic", error=f"{type(exc).__name__}: {exc}"[:400]))
+    return rows
+
+
+def _like_for_like(name, fn, x, leaves, grad, index, weights, holder, with_lora):
+    """Rows for `fn`'s forward alone and its forward with the input gradient (autograd.grad over `leaves`), eager and
+    graphed, with the errors of its output and dx against a float32 reference (with the block's LoRA or without)."""
+    import triton.testing
+
+    experts = holder.mlp.experts.get_base_layer()
+    loras = []
+    if with_lora:
+        wrappers = {w.parameter_name: w for _, _, w in routed_lora_wrappers(holder)}
+        e = experts.gate_up_proj.shape[0]
+        loras = [(experts_a(wrappers[n].lora_A["default"].weight.detach().float(), e),
+                  experts_b(wrappers[n].lora_B["default"].weight.detach().float(), e), wrappers[n].scaling["default"])
+                 for n in ("gate_up_proj", "down_proj")]
+    xf = x.detach().float().requires_grad_()
+    want = reference_moe_lora(xf, index, weights.float(), experts.gate_up_proj.float(), experts.down_proj.float(),
+                              *loras)
+    want_dx = torch.autograd.grad(want, xf, grad.float())[0]
+    out = fn(x)
+    got_dx = torch.autograd.grad(out, [x], grad)[0]
+    err = dict(out=float(f"{rel(out.detach(), want.detach()):.2e}"), dx=float(f"{rel(got_dx, want_dx):.2e}"))
+
+    def forward():
+        with torch.no_grad():
+            return fn(x)
+
+    def with_input_grad():
+        return torch.autograd.grad(fn(x), leaves, grad)
+
+    rows = []
+    for part, step in (("fwd", forward), ("fwd+dx", with_input_grad)):
+        row = dict(path=f"{name} {part}", err=err)
+        if DEVICE == "cpu":
+            started = time.perf_counter()
+            step()
+            row["ms"] = round((time.perf_counter() - started) * 1e3, 3)
+        else:
+            row["ms"] = round(triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median"), 4)
+            try:
+                replay = _captured(step)
+                row["graphed_ms"] = round(triton.testing.do_bench(replay, warmup=25, rep=200, return_mode="median"), 4)
+            except Exception as exc:  # noqa: BLE001 - the eager figure stands
+                row["graphed_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+    return rows
+
+
+def _captured(step):
+    """step captured in one CUDA graph (after two warm-up runs on a side stream): its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+class _sonic_without_weight_grads:
+    """Within it SonicMoE's backward skips its expert weight gradients (LoRA freezes those weights), so its input
+    gradient is timed alone: its two weight-gradient calls, looked up in its module when the backward runs, do
+    nothing."""
+
+    NAMES = ("_up_projection_backward_weight", "_down_projection_backward_weight")
+
+    def __init__(self, module):
+        self.module, self.saved = module, {}
+
+    def __enter__(self):
+        for name in self.NAMES:
+            self.saved[name] = getattr(self.module, name)
+            setattr(self.module, name, lambda **_: None)
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(self.module, name, fn)
 
 
 def unadopt(holder):

@@ -25,7 +25,7 @@ FIGURES = {
     "hopper_ws": {"max_rel_err", "timed", "rows"},
     "ingest": {"points", "points_per_s", "batch_p50_ms"},
     "memory_table": {"rows", "measured"},
-    "moe_block": {"rows", "gemm"},
+    "moe_block": {"rows", "gemm", "sonic"},
     "moe_gemms": {"configs", "block"},
     "optimizer_step": {"device", "tensors", "factors", "results"},
     "probes": {"round_s", "ok", "failed", "misjudged", "queries"},

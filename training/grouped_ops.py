@@ -112,6 +112,12 @@ class LoopOps:
     def combine(self, src, slots, weights=None):
         return _torch_combine(src, slots, weights)
 
+    def mm_combine(self, x, w, groups, tokens, slots, order, weights=None, lora=None, z=None):
+        """combine(mm(x, w, groups, lora=lora, z=z), slots, weights): a grouped product of sorted rows (never
+        gathered) summed into its tokens; tokens and order are each sorted row's token and (token, choice) pair."""
+        y, _ = self.mm(x, w, groups, lora=lora, z=z)
+        return self.combine(y, slots, weights)
+
     def swiglu(self, gate_up, groups, a=None):
         h = swiglu(gate_up)
         return h, (self.mm(h, a.to(h.dtype), groups)[0] if a is not None else None)
@@ -196,4 +202,19 @@ class TritonOps(LoopOps):
         return swiglu_backward(gate_up, g, weights, order, groups.counts, b, h)
 
 
-BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps())}
+class TritonScatterOps(TritonOps):
+    """Our Triton kernels with each combine done in the epilogue of the grouped product before it: its rows are added
+    into their tokens' float32 rows (atomic adds) and never stored (docs/training.md, "triton_scatter")."""
+
+    name = "triton_scatter"
+
+    def mm_combine(self, x, w, groups, tokens, slots, order, weights=None, lora=None, z=None):
+        from training.kernels.grouped_gemm import grouped_gemm
+
+        out = torch.zeros((slots.shape[0], w.shape[1]), device=x.device, dtype=torch.float32)
+        flat = weights.reshape(-1) if weights is not None else None
+        grouped_gemm(x, w, groups.counts, lora=lora, z=z, scatter=(tokens, order, flat, out))
+        return out.to(x.dtype)
+
+
+BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps(), TritonScatterOps())}

@@ -15,7 +15,7 @@ IMPLEMENTATION_NAME = "moe_lora"
 KERNELS_ATTRIBUTE = "_moe_lora_kernels"
 EXPERT_SHARD_ATTRIBUTE = "_expert_shard"  # set by training/expert_parallel.py on experts holding a slice
 ROUTER_COUNTER_ATTRIBUTE = "_router_counter"  # (RouterCounter, its layer row): training/router_load.py
-KERNEL_PATHS = ("triton", "grouped_mm", "loop")
+KERNEL_PATHS = ("triton", "triton_scatter", "grouped_mm", "loop")
 _log = logging.getLogger(__name__)
 
 # How many times our forward ran for each experts module (by id): the start-up guard probes it.
@@ -25,7 +25,7 @@ forward_calls: Counter[int] = Counter()
 class Kernels:
     """How one model's experts run; `adopt_routed_lora` gives every experts module of a model the same one.
 
-    path: "triton", "grouped_mm" or "loop", or None to choose by device (MOE_LORA_KERNELS sets a default);
+    path: one of KERNEL_PATHS, or None to choose by device (MOE_LORA_KERNELS sets a default);
     accumulate_in_place: the backward adds the LoRA factor gradients into their `.grad` where one exists (see
     `grads_accumulated_in_place`); last_path: the path the last forward took, for the trainer to report."""
 
@@ -88,9 +88,9 @@ def _grad_target(param, accumulate: bool):
 
 def route(top_k_index, num_experts, path="loop"):
     """Sort the (token, choice) pairs by expert. Returns groups, rows (source token per sorted row), slots (T, K):
-    the sorted row of each pair, and order (the pair at each sorted row). No host sync. The Triton path does it in
+    the sorted row of each pair, and order (the pair at each sorted row). No host sync. The Triton paths do it in
     one kernel; the others with torch's stable sort (the same result)."""
-    if path == "triton":
+    if path.startswith("triton"):
         from training.kernels.routing import sort_by_expert
 
         counts, ends, order, slots, rows = sort_by_expert(top_k_index, num_experts)
@@ -124,8 +124,8 @@ class MoeLoraExperts(torch.autograd.Function):
         ak2 = experts_a(a2, num_experts) if has_lora2 else None
         gate_up, xa1 = ops.mm(x, w1, groups, rows=rows, lora=(ak1, bk1.transpose(1, 2), s1) if has_lora1 else None)
         h, xa2 = ops.swiglu(gate_up, groups, ak2)  # xa2 = h A2^T comes out of the activation's kernel
-        down, _ = ops.mm(h, w2, groups, lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None, z=xa2)
-        out = ops.combine(down, slots, top_k_weights)
+        out = ops.mm_combine(h, w2, groups, rows, slots, order, top_k_weights,
+                             lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None, z=xa2)
         # Kept: what the backward cannot cheaply remake. h comes back out of the activation's backward, and the B
         # factors in the kernels' layout from the parameters (unchanged until the optimizer steps): at 4,096 tokens
         # of the 30B shape that is 80 MB a layer less held from each forward to its backward.
@@ -171,7 +171,7 @@ class MoeLoraExperts(torch.autograd.Function):
         # Gate/up projection.
         grad_a1 = grad_b1 = None
         lora1 = (bk1, experts_a(a1, num_experts).transpose(1, 2), s1) if a1 is not None else None
-        grad_x_sorted, _ = ops.mm(grad_gate_up, w1.transpose(1, 2), groups, lora=lora1, z=u)
+        grad_x = ops.mm_combine(grad_gate_up, w1.transpose(1, 2), groups, rows, slots, order, lora=lora1, z=u)
         if a1 is not None:
             if ctx.needs_input_grad[5]:
                 grad_a1 = _factor_grad(a1, lambda out: ops.weight_grad(
@@ -179,7 +179,6 @@ class MoeLoraExperts(torch.autograd.Function):
             if ctx.needs_input_grad[6]:
                 grad_b1 = _b_grad(ops, ctx.lora_b[0], ops.weight_grad(
                     xa1, grad_gate_up, groups, scale=s1, out_dtype=acc), ctx.accumulate)
-        grad_x = ops.combine(grad_x_sorted, slots)
 
         if not ctx.needs_input_grad[2]:
             grad_weights = None

@@ -75,6 +75,21 @@ def is_hopper(capability, device_name):
     return capability[0] == 9 or "NVIDIA H" in device_name
 
 
+def check_experts():
+    """A line about the experts' kernel path a run here would take, and whether MOE_LORA_KERNELS names a real one."""
+    import torch
+
+    from training.moe_lora import Kernels
+
+    try:
+        kernels = Kernels()
+    except ValueError as exc:
+        return f"experts kernels: FAILED MOE_LORA_KERNELS: {exc}", False
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    how = "set by MOE_LORA_KERNELS" if kernels.path else "chosen by device"
+    return f"experts kernels: {kernels.choose(device)} on {device.type} ({how})", True
+
+
 def deltanet_problem(fla, triton, tilelang, capability, device_name) -> str | None:
     """Why Gated DeltaNet would not train on FLA's kernels on this device, or None. fla, triton: the installed
     versions (None: not installed); capability, device_name: the GPU's, or None and "" to judge for Hopper."""
@@ -149,6 +164,10 @@ def main(argv=None):
         print(line)
         if not healthy:
             failed.append("cuda")
+        line, healthy = check_experts()
+        print(line)
+        if not healthy:
+            failed.append("experts kernels")
     if "torch" not in failed and "cuda" not in failed and (args.recipe or args.family):
         failure, line = _family_check(args)
         print(line)

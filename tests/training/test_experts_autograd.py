@@ -55,7 +55,7 @@ def test_it_passes_gradcheck_in_float64(make_routing):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("path", ["loop", "triton"])
+@pytest.mark.parametrize("path", ["loop", "triton", "triton_scatter"])
 def test_it_matches_the_reference_forward_and_gradients(make_routing, path):
     p = _problem(make_routing, torch.float32, num_tokens=13, hidden=40, inter=24, rank=8, experts=6)
     for name in ("a1", "b1", "a2", "b2"):  # peft's factors live in one expert-interleaved matrix: make B count
@@ -95,7 +95,7 @@ def test_it_takes_float32_factors_with_half_activations_and_returns_float32_grad
         assert float((got - expected).norm() / expected.norm()) < 1e-2, name
 
 
-@pytest.mark.parametrize("path", ["loop", "triton"])
+@pytest.mark.parametrize("path", ["loop", "triton", "triton_scatter"])
 def test_it_can_add_factor_gradients_into_grad_in_place_over_micro_steps(make_routing, path):
     """As the trainer runs it: the first micro-step's gradients are returned to autograd (no .grad yet), the next ones
     are added into the same .grad tensors, and the sums equal plain autograd's."""

@@ -7,7 +7,7 @@ from training.grouped_ops import BACKENDS
 from training.kernels.grouped_gemm import grouped_gemm
 from training.moe_lora import route
 
-LOOP, TRITON = BACKENDS["loop"], BACKENDS["triton"]
+LOOP, TRITON, SCATTER = BACKENDS["loop"], BACKENDS["triton"], BACKENDS["triton_scatter"]
 
 
 @pytest.fixture
@@ -125,6 +125,44 @@ def test_it_combines_each_tokens_expert_outputs(routed, weighted):
     torch.testing.assert_close(TRITON.combine(src, slots, w), LOOP.combine(src, slots, w))
     # Slot k of token t holds that token's row: combining with weight 1 is the sum over its choices.
     assert torch.equal(rows[slots], torch.arange(slots.shape[0]).unsqueeze(1).expand_as(slots))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("with_lora", [False, True])
+@pytest.mark.parametrize("layout", ["down_forward", "gate_up_input_grad"])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+def test_the_scattering_product_equals_the_product_then_the_combine(make_routing, weighted, with_lora, layout, tma):
+    """The combine in the grouped product's epilogue (path triton_scatter): each row added into its token, weighted,
+    equals storing the rows and combining them, for both products that feed a combine in the block."""
+    gen = torch.Generator().manual_seed(5)
+    index, weights = make_routing(num_tokens=23, num_experts=6, top_k=2, empty=(0, 4), generator=gen)
+    groups, rows, slots, order = route(index, 6)
+    inter, hidden, rank = 24, 40, 8
+    weight = torch.randn(6, hidden, inter, generator=gen) if layout == "down_forward" else \
+        torch.randn(6, 2 * inter, hidden, generator=gen).transpose(1, 2)
+    n, k = weight.shape[1], weight.shape[2]
+    x = torch.randn(rows.shape[0], k, generator=gen)
+    lora = (torch.randn(6, rank, k, generator=gen), torch.randn(6, n, rank, generator=gen), 0.5) if with_lora \
+        else None
+    w = weights if weighted else None
+    out = torch.zeros(23, n)
+    grouped_gemm(x, weight, groups.counts, lora=lora, tma=tma,
+                 scatter=(rows, order, w.reshape(-1) if weighted else None, out))
+    want = LOOP.mm_combine(x, weight, groups, rows, slots, order, w, lora=lora)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    got = SCATTER.mm_combine(x, weight, groups, rows, slots, order, w, lora=lora)  # as the block calls it
+    assert got.dtype == x.dtype and got.shape == (23, n)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_scattering_product_refuses_an_output_it_cannot_add_into(routed):
+    groups, rows, _, _, gen = routed
+    x, weight = torch.randn(rows.shape[0], 8, generator=gen), torch.randn(6, 16, 8, generator=gen)
+    for out in (torch.zeros(23, 16, dtype=torch.float16), torch.zeros(23, 12), torch.zeros(16, 23).t()):
+        with pytest.raises(ValueError, match="float32"):
+            grouped_gemm(x, weight, groups.counts, scatter=(rows, None, None, out))
+    with pytest.raises(ValueError, match="each of the"):
+        grouped_gemm(x, weight, groups.counts, scatter=(rows[:-1], None, None, torch.zeros(23, 16)))
 
 
 @pytest.mark.parametrize("with_lora", [False, True])

@@ -24,6 +24,15 @@ def test_it_prints_the_sentinel_when_everything_imports():
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == probe.SENTINEL
     assert "import peft: ok" in result.stdout and "cuda:" in result.stdout
+    assert "experts kernels: loop on cpu (chosen by device)" in result.stdout  # no GPU here
+
+
+def test_it_says_which_experts_kernels_a_box_will_run_and_refuses_a_path_that_does_not_exist():
+    assert "experts kernels: triton_scatter on cpu (set by MOE_LORA_KERNELS)" in \
+        _probe(MOE_LORA_KERNELS="triton_scatter").stdout
+    result = _probe(MOE_LORA_KERNELS="cutlass")
+    assert result.returncode == 1 and probe.SENTINEL not in result.stdout
+    assert "experts kernels: FAILED MOE_LORA_KERNELS: unknown kernel path 'cutlass'" in result.stdout
 
 
 def test_it_fails_without_the_sentinel_when_a_module_is_missing():

@@ -116,12 +116,32 @@ def _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn):
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.autotune(configs=_configs(_WIDE + _NARROW), key=["N", "K", "R", "M_BUCKET", "HAS_ROWS"],
-                 prune_configs_by={"early_config_prune": _prune_pointer})
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
-def _grouped_gemm_kernel(
-    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
+def _scatter_add(acc, offs_m, mask_m, offs_n, mask_n, out_ptr, stride_om, token_ptr, order_ptr, weight_ptr,
+                 HAS_WEIGHT: tl.constexpr):
+    """out[token[j]] += weight[order[j]] * acc[j]: the tile's rows added into their tokens' float32 rows (the
+    combine of the top-k choices, done where the rows are made)."""
+    tokens = tl.load(token_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    if HAS_WEIGHT:
+        pairs = tl.load(order_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        acc = acc * tl.load(weight_ptr + pairs, mask=mask_m, other=0.0).to(tl.float32)[:, None]
+    tl.atomic_add(out_ptr + tokens[:, None] * stride_om + offs_n[None, :], acc,
+                  mask=mask_m[:, None] & mask_n[None, :], sem="relaxed")
+
+
+@triton.jit
+def _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, token_ptr, order_ptr, weight_ptr,
+              SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    if SCATTER:
+        _scatter_add(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, token_ptr, order_ptr, weight_ptr,
+                     HAS_WEIGHT)
+    else:
+        _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn)
+
+
+@triton.jit
+def _pointer_kernel(
+    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr, token_ptr, order_ptr, weight_ptr,
     M, N, K, R, lora_scale, M_BUCKET,
     stride_xm, stride_xk,
     stride_we, stride_wn, stride_wk,
@@ -130,6 +150,7 @@ def _grouped_gemm_kernel(
     stride_l2e, stride_l2n, stride_l2r,
     E: tl.constexpr, E_POW2: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+    SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -166,23 +187,20 @@ def _grouped_gemm_kernel(
     if HAS_LORA:
         acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
                         stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
-    _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn)
+    _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, token_ptr, order_ptr, weight_ptr,
+              SCATTER, HAS_WEIGHT)
 
 
-@triton.autotune(configs=_configs(_TMA, FLATTEN=(True, False)),
-                 key=["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA"],
-                 prune_configs_by={"early_config_prune": _prune_tma})
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
-def _grouped_gemm_tma_kernel(
-    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr,
+def _tma_kernel(
+    x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr, token_ptr, order_ptr, weight_ptr,
     M, N, K, R, lora_scale, M_BUCKET,
     stride_xm, stride_w,
     stride_ym, stride_zm, stride_zr,
     stride_l2e, stride_l2n, stride_l2r,
     E: tl.constexpr, E_POW2: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_R: tl.constexpr, SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
@@ -235,7 +253,24 @@ def _grouped_gemm_tma_kernel(
         if HAS_LORA:
             acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
                             stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
-        _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1)
+        _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1, token_ptr, order_ptr, weight_ptr,
+                  SCATTER, HAS_WEIGHT)
+
+
+def _tuned(kernel, configs, key, prune, scatter):
+    """The kernel autotuned; a scattering launch adds into its output, so tuning puts the output back after each
+    timed run (`restore_value`), which a storing launch does not need."""
+    even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(kernel)
+    return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune},
+                           restore_value=["y_ptr"] if scatter else None)(even_k)
+
+
+_POINTER_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "SCATTER"]
+_TMA_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA", "SCATTER"]
+_grouped_gemm_kernel = _tuned(_pointer_kernel, _configs(_WIDE + _NARROW), _POINTER_KEY, _prune_pointer, False)
+_grouped_gemm_tma_kernel = _tuned(_tma_kernel, _configs(_TMA, FLATTEN=(True, False)), _TMA_KEY, _prune_tma, False)
+_scatter_kernel = _tuned(_pointer_kernel, _configs(_WIDE), _POINTER_KEY, _prune_pointer, True)
+_scatter_tma_kernel = _tuned(_tma_kernel, _configs(_TMA, FLATTEN=(True, False)), _TMA_KEY, _prune_tma, True)
 
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
@@ -297,12 +332,13 @@ def _ensure_allocator():
     triton.set_allocator(_scratch)
 
 
-def grouped_gemm(x, w, counts, *, rows=None, lora=None, z=None, tma=None):
+def grouped_gemm(x, w, counts, *, rows=None, lora=None, z=None, tma=None, scatter=None):
     """(y (M, N), z (M, R) or None): y[j] = x[rows[j]] @ w[e]^T + s * z[j] @ l2[e]^T, z[j] = x[rows[j]] @ l1[e]^T, for
-    the rows j of expert e (arguments: docs/training.md, "grouped_gemm")."""
+    the rows j of expert e; with `scatter` y is added into its tokens' rows instead and not returned (arguments:
+    docs/training.md, "grouped_gemm")."""
     if lora is None or z is None:
         z = _narrow(x, counts, rows, lora)
-    return _launch(x, w, counts, rows, lora, z, _layout(x, w, tma)), z
+    return _launch(x, w, counts, rows, lora, z, _layout(x, w, tma), scatter), z
 
 
 def _narrow(x, counts, rows, lora):
@@ -312,18 +348,35 @@ def _narrow(x, counts, rows, lora):
     return _launch(x, lora[0], counts, rows, None, None, None)
 
 
-def _launch(x, w, counts, rows, lora, z, layout):
-    """y, on the TMA kernel with a layout (`_layout`), else on the pointer kernel."""
+def _scatter_args(scatter, m, n):
+    """(out, tokens, order, weights) of a scattering launch, checked: out float32 (T, N), contiguous rows."""
+    tokens, order, weights, out = scatter
+    if out.dtype != torch.float32 or out.dim() != 2 or out.shape[1] != n or out.stride(1) != 1:
+        raise ValueError(f"scatter needs a float32 (tokens, {n}) output with contiguous rows")
+    if tokens.shape[0] != m or (weights is not None and order.shape[0] != m):
+        raise ValueError(f"scatter needs a token (and with weights a pair) for each of the {m} rows")
+    return out, tokens, order, weights
+
+
+def _launch(x, w, counts, rows, lora, z, layout, scatter=None):
+    """y, on the TMA kernel with a layout (`_layout`), else on the pointer kernel; with `scatter` (tokens, order,
+    weights or None, out): out[tokens[j]] += weights[order[j]] * y[j] (atomic float32 adds), returning None."""
     num_experts, n, k = w.shape
     m = rows.shape[0] if rows is not None else x.shape[0]
-    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    if scatter is not None:
+        y, tokens, order, weights = _scatter_args(scatter, m, n)
+    else:
+        y = torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
-        return y
+        return None if scatter is not None else y
     r = z.shape[1] if z is not None else 0
     z_arg, l2_arg = (z, lora[1]) if z is not None else (x, w)
     rows_arg = rows if rows is not None else counts
+    scatter_args = (tokens, order if weights is not None else tokens, weights if weights is not None else tokens) \
+        if scatter is not None else (counts, counts, counts)
     common = dict(E=num_experts, E_POW2=triton.next_power_of_2(num_experts), HAS_ROWS=rows is not None,
-                  HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))))
+                  HAS_LORA=z is not None, BLOCK_R=max(16, triton.next_power_of_2(max(r, 1))),
+                  SCATTER=scatter is not None, HAS_WEIGHT=scatter is not None and weights is not None)
     scale = float(lora[2]) if z is not None else 0.0
 
     def max_tiles(meta):
@@ -333,24 +386,25 @@ def _launch(x, w, counts, rows, lora, z, layout):
         _ensure_allocator()
         w_t, stride_w = layout
         programs = _device(x.device)[1] if x.device.type == "cuda" else 4
-        _grouped_gemm_tma_kernel[lambda meta: (min(programs, max_tiles(meta)),)](
-            x, w, y, counts, rows_arg, z_arg, l2_arg,
+        kernel = _scatter_tma_kernel if scatter is not None else _grouped_gemm_tma_kernel
+        kernel[lambda meta: (min(programs, max_tiles(meta)),)](
+            x, w, y, counts, rows_arg, z_arg, l2_arg, *scatter_args,
             m, n, k, r, scale, m_bucket(m),
             x.stride(0), stride_w,
             y.stride(0), z_arg.stride(0), z_arg.stride(1),
             l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
             W_T=w_t, **common,
         )
-        return y
-
-    _grouped_gemm_kernel[lambda meta: (max_tiles(meta),)](
-        x, w, y, counts, rows_arg, z_arg, l2_arg,
-        m, n, k, r, scale, m_bucket(m),
-        x.stride(0), x.stride(1),
-        w.stride(0), w.stride(1), w.stride(2),
-        y.stride(0), y.stride(1),
-        z_arg.stride(0), z_arg.stride(1),
-        l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
-        **common,
-    )
-    return y
+    else:
+        kernel = _scatter_kernel if scatter is not None else _grouped_gemm_kernel
+        kernel[lambda meta: (max_tiles(meta),)](
+            x, w, y, counts, rows_arg, z_arg, l2_arg, *scatter_args,
+            m, n, k, r, scale, m_bucket(m),
+            x.stride(0), x.stride(1),
+            w.stride(0), w.stride(1), w.stride(2),
+            y.stride(0), y.stride(1),
+            z_arg.stride(0), z_arg.stride(1),
+            l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
+            **common,
+        )
+    return None if scatter is not None else y
