@@ -296,7 +296,8 @@ def main():
     parser.add_argument("--profile", action="store_true", help="first: per-kernel times of ours:triton, 30B, 4096")
     parser.add_argument("--paths",
                         default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:triton+graph,"
-                                "ours:triton_scatter,ours:triton_scatter+graph,ours:loop")
+                                "ours:triton_scatter,ours:triton_scatter+graph,ours:triton_fused,ours:triton_fused+graph,"
+                                "ours:loop")
     parser.add_argument("--sonic", action="store_true", help="also SonicMoE beside ours, experts only (see above)")
     args = parser.parse_args()
     if args.smoke:

@@ -22,6 +22,7 @@ FIGURES = {
               "checkpoints_refused_by_successors", "honest_completes_refused", "errors"},
     "grpo_scoring": {"row_logps_max_rel_diff", "tokens_equal", "lora_grad_rel_diff", "ms_packed_unmasked",
                      "ms_sdpa_masked"},
+    "hopper_compile": {"triton", "target", "rows", "compiled", "all_fit"},
     "hopper_ws": {"max_rel_err", "timed", "rows"},
     "ingest": {"points", "points_per_s", "batch_p50_ms"},
     "memory_table": {"rows", "measured"},
@@ -44,6 +45,9 @@ CHECKS = {
     # the packed call (a stand-in here) keeps each of several samples apart: the per-sample answer, in float32
     "deltanet_packed": lambda f: f["samples"] > 3 and f["equal_within_bf16"]
     and f["fast_vs_per_sample_output"] < 1e-5 and f["fast_vs_per_sample_input_grad"] < 1e-5,
+    # each epilogue builds for sm_90a on tensor cores and fits its shared memory; only the adding ones add atomically
+    "hopper_compile": lambda f: f["compiled"] == 3 and f["all_fit"] and all(
+        r["wgmma"] > 0 and (r["atomics"] > 0) == (r["epilogue"] != "store") for r in f["rows"]),
     "hopper_ws": lambda f: f["timed"] is False,
     "ingest": lambda f: f["points"] == 4000,
     # each family in each budget ran and said its plan and its reserve beside the prediction

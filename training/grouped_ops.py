@@ -118,6 +118,13 @@ class LoopOps:
         y, _ = self.mm(x, w, groups, lora=lora, z=z)
         return self.combine(y, slots, weights)
 
+    def mm_swiglu(self, x, w, groups, rows=None, lora=None, a=None):
+        """(gate_up, z, h, z2): mm(x, w, groups, rows, lora) and then swiglu(gate_up, groups, a), the gate/up
+        projection and its activation."""
+        gate_up, z = self.mm(x, w, groups, rows=rows, lora=lora)
+        h, z2 = self.swiglu(gate_up, groups, a)
+        return gate_up, z, h, z2
+
     def swiglu(self, gate_up, groups, a=None):
         h = swiglu(gate_up)
         return h, (self.mm(h, a.to(h.dtype), groups)[0] if a is not None else None)
@@ -217,4 +224,17 @@ class TritonScatterOps(TritonOps):
         return out.to(x.dtype)
 
 
-BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps(), TritonScatterOps())}
+class TritonFusedOps(TritonScatterOps):
+    """triton_scatter, and the activation (with its LoRA product) in the gate/up product's epilogue where the TMA
+    kernel reads the weights (docs/training.md, "triton_fused")."""
+
+    name = "triton_fused"
+
+    def mm_swiglu(self, x, w, groups, rows=None, lora=None, a=None):
+        from training.kernels.grouped_gemm import gated_grouped_gemm
+
+        fused = gated_grouped_gemm(x, w, groups.counts, rows=rows, lora=lora, a2=a)
+        return fused if fused is not None else super().mm_swiglu(x, w, groups, rows=rows, lora=lora, a=a)
+
+
+BACKENDS = {ops.name: ops for ops in (LoopOps(), GroupedMmOps(), TritonOps(), TritonScatterOps(), TritonFusedOps())}

@@ -15,7 +15,7 @@ IMPLEMENTATION_NAME = "moe_lora"
 KERNELS_ATTRIBUTE = "_moe_lora_kernels"
 EXPERT_SHARD_ATTRIBUTE = "_expert_shard"  # set by training/expert_parallel.py on experts holding a slice
 ROUTER_COUNTER_ATTRIBUTE = "_router_counter"  # (RouterCounter, its layer row): training/router_load.py
-KERNEL_PATHS = ("triton", "triton_scatter", "grouped_mm", "loop")
+KERNEL_PATHS = ("triton", "triton_scatter", "triton_fused", "grouped_mm", "loop")
 _log = logging.getLogger(__name__)
 
 # How many times our forward ran for each experts module (by id): the start-up guard probes it.
@@ -122,8 +122,9 @@ class MoeLoraExperts(torch.autograd.Function):
         bk2 = ops.peft_b_to_experts(b2, num_experts, x.dtype) if has_lora2 else None
         ak1 = experts_a(a1, num_experts) if has_lora1 else None
         ak2 = experts_a(a2, num_experts) if has_lora2 else None
-        gate_up, xa1 = ops.mm(x, w1, groups, rows=rows, lora=(ak1, bk1.transpose(1, 2), s1) if has_lora1 else None)
-        h, xa2 = ops.swiglu(gate_up, groups, ak2)  # xa2 = h A2^T comes out of the activation's kernel
+        # xa2 = h A2^T comes out of the activation's kernel (or the product's epilogue, on triton_fused)
+        gate_up, xa1, h, xa2 = ops.mm_swiglu(x, w1, groups, rows=rows,
+                                             lora=(ak1, bk1.transpose(1, 2), s1) if has_lora1 else None, a=ak2)
         out = ops.mm_combine(h, w2, groups, rows, slots, order, top_k_weights,
                              lora=(ak2, bk2.transpose(1, 2), s2) if has_lora2 else None, z=xa2)
         # Kept: what the backward cannot cheaply remake. h comes back out of the activation's backward, and the B

@@ -55,7 +55,7 @@ def test_it_passes_gradcheck_in_float64(make_routing):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("path", ["loop", "triton", "triton_scatter"])
+@pytest.mark.parametrize("path", ["loop", "triton", "triton_scatter", "triton_fused"])
 def test_it_matches_the_reference_forward_and_gradients(make_routing, path):
     p = _problem(make_routing, torch.float32, num_tokens=13, hidden=40, inter=24, rank=8, experts=6)
     for name in ("a1", "b1", "a2", "b2"):  # peft's factors live in one expert-interleaved matrix: make B count
@@ -76,7 +76,8 @@ def test_it_matches_the_reference_forward_and_gradients(make_routing, path):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=atol, msg=lambda m, name=name: f"d{name}: {m}")
 
 
-def test_it_takes_float32_factors_with_half_activations_and_returns_float32_gradients(make_routing):
+@pytest.mark.parametrize("path", ["triton", "triton_fused"])
+def test_it_takes_float32_factors_with_half_activations_and_returns_float32_gradients(make_routing, path):
     """peft keeps adapters in float32 over a bf16/fp16 model: the factors go in as they are and their gradients
     come back in float32, in peft's layout (fp16 here: Triton's interpreter computes bf16 wrongly)."""
     p = _problem(make_routing, torch.float32, num_tokens=13, hidden=40, inter=24, rank=8, experts=6)
@@ -84,7 +85,7 @@ def test_it_takes_float32_factors_with_half_activations_and_returns_float32_grad
             for k, v in p.items()}
     grad_out = torch.randn(13, 40, generator=torch.Generator().manual_seed(3))
     names = ("a1", "b1", "a2", "b2")
-    out = _ours(half, "triton")
+    out = _ours(half, path)
     grads = torch.autograd.grad(out, [half[n] for n in names], grad_out.half())
     want = _reference(p)
     want_grads = torch.autograd.grad(want, [p[n] for n in names], grad_out)
@@ -95,7 +96,7 @@ def test_it_takes_float32_factors_with_half_activations_and_returns_float32_grad
         assert float((got - expected).norm() / expected.norm()) < 1e-2, name
 
 
-@pytest.mark.parametrize("path", ["loop", "triton", "triton_scatter"])
+@pytest.mark.parametrize("path", ["loop", "triton", "triton_scatter", "triton_fused"])
 def test_it_can_add_factor_gradients_into_grad_in_place_over_micro_steps(make_routing, path):
     """As the trainer runs it: the first micro-step's gradients are returned to autograd (no .grad yet), the next ones
     are added into the same .grad tensors, and the sums equal plain autograd's."""

@@ -140,6 +140,39 @@ def _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, 
 
 
 @triton.jit
+def _gated_epilogue(
+    acc_gate, acc_up, e, offs_m, mask_m, offs_i, inter, y_ptr, stride_ym, z_ptr, l2_ptr, R, lora_scale,
+    stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, h_ptr, stride_hm,
+    a2_ptr, z2_ptr, R2, stride_a2e, stride_a2r, stride_a2i, stride_z2m,
+    HAS_LORA: tl.constexpr, BLOCK_R: tl.constexpr, HAS_A2: tl.constexpr, BLOCK_R2: tl.constexpr,
+):
+    """The gate/up tile's epilogue: both halves stored into gate_up (which the backward keeps), the activation
+    h = silu(gate) * up made from those stored values (as the activation's backward remakes it) and stored, and
+    h @ a2[e]^T over these columns added into the float32 z2 (the down projection's LoRA input)."""
+    mask_i = offs_i < inter
+    if HAS_LORA:
+        acc_gate = _add_lora(acc_gate, e, offs_m, mask_m, offs_i, mask_i, z_ptr, l2_ptr, R, lora_scale,
+                             stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
+        acc_up = _add_lora(acc_up, e, offs_m, mask_m, inter + offs_i, mask_i, z_ptr, l2_ptr, R, lora_scale,
+                           stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
+    gate = acc_gate.to(y_ptr.dtype.element_ty)
+    up = acc_up.to(y_ptr.dtype.element_ty)
+    _store(gate, offs_m, mask_m, offs_i, mask_i, y_ptr, stride_ym, 1)
+    _store(up, offs_m, mask_m, inter + offs_i, mask_i, y_ptr, stride_ym, 1)
+    gate32, up32 = gate.to(tl.float32), up.to(tl.float32)
+    h = (gate32 * tl.sigmoid(gate32) * up32).to(h_ptr.dtype.element_ty)
+    _store(h, offs_m, mask_m, offs_i, mask_i, h_ptr, stride_hm, 1)
+    if HAS_A2:
+        offs_r = tl.arange(0, BLOCK_R2)
+        mask_r = offs_r < R2
+        a2 = tl.load(a2_ptr + e.to(tl.int64) * stride_a2e + offs_i[:, None] * stride_a2i + offs_r[None, :] * stride_a2r,
+                     mask=mask_i[:, None] & mask_r[None, :], other=0.0)
+        part = tl.dot(h, a2.to(h.dtype))
+        tl.atomic_add(z2_ptr + offs_m[:, None].to(tl.int64) * stride_z2m + offs_r[None, :], part,
+                      mask=mask_m[:, None] & mask_r[None, :], sem="relaxed")
+
+
+@triton.jit
 def _pointer_kernel(
     x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr, token_ptr, order_ptr, weight_ptr,
     M, N, K, R, lora_scale, M_BUCKET,
@@ -194,31 +227,35 @@ def _pointer_kernel(
 @triton.jit
 def _tma_kernel(
     x_ptr, w_ptr, y_ptr, counts_ptr, rows_ptr, z_ptr, l2_ptr, token_ptr, order_ptr, weight_ptr,
-    M, N, K, R, lora_scale, M_BUCKET,
+    h_ptr, a2_ptr, z2_ptr,
+    M, N, K, R, lora_scale, M_BUCKET, R2,
     stride_xm, stride_w,
     stride_ym, stride_zm, stride_zr,
     stride_l2e, stride_l2n, stride_l2r,
+    stride_hm, stride_a2e, stride_a2r, stride_a2i, stride_z2m,
     E: tl.constexpr, E_POW2: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_LORA: tl.constexpr, W_T: tl.constexpr,
     BLOCK_R: tl.constexpr, SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    GATED: tl.constexpr, HAS_A2: tl.constexpr, BLOCK_R2: tl.constexpr, W_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     FLATTEN: tl.constexpr,
 ):
     """Persistent TMA kernel: each program walks tiles pid, pid + programs, ..., loading the weights through tensor
-    descriptors (docs/training.md, "training/kernels/grouped_gemm.py")."""
+    descriptors (docs/training.md, "training/kernels/grouped_gemm.py"). GATED: a tile is W_ROWS (= BLOCK_N / 2) gate
+    columns and the same up columns, and its epilogue also makes the activation (`_gated_epilogue`)."""
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     blocks_end = tl.cumsum(blocks, 0)
     rows_end = tl.cumsum(counts, 0)
-    num_n = tl.cdiv(N, BLOCK_N)
+    num_n = tl.cdiv(N // 2, W_ROWS) if GATED else tl.cdiv(N, BLOCK_N)
     num_tiles = tl.sum(blocks, 0) * num_n
     if W_T:
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * K, N], strides=[stride_w, 1],
                                            block_shape=[BLOCK_K, BLOCK_N])
     else:
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E * N, K], strides=[stride_w, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
+                                           block_shape=[W_ROWS, BLOCK_K])
     if not HAS_ROWS:
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
@@ -232,8 +269,9 @@ def _tma_kernel(
         if HAS_ROWS:
             src_m = tl.load(rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
             x_ptrs = x_ptr + src_m[:, None] * stride_xm + offs_k[None, :]
-        n0 = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        n0 = pid_n * W_ROWS
+        acc = tl.zeros((BLOCK_M, W_ROWS), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, W_ROWS), dtype=tl.float32)  # GATED only: the up columns
         for k0 in range(0, K, BLOCK_K):
             if HAS_ROWS:
                 if EVEN_K:
@@ -248,29 +286,45 @@ def _tma_kernel(
             else:
                 b = w_desc.load([e * N + n0, k0]).to(a.dtype).T
             acc = tl.dot(a, b, acc)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        if HAS_LORA:
-            acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
-                            stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
-        _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1, token_ptr, order_ptr, weight_ptr,
-                  SCATTER, HAS_WEIGHT)
+            if GATED:
+                b_up = w_desc.load([e * N + N // 2 + n0, k0]).to(a.dtype).T
+                acc_up = tl.dot(a, b_up, acc_up)
+        offs_n = n0 + tl.arange(0, W_ROWS)
+        if GATED:
+            _gated_epilogue(acc, acc_up, e, offs_m, mask_m, offs_n, N // 2, y_ptr, stride_ym, z_ptr, l2_ptr, R,
+                            lora_scale, stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, h_ptr, stride_hm,
+                            a2_ptr, z2_ptr, R2, stride_a2e, stride_a2r, stride_a2i, stride_z2m,
+                            HAS_LORA, BLOCK_R, HAS_A2, BLOCK_R2)
+        else:
+            mask_n = offs_n < N
+            if HAS_LORA:
+                acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
+                                stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
+            _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1, token_ptr, order_ptr, weight_ptr,
+                      SCATTER, HAS_WEIGHT)
 
 
-def _tuned(kernel, configs, key, prune, scatter):
-    """The kernel autotuned; a scattering launch adds into its output, so tuning puts the output back after each
-    timed run (`restore_value`), which a storing launch does not need."""
-    even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(kernel)
+def _tuned(kernel, configs, key, prune, restore=None, **heuristics):
+    """The kernel autotuned. A launch that adds into a tensor (a scattering product's output, a gated product's z2)
+    names it in `restore`, so that tuning puts it back after each timed run."""
+    heuristics = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0, **heuristics}
     return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune},
-                           restore_value=["y_ptr"] if scatter else None)(even_k)
+                           restore_value=restore)(triton.heuristics(heuristics)(kernel))
+
+
+def _w_rows(args):
+    """Rows of w one tile loads a K step: the tile's columns, or half of them twice over (gate and up) when GATED."""
+    return args["BLOCK_N"] // 2 if args["GATED"] else args["BLOCK_N"]
 
 
 _POINTER_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "SCATTER"]
-_TMA_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA", "SCATTER"]
-_grouped_gemm_kernel = _tuned(_pointer_kernel, _configs(_WIDE + _NARROW), _POINTER_KEY, _prune_pointer, False)
-_grouped_gemm_tma_kernel = _tuned(_tma_kernel, _configs(_TMA, FLATTEN=(True, False)), _TMA_KEY, _prune_tma, False)
-_scatter_kernel = _tuned(_pointer_kernel, _configs(_WIDE), _POINTER_KEY, _prune_pointer, True)
-_scatter_tma_kernel = _tuned(_tma_kernel, _configs(_TMA, FLATTEN=(True, False)), _TMA_KEY, _prune_tma, True)
+_TMA_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA", "SCATTER", "GATED", "HAS_A2"]
+_TMA_CONFIGS = _configs(_TMA, FLATTEN=(True, False))
+_grouped_gemm_kernel = _tuned(_pointer_kernel, _configs(_WIDE + _NARROW), _POINTER_KEY, _prune_pointer)
+_grouped_gemm_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, W_ROWS=_w_rows)
+_scatter_kernel = _tuned(_pointer_kernel, _configs(_WIDE), _POINTER_KEY, _prune_pointer, restore=["y_ptr"])
+_scatter_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, restore=["y_ptr"], W_ROWS=_w_rows)
+_gated_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, restore=["z2_ptr"], W_ROWS=_w_rows)
 
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
@@ -348,6 +402,21 @@ def _narrow(x, counts, rows, lora):
     return _launch(x, lora[0], counts, rows, None, None, None)
 
 
+def gated_grouped_gemm(x, w, counts, *, rows=None, lora=None, a2=None):
+    """The gate/up product with the activation in its epilogue: (gate_up (M, 2I), z (M, R) or None, h (M, I),
+    z2 (M, R2) or None) with h = silu(gate) * up and z2[j] = h[j] @ a2[e]^T; None where the TMA kernel cannot read
+    w as (E, 2I, K) rows (the caller then runs the product and the activation apart)."""
+    layout = _layout(x, w, None)
+    if layout is None or layout[0] or w.shape[1] % 2:
+        return None
+    z = _narrow(x, counts, rows, lora)
+    m = rows.shape[0] if rows is not None else x.shape[0]
+    h = torch.empty((m, w.shape[1] // 2), device=x.device, dtype=x.dtype)
+    z2 = torch.zeros((m, a2.shape[1]), device=x.device, dtype=torch.float32) if a2 is not None else None
+    gate_up = _launch(x, w, counts, rows, lora, z, layout, gated=(h, a2, z2))
+    return gate_up, z, h, z2.to(x.dtype) if z2 is not None else None
+
+
 def _scatter_args(scatter, m, n):
     """(out, tokens, order, weights) of a scattering launch, checked: out float32 (T, N), contiguous rows."""
     tokens, order, weights, out = scatter
@@ -358,9 +427,10 @@ def _scatter_args(scatter, m, n):
     return out, tokens, order, weights
 
 
-def _launch(x, w, counts, rows, lora, z, layout, scatter=None):
+def _launch(x, w, counts, rows, lora, z, layout, scatter=None, gated=None):
     """y, on the TMA kernel with a layout (`_layout`), else on the pointer kernel; with `scatter` (tokens, order,
-    weights or None, out): out[tokens[j]] += weights[order[j]] * y[j] (atomic float32 adds), returning None."""
+    weights or None, out): out[tokens[j]] += weights[order[j]] * y[j] (atomic float32 adds), returning None; with
+    `gated` (h, a2 or None, z2 or None; TMA only) the activation and z2 += h @ a2[e]^T as well."""
     num_experts, n, k = w.shape
     m = rows.shape[0] if rows is not None else x.shape[0]
     if scatter is not None:
@@ -386,14 +456,20 @@ def _launch(x, w, counts, rows, lora, z, layout, scatter=None):
         _ensure_allocator()
         w_t, stride_w = layout
         programs = _device(x.device)[1] if x.device.type == "cuda" else 4
-        kernel = _scatter_tma_kernel if scatter is not None else _grouped_gemm_tma_kernel
+        kernel = _scatter_tma_kernel if scatter is not None else _gated_tma_kernel if gated is not None \
+            else _grouped_gemm_tma_kernel
+        h, a2, z2 = gated if gated is not None else (y, None, None)
+        a2_arg, z2_arg = (a2, z2) if a2 is not None else (w, y)
+        r2 = a2.shape[1] if a2 is not None else 0
         kernel[lambda meta: (min(programs, max_tiles(meta)),)](
-            x, w, y, counts, rows_arg, z_arg, l2_arg, *scatter_args,
-            m, n, k, r, scale, m_bucket(m),
+            x, w, y, counts, rows_arg, z_arg, l2_arg, *scatter_args, h, a2_arg, z2_arg,
+            m, n, k, r, scale, m_bucket(m), r2,
             x.stride(0), stride_w,
             y.stride(0), z_arg.stride(0), z_arg.stride(1),
             l2_arg.stride(0), l2_arg.stride(1), l2_arg.stride(2),
-            W_T=w_t, **common,
+            h.stride(0), a2_arg.stride(0), a2_arg.stride(1), a2_arg.stride(2), z2_arg.stride(0),
+            W_T=w_t, GATED=gated is not None, HAS_A2=a2 is not None,
+            BLOCK_R2=max(16, triton.next_power_of_2(max(r2, 1))), **common,
         )
     else:
         kernel = _scatter_kernel if scatter is not None else _grouped_gemm_kernel

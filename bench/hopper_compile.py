@@ -1,0 +1,102 @@
+"""The experts' persistent grouped GEMM compiled for an H100/H200 (sm_90a) on any machine, GPU or not: what each of its
+epilogues costs in shared memory, registers and spilled stack, and whether it builds at all, before a rented GPU is
+spent on it. Triton's interpreter checks what the kernels compute; only a compile catches what it lets through
+(layouts, shared memory, TMA block shapes).
+
+    python3 bench/hopper_compile.py [--stages 4,3]
+
+Epilogues: "store" (the products as the triton path runs them), "scatter" (the combine added into the tokens' rows,
+triton_scatter) and "gated" (SwiGLU and its LoRA product, triton_fused), on the 30B shape with rank-32 LoRA and the
+tuned 128 x 256 x 64 tile at 8 warps. One line each; the last line is one JSON object.
+
+    python3 bench/hopper_compile.py --smoke   (the same at 4 stages only)
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ["TRITON_INTERPRET"] = "0"  # a compile, not the interpreter, whatever the caller's environment says
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from training.kernels import grouped_gemm
+
+POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "counts_ptr": "*i32", "rows_ptr": "*i64",
+            "z_ptr": "*bf16", "l2_ptr": "*bf16", "token_ptr": "*i64", "order_ptr": "*i64", "weight_ptr": "*bf16",
+            "h_ptr": "*bf16", "a2_ptr": "*fp32", "z2_ptr": "*fp32"}
+EPILOGUES = ("store", "scatter", "gated")
+HOPPER_SHARED = 232448  # bytes of shared memory one block may use on an H100/H200
+
+
+def source(epilogue):
+    """The 30B shape's gate/up forward (gated) or down forward (store, scatter) as the block launches it."""
+    gated, scatter = epilogue == "gated", epilogue == "scatter"
+    constants = dict(E=128, E_POW2=128, HAS_ROWS=gated, HAS_LORA=True, W_T=False, BLOCK_R=32, SCATTER=scatter,
+                     HAS_WEIGHT=scatter, GATED=gated, HAS_A2=gated, BLOCK_R2=32, BLOCK_M=128, BLOCK_N=256,
+                     BLOCK_K=64, EVEN_K=True, FLATTEN=False, W_ROWS=128 if gated else 256)
+    pointers = {**POINTERS, "y_ptr": "*fp32"} if scatter else POINTERS
+    kernel = grouped_gemm._tma_kernel
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = pointers.get(name, "fp32" if name == "lora_scale" else "i32")
+    return ASTSource(kernel, signature, constants)
+
+
+def resources(cubin):
+    """{"registers": n, "stack": bytes} from the NVIDIA tools Triton ships, or {} where they are missing."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    fields = dict(part.split(":") for line in out.splitlines() if "REG:" in line for part in line.split())
+    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"])} if "REG" in fields else {}
+
+
+def compile_one(epilogue, stages):
+    started = time.perf_counter()
+    row = dict(epilogue=epilogue, stages=stages)
+    try:
+        compiled = triton.compile(source(epilogue), target=GPUTarget("cuda", 90, 32),
+                                  options=dict(num_warps=8, num_stages=stages))
+    except Exception as exc:  # noqa: BLE001 - the row says why it did not build
+        return {**row, "error": f"{type(exc).__name__}: {exc}"[:600]}
+    ptx = compiled.asm["ptx"]
+    return {**row, "seconds": round(time.perf_counter() - started, 1), "shared": compiled.metadata.shared,
+            "fits": compiled.metadata.shared <= HOPPER_SHARED, "wgmma": ptx.count("wgmma.mma_async"),
+            "atomics": ptx.count("red.global") + ptx.count("atom.global"), **resources(compiled.asm["cubin"])}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stages", default="4,3")
+    parser.add_argument("--smoke", action="store_true", help="every epilogue at 4 stages")
+    args = parser.parse_args()
+    stages = [4] if args.smoke else [int(s) for s in args.stages.split(",")]
+    rows = []
+    for epilogue in EPILOGUES:
+        for n in stages:
+            row = compile_one(epilogue, n)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    built = [r for r in rows if "error" not in r]
+    print(json.dumps(dict(triton=triton.__version__, target="sm_90a", rows=rows, compiled=len(built),
+                          all_fit=all(r["fits"] for r in built))))
+    return 0 if len(built) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
