@@ -293,7 +293,8 @@ def main():
                         help="the tiny shape at 64 tokens, every path but the graphed one, errors checked")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default="4096,16384")
-    parser.add_argument("--profile", action="store_true", help="first: per-kernel times of ours:triton, 30B, 4096")
+    parser.add_argument("--profile", action="store_true", help="first: per-kernel times of one path, 30B, 4096")
+    parser.add_argument("--profile-path", default="ours:triton", help="the path --profile looks at")
     parser.add_argument("--paths",
                         default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:triton+graph,"
                                 "ours:triton_scatter,ours:triton_scatter+graph,ours:triton_fused,ours:triton_fused+graph,"
@@ -320,7 +321,7 @@ def main():
     started = time.time()
     table = []
     if args.profile:
-        profile(SHAPES["qwen3-30b-a3b"], 4096)
+        profile(SHAPES["qwen3-30b-a3b"], 4096, args.profile_path)
     for shape_name in shapes:
         shape = SHAPES.get(shape_name, TINY)
         holder = make_block(shape)
@@ -462,6 +463,7 @@ def profile(shape, tokens, path="ours:triton"):
     from training.kernels import grouped_gemm, router, swiglu
 
     kernels = {"tma": grouped_gemm._grouped_gemm_tma_kernel, "pointers": grouped_gemm._grouped_gemm_kernel,
+               "tma scatter": grouped_gemm._scatter_tma_kernel, "tma gated": grouped_gemm._gated_tma_kernel,
                "swiglu forward": swiglu._swiglu_forward_kernel, "swiglu backward": swiglu._swiglu_backward_kernel,
                "router forward": router._router_forward_kernel,
                "router backward": router._router_backward_kernel}
