@@ -31,8 +31,10 @@ def measurement_problem(*, simulated: bool, kernel_path: str, recipe: Workload, 
     """Why a finished run's step times are no measurement of `recipe` on its box's GPU; None when they are."""
     if simulated:
         return ("its box is on the simulated marketplace, which trains on this machine's CPU whatever GPU it lists")
-    if kernel_path not in GPU_KERNEL_PATHS:
+    if kernel_path in ("", "loop"):
         return f"it ran the {kernel_path or 'unknown'} kernel path, not a GPU one (grouped_mm or triton)"
+    if kernel_path not in GPU_KERNEL_PATHS:
+        return f"it ran the {kernel_path} kernels, which the ranking does not price (it prices grouped_mm and triton)"
     wanted = recipe.kernel_path
     if wanted == "auto":
         wanted = resolve_kernel_path(wanted, compute_capability) if compute_capability else kernel_path

@@ -94,6 +94,9 @@ def test_it_says_why_a_measurement_does_not_count():
     assert "not Qwen3.6-35B-A3B" in measurement_problem(simulated=False, kernel_path="triton", recipe=recipe,
                                                          run_model={"path": "Qwen/Qwen3-30B-A3B"})
     assert "not a GPU one" in measurement_problem(simulated=False, kernel_path="", recipe=recipe, run_model=QWEN_35B)
+    # a GPU run on a fused variant of the Triton kernels (MOE_LORA_KERNELS) is a GPU figure, but of other kernels
+    assert "triton_fused kernels, which the ranking does not price" in measurement_problem(
+        simulated=False, kernel_path="triton_fused", recipe=recipe, run_model=QWEN_35B)
     assert "simulated" in measurement_problem(simulated=True, kernel_path="triton", recipe=recipe, run_model=QWEN_35B)
 
 
