@@ -125,8 +125,44 @@ def _scatter_add(acc, offs_m, mask_m, offs_n, mask_n, out_ptr, stride_om, token_
     if HAS_WEIGHT:
         pairs = tl.load(order_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         acc = acc * tl.load(weight_ptr + pairs, mask=mask_m, other=0.0).to(tl.float32)[:, None]
-    tl.atomic_add(out_ptr + tokens[:, None] * stride_om + offs_n[None, :], acc,
-                  mask=mask_m[:, None] & mask_n[None, :], sem="relaxed")
+    rows = out_ptr + tokens * stride_om
+    n_end = tl.max(tl.where(mask_n, offs_n + 1, 0), 0)
+    left, right = _halves(acc)
+    offs_l, offs_r = _halves(offs_n[None, :])
+    _scatter_part(rows, left, mask_m, offs_l, n_end)
+    _scatter_part(rows, right, mask_m, offs_r, n_end)
+
+
+@triton.jit
+def _halves(tile):
+    """The left and right column halves of a (rows, columns) tile."""
+    half: tl.constexpr = tile.shape[1] // 2
+    return tl.split(tl.permute(tl.reshape(tile, (tile.shape[0], 2, half)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_quarters(rows, tile, mask_m, offs, n_end):
+    """rows[:, None] + offs <- tile, a quarter of the columns at a time (fewer addresses live at once)."""
+    left, right = _halves(tile)
+    offs_l, offs_r = _halves(offs)
+    _store_part(rows, left, mask_m, offs_l, n_end)
+    _store_part(rows, right, mask_m, offs_r, n_end)
+
+
+@triton.jit
+def _store_part(rows, part, mask_m, offs, n_end):
+    left, right = _halves(part)
+    offs_l, offs_r = _halves(offs)
+    tl.store(rows[:, None] + offs_l, left, mask=mask_m[:, None] & (offs_l < n_end))
+    tl.store(rows[:, None] + offs_r, right, mask=mask_m[:, None] & (offs_r < n_end))
+
+
+@triton.jit
+def _scatter_part(rows, part, mask_m, offs, n_end):
+    left, right = _halves(part)
+    offs_l, offs_r = _halves(offs)
+    tl.atomic_add(rows[:, None] + offs_l, left, mask=mask_m[:, None] & (offs_l < n_end), sem="relaxed")
+    tl.atomic_add(rows[:, None] + offs_r, right, mask=mask_m[:, None] & (offs_r < n_end), sem="relaxed")
 
 
 @triton.jit
@@ -157,11 +193,13 @@ def _gated_epilogue(
                            stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
     gate = acc_gate.to(y_ptr.dtype.element_ty)
     up = acc_up.to(y_ptr.dtype.element_ty)
-    _store(gate, offs_m, mask_m, offs_i, mask_i, y_ptr, stride_ym, 1)
-    _store(up, offs_m, mask_m, inter + offs_i, mask_i, y_ptr, stride_ym, 1)
     gate32, up32 = gate.to(tl.float32), up.to(tl.float32)
     h = (gate32 * tl.sigmoid(gate32) * up32).to(h_ptr.dtype.element_ty)
-    _store(h, offs_m, mask_m, offs_i, mask_i, h_ptr, stride_hm, 1)
+    y_rows = y_ptr + offs_m.to(tl.int64) * stride_ym
+    i_end = tl.minimum(inter, tl.max(offs_i, 0) + 1)
+    _store_quarters(y_rows, gate, mask_m, offs_i[None, :], i_end)
+    _store_quarters(y_rows + inter, up, mask_m, offs_i[None, :], i_end)
+    _store_quarters(h_ptr + offs_m.to(tl.int64) * stride_hm, h, mask_m, offs_i[None, :], i_end)
     if HAS_A2:
         offs_r = tl.arange(0, BLOCK_R2)
         mask_r = offs_r < R2
