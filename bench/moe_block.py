@@ -1,8 +1,8 @@
 """One MoE block, LoRA r=32 alpha=64 on the routed experts, forward + backward, on one GPU (made for an H200).
 
 Paths: eager + peft, grouped_mm + peft (transformers' experts with peft's ParamWrapper, transformers' router), ours on
-`torch._grouped_mm`, ours on Triton, ours on Triton replayed from CUDA graphs (as the trainer runs CPT/SFT
-micro-steps), and ours on the per-expert loop (every "ours" path with the fused router, training/routers.py, as the
+`torch._grouped_mm`, ours on Triton (triton, and its fused variants triton_scatter and triton_fused), each also
+replayed from CUDA graphs (as the trainer runs CPT/SFT micro-steps), and ours on the per-expert loop (every "ours" path with the fused router, training/routers.py, as the
 trainer runs it; each shape also checks that router against transformers' own); plus the single grouped GEMM
 (gate_up forward) on Triton, `torch._grouped_mm` and the loop. Reports ms (median of do_bench, rotating inputs), peak
 memory, TFLOP/s, and the relative error (||got - ref|| / ||ref||) of the output and every LoRA gradient against a
@@ -10,9 +10,10 @@ float32 reference.
 The last printed line is one JSON object.
 
     python bench/moe_block.py [--quick] [--sonic]
-    --sonic: SonicMoE (pip sonic-moe, optional) beside ours on the same experts and routing, experts only: the
-        forward alone and the forward with the input gradient (its weight gradients, which LoRA does not need,
-        left out), eager and replayed from a CUDA graph; where it cannot run, the row says why
+    --sonic: SonicMoE (pip sonic-moe, optional) beside ours (each Triton path of --paths) on the same experts and
+        routing, experts only: the forward alone and the forward with the input gradient (its weight gradients,
+        which LoRA does not need, left out), eager and replayed from a CUDA graph; where it cannot run, a row says
+        why
     python bench/moe_block.py --smoke   (on a CPU, the kernels in Triton's interpreter: the tiny shape, 64 tokens,
         float32, every path but the CUDA-graph one; fails unless every path runs and matches the reference)
 """
@@ -369,7 +370,10 @@ def main():
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
             if args.sonic:
-                for row in sonic_compare(holder, *ref["inputs"]):
+                ours_paths = sorted({p.split("+")[0] for p in paths if p.startswith("ours:triton")})
+                if args.smoke or not ours_paths:  # the smoke run has every path's figures above already
+                    ours_paths = ["ours:triton"]
+                for row in sonic_compare(holder, *ref["inputs"], ours_paths=ours_paths):
                     row = dict(shape=shape_name, tokens=tokens, **row)
                     results.setdefault("sonic", []).append(row)
                     print(json.dumps(row), flush=True)
@@ -474,20 +478,22 @@ def profile(shape, tokens, path="ours:triton"):
                           eager_ms=round(eager_ms, 3), cuda_graph_ms=graph_ms and round(graph_ms, 3))), flush=True)
 
 
-def sonic_compare(holder, x, index, weights, grad):
-    """SonicMoE (arXiv 2512.14080; pip sonic-moe, on QuACK and the CUTLASS DSL) and ours on the same experts, routing
-    and input, the experts alone (no router): rows of ms, eager and graphed, with each output's and input gradient's
-    error against a float32 reference of the same experts (SonicMoE's without LoRA, ours with it); where SonicMoE
-    cannot run, a row saying why."""
+def sonic_compare(holder, x, index, weights, grad, ours_paths=("ours:triton",)):
+    """SonicMoE (arXiv 2512.14080; pip sonic-moe, on QuACK and the CUTLASS DSL) and ours (each of `ours_paths`) on the
+    same experts, routing and input, the experts alone (no router): rows of ms, eager and graphed, with each output's
+    and input gradient's error against a float32 reference of the same experts (SonicMoE's without LoRA, ours with
+    it); where SonicMoE cannot run, a row saying why."""
     adopt_routed_lora(holder)
-    set_path(holder, "ours:triton")  # on a CPU in Triton's interpreter
     xs = x.detach().requires_grad_()
 
     def ours(inp):
         return holder.mlp.experts(inp, index, weights)
 
-    rows = _like_for_like("ours:" + moe_lora.kernels_of(holder).choose(x.device), ours, xs, [xs] + lora_params(holder),
-                          grad, index, weights, holder, with_lora=True)
+    rows = []
+    for path in ours_paths:  # on a CPU in Triton's interpreter
+        set_path(holder, path)
+        rows += _like_for_like(path, ours, xs, [xs] + lora_params(holder), grad, index, weights, holder,
+                               with_lora=True)
     try:
         import sonicmoe
         import sonicmoe.functional as sonic_functional
