@@ -5,7 +5,8 @@ spent on it. Triton's interpreter checks what the kernels compute; only a compil
 
     python3 bench/hopper_compile.py [--stages 4,3]
 
-Epilogues: "store" (the products as the triton path runs them), "scatter" (the combine added into the tokens' rows,
+Epilogues: "store" and "store_quarters" (the products as the triton path runs them: the tile stored whole, or a quarter
+of its columns at a time, which tuning chooses between), "scatter" (the combine added into the tokens' rows,
 triton_scatter) and "gated" (SwiGLU and its LoRA product, triton_fused), on the 30B shape with rank-32 LoRA and the
 tuned 128 x 256 x 64 tile at 8 warps. One line each; the last line is one JSON object.
 
@@ -32,7 +33,7 @@ from training.kernels import grouped_gemm
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "counts_ptr": "*i32", "rows_ptr": "*i64",
             "z_ptr": "*bf16", "l2_ptr": "*bf16", "token_ptr": "*i64", "order_ptr": "*i64", "weight_ptr": "*bf16",
             "h_ptr": "*bf16", "a2_ptr": "*fp32", "z2_ptr": "*fp32"}
-EPILOGUES = ("store", "scatter", "gated")
+EPILOGUES = ("store", "store_quarters", "scatter", "gated")
 HOPPER_SHARED = 232448  # bytes of shared memory one block may use on an H100/H200
 
 
@@ -41,7 +42,8 @@ def source(epilogue):
     gated, scatter = epilogue == "gated", epilogue == "scatter"
     constants = dict(E=128, E_POW2=128, HAS_ROWS=gated, HAS_LORA=True, W_T=False, BLOCK_R=32, SCATTER=scatter,
                      HAS_WEIGHT=scatter, GATED=gated, HAS_A2=gated, BLOCK_R2=32, BLOCK_M=128, BLOCK_N=256,
-                     BLOCK_K=64, EVEN_K=True, FLATTEN=False, W_ROWS=128 if gated else 256)
+                     BLOCK_K=64, EVEN_K=True, FLATTEN=False, W_ROWS=128 if gated else 256,
+                     QUARTERS=epilogue == "store_quarters")
     pointers = {**POINTERS, "y_ptr": "*fp32"} if scatter else POINTERS
     kernel = grouped_gemm._tma_kernel
     signature = {}

@@ -2,8 +2,9 @@
 
 Paths: eager + peft, grouped_mm + peft (transformers' experts with peft's ParamWrapper, transformers' router), ours on
 `torch._grouped_mm`, ours on Triton (triton, and its fused variants triton_scatter and triton_fused), each also
-replayed from CUDA graphs (as the trainer runs CPT/SFT micro-steps), and ours on the per-expert loop (every "ours" path with the fused router, training/routers.py, as the
-trainer runs it; each shape also checks that router against transformers' own); plus the single grouped GEMM
+replayed from CUDA graphs (as the trainer runs CPT/SFT micro-steps), and ours on the per-expert loop (every "ours"
+path with the fused router, training/routers.py, as the trainer runs it; each shape also checks that router against
+transformers' own); plus the single grouped GEMM
 (gate_up forward) on Triton, `torch._grouped_mm` and the loop. Reports ms (median of do_bench, rotating inputs), peak
 memory, TFLOP/s, and the relative error (||got - ref|| / ||ref||) of the output and every LoRA gradient against a
 float32 reference.

@@ -54,8 +54,9 @@ CANDIDATES = gg._WIDE + [(128, 256, 128, 8, 2), (256, 128, 64, 8, 3)]
 
 VARIANTS = (  # name, kernel, tma, extra constexprs
     ("pointers", gg._grouped_gemm_kernel, False, {}),
-    ("tma persistent", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": False}),
-    ("tma flattened", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": True}),
+    ("tma persistent", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": False, "QUARTERS": False}),
+    ("tma flattened", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": True, "QUARTERS": False}),
+    ("tma flattened, quartered store", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": True, "QUARTERS": True}),
 )
 
 

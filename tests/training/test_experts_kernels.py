@@ -1,9 +1,13 @@
 """The Triton kernels (run by Triton's interpreter on the CPU, fp32) against the per-expert loop."""
 
+import contextlib
+
 import pytest
 import torch
+import triton
 
 from training.grouped_ops import BACKENDS
+from training.kernels import grouped_gemm as grouped_gemm_module
 from training.kernels.grouped_gemm import grouped_gemm
 from training.moe_lora import route
 
@@ -62,8 +66,23 @@ def test_it_computes_the_grouped_matmul_like_the_loop(routed, layout, with_lora,
 GROUP_COUNTS = [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 79, 80, 81, 96, 97, 129, 144, 145, 257, 300]
 
 
+@contextlib.contextmanager
+def tma_store(quarters):
+    """Within it the TMA kernel stores its tiles whole or a quarter of the columns at a time (tuning's choice on a
+    GPU; the interpreter otherwise runs the first)."""
+    kernel = grouped_gemm_module._grouped_gemm_tma_kernel
+    config = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "FLATTEN": True, "QUARTERS": quarters},
+                           num_warps=4, num_stages=1)
+    saved, kernel.configs, kernel.cache = kernel.configs, [config], {}
+    try:
+        yield
+    finally:
+        kernel.configs, kernel.cache = saved, {}
+
+
+@pytest.mark.parametrize("quarters", [True, False], ids=["quartered store", "whole store"])
 @pytest.mark.parametrize("gather, transposed", [(True, False), (False, True)])
-def test_groups_around_block_boundaries_store_every_row_once(gather, transposed):
+def test_groups_around_block_boundaries_store_every_row_once(gather, transposed, quarters):
     gen = torch.Generator().manual_seed(3)
     counts = torch.tensor(GROUP_COUNTS, dtype=torch.int32)
     experts, n, k, rank = len(GROUP_COUNTS), 48, 64, 8
@@ -74,7 +93,8 @@ def test_groups_around_block_boundaries_store_every_row_once(gather, transposed)
     rows = torch.randint(0, tokens, (m,), generator=gen) if gather else None
     x = torch.randn(tokens if gather else m, k, generator=gen)
     lora = (torch.randn(experts, rank, k, generator=gen), torch.randn(experts, n, rank, generator=gen), 0.5)
-    got, _ = grouped_gemm(x, weight, counts, rows=rows, lora=lora, tma=True)
+    with tma_store(quarters):
+        got, _ = grouped_gemm(x, weight, counts, rows=rows, lora=lora, tma=True)
     xs = x[rows] if gather else x
     want = torch.cat([xs[a:b] @ weight[e].T + 0.5 * (xs[a:b] @ lora[0][e].T) @ lora[1][e].T
                       for e, (a, b) in enumerate(zip(counts.cumsum(0) - counts, counts.cumsum(0), strict=True))])

@@ -167,10 +167,16 @@ def _scatter_part(rows, part, mask_m, offs, n_end):
 
 @triton.jit
 def _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, token_ptr, order_ptr, weight_ptr,
-              SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+              SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr, QUARTERS: tl.constexpr):
+    """The tile added into its tokens' rows (SCATTER), or stored: whole, or a quarter of its columns at a time
+    (QUARTERS, contiguous rows only: fewer addresses live at once, tuned like a block size)."""
     if SCATTER:
         _scatter_add(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, token_ptr, order_ptr, weight_ptr,
                      HAS_WEIGHT)
+    elif QUARTERS:
+        n_end = tl.max(tl.where(mask_n, offs_n + 1, 0), 0)
+        _store_quarters(y_ptr + offs_m.to(tl.int64) * stride_ym, acc.to(y_ptr.dtype.element_ty), mask_m,
+                        offs_n[None, :], n_end)
     else:
         _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn)
 
@@ -259,7 +265,7 @@ def _pointer_kernel(
         acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
                         stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
     _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, token_ptr, order_ptr, weight_ptr,
-              SCATTER, HAS_WEIGHT)
+              SCATTER, HAS_WEIGHT, False)
 
 
 @triton.jit
@@ -276,7 +282,7 @@ def _tma_kernel(
     BLOCK_R: tl.constexpr, SCATTER: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     GATED: tl.constexpr, HAS_A2: tl.constexpr, BLOCK_R2: tl.constexpr, W_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    FLATTEN: tl.constexpr,
+    FLATTEN: tl.constexpr, QUARTERS: tl.constexpr,
 ):
     """Persistent TMA kernel: each program walks tiles pid, pid + programs, ..., loading the weights through tensor
     descriptors (docs/training.md, "training/kernels/grouped_gemm.py"). GATED: a tile is W_ROWS (= BLOCK_N / 2) gate
@@ -339,7 +345,7 @@ def _tma_kernel(
                 acc = _add_lora(acc, e, offs_m, mask_m, offs_n, mask_n, z_ptr, l2_ptr, R, lora_scale,
                                 stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, BLOCK_R)
             _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, 1, token_ptr, order_ptr, weight_ptr,
-                      SCATTER, HAS_WEIGHT)
+                      SCATTER, HAS_WEIGHT, QUARTERS)
 
 
 def _tuned(kernel, configs, key, prune, restore=None, **heuristics):
@@ -357,7 +363,9 @@ def _w_rows(args):
 
 _POINTER_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "SCATTER"]
 _TMA_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA", "SCATTER", "GATED", "HAS_A2"]
-_TMA_CONFIGS = _configs(_TMA, FLATTEN=(True, False))
+# QUARTERS: compiled for sm_90a, the quartered store spills 216 bytes a thread where the whole tile's spills 784
+# (bench/hopper_compile.py); not yet timed on a GPU, so tuning picks. The interpreter runs the first value.
+_TMA_CONFIGS = _configs(_TMA, FLATTEN=(True, False), QUARTERS=(True, False))
 _grouped_gemm_kernel = _tuned(_pointer_kernel, _configs(_WIDE + _NARROW), _POINTER_KEY, _prune_pointer)
 _grouped_gemm_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, W_ROWS=_w_rows)
 _scatter_kernel = _tuned(_pointer_kernel, _configs(_WIDE), _POINTER_KEY, _prune_pointer, restore=["y_ptr"])
