@@ -366,11 +366,12 @@ _TMA_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA", "SCATTER",
 # QUARTERS: compiled for sm_90a, the quartered store spills 216 bytes a thread where the whole tile's spills 784
 # (bench/hopper_compile.py); not yet timed on a GPU, so tuning picks. The interpreter runs the first value.
 _TMA_CONFIGS = _configs(_TMA, FLATTEN=(True, False), QUARTERS=(True, False))
+_FUSED_CONFIGS = _configs(_TMA, FLATTEN=(True, False), QUARTERS=(True,))  # their epilogues write by quarters always
 _grouped_gemm_kernel = _tuned(_pointer_kernel, _configs(_WIDE + _NARROW), _POINTER_KEY, _prune_pointer)
 _grouped_gemm_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, W_ROWS=_w_rows)
 _scatter_kernel = _tuned(_pointer_kernel, _configs(_WIDE), _POINTER_KEY, _prune_pointer, restore=["y_ptr"])
-_scatter_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, restore=["y_ptr"], W_ROWS=_w_rows)
-_gated_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, restore=["z2_ptr"], W_ROWS=_w_rows)
+_scatter_tma_kernel = _tuned(_tma_kernel, _FUSED_CONFIGS, _TMA_KEY, _prune_tma, restore=["y_ptr"], W_ROWS=_w_rows)
+_gated_tma_kernel = _tuned(_tma_kernel, _FUSED_CONFIGS, _TMA_KEY, _prune_tma, restore=["z2_ptr"], W_ROWS=_w_rows)
 
 
 # MOE_LORA_TMA=0 keeps every product on the pointer kernel (an escape hatch, and the A/B switch of the benchmarks).
