@@ -11,6 +11,10 @@ triton_scatter) and "gated" (SwiGLU and its LoRA product, triton_fused), on the 
 tuned 128 x 256 x 64 tile at 8 warps. One line each; the last line is one JSON object.
 
     python3 bench/hopper_compile.py --smoke   (the same at 4 stages only)
+
+Each at FLATTEN off and on (both are tuned). Another Triton can be tried without installing it over this one:
+`pip install --no-deps --target DIR triton==X` and PYTHONPATH=DIR (this machine's 3.9, the device's 3.6 and the
+worker image's 3.7.1 all build every epilogue).
 """
 
 import argparse
@@ -37,12 +41,12 @@ EPILOGUES = ("store", "store_quarters", "scatter", "gated")
 HOPPER_SHARED = 232448  # bytes of shared memory one block may use on an H100/H200
 
 
-def source(epilogue):
+def source(epilogue, flatten=False):
     """The 30B shape's gate/up forward (gated) or down forward (store, scatter) as the block launches it."""
     gated, scatter = epilogue == "gated", epilogue == "scatter"
     constants = dict(E=128, E_POW2=128, HAS_ROWS=gated, HAS_LORA=True, W_T=False, BLOCK_R=32, SCATTER=scatter,
                      HAS_WEIGHT=scatter, GATED=gated, HAS_A2=gated, BLOCK_R2=32, BLOCK_M=128, BLOCK_N=256,
-                     BLOCK_K=64, EVEN_K=True, FLATTEN=False, W_ROWS=128 if gated else 256,
+                     BLOCK_K=64, EVEN_K=True, FLATTEN=flatten, W_ROWS=128 if gated else 256,
                      QUARTERS=epilogue == "store_quarters")
     pointers = {**POINTERS, "y_ptr": "*fp32"} if scatter else POINTERS
     kernel = grouped_gemm._tma_kernel
@@ -68,11 +72,11 @@ def resources(cubin):
     return {"registers": int(fields["REG"]), "stack": int(fields["STACK"])} if "REG" in fields else {}
 
 
-def compile_one(epilogue, stages):
+def compile_one(epilogue, stages, flatten):
     started = time.perf_counter()
-    row = dict(epilogue=epilogue, stages=stages)
+    row = dict(epilogue=epilogue, stages=stages, flatten=flatten)
     try:
-        compiled = triton.compile(source(epilogue), target=GPUTarget("cuda", 90, 32),
+        compiled = triton.compile(source(epilogue, flatten), target=GPUTarget("cuda", 90, 32),
                                   options=dict(num_warps=8, num_stages=stages))
     except Exception as exc:  # noqa: BLE001 - the row says why it did not build
         return {**row, "error": f"{type(exc).__name__}: {exc}"[:600]}
@@ -91,9 +95,10 @@ def main():
     rows = []
     for epilogue in EPILOGUES:
         for n in stages:
-            row = compile_one(epilogue, n)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for flatten in (False, True):  # both are tuned: the tile loop apart from the K loop, or one with it
+                row = compile_one(epilogue, n, flatten)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     built = [r for r in rows if "error" not in r]
     print(json.dumps(dict(triton=triton.__version__, target="sm_90a", rows=rows, compiled=len(built),
                           all_fit=all(r["fits"] for r in built))))
