@@ -56,6 +56,7 @@ VARIANTS = (  # name, kernel, tma, extra constexprs
     ("pointers", gg._grouped_gemm_kernel, False, {}),
     ("tma persistent", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": False, "QUARTERS": False}),
     ("tma flattened", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": True, "QUARTERS": False}),
+    ("tma persistent, quartered store", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": False, "QUARTERS": True}),
     ("tma flattened, quartered store", gg._grouped_gemm_tma_kernel, True, {"FLATTEN": True, "QUARTERS": True}),
 )
 
