@@ -1,6 +1,7 @@
 """The metric record of one training step, each field named once with its unit, from trainer to charts; plain Python
 (docs/training.md, "training/metric_fields.py")."""
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -93,13 +94,19 @@ NAMES = tuple(f.name for f in FIELDS)
 ENVELOPED = tuple(f.name for f in FIELDS if f.enveloped)
 
 
+def _finite(value) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def wire_point(record: dict) -> dict:
     """What the agent posts for one record of metrics.jsonl: the key, the time, the fields the record has, and its
     router load matrix where it has one (the dashboard checks its shape)."""
     finished = record.get("time")
     point = {PHASE: record[PHASE], STEP: record[STEP],
              AT: datetime.fromtimestamp(finished, tz=UTC).isoformat() if finished is not None else None}
-    point.update({name: record[name] for name in NAMES if record.get(name) is not None})
+    # NaN or infinity (a diverged step's loss or gradient norm) is no figure to chart: sent as not measured, since
+    # JSON has no way to say it and the dashboard refuses it.
+    point.update({name: record[name] for name in NAMES if record.get(name) is not None and _finite(record[name])})
     if record.get(ROUTER_LOAD) is not None:
         point[ROUTER_LOAD] = record[ROUTER_LOAD]
     return point

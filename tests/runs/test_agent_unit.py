@@ -92,6 +92,46 @@ def test_it_skips_a_malformed_line_and_a_refused_batch_without_stopping(dashboar
     assert forward_metrics(_api(dashboard), path, 0, max_points=10) == path.stat().st_size
 
 
+def test_a_diverged_steps_nan_and_infinity_go_as_not_measured_and_the_forwarding_goes_on(dashboard, tmp_path):
+    """The trainer writes the step whose loss went NaN before it stops, and an infinite gradient norm as it is: JSON
+    cannot carry them and the dashboard refuses them, so they go as figures not measured, the rest of the step kept."""
+    path = tmp_path / "metrics.jsonl"
+    now = time.time()
+    lines = [{"phase": 0, "step": 1, "time": now - 2, "loss": 2.0, "step_s": 1.5},
+             {"phase": 0, "step": 2, "time": now - 1, "loss": float("nan"), "grad_norm_total": float("inf"),
+              "step_s": 1.6}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))  # json writes NaN and Infinity
+    assert forward_metrics(_api(dashboard), path, 0, max_points=10) == path.stat().st_size
+    (_, body, _), = dashboard.posts
+    first, second = body["points"]
+    assert first["loss"] == 2.0 and second["step_s"] == 1.6
+    assert "loss" not in second and "grad_norm_total" not in second
+    PointIn(**second)  # what the dashboard takes
+
+
+class _Picky(_Dashboard):
+    """Refuses, as the dashboard does a malformed point, any batch holding a point of a refused step."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.posts.append(body)
+        if any(p["step"] in self.server.refused for p in body["points"]):
+            self.answer(422, {"detail": "a point out of its bounds"})
+        else:
+            self.server.stored += [p["step"] for p in body["points"]]
+            self.answer(200, {"stored": len(body["points"])})
+
+
+def test_of_a_refused_batch_only_the_points_the_dashboard_refuses_are_lost(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"phase": 0, "step": step, "time": 1_800_000_000.0 + step}) + "\n"
+                            for step in range(1, 12)))
+    with serving(_Picky, posts=[], refused={4, 9}, stored=[]) as server:
+        assert forward_metrics(_api(server), path, 0, max_points=100) == path.stat().st_size
+        assert sorted(server.stored) == [1, 2, 3, 5, 6, 7, 8, 10, 11]
+        assert len(server.posts) < 20  # halves, not every point again and again
+
+
 def test_it_stops_when_its_credentials_are_not_renewed(tmp_path):
     dead = Api("http://127.0.0.1:9/api/agent/v1/", "run_token", timeout_s=0.2, attempts=1)
     beat = Heartbeat(dead, interval_s=0.01, window_s=0.0)

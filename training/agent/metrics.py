@@ -12,6 +12,7 @@ from .dashboard import Api, Refused
 
 log = logging.getLogger(__name__)
 TOKEN_REFUSED = (401, 403)  # this box's attempt is over: the heartbeat stops it, the points have nowhere to go
+MALFORMED = (400, 422)  # the dashboard's answer to a point it cannot take
 # A batch is sent once its lines reach this size too: the router's load matrices make lines of up to a few hundred kB,
 # and the dashboard reads a body of at most 2.5 MB (Django's DATA_UPLOAD_MAX_MEMORY_SIZE).
 MAX_BATCH_BYTES = 1_500_000
@@ -36,8 +37,8 @@ class MetricsForwarder:
 
 def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int:
     """Sends the trainer's new JSONL lines in batches; returns how far the file has been sent. A dashboard that does
-    not answer keeps the rest for the next round (the trainer goes on meanwhile); a batch it refuses as malformed is
-    dropped, said in the log, so one bad line never wedges the forwarding."""
+    not answer keeps the rest for the next round (the trainer goes on meanwhile); of a batch it refuses as malformed,
+    only the points it refuses are dropped (`_send`), said in the log, so one bad line never wedges the forwarding."""
     if not path.exists():
         return position
     with open(path, "rb") as f:
@@ -89,7 +90,8 @@ def _send_event(api: Api, message) -> bool:
 
 
 def _send(api: Api, points: list[dict]) -> bool:
-    """Whether the batch is done with (sent, or refused for good); False leaves it for the next round."""
+    """Whether the batch is done with (sent, or refused for good); False leaves it for the next round. A batch the
+    dashboard refuses as malformed is sent again in halves, so that only the points it refuses are dropped."""
     try:
         api.call("POST", "metrics", {"points": points})
     except ConnectionError as exc:
@@ -99,9 +101,13 @@ def _send(api: Api, points: list[dict]) -> bool:
         if exc.status in TOKEN_REFUSED:
             log.warning("metrics not sent: %s", exc)
             return False
-        if exc.status == 422 and any(ROUTER_LOAD in p for p in points):  # the steps without their router matrices
-            log.warning("the dashboard refused the router load of %d metric points, sent without it: %s",
-                        len(points), exc)
+        if exc.status in MALFORMED and len(points) > 1:
+            middle = len(points) // 2
+            return _send(api, points[:middle]) and _send(api, points[middle:])
+        if exc.status == 422 and any(ROUTER_LOAD in p for p in points):  # the step without its router matrix
+            log.warning("the dashboard refused the router load of a metric point, sent without it: %s", exc)
             return _send(api, [{k: v for k, v in p.items() if k != ROUTER_LOAD} for p in points])
         log.warning("the dashboard refused %d metric points, dropped: %s", len(points), exc)
+    except (ValueError, TypeError) as exc:  # not encodable as JSON: nothing a later round could change
+        log.warning("%d metric points cannot be sent, dropped: %s", len(points), exc)
     return True
