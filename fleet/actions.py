@@ -87,8 +87,10 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
     """Calls the provider for a requested instance, at most once per row whatever retries the task gets. `env`
     reaches the box only (it may hold a run's agent token): it is not stored."""
     now = now or timezone.now()
+    # The claim is stamped with the clock, not the caller's `now`: a pass that rents several boxes under one `now`
+    # (or waits out a 429 first) would otherwise start a later rent's grace (_rent_settled) before its call was made.
     claimed = Instance.objects.filter(pk=instance_id, state=State.REQUESTED, rent_attempted_at=None).update(
-        rent_attempted_at=now)
+        rent_attempted_at=timezone.now())
     instance = Instance.objects.get(pk=instance_id)
     if not claimed:
         return instance
@@ -100,8 +102,11 @@ def rent(instance_id: int, *, now: datetime | None = None, env: dict[str, str] |
         with get_provider(instance.provider) as provider:
             provider_id = provider.rent(request)
     except OutcomeUnknown as exc:
+        # The grace for its machine to be listed counts from this answer, however long the call took.
+        Instance.objects.filter(pk=instance_id, state=State.REQUESTED, provider_instance_id=None).update(
+            rent_attempted_at=timezone.now())
         record_event(instance, "rent-unknown", f"{exc} The next sync looks for label {instance.label}.", now)
-        return instance
+        return Instance.objects.get(pk=instance_id)
     except ProviderError as exc:
         reason = f"Rent failed, nothing was rented: {without_secrets(str(exc), request.env)}"
         if isinstance(exc, OfferUnavailable):

@@ -89,6 +89,24 @@ def test_it_leaves_no_orphan_when_the_worker_dies_before_the_call(offer, frozen_
     assert _provider_instances() == []
 
 
+def test_a_rent_made_late_in_a_long_pass_gets_its_whole_grace_from_its_answer(offer, frozen_market, settings):
+    """A pass that rents several boxes under one `now` (or waits out a 429 first) calls a later rent long after that
+    `now`: the grace for its machine to be listed runs from its own answer, so it is not "never rented" at once and
+    the machine it made is not destroyed on arrival."""
+    from django.utils import timezone
+
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="late-in-pass", disk_gb=100)
+    pass_start = timezone.now() - timedelta(seconds=settings.RENT_OUTCOME_GRACE_S + 60)
+    frozen_market.inject_faults(http_5xx=1, path_contains="/asks/")  # the rent's answer is lost
+    actions.rent(instance.pk, now=pass_start)
+    actions.sync(now=timezone.now())
+    instance.refresh_from_db()
+    assert instance.state == State.REQUESTED and instance.events.filter(kind="rent-unknown").exists()
+    actions.sync(now=timezone.now() + timedelta(seconds=settings.RENT_OUTCOME_GRACE_S))
+    instance.refresh_from_db()
+    assert instance.state == State.FAILED and "Never rented" in instance.events.first().message
+
+
 def test_it_adopts_a_rent_whose_answer_was_lost(offer, frozen_market):
     instance, _ = actions.request_rent(offer=offer, idempotency_key="lost", disk_gb=100)
     Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))

@@ -119,7 +119,7 @@ def test_it_spends_no_restart_on_a_rent_whose_outcome_is_unknown(launched, froze
     supervisor.supervise(now=now + timedelta(seconds=30))
     run.refresh_from_db()
     assert run.current_instance == first and run.restarts == 0  # waited for its outcome, rented nothing else
-    later = now + timedelta(seconds=settings.RENT_OUTCOME_GRACE_S)
+    later = timezone.now() + timedelta(seconds=settings.RENT_OUTCOME_GRACE_S)  # from the lost answer on
     actions.sync(now=later)  # never listed: it never happened
     supervisor.supervise(now=later)  # drops it: this host is out
     supervisor.supervise(now=later)  # and rents on another
