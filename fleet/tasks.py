@@ -69,7 +69,10 @@ def sync_instances() -> dict:
         except Exception as exc:  # said in the result, the log and an alert; the other providers go on
             log.exception("syncing %s instances failed; the next sync tries again", provider)
             reports[provider] = {"error": f"{type(exc).__name__}: {exc}"}
-            actions.say_sync_failing(provider, exc)
+            try:
+                actions.say_sync_failing(provider, exc)
+            except Exception:  # noqa: BLE001 - the alert could not be stored: the next provider is synced all the same
+                log.exception("could not record that syncing %s failed", provider)
             continue
         reports[provider] = {"seen": report.seen, "adopted": report.adopted, "gone": report.gone,
                              "destroyed": report.destroyed, "failed": report.failed}

@@ -107,6 +107,23 @@ def test_a_rent_made_late_in_a_long_pass_gets_its_whole_grace_from_its_answer(of
     assert instance.state == State.FAILED and "Never rented" in instance.events.first().message
 
 
+def test_a_refused_rent_whose_error_text_holds_nul_ends_failed_with_its_reason(offer, frozen_market, monkeypatch):
+    """A marketplace's error text goes into the row's reason, its event and its alert: with a NUL in it (which
+    PostgreSQL's text refuses) the row must still end failed with the reason, not stay requested without one."""
+    from fleet.providers.errors import RequestRefused
+    from fleet.providers.vast import VastClient
+
+    def refuse(self, request):
+        raise RequestRefused("vast.ai PUT /asks/1/: HTTP 400: invalid\u0000 args")
+
+    monkeypatch.setattr(VastClient, "rent", refuse)
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="nul", disk_gb=100)
+    actions.rent(instance.pk)
+    instance.refresh_from_db()
+    assert instance.state == State.FAILED and "invalid  args" in instance.failure_reason
+    assert Alert.objects.filter(instance=instance, message__contains="invalid  args").exists()
+
+
 def test_it_adopts_a_rent_whose_answer_was_lost(offer, frozen_market):
     instance, _ = actions.request_rent(offer=offer, idempotency_key="lost", disk_gb=100)
     Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))

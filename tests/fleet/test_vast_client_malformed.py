@@ -329,3 +329,13 @@ def test_a_rent_past_vasts_documented_limits_is_refused_before_it_is_sent(script
     with pytest.raises(RequestRefused, match=re.escape(words)):
         client.rent(_rent_request(**changes))
     assert server.requests == []
+
+
+def test_a_marketplaces_error_text_with_nul_and_control_characters_comes_out_storable(scripted):
+    server, client = scripted
+    server.replies.append((409, json.dumps({"msg": "no such\u0000 offer\u0007 \ud800 left"}).encode()))
+    with pytest.raises(MalformedResponse) as caught:
+        client.rent(RentRequest(offer_id="101", image="img", disk_gb=100, label="moe-fleet-1", env={}))
+    message = str(caught.value)
+    assert "HTTP 409" in message and "no such  offer" in message
+    assert not any(ch in message for ch in ("\x00", "\x07", "\ud800"))  # PostgreSQL's text takes it as it is
