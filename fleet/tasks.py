@@ -71,7 +71,7 @@ def sync_instances() -> dict:
             reports[provider] = {"error": f"{type(exc).__name__}: {exc}"}
             try:
                 actions.say_sync_failing(provider, exc)
-            except Exception:  # noqa: BLE001 - the alert could not be stored: the next provider is synced all the same
+            except Exception:  # the alert could not be stored: the next provider is synced all the same
                 log.exception("could not record that syncing %s failed", provider)
             continue
         reports[provider] = {"seen": report.seen, "adopted": report.adopted, "gone": report.gone,

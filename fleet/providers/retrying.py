@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from .errors import AuthenticationFailed, OutcomeUnknown, ProviderUnavailable, RateLimited
+from .errors import AuthenticationFailed, MalformedResponse, OutcomeUnknown, ProviderUnavailable, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,10 @@ class RetryingClient:
                     raise ProviderUnavailable(f"{what}: cannot connect ({type(exc).__name__}).") from None
                 self._sleep(self._backoff(attempt))
                 continue
+            except httpx.DecodingError:  # an answer came, its body undecodable (a Content-Encoding it does not have)
+                if not idempotent:
+                    raise OutcomeUnknown(f"{what}: its answer could not be decoded; it may have happened.") from None
+                raise MalformedResponse(f"{what}: the answer's body could not be decoded.") from None
             except httpx.TransportError as exc:
                 if not idempotent:
                     raise OutcomeUnknown(f"{what}: {type(exc).__name__} after sending; it may have happened.") from None

@@ -25,12 +25,14 @@ GOOD_OFFER = {
 
 
 class _Scripted(BaseHTTPRequestHandler):
-    replies: list = []  # (status, body bytes) answered in order
+    replies: list = []  # (status, body bytes[, headers]) answered in order
 
     def _answer(self):
         self.server.requests.append((self.command, self.path))
-        status, body = self.server.replies.pop(0)
+        status, body, *headers = self.server.replies.pop(0)
         self.send_response(status)
+        for name, value in (headers[0] if headers else {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -339,3 +341,14 @@ def test_a_marketplaces_error_text_with_nul_and_control_characters_comes_out_sto
     message = str(caught.value)
     assert "HTTP 409" in message and "no such  offer" in message
     assert not any(ch in message for ch in ("\x00", "\x07", "\ud800"))  # PostgreSQL's text takes it as it is
+
+
+def test_an_answer_whose_body_cannot_be_decoded_is_a_provider_error_and_a_rent_an_unknown_outcome(scripted):
+    server, client = scripted
+    garbled = (200, b"not gzip at all", {"Content-Encoding": "gzip"})
+    server.replies.append(garbled)
+    with pytest.raises(MalformedResponse, match="could not be decoded"):
+        client.destroy("7")
+    server.replies.append(garbled)  # a rent may have happened: reconcile by label, never rent again
+    with pytest.raises(OutcomeUnknown, match="could not be decoded"):
+        client.rent(RentRequest(offer_id="101", image="img", disk_gb=100, label="moe-fleet-1", env={}))
