@@ -250,9 +250,11 @@ def request_destroy(instance: Instance, *, reason: str, by=None, now: datetime |
     instance.refresh_from_db()  # the page's copy may be minutes old
     if instance.state in ENDED:
         return instance
-    if _never_rented(instance):
-        _cancel_unrented(instance, reason, now)
-    elif Instance.objects.filter(pk=instance.pk, state__in=CLAIMABLE).update(
+    if _never_rented(instance) and _cancel_unrented(instance, reason, now):
+        return _as_now(instance)
+    # A rent may have claimed the row since the read above: then it stops like any other, its machine destroyed on
+    # arrival.
+    if Instance.objects.filter(pk=instance.pk, state__in=CLAIMABLE).update(
             state=State.STOPPING, destroy_reason=reason, destroy_requested_at=now, keep_until=None):
         who = f" by {by.get_username()}" if by else ""
         record_event(instance, "destroying", f"Destroy requested{who}: {reason}", now)
@@ -271,8 +273,7 @@ def destroy(instance: Instance, *, reason: str, now: datetime | None = None) -> 
         record_event(instance, "kept", f"Not destroyed ({reason}): kept for debugging until "
                                        f"{instance.keep_until:%Y-%m-%d %H:%M} UTC.", now)
         return instance
-    if _never_rented(instance):
-        _cancel_unrented(instance, reason, now)
+    if _never_rented(instance) and _cancel_unrented(instance, reason, now):
         return _as_now(instance)
     claimed = Instance.objects.filter(  # a keep that committed since the read above still wins
         Q(keep_until__isnull=True) | Q(keep_until__lte=now), pk=instance.pk, state__in=CLAIMABLE,
@@ -297,11 +298,14 @@ def _never_rented(instance: Instance) -> bool:
     return instance.provider_instance_id is None and instance.rent_attempted_at is None
 
 
-def _cancel_unrented(instance: Instance, reason: str, now: datetime) -> None:
-    """A requested row whose rent was never attempted: failed, with no machine to call about."""
+def _cancel_unrented(instance: Instance, reason: str, now: datetime) -> bool:
+    """A requested row whose rent was never attempted: failed, with no machine to call about. False where a rent
+    claimed it first: the caller stops it as a rented one."""
     if Instance.objects.filter(pk=instance.pk, state=State.REQUESTED, rent_attempted_at=None).update(
-            state=State.FAILED, ended_at=now, destroy_reason=reason):  # a rent that claimed it first goes on
+            state=State.FAILED, ended_at=now, destroy_reason=reason):
         record_event(instance, "cancelled", f"Cancelled before it was rented: {reason}", now)
+        return True
+    return False
 
 
 def _send_destroy(instance: Instance, now: datetime) -> None:

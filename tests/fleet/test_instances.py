@@ -124,6 +124,24 @@ def test_a_refused_rent_whose_error_text_holds_nul_ends_failed_with_its_reason(o
     assert Alert.objects.filter(instance=instance, message__contains="invalid  args").exists()
 
 
+def test_a_destroy_that_loses_the_race_to_a_rent_still_stops_the_box(offer, frozen_market, monkeypatch):
+    """A person's destroy reads the row as never rented; the rent task claims it before the cancel lands. The destroy
+    must stop the row as a rented one (its machine destroyed when it shows up), not drop it and say "Destroying"."""
+    instance, _ = actions.request_rent(offer=offer, idempotency_key="race", disk_gb=100)
+    read_before_the_claim = actions._never_rented
+    monkeypatch.setattr(actions, "_never_rented", lambda row: True)  # what the destroy saw
+    Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))  # the rent's claim
+    actions.request_destroy(instance, reason="not needed")
+    monkeypatch.setattr(actions, "_never_rented", read_before_the_claim)
+    instance.refresh_from_db()
+    assert instance.state == State.STOPPING and instance.destroy_reason == "not needed"
+    with get_provider() as provider:  # the rent's call made its machine after all
+        provider.rent(RentRequest(offer_id=offer.offer_id, image="img", disk_gb=100, label=instance.label, env={}))
+    actions.sync(now=sim_now(frozen_market))
+    actions.sync(now=sim_now(frozen_market))
+    assert _provider_instances(instance.label) == []  # destroyed on arrival: nothing bills
+
+
 def test_it_adopts_a_rent_whose_answer_was_lost(offer, frozen_market):
     instance, _ = actions.request_rent(offer=offer, idempotency_key="lost", disk_gb=100)
     Instance.objects.filter(pk=instance.pk).update(rent_attempted_at=sim_now(frozen_market))
