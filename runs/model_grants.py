@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from runs import model_manifests, storage
+from runs import model_manifests, sharing, storage
 from runs.models import ModelGrant, RunAttempt
 from training import model_source
 
@@ -35,6 +35,13 @@ def grant(model, expires_s: int) -> dict | None:
     return None
 
 
+def in_product_storage(path: str) -> dict:
+    """The grant's refusal for a model prefix that reaches into the product's own storage."""
+    return {"kind": "refused", "uri": path,
+            "reason": "it lies in the product's own storage (runs' checkpoints and stored data sets), which no model "
+                      "is read from"}
+
+
 def reusable(expires_at: datetime, now: datetime, life_s: int) -> bool:
     """Whether a grant signed for `life_s` seconds may be answered again at `now`: while half its life is left, the
     least a box is given to start its downloads. Pure."""
@@ -53,7 +60,10 @@ def for_attempt(attempt: RunAttempt, *, now: datetime | None = None) -> dict | N
     if kept is not None and reusable(kept.expires_at, now, life_s):
         return kept.grant
     expires_at = timezone.now() + timedelta(seconds=life_s)  # taken before signing: never later than the GETs expire
-    fresh = grant(model, life_s)
+    # Checked again at every signing, not only at launch: a prefix that held nothing of the product's then may hold
+    # other runs' checkpoints now, which this run's (untrusted) box must not be handed.
+    fresh = in_product_storage(path) if sharing.model_in_product_storage(model, attempt.run.bucket) \
+        else grant(model, life_s)
     assert fresh is not None  # an s3:// path always has a grant or a refusal
     if fresh["kind"] == "s3":
         fresh["expires_at"] = expires_at.isoformat()

@@ -62,3 +62,22 @@ def test_a_model_prefix_in_or_around_the_products_storage_is_refused_before_it_i
     for path in (f"s3://{BUCKET}/team-a/runs/1", f"s3://{BUCKET}/team-a", f"s3://{BUCKET}/team-a/datasets"):
         with pytest.raises(LaunchError, match="lies in the product's own storage"):
             _launch(bob, "example:sft.jsonl", f"s3://{BUCKET}/team-b", recipe=tiny_recipe(model={"path": path}))
+
+
+def test_a_model_prefix_the_product_writes_into_after_the_launch_is_refused_to_the_box(s3, alice, bob):  # noqa: F811
+    """Launched while nothing of the product's lay under its model prefix, a run must not hand its box the other runs'
+    checkpoints that land there later: the prefix is checked again each time the box's grant is signed."""
+    from runs import model_grants
+
+    from .conftest import put_on_a_box
+
+    s3.put_object(Bucket=BUCKET, Key="shared/config.json", Body=b'{"model_type": "qwen3_moe"}')
+    path = f"s3://{BUCKET}/shared"
+    run = _launch(bob, "example:sft.jsonl", f"s3://{BUCKET}/team-b", recipe=tiny_recipe(model={"path": path}))
+    put_on_a_box(run)
+    assert model_grants.for_attempt(run.attempts.get())["kind"] == "s3"  # nothing of the product's there yet
+    _launch(alice, "chat.jsonl", f"s3://{BUCKET}/shared/alice", {"chat.jsonl": SimpleUploadedFile("c", ALICES)})
+    put_on_a_box(run)  # a new attempt (a replaced box) signs its grant anew
+    refused = model_grants.for_attempt(run.attempts.get(ended_at=None))
+    assert refused["kind"] == "refused" and "product's own storage" in refused["reason"]
+    assert "files" not in refused
