@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet import enqueue, locks
-from runs import manifests, retention, storage
+from runs import events, manifests, retention, storage
 from runs.models import Checkpoint, Run, RunAttempt
 from training.recipe import EVAL_KIND
 
@@ -53,12 +53,12 @@ def checkpoint(attempt: RunAttempt, notice: dict, *, now=None) -> Checkpoint:
         try:  # the box's own attempt folder, where no other box can write: only the manifest's files count
             written = storage.written_files(storage.location(run.bucket, run.pk), notice["uri"], attempt.pk)
         except storage.TooManyObjects as exc:
-            run.events.create(at=now, kind="checkpoint_refused", message=f"Checkpoint {notice['uri']}: {exc}."[:4000])
+            events.box_news(run, "checkpoint_refused", f"Checkpoint {notice['uri']}: {exc}."[:4000], now)
             raise CheckpointRefused(f"Checkpoint {notice['uri']}: {exc}.") from None
         problems = manifests.missing_from_store(manifest, {name: size for name, (size, _) in written.items()})
         if problems:
             message = f"Checkpoint {notice['uri']} is not complete in the store: {'; '.join(problems[:5])}."
-            run.events.create(at=now, kind="checkpoint_refused", message=message[:4000])
+            events.box_news(run, "checkpoint_refused", message[:4000], now)
             raise CheckpointRefused(message)
         values.update(complete=True, manifest=manifest, size_bytes=manifests.total_bytes(manifest),
                       written_etags={name: written[name][1] for name in manifest})

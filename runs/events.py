@@ -1,5 +1,8 @@
 """Recording what happened to a run and moving its state accordingly (runs.lifecycle decides the state)."""
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -35,3 +38,14 @@ def record(run: Run, kind: str, message: str, *, now=None, from_box: int | None 
                     f"Run {run.name} (#{run.pk}) left its box: {message} It resumes on a new box from its newest "
                     f"verified checkpoint (restart {run.restarts} of at most {run.max_restarts}).", now=now)
     return before, after
+
+
+def box_news(run: Run, kind: str, message: str, now) -> bool:
+    """Records what a box said that moves nothing of the run's: the same words once an hour, and at most
+    AGENT_MAX_LOG_EVENTS_PER_HOUR of one kind an hour, so that a box repeating itself (or a hostile one) can neither
+    grow the run's history without end nor push its real events off the page. Whether it was recorded."""
+    recent = run.events.filter(kind=kind, at__gte=now - timedelta(hours=1))
+    if recent.filter(message=message).exists() or recent.count() >= settings.AGENT_MAX_LOG_EVENTS_PER_HOUR:
+        return False
+    RunEvent.objects.create(run=run, at=now, kind=kind, message=message)
+    return True

@@ -126,7 +126,7 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
     if kind == "model_on_volume":  # the box checked the volume's model against the recorded manifest
         if run.volume:
             model_manifests.box_says_held(run, now)
-            run.events.create(at=now, kind="model_on_volume", message=message)
+            events.box_news(run, "model_on_volume", message, now)
         return run.state
     if kind == "log":
         limit = settings.AGENT_MAX_LOG_EVENTS_PER_HOUR
@@ -156,6 +156,9 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
             return events.record(run, "outputs_lost", f"The trainer finished, but {'; '.join(missing)}. {box}",
                                  now=now, from_box=attempt.instance_id)[1]
     kind = evaluations.failure_kind(run, kind, now)  # a failure once the training is banked fails its evaluation
+    if not lifecycle.moves(run.state, kind):  # news, not a change: within the box's budget
+        events.box_news(run, kind, message, now)
+        return run.state
     return events.record(run, kind, message, now=now, from_box=attempt.instance_id)[1]
 
 
