@@ -37,8 +37,8 @@ class MetricsForwarder:
 
 def forward_metrics(api: Api, path: Path, position: int, max_points: int) -> int:
     """Sends the trainer's new JSONL lines in batches; returns how far the file has been sent. A dashboard that does
-    not answer keeps the rest for the next round (the trainer goes on meanwhile); of a batch it refuses as malformed,
-    only the points it refuses are dropped (`_send`), said in the log, so one bad line never wedges the forwarding."""
+    not answer keeps the rest for the next round; of a batch it refuses, only the points it refuses are dropped
+    (`_send`), said in the log, so one bad line never wedges the forwarding."""
     if not path.exists():
         return position
     with open(path, "rb") as f:
