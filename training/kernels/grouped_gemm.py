@@ -125,12 +125,13 @@ def _scatter_add(acc, offs_m, mask_m, offs_n, mask_n, out_ptr, stride_om, token_
     if HAS_WEIGHT:
         pairs = tl.load(order_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         acc = acc * tl.load(weight_ptr + pairs, mask=mask_m, other=0.0).to(tl.float32)[:, None]
-    rows = out_ptr + tokens * stride_om
-    n_end = tl.max(tl.where(mask_n, offs_n + 1, 0), 0)
-    left, right = _halves(acc)
-    offs_l, offs_r = _halves(offs_n[None, :])
-    _scatter_part(rows, left, mask_m, offs_l, n_end)
-    _scatter_part(rows, right, mask_m, offs_r, n_end)
+    _write_quarters(out_ptr + tokens * stride_om, acc, mask_m, offs_n[None, :], _end(offs_n, mask_n), True)
+
+
+@triton.jit
+def _end(offs, mask):
+    """One past the last column in range: what a quarter's columns are masked against."""
+    return tl.max(tl.where(mask, offs + 1, 0), 0)
 
 
 @triton.jit
@@ -141,28 +142,29 @@ def _halves(tile):
 
 
 @triton.jit
-def _store_quarters(rows, tile, mask_m, offs, n_end):
-    """rows[:, None] + offs <- tile, a quarter of the columns at a time (fewer addresses live at once)."""
+def _write_quarters(rows, tile, mask_m, offs, n_end, ADD: tl.constexpr):
+    """rows[:, None] + offs <- tile (stored, or added atomically with ADD), a quarter of the columns at a time: fewer
+    64-bit addresses live at once (bench/hopper_compile.py)."""
     left, right = _halves(tile)
     offs_l, offs_r = _halves(offs)
-    _store_part(rows, left, mask_m, offs_l, n_end)
-    _store_part(rows, right, mask_m, offs_r, n_end)
+    _write_halves(rows, left, mask_m, offs_l, n_end, ADD)
+    _write_halves(rows, right, mask_m, offs_r, n_end, ADD)
 
 
 @triton.jit
-def _store_part(rows, part, mask_m, offs, n_end):
+def _write_halves(rows, part, mask_m, offs, n_end, ADD: tl.constexpr):
     left, right = _halves(part)
     offs_l, offs_r = _halves(offs)
-    tl.store(rows[:, None] + offs_l, left, mask=mask_m[:, None] & (offs_l < n_end))
-    tl.store(rows[:, None] + offs_r, right, mask=mask_m[:, None] & (offs_r < n_end))
+    _write(rows[:, None] + offs_l, left, mask_m[:, None] & (offs_l < n_end), ADD)
+    _write(rows[:, None] + offs_r, right, mask_m[:, None] & (offs_r < n_end), ADD)
 
 
 @triton.jit
-def _scatter_part(rows, part, mask_m, offs, n_end):
-    left, right = _halves(part)
-    offs_l, offs_r = _halves(offs)
-    tl.atomic_add(rows[:, None] + offs_l, left, mask=mask_m[:, None] & (offs_l < n_end), sem="relaxed")
-    tl.atomic_add(rows[:, None] + offs_r, right, mask=mask_m[:, None] & (offs_r < n_end), sem="relaxed")
+def _write(ptrs, values, mask, ADD: tl.constexpr):
+    if ADD:
+        tl.atomic_add(ptrs, values, mask=mask, sem="relaxed")
+    else:
+        tl.store(ptrs, values, mask=mask)
 
 
 @triton.jit
@@ -174,9 +176,8 @@ def _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, 
         _scatter_add(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, token_ptr, order_ptr, weight_ptr,
                      HAS_WEIGHT)
     elif QUARTERS:
-        n_end = tl.max(tl.where(mask_n, offs_n + 1, 0), 0)
-        _store_quarters(y_ptr + offs_m.to(tl.int64) * stride_ym, acc.to(y_ptr.dtype.element_ty), mask_m,
-                        offs_n[None, :], n_end)
+        _write_quarters(y_ptr + offs_m.to(tl.int64) * stride_ym, acc.to(y_ptr.dtype.element_ty), mask_m,
+                        offs_n[None, :], _end(offs_n, mask_n), False)
     else:
         _store(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn)
 
@@ -202,10 +203,10 @@ def _gated_epilogue(
     gate32, up32 = gate.to(tl.float32), up.to(tl.float32)
     h = (gate32 * tl.sigmoid(gate32) * up32).to(h_ptr.dtype.element_ty)
     y_rows = y_ptr + offs_m.to(tl.int64) * stride_ym
-    i_end = tl.minimum(inter, tl.max(offs_i, 0) + 1)
-    _store_quarters(y_rows, gate, mask_m, offs_i[None, :], i_end)
-    _store_quarters(y_rows + inter, up, mask_m, offs_i[None, :], i_end)
-    _store_quarters(h_ptr + offs_m.to(tl.int64) * stride_hm, h, mask_m, offs_i[None, :], i_end)
+    i_end = _end(offs_i, mask_i)
+    _write_quarters(y_rows, gate, mask_m, offs_i[None, :], i_end, False)
+    _write_quarters(y_rows + inter, up, mask_m, offs_i[None, :], i_end, False)
+    _write_quarters(h_ptr + offs_m.to(tl.int64) * stride_hm, h, mask_m, offs_i[None, :], i_end, False)
     if HAS_A2:
         offs_r = tl.arange(0, BLOCK_R2)
         mask_r = offs_r < R2
