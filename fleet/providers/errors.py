@@ -1,10 +1,10 @@
 """What can go wrong talking to a marketplace, in the user's words."""
 
-import unicodedata
+from .fields import loose_text
 
-# What a message may hold: a marketplace's own words go into it (its error text, a listing's fields), and every
-# failure path stores the message (rows, events, alerts), so NUL and the other control characters, which PostgreSQL's
-# text refuses or a page would garble, become spaces, and the length is bounded.
+# A marketplace's own words go into a message (its error text, a listing's fields), and every failure path stores it
+# (rows, events, alerts): NUL and the other control characters PostgreSQL's text refuses become spaces, as in every
+# other text read from a marketplace, and the length is bounded.
 MESSAGE_LIMIT = 4000
 
 
@@ -12,9 +12,7 @@ class ProviderError(Exception):
     """A marketplace call failed; the message says why in words a user can act on, storable as it is."""
 
     def __init__(self, message: object = "", *args):
-        text = str(message)[:MESSAGE_LIMIT]
-        super().__init__("".join(c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cs") else " "
-                                 for c in text), *args)
+        super().__init__(loose_text(str(message), MESSAGE_LIMIT), *args)
 
 
 class AuthenticationFailed(ProviderError):

@@ -183,6 +183,14 @@ def _epilogue(acc, offs_m, mask_m, offs_n, mask_n, y_ptr, stride_ym, stride_yn, 
 
 
 @triton.jit
+def _factor_tile(f_ptr, e, offs_c, limit, R, stride_fe, stride_fr, stride_fc, BLOCK_R: tl.constexpr):
+    """factor[e][:, columns]^T as a (columns, rank) tile, zero past `limit` columns or R ranks."""
+    offs_r = tl.arange(0, BLOCK_R)
+    return tl.load(f_ptr + e.to(tl.int64) * stride_fe + offs_c[:, None] * stride_fc + offs_r[None, :] * stride_fr,
+                   mask=(offs_c < limit)[:, None] & (offs_r < R)[None, :], other=0.0)
+
+
+@triton.jit
 def _gated_epilogue(
     acc_gate, acc_up, e, offs_m, mask_m, offs_i, inter, y_ptr, stride_ym, z_ptr, l2_ptr, R, lora_scale,
     stride_zm, stride_zr, stride_l2e, stride_l2n, stride_l2r, h_ptr, stride_hm,
@@ -210,8 +218,7 @@ def _gated_epilogue(
     if HAS_A2:
         offs_r = tl.arange(0, BLOCK_R2)
         mask_r = offs_r < R2
-        a2 = tl.load(a2_ptr + e.to(tl.int64) * stride_a2e + offs_i[:, None] * stride_a2i + offs_r[None, :] * stride_a2r,
-                     mask=mask_i[:, None] & mask_r[None, :], other=0.0)
+        a2 = _factor_tile(a2_ptr, e, offs_i, inter, R2, stride_a2e, stride_a2r, stride_a2i, BLOCK_R2)
         part = tl.dot(h, a2.to(h.dtype))
         tl.atomic_add(z2_ptr + offs_m[:, None].to(tl.int64) * stride_z2m + offs_r[None, :], part,
                       mask=mask_m[:, None] & mask_r[None, :], sem="relaxed")

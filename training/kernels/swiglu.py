@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from training.kernels._config import autotune_configs, m_bucket, shared_memory_prune
-from training.kernels.grouped_gemm import _rows_of_tile
+from training.kernels.grouped_gemm import _factor_tile, _rows_of_tile
 
 
 # BLOCK_M, BLOCK_I, warps, stages: the best four of 16 on an H200 (bench/moe_gemms.py --swiglu, 30B shape, 4096
@@ -31,14 +31,6 @@ _prune = shared_memory_prune(shared_bytes, "gu_ptr")
 def _columns(ptr, rows, stride, offs_i, mask_m, limit):
     """ptr[rows, offs_i] (BLOCK_M, BLOCK_I), zero where a row or column is out of range; columns < limit."""
     return tl.load(ptr + rows * stride + offs_i[None, :], mask=mask_m[:, None] & (offs_i < limit)[None, :], other=0.0)
-
-
-@triton.jit
-def _factor_tile(f_ptr, e, offs_c, limit, R, stride_fe, stride_fr, stride_fc, BLOCK_R: tl.constexpr):
-    """factor[e][:, columns]^T as a (columns, rank) tile, zero past `limit` columns or R ranks."""
-    offs_r = tl.arange(0, BLOCK_R)
-    return tl.load(f_ptr + e.to(tl.int64) * stride_fe + offs_c[:, None] * stride_fc + offs_r[None, :] * stride_fr,
-                   mask=(offs_c < limit)[:, None] & (offs_r < R)[None, :], other=0.0)
 
 
 @triton.autotune(configs=_configs(), key=["inter", "R", "M_BUCKET", "HAS_LORA"],
