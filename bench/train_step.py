@@ -119,8 +119,6 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     optimizer_name = plan.optimizer if plan is not None else MEMORY["optimizer"]
     fitting.cast_factors(model, optimizer_name)  # as the trainer does
     groups = parameter_groups(model)
-    # As the trainer: a DeltaNet family's micro-steps read their packed samples' ends on the host, so run eagerly.
-    graphs = graphs and not family_of(model.config).linear_attention
     runner = MicroStepGraphs(groups["trainable"]) if graphs else None
     optimizer = eight_bit_or_built(optimizer_name, groups["trainable"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 100, 1.0))

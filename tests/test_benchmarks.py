@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A benchmark's last line is one JSON object: the keys each smoke run must print.
 FIGURES = {
-    "deltanet_packed": {"path", "samples", "tokens", "equal_within_bf16", "fast_ms", "per_sample_ms",
+    "deltanet_packed": {"path", "samples", "tokens", "fast_equal_within_bf16", "device_equal_within_bf16", "fast_ms",
+                        "device_ms", "per_sample_ms",
                         "fast_vs_per_sample_output", "fast_vs_per_sample_input_grad"},
     "chaos": {"scenarios", "kinds", "orphaned_boxes", "double_rents", "lost_offers", "hostile_posts_accepted",
               "healthy_boxes_shed_beyond_cap", "serving_boxes_billing_past_window",
@@ -43,7 +44,7 @@ FIGURES = {
 CHECKS = {
     "chaos": lambda f: f["scenarios"] == f["kinds"] and f["errors"] == 0,  # each scenario once, none failing
     # the packed call (a stand-in here) keeps each of several samples apart: the per-sample answer, in float32
-    "deltanet_packed": lambda f: f["samples"] > 3 and f["equal_within_bf16"]
+    "deltanet_packed": lambda f: f["samples"] > 3 and f["fast_equal_within_bf16"] and f["device_equal_within_bf16"]
     and f["fast_vs_per_sample_output"] < 1e-5 and f["fast_vs_per_sample_input_grad"] < 1e-5,
     # each product with each epilogue builds for sm_90a on tensor cores and fits its shared memory; only the adding
     # epilogues add atomically

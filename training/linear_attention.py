@@ -10,11 +10,15 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+from training.attention import ROWS_KEY
 from training.class_switch import original_class, switch_class
 
 DELTANET_CLASSES = ("Qwen3_5MoeGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3NextGatedDeltaNet")
 BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "sample_ends")
 KERNEL_DEVICE_TYPES = ("cuda",)  # where FLA's Triton and causal-conv1d's CUDA kernels run
+# The log decay a sample's first token takes on the device path: the state carried from the sample before is scaled
+# by exp(-30) = 9e-14, nothing at bf16's (or float32's) precision, and nothing else reads that token's decay.
+RESET_DECAY = -30.0
 
 
 @functools.cache
@@ -40,11 +44,22 @@ def _cache_of(kwargs):
     return kwargs.get("cache", kwargs.get("cache_params"))
 
 
+def _device_ends(kwargs):
+    """The padded device boundaries the trainer's packed rows carry (training/attention.py RowSegments), or None."""
+    rows = kwargs.get(ROWS_KEY)
+    return getattr(rows, "cu_seq_lens", None)
+
+
 def _applies(self, hidden_states=None, attention_mask=None, **kwargs):
-    return kwargs.get("cu_seq_lens_q") is not None and _cache_of(kwargs) is None and attention_mask is None
+    packed = kwargs.get("cu_seq_lens_q") is not None or _device_ends(kwargs) is not None
+    return packed and _cache_of(kwargs) is None and attention_mask is None
 
 
 def _packed_forward(self, hidden_states, attention_mask=None, **kwargs):
+    cu = _device_ends(kwargs)
+    if cu is not None:
+        on_kernels = fla_chunk_rule() is not None and hidden_states.device.type in KERNEL_DEVICE_TYPES
+        return device_packed_forward(self, hidden_states, cu, fla_chunk_rule() if on_kernels else torch_chunk_rule)
     ends = kwargs.get("sample_ends") or tuple(kwargs["cu_seq_lens_q"].tolist())
     chunk_rule = fla_chunk_rule()
     if chunk_rule is not None and hidden_states.device.type in KERNEL_DEVICE_TYPES:
@@ -122,6 +137,77 @@ def fast_packed_forward(layer, hidden_states, ends, chunk_rule):
     return layer.out_proj(out.reshape(batch, length, -1))
 
 
+def torch_chunk_rule(q, k, v, g, beta, **kwargs):
+    """transformers' PyTorch chunked gated delta rule with FLA's call (q and k keep their key heads, value head h
+    reads key head h // (HV // H)): the device path's rule where FLA's kernels do not run."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import torch_chunk_gated_delta_rule
+
+    groups = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
+    kwargs.pop("cu_seqlens", None)
+    kwargs.pop("cu_seqlens_cpu", None)
+    return torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, **kwargs)
+
+
+def sample_starts(cu, total):
+    """(total,) bool, on the device: the tokens that begin a sample, from boundaries padded with `total`."""
+    flags = torch.zeros(total + 1, dtype=torch.bool, device=cu.device)
+    flags[cu[:-1].long()] = True  # the padding's entries land on the extra slot
+    return flags[:total]
+
+
+def rows_short_convolution(layer, mixed, cu):
+    """The layer's depthwise causal conv1d and activation over (1, D, T), never reaching across a sample start,
+    with no host value: causal-conv1d told each token's sample where it is installed, else the convolution over the
+    whole stream less what its first taps of each sample read of the sample before (gathered at a fixed size from
+    the padded boundaries)."""
+    total = mixed.shape[-1]
+    weight = layer.conv1d.weight.squeeze(1)  # (D, width); tap j reads the token width - 1 - j back
+    kernel = conv1d_kernel()
+    if kernel is not None and mixed.device.type in KERNEL_DEVICE_TYPES:
+        seq_idx = sample_starts(cu, total).cumsum(0, dtype=torch.int32) - 1
+        return kernel(mixed, weight, layer.conv1d.bias, seq_idx=seq_idx[None], activation=layer.activation)
+    width = weight.shape[-1]
+    out = F.conv1d(mixed.to(weight.dtype), weight[:, None], layer.conv1d.bias, padding=width - 1,
+                   groups=weight.shape[0])[:, :, :total]
+    starts, nexts = cu[:-1].long(), cu[1:].long()
+    # (sample, offset d into it, lag s > d): the tap of lag s at the sample's token d reads the sample before
+    pairs = [(d, s) for d in range(width - 1) for s in range(d + 1, width)]
+    offsets = torch.tensor([d for d, _ in pairs], device=cu.device)
+    lags = torch.tensor([s for _, s in pairs], device=cu.device)
+    at = starts[:, None] + offsets  # (samples, pairs)
+    source = at - lags
+    valid = (at < nexts[:, None]) & (source >= 0)
+    read = mixed[0][:, source.clamp(0, total - 1).flatten()].view(-1, *at.shape)  # (D, samples, pairs)
+    taps = weight[:, width - 1 - lags]  # (D, pairs)
+    leak = (read.float() * taps.float()[:, None, :] * valid).to(out.dtype)
+    out = out.index_add(2, at.clamp(0, total - 1).flatten(), -leak.view(1, -1, at.numel()))
+    return (ACT2FN[layer.activation](out) if layer.activation else out).to(mixed.dtype)
+
+
+def device_packed_forward(layer, hidden_states, cu, chunk_rule):
+    """The whole flattened stream through the layer in one pass with no host value, so a CUDA graph can hold it:
+    each sample's first token takes a decay of RESET_DECAY, which empties the recurrent state it inherits (as a
+    fresh start: the state before it is zero, so nothing else reads that decay), and the short convolution keeps to
+    each sample (`rows_short_convolution`). `cu`: the boundaries over the stream, padded with its token count."""
+    batch, length, width = hidden_states.shape
+    stream = hidden_states.reshape(1, batch * length, width)
+    total = stream.shape[1]
+    mixed, z, b, a = _projections(layer, stream)
+    mixed = rows_short_convolution(layer, mixed, cu).transpose(1, 2)
+    query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+    query = query.reshape(1, total, -1, layer.head_k_dim)
+    key = key.reshape(1, total, -1, layer.head_k_dim)
+    value = value.reshape(1, total, -1, layer.head_v_dim)
+    beta = b.sigmoid()
+    g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)  # as transformers: float32 decay
+    g = torch.where(sample_starts(cu, total)[None, :, None], RESET_DECAY, g)
+    out, _ = chunk_rule(query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=True)
+    out = layer.norm(out.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
+    return layer.out_proj(out.reshape(batch, length, -1))
+
+
 def use_segmented_linear_attention(model):
     """Switch every Gated DeltaNet layer of the model to keep packed samples apart; returns how many were switched."""
     switched = 0
@@ -134,8 +220,7 @@ def use_segmented_linear_attention(model):
 
 def deltanet_path() -> str:
     """"fla" when flash-linear-attention is importable (its chunked kernel runs, packed rows in one call), else
-    "reference" (transformers' PyTorch code, packed rows one sample at a time); "+causal-conv1d" when the short
-    convolution has its kernel too."""
+    "reference" (transformers' PyTorch rule); "+causal-conv1d" when the short convolution has its kernel too."""
     chunk = "fla" if importlib.util.find_spec("fla") is not None else "reference"
     conv = "+causal-conv1d" if importlib.util.find_spec("causal_conv1d") is not None else ""
     return chunk + conv

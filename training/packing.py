@@ -55,8 +55,12 @@ def boundaries(position_ids, ends=None, device_ends=None):
 
 
 def needs_boundaries(model) -> bool:
+    """Whether the model's DeltaNet layers take packed rows' boundaries as transformers' arguments and on the host:
+    a family with linear attention whose attention is not told its rows (training/attention.py). Where it is, its
+    DeltaNet layers read the same device boundaries (training/linear_attention.py) and the batch stays all
+    tensors, as CUDA graphs take it."""
     family = families.find_family(getattr(model, "config", None))
-    return family is not None and family.linear_attention
+    return family is not None and family.linear_attention and not uses_packed_attention(model)
 
 
 def with_host_ends(model, batch):

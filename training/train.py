@@ -200,8 +200,9 @@ def _train(recipe, out, budget_gib):
     sinks = open_sinks(dataclasses.asdict(recipe.metrics)) if ranks.main else []
     if fit.plan is not None:
         sinks = [FirstRecordSays(sink, fit.words) for sink in sinks]  # the agent posts it as the run's event
-    # DeltaNet layers read the packed samples' boundaries on the host (training/packing.py): nothing to capture.
-    capturable = not families.family_of(base.config).linear_attention and ranks.can_capture
+    # A micro-batch that carries host values (DeltaNet layers told their samples' ends on the host where the attention
+    # is not told its rows: training/packing.py) runs eagerly; the graphs see to that (training/graphs.py).
+    capturable = ranks.can_capture
     # Up to one graph per DPO/KTO length bucket: the graphs share one memory pool, so each more holds little beyond
     # its own inputs (training/graphs.py).
     graphs = (MicroStepGraphs(groups["trainable"], max_graphs=len(length_buckets(recipe.seq_len)))

@@ -18,7 +18,8 @@ from training import linear_attention
 from training.data import IGNORE, _pack, collate
 from training.examples.tiny import TINY_CONFIG, TINY_QWEN3_5_CONFIG
 from training.losses import causal_lm_loss
-from training.packing import boundaries, model_inputs, with_host_ends
+from training.attention import ROWS_KEY
+from training.packing import boundaries, cu_seq_lens, model_inputs, with_host_ends
 
 SEQ_LEN = 24
 
@@ -33,9 +34,10 @@ def _chunk_rule_alone(q, k, v, g, beta):
 
 
 class FakeFla:
-    """flash-linear-attention's `chunk_gated_delta_rule` as far as the fast path uses it: the checks its real
-    counterpart makes on packed input (batch 1, q and k with the key heads, cu_seqlens and their host copy), and the
-    reference rule run sample by sample. Records each call."""
+    """flash-linear-attention's `chunk_gated_delta_rule` as far as the DeltaNet paths use it: the checks its real
+    counterpart makes (batch 1, q and k with the key heads; packed input's cu_seqlens with their host copy), and the
+    reference rule run over the stream as FLA runs it: sample by sample where told the boundaries, else as one
+    sequence. Records each call's boundaries (None: none given)."""
 
     def __init__(self):
         self.calls = []
@@ -43,10 +45,15 @@ class FakeFla:
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                                use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
         assert q.shape[0] == 1 and q.shape[2] == k.shape[2] and v.shape[2] % q.shape[2] == 0
+        assert scale is None and use_qk_l2norm_in_kernel
+        assert initial_state is None and not output_final_state and not kwargs
+        if cu_seqlens is None:
+            assert cu_seqlens_cpu is None
+            self.calls.append(None)
+            return _chunk_rule_alone(q, k, v, g, beta), None
         assert cu_seqlens.dtype == torch.long and cu_seqlens.device == q.device
         assert cu_seqlens_cpu.device.type == "cpu" and cu_seqlens_cpu.tolist() == cu_seqlens.tolist()
-        assert cu_seqlens_cpu[-1] == q.shape[1] and scale is None and use_qk_l2norm_in_kernel
-        assert initial_state is None and not output_final_state and not kwargs
+        assert cu_seqlens_cpu[-1] == q.shape[1]
         self.calls.append(cu_seqlens_cpu.tolist())
         ends = cu_seqlens_cpu.tolist()
         parts = [_chunk_rule_alone(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e])
@@ -102,11 +109,13 @@ def _samples():
     return [torch.randint(3, 260, (n,), generator=generator).tolist() for n in (7, 5, 9, 11, 6, 30)]
 
 
-def _each_sample_scores_as_it_does_alone(config):
+def _each_sample_scores_as_it_does_alone(config, attention=None):
     model = _model(config)
+    if attention:  # the attention implementation to run instead of the trainer's
+        model.config._attn_implementation = attention
     samples = _samples()
     rows = _pack([(ids, list(ids)) for ids in samples], SEQ_LEN, pad_id=0)
-    batch = collate("cpt", rows, pad_id=0)
+    batch = with_host_ends(model, collate("cpt", rows, pad_id=0))
     assert batch["input_ids"].shape[0] < len(samples)  # several samples share a row
     with torch.no_grad():
         packed = model(**model_inputs(model, batch)).logits
@@ -135,13 +144,16 @@ def test_each_sample_in_a_packed_batch_scores_as_it_does_alone_with_attention_on
     _each_sample_scores_as_it_does_alone(TINY_CONFIG)
 
 
-def test_each_sample_in_a_packed_batch_scores_as_it_does_alone_with_deltanet(deltanet):
+@pytest.mark.parametrize("attention", ["packed_sdpa", "sdpa"])
+def test_each_sample_in_a_packed_batch_scores_as_it_does_alone_with_deltanet(deltanet, attention):
+    # packed_sdpa (the trainer's): the DeltaNet layers read the rows' device boundaries; sdpa: their host ends.
     path, fakes = deltanet
-    batch = _each_sample_scores_as_it_does_alone(TINY_QWEN3_5_CONFIG)
+    batch = _each_sample_scores_as_it_does_alone(TINY_QWEN3_5_CONFIG, attention)
     deltanet_layers = sum(kind == "linear_attention" for kind in _model(TINY_QWEN3_5_CONFIG).config.layer_types)
     if "fla" in fakes:
-        # One call per DeltaNet layer for the whole packed batch, told every sample's boundaries.
-        ends = list(boundaries(batch["position_ids"])["sample_ends"])
+        # One call per DeltaNet layer for the whole packed batch: told every sample's boundaries on the host path,
+        # none on the device path (each sample's first token empties the state instead).
+        ends = list(boundaries(batch["position_ids"])["sample_ends"]) if attention == "sdpa" else None
         assert fakes["fla"].calls == [ends] * deltanet_layers
     if "conv" in fakes:
         assert fakes["conv"].calls == deltanet_layers
@@ -154,20 +166,33 @@ def test_the_boundaries_cover_every_row_and_are_on_the_host_and_the_device():
     assert found["max_length_q"] == found["max_length_k"] == 3
 
 
-def test_the_trainers_packed_batches_give_the_deltanet_layers_their_boundaries_without_reading_the_device():
+def test_the_trainers_packed_batches_reach_the_deltanet_layers_without_a_host_value():
     samples = _samples()
     rows = _pack([(ids, list(ids)) for ids in samples], SEQ_LEN, pad_id=0)[:2]
     model = _model(TINY_QWEN3_5_CONFIG)
     batch = with_host_ends(model, collate("cpt", rows, pad_id=0))
-    assert batch["sample_ends"] == boundaries(batch["position_ids"])["sample_ends"]
+    # All tensors, as CUDA graphs take them: the DeltaNet layers read the boundaries the attention reads.
+    assert all(torch.is_tensor(value) for value in batch.values())
     # A meta tensor holds no values: reading one back on the host would raise.
+    inputs = model_inputs(model, {key: value.to("meta") for key, value in batch.items()})
+    assert "sample_ends" not in inputs and "cu_seq_lens_q" not in inputs
+    assert inputs[ROWS_KEY].cu_seq_lens.shape == batch["cu_seq_lens"].shape
+    # Families without linear attention keep all-tensor batches too.
+    assert "sample_ends" not in with_host_ends(_model(TINY_CONFIG), collate("cpt", rows, pad_id=0))
+
+
+def test_where_the_attention_is_not_told_its_rows_the_deltanet_layers_get_host_ends_without_reading_the_device():
+    samples = _samples()
+    rows = _pack([(ids, list(ids)) for ids in samples], SEQ_LEN, pad_id=0)[:2]
+    model = _model(TINY_QWEN3_5_CONFIG)
+    model.config._attn_implementation = "sdpa"
+    batch = with_host_ends(model, collate("cpt", rows, pad_id=0))
+    assert batch["sample_ends"] == boundaries(batch["position_ids"])["sample_ends"]
     on_meta = {key: value.to("meta") if torch.is_tensor(value) else value for key, value in batch.items()}
     inputs = model_inputs(model, on_meta)
     assert inputs["sample_ends"] == batch["sample_ends"]
     assert inputs["cu_seq_lens_q"].shape == (len(batch["sample_ends"]),)  # exact: the padding is cut off
     assert inputs["max_length_q"] == max(b - a for a, b in pairwise(batch["sample_ends"]))
-    # Families without linear attention keep all-tensor batches, which CUDA graphs take.
-    assert "sample_ends" not in with_host_ends(_model(TINY_CONFIG), collate("cpt", rows, pad_id=0))
 
 
 def test_the_packed_loss_is_the_token_mean_of_the_samples_losses_alone():
@@ -213,3 +238,50 @@ def test_the_fast_path_makes_what_the_layer_makes_of_each_sample_alone(model_typ
         torch.testing.assert_close(fast, linear_attention.reference_packed_forward(layer, hidden, ends),
                                    rtol=1e-5, atol=1e-5)
     assert fake.calls == [list(ends)]
+
+
+# Samples shorter than the short convolution (1 and 2 tokens), several starting in one 64-token chunk of the
+# chunked rule, and one running across chunks; a row boundary inside the stream; the padding after the last end.
+LENGTHS = ((1, 2, 5, 3, 60, 9), (70, 1, 9))
+
+
+@pytest.mark.parametrize("model_type, module, layer_class", [
+    ("qwen3_next", "qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet"),
+    ("qwen3_5_moe_text", "qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
+])
+def test_the_device_path_makes_what_the_layer_makes_of_each_sample_alone_and_the_same_gradients(
+        model_type, module, layer_class):
+    from transformers import AutoConfig
+
+    fields = {key: value for key, value in TINY_QWEN3_5_CONFIG.items() if key != "model_type"}
+    config = AutoConfig.for_model(model_type, **fields)
+    torch.manual_seed(0)
+    layer = getattr(importlib.import_module(f"transformers.models.{module}"), layer_class)(config, 0).double()
+    positions = [[i for n in row for i in range(n)] for row in LENGTHS]
+    cu = cu_seq_lens(positions, width=16)
+    ends = tuple(boundaries(torch.tensor(positions))["sample_ends"])
+    assert cu[-1] == cu[len(ends)] == 160 and len(ends) < 16
+    hidden = torch.randn(2, 80, config.hidden_size, dtype=torch.float64)
+
+    def run(forward):
+        x = hidden.clone().requires_grad_()
+        layer.zero_grad()
+        out = forward(x)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        return out.detach(), x.grad, {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+
+    fake = FakeFla()
+    device = run(lambda x: linear_attention.device_packed_forward(layer, x, cu, fake.chunk_gated_delta_rule))
+    reference = run(lambda x: linear_attention.reference_packed_forward(layer, x, ends))
+    # The rule runs in float32 (transformers' casts), where a decay summed past a start's RESET_DECAY keeps fewer bits.
+    close = {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(device[0], reference[0], **close)
+    torch.testing.assert_close(device[1], reference[1], **close)
+    assert device[2].keys() == reference[2].keys() and "A_log" in "".join(device[2])
+    for name, grad in reference[2].items():
+        torch.testing.assert_close(device[2][name], grad, **close, msg=name)
+    assert fake.calls == [None]  # one call for the whole stream, told no boundary
+    # Run as one stream with no boundary, the samples mix: the test can tell.
+    mixed = linear_attention.device_packed_forward(layer, hidden, torch.tensor([0, 160, 160]),
+                                                   fake.chunk_gated_delta_rule)
+    assert (mixed - reference[0]).abs().max() > 1e-2
