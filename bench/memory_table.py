@@ -44,7 +44,8 @@ def measured(model, budget, args):
         plan = r.get("memory_plan") or {}
         row.update(plan=plan.get("plan"), predicted_gib=plan.get("total_gib"), speed=plan.get("speed"),
                    tokens_per_second=r["tokens_per_second"], peak_reserved_gib=r.get("peak_reserved_gib"),
-                   warmup_peak_reserved_gib=r.get("warmup_peak_reserved_gib"), deltanet_path=r.get("deltanet_path"))
+                   warmup_peak_reserved_gib=r.get("warmup_peak_reserved_gib"), deltanet_path=r.get("deltanet_path"),
+                   cuda_graphs_replayed=r.get("cuda_graphs_replayed"), loss=r.get("loss"))
     elif results:
         row["error"] = f"out of memory at {results[-1].get('peak_reserved_gib')} GiB reserved: " \
             + (results[-1].get("error") or "")[:120]
