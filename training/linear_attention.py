@@ -171,10 +171,9 @@ def rows_short_convolution(layer, mixed, cu):
     out = F.conv1d(mixed.to(weight.dtype), weight[:, None], layer.conv1d.bias, padding=width - 1,
                    groups=weight.shape[0])[:, :, :total]
     starts, nexts = cu[:-1].long(), cu[1:].long()
-    # (sample, offset d into it, lag s > d): the tap of lag s at the sample's token d reads the sample before
-    pairs = [(d, s) for d in range(width - 1) for s in range(d + 1, width)]
-    offsets = torch.tensor([d for d, _ in pairs], device=cu.device)
-    lags = torch.tensor([s for _, s in pairs], device=cu.device)
+    # (sample, offset d into it, lag s > d): the tap of lag s at the sample's token d reads the sample before (made
+    # on the device: a host list copied in would break a CUDA graph's capture)
+    offsets, lags = torch.triu_indices(width, width, offset=1, device=cu.device)
     at = starts[:, None] + offsets  # (samples, pairs)
     source = at - lags
     valid = (at < nexts[:, None]) & (source >= 0)
