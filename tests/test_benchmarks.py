@@ -29,6 +29,7 @@ FIGURES = {
     "memory_table": {"rows", "measured"},
     "moe_block": {"rows", "gemm", "sonic"},
     "moe_gemms": {"configs", "block"},
+    "optimizer_convergence": {"device", "steps", "seeds", "noise", "results", "all_within_noise"},
     "optimizer_step": {"device", "tensors", "factors", "results"},
     "probes": {"round_s", "ok", "failed", "misjudged", "queries"},
     "ranking": {"median_ms", "p95_ms", "passed", "all_pass_median_ms", "all_pass_ranked"},
@@ -57,6 +58,9 @@ CHECKS = {
         r["plan"] and r["predicted_gib"] > 0 and r["tokens_per_second"] > 0 for r in f["rows"]),
     "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
     "reaper": lambda f: f["constant_queries"],
+    # every plan's optimizer ran on the same model and batches; a few steps in they still track float32 AdamW
+    "optimizer_convergence": lambda f: set(f["results"]) == {
+        "adamw", "adamw_8bit", "adamw_8bit_bf16", "adamw_offload_bf16"} and f["all_within_noise"],
     # ours steps as AdamW does up to its 8-bit moments: within a few percent of AdamW's own movement
     "optimizer_step": lambda f: f["results"]["ours_8bit"]["max_rel_diff_to_adamw"] < 0.1
     and f["results"]["ours_8bit"]["state_bytes"] < f["results"]["adamw"]["state_bytes"] / 3,
