@@ -81,7 +81,9 @@ def train(choice, seed, args, device):
                                         optimizer, scheduler)
         losses.append(record["loss"])
     tail = losses[-max(1, args.steps // 10):]
-    return {"first_loss": round(losses[0], 4), "final_loss": round(statistics.fmean(tail), 4)}
+    found = {"first_loss": round(losses[0], 4), "final_loss": round(statistics.fmean(tail), 4)}
+    print(f"{choice} seed {seed}: {found}", flush=True)  # as it comes: a run cut short keeps what it had
+    return found
 
 
 def main():
