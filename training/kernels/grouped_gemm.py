@@ -372,8 +372,10 @@ def _w_rows(args):
 _POINTER_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "SCATTER"]
 _TMA_KEY = ["N", "K", "R", "M_BUCKET", "HAS_ROWS", "W_T", "HAS_LORA", "SCATTER", "GATED", "HAS_A2"]
 # QUARTERS: compiled for sm_90a, the quartered store spills 216 bytes a thread where the whole tile's spills 784
-# (bench/hopper_compile.py); not yet timed on a GPU, so tuning picks. The interpreter runs the first value.
-_TMA_CONFIGS = _configs(_TMA, FLATTEN=(True, False), QUARTERS=(True, False))
+# (bench/hopper_compile.py), but tuning both doubled the first step's compiles (the 30B block's tuning alone outran
+# 90 s on the H200) for a gain not yet timed: the default path tunes the whole tile's store, as measured;
+# bench/moe_gemms.py times the quartered one beside it.
+_TMA_CONFIGS = _configs(_TMA, FLATTEN=(True, False), QUARTERS=(False,))
 _FUSED_CONFIGS = _configs(_TMA, FLATTEN=(True, False), QUARTERS=(True,))  # their epilogues write by quarters always
 _grouped_gemm_kernel = _tuned(_pointer_kernel, _configs(_WIDE + _NARROW), _POINTER_KEY, _prune_pointer)
 _grouped_gemm_tma_kernel = _tuned(_tma_kernel, _TMA_CONFIGS, _TMA_KEY, _prune_tma, W_ROWS=_w_rows)
