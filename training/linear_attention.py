@@ -186,9 +186,8 @@ def rows_short_convolution(layer, mixed, cu):
 
 def device_packed_forward(layer, hidden_states, cu, chunk_rule):
     """The whole flattened stream through the layer in one pass with no host value, so a CUDA graph can hold it:
-    each sample's first token takes a decay of RESET_DECAY, which empties the recurrent state it inherits (as a
-    fresh start: the state before it is zero, so nothing else reads that decay), and the short convolution keeps to
-    each sample (`rows_short_convolution`). `cu`: the boundaries over the stream, padded with its token count."""
+    each sample's first token takes a decay of RESET_DECAY, emptying the state it inherits, and the short convolution
+    keeps to each sample (docs/training.md). `cu`: the boundaries over the stream, padded with its token count."""
     batch, length, width = hidden_states.shape
     stream = hidden_states.reshape(1, batch * length, width)
     total = stream.shape[1]
