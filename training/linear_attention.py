@@ -115,13 +115,14 @@ def short_convolution(layer, mixed, ends):
     return (ACT2FN[layer.activation](out) if layer.activation else out).to(mixed.dtype)
 
 
-def fast_packed_forward(layer, hidden_states, ends, chunk_rule):
-    """The whole flattened stream through the layer in one pass, FLA's kernel told the sample boundaries."""
+def _one_pass(layer, hidden_states, convolve, chunk_rule, starts=None, **boundaries):
+    """The flattened stream through the layer in one pass: `convolve` keeps the short convolution to each sample, and
+    the chunked rule the state, told the `boundaries` or, with `starts`, emptying it there (RESET_DECAY)."""
     batch, length, width = hidden_states.shape
     stream = hidden_states.reshape(1, batch * length, width)
     total = stream.shape[1]
     mixed, z, b, a = _projections(layer, stream)
-    mixed = short_convolution(layer, mixed, ends).transpose(1, 2)
+    mixed = convolve(mixed).transpose(1, 2)
     query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     # q and k keep their num_k_heads: FLA maps value head h to key head h // (HV // H), as repeat_interleave does.
     query = query.reshape(1, total, -1, layer.head_k_dim)
@@ -129,12 +130,19 @@ def fast_packed_forward(layer, hidden_states, ends, chunk_rule):
     value = value.reshape(1, total, -1, layer.head_v_dim)
     beta = b.sigmoid()
     g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)  # as transformers: float32 decay
-    host = torch.tensor(ends, dtype=torch.long)
+    if starts is not None:
+        g = torch.where(starts[None, :, None], RESET_DECAY, g)
     out, _ = chunk_rule(query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=True, cu_seqlens=host.to(stream.device, non_blocking=True),
-                        cu_seqlens_cpu=host)
+                        use_qk_l2norm_in_kernel=True, **boundaries)
     out = layer.norm(out.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
     return layer.out_proj(out.reshape(batch, length, -1))
+
+
+def fast_packed_forward(layer, hidden_states, ends, chunk_rule):
+    """The whole flattened stream through the layer in one pass, FLA's kernel told the sample boundaries."""
+    host = torch.tensor(ends, dtype=torch.long)
+    return _one_pass(layer, hidden_states, lambda mixed: short_convolution(layer, mixed, ends), chunk_rule,
+                     cu_seqlens=host.to(hidden_states.device, non_blocking=True), cu_seqlens_cpu=host)
 
 
 def torch_chunk_rule(q, k, v, g, beta, **kwargs):
@@ -188,22 +196,8 @@ def device_packed_forward(layer, hidden_states, cu, chunk_rule):
     """The whole flattened stream through the layer in one pass with no host value, so a CUDA graph can hold it:
     each sample's first token takes a decay of RESET_DECAY, emptying the state it inherits, and the short convolution
     keeps to each sample (docs/training.md). `cu`: the boundaries over the stream, padded with its token count."""
-    batch, length, width = hidden_states.shape
-    stream = hidden_states.reshape(1, batch * length, width)
-    total = stream.shape[1]
-    mixed, z, b, a = _projections(layer, stream)
-    mixed = rows_short_convolution(layer, mixed, cu).transpose(1, 2)
-    query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
-    query = query.reshape(1, total, -1, layer.head_k_dim)
-    key = key.reshape(1, total, -1, layer.head_k_dim)
-    value = value.reshape(1, total, -1, layer.head_v_dim)
-    beta = b.sigmoid()
-    g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)  # as transformers: float32 decay
-    g = torch.where(sample_starts(cu, total)[None, :, None], RESET_DECAY, g)
-    out, _ = chunk_rule(query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=True)
-    out = layer.norm(out.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
-    return layer.out_proj(out.reshape(batch, length, -1))
+    starts = sample_starts(cu, hidden_states.shape[0] * hidden_states.shape[1])
+    return _one_pass(layer, hidden_states, lambda mixed: rows_short_convolution(layer, mixed, cu), chunk_rule, starts)
 
 
 def use_segmented_linear_attention(model):

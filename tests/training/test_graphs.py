@@ -34,38 +34,14 @@ def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
     losses, same adapter."""
     from transformers import Qwen3MoeForCausalLM
 
-    from training import moe_lora
-    from training.graphs import MicroStepGraphs
-    from training.lora import attach_lora, randomize_routed_lora_b
-    from training.losses import causal_lm_loss
-    from training.distributed import OneRank
-    from training.phase import PhaseLoss, Trainee, lr_lambda
-    from training.train import parameter_groups
-
     torch.manual_seed(0)
     base = Qwen3MoeForCausalLM(tiny_config).to("cuda", torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(0)
     batches = [{"input_ids": ids, "labels": ids}
                for ids in torch.randint(0, 64, (4, 2, 16), device="cuda", generator=gen)]
-    ctx, phase = {"device": torch.device("cuda")}, {"kind": "cpt"}
 
-    def train(use_graphs):
-        torch.manual_seed(1)  # peft draws lora_A from the global generator: the same adapter both times
-        model = attach_lora(copy.deepcopy(base), r=4, alpha=8)
-        randomize_routed_lora_b(model, generator=torch.Generator().manual_seed(1))
-        groups = parameter_groups(model)
-        optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-3, fused=True)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
-        graphs = MicroStepGraphs(groups["trainable"]) if use_graphs else None
-        # As the trainer runs graphs: routed LoRA gradients added into .grad by the kernels; eager: plain autograd.
-        with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
-            trainee = Trainee(model, groups, OneRank(torch.device("cuda")), graphs, max_grad_norm=1.0)
-            losses = [trainee.optimizer_step(batches, PhaseLoss(causal_lm_loss, phase, ctx), optimizer,
-                                             scheduler)["loss"] for _ in range(3)]
-        return losses, [p.detach().float().clone() for p in groups["trainable"]], graphs
-
-    eager_losses, eager_params, _ = train(False)
-    graph_losses, graph_params, graphs = train(True)
+    eager_losses, eager_params, _ = _three_cpt_steps(base, lambda model: batches, False)
+    graph_losses, graph_params, graphs = _three_cpt_steps(base, lambda model: batches, True)
     assert graphs.replaying
     assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
     assert eager_losses[-1] < eager_losses[0]
@@ -244,16 +220,9 @@ def test_replayed_packed_micro_steps_of_a_deltanet_family_train_like_eager_ones(
     device boundaries, so the micro-steps are captured and replayed; same losses and adapter as eager."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from training import moe_lora
     from training.data import _pack, collate
-    from training.distributed import OneRank
     from training.examples.tiny import TINY_QWEN3_5_CONFIG
-    from training.graphs import MicroStepGraphs
-    from training.lora import attach_lora, randomize_routed_lora_b
-    from training.losses import causal_lm_loss
     from training.packing import with_host_ends
-    from training.phase import PhaseLoss, Trainee, lr_lambda
-    from training.train import parameter_groups
 
     fields = {**TINY_QWEN3_5_CONFIG, "linear_key_head_dim": 32, "linear_value_head_dim": 32}  # FLA's smallest tiles
     torch.manual_seed(0)
@@ -264,26 +233,41 @@ def test_replayed_packed_micro_steps_of_a_deltanet_family_train_like_eager_ones(
                for n in torch.randint(1, 40, (48,), generator=gen)]
     rows = _pack([(ids, list(ids)) for ids in samples], 64, pad_id=0)
     batches = [collate("cpt", rows[i:i + 2], pad_id=0, width=32) for i in range(0, 8, 2)]
-    ctx, phase = {"device": torch.device("cuda")}, {"kind": "cpt"}
 
-    def train(use_graphs):
-        torch.manual_seed(1)
-        model = attach_lora(copy.deepcopy(base), r=4, alpha=8)
-        randomize_routed_lora_b(model, generator=torch.Generator().manual_seed(1))
-        micro = [{k: v.to("cuda") for k, v in with_host_ends(model, dict(b)).items()} for b in batches]
-        groups = parameter_groups(model)
-        optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-3, fused=True)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
-        graphs = MicroStepGraphs(groups["trainable"]) if use_graphs else None
-        with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
-            trainee = Trainee(model, groups, OneRank(torch.device("cuda")), graphs, max_grad_norm=1.0)
-            losses = [trainee.optimizer_step(micro, PhaseLoss(causal_lm_loss, phase, ctx), optimizer,
-                                             scheduler)["loss"] for _ in range(3)]
-        return losses, [p.detach().float().clone() for p in groups["trainable"]], graphs
+    def micro(model):  # as the trainer makes them for this model (no host value where its attention has the rows)
+        return [{k: v.to("cuda") for k, v in with_host_ends(model, dict(b)).items()} for b in batches]
 
-    eager_losses, eager_params, _ = train(False)
-    graph_losses, graph_params, graphs = train(True)
+    eager_losses, eager_params, _ = _three_cpt_steps(base, micro, False)
+    graph_losses, graph_params, graphs = _three_cpt_steps(base, micro, True)
     assert graphs.replaying and not graphs.failed
     assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
     for got, want in zip(graph_params, eager_params, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def _three_cpt_steps(base, micro_for, use_graphs):
+    """Three optimizer steps of CPT on a copy of `base` with the trainer's LoRA, eagerly or with graphs (two eager
+    warm-ups, the capture, replays, in-place zeroing): (losses, trainable parameters after, the graphs)."""
+    from training import moe_lora
+    from training.distributed import OneRank
+    from training.graphs import MicroStepGraphs
+    from training.lora import attach_lora, randomize_routed_lora_b
+    from training.losses import causal_lm_loss
+    from training.phase import PhaseLoss, Trainee, lr_lambda
+    from training.train import parameter_groups
+
+    torch.manual_seed(1)  # peft draws lora_A from the global generator: the same adapter both times
+    model = attach_lora(copy.deepcopy(base), r=4, alpha=8)
+    randomize_routed_lora_b(model, generator=torch.Generator().manual_seed(1))
+    micro = micro_for(model)
+    groups = parameter_groups(model)
+    optimizer = torch.optim.AdamW(groups["trainable"], lr=1e-3, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 10, 1.0))
+    graphs = MicroStepGraphs(groups["trainable"]) if use_graphs else None
+    ctx, phase = {"device": torch.device("cuda")}, {"kind": "cpt"}
+    # As the trainer runs graphs: routed LoRA gradients added into .grad by the kernels; eager: plain autograd.
+    with moe_lora.grads_accumulated_in_place(model) if use_graphs else contextlib.nullcontext():
+        trainee = Trainee(model, groups, OneRank(torch.device("cuda")), graphs, max_grad_norm=1.0)
+        losses = [trainee.optimizer_step(micro, PhaseLoss(causal_lm_loss, phase, ctx), optimizer,
+                                         scheduler)["loss"] for _ in range(3)]
+    return losses, [p.detach().float().clone() for p in groups["trainable"]], graphs
