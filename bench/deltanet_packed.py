@@ -34,12 +34,8 @@ SHAPE = {"hidden_size": 2048, "linear_num_value_heads": 32, "linear_num_key_head
 
 def stand_in_rule(q, k, v, g, beta, cu_seqlens_cpu, **kwargs):
     """FLA's packed call as transformers' reference computes it: each sample alone (CPU smoke runs only)."""
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import torch_chunk_gated_delta_rule
-
-    groups = v.shape[2] // q.shape[2]
-    q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
-    parts = [torch_chunk_gated_delta_rule(q[:, s:e], k[:, s:e], v[:, s:e], g=g[:, s:e], beta=beta[:, s:e],
-                                          use_qk_l2norm_in_kernel=True)[0]
+    parts = [linear_attention.torch_chunk_rule(q[:, s:e], k[:, s:e], v[:, s:e], g=g[:, s:e], beta=beta[:, s:e],
+                                               use_qk_l2norm_in_kernel=True)[0]
              for s, e in pairwise(cu_seqlens_cpu.tolist())]
     return torch.cat(parts, dim=1), None
 

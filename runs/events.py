@@ -40,11 +40,16 @@ def record(run: Run, kind: str, message: str, *, now=None, from_box: int | None 
     return before, after
 
 
+def this_hour(run: Run, kind: str, now):
+    """The run's events of this kind within the hour before `now`: what a box's hourly budgets count."""
+    return run.events.filter(kind=kind, at__gte=now - timedelta(hours=1))
+
+
 def box_news(run: Run, kind: str, message: str, now) -> bool:
     """Records what a box said that moves nothing of the run's: the same words once an hour, and at most
     AGENT_MAX_LOG_EVENTS_PER_HOUR of one kind an hour, so that a box repeating itself (or a hostile one) can neither
     grow the run's history without end nor push its real events off the page. Whether it was recorded."""
-    recent = run.events.filter(kind=kind, at__gte=now - timedelta(hours=1))
+    recent = this_hour(run, kind, now)
     if recent.filter(message=message).exists() or recent.count() >= settings.AGENT_MAX_LOG_EVENTS_PER_HOUR:
         return False
     RunEvent.objects.create(run=run, at=now, kind=kind, message=message)

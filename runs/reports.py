@@ -130,7 +130,7 @@ def agent_event(attempt: RunAttempt, kind: str, message: str, *, now=None) -> st
         return run.state
     if kind == "log":
         limit = settings.AGENT_MAX_LOG_EVENTS_PER_HOUR
-        logged = run.events.filter(kind="log", at__gte=now - timedelta(hours=1)).count()
+        logged = events.this_hour(run, "log", now).count()
         if logged < limit:
             run.events.create(at=now, kind="log", message=message)
         elif logged == limit:  # a box that logs without end must not grow the database without end: said once
@@ -173,7 +173,7 @@ def spec(attempt: RunAttempt, *, now=None) -> dict:
         message = (f"The box resumes from {newest.uri} (phase {newest.phase}, step {newest.step}), the newest "
                    "verified checkpoint.")
         # Said once however often a box asks for its spec: a box asking in a loop must not grow the run's history.
-        if not run.events.filter(kind="resume", message=message, at__gte=now - timedelta(hours=1)).exists():
+        if not events.this_hour(run, "resume", now).filter(message=message).exists():
             run.events.create(at=now, kind="resume", message=message)
     return evaluations.spec_for_box(run, {
         "run_id": run.pk,

@@ -56,13 +56,12 @@ def _applies(self, hidden_states=None, attention_mask=None, **kwargs):
 
 
 def _packed_forward(self, hidden_states, attention_mask=None, **kwargs):
+    chunk_rule = fla_chunk_rule() if hidden_states.device.type in KERNEL_DEVICE_TYPES else None
     cu = _device_ends(kwargs)
     if cu is not None:
-        on_kernels = fla_chunk_rule() is not None and hidden_states.device.type in KERNEL_DEVICE_TYPES
-        return device_packed_forward(self, hidden_states, cu, fla_chunk_rule() if on_kernels else torch_chunk_rule)
+        return device_packed_forward(self, hidden_states, cu, chunk_rule or torch_chunk_rule)
     ends = kwargs.get("sample_ends") or tuple(kwargs["cu_seq_lens_q"].tolist())
-    chunk_rule = fla_chunk_rule()
-    if chunk_rule is not None and hidden_states.device.type in KERNEL_DEVICE_TYPES:
+    if chunk_rule is not None:
         return fast_packed_forward(self, hidden_states, ends, chunk_rule)
     return reference_packed_forward(self, hidden_states, ends, **kwargs)
 
@@ -152,8 +151,6 @@ def torch_chunk_rule(q, k, v, g, beta, **kwargs):
 
     groups = v.shape[2] // q.shape[2]
     q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
-    kwargs.pop("cu_seqlens", None)
-    kwargs.pop("cu_seqlens_cpu", None)
     return torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, **kwargs)
 
 

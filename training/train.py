@@ -202,11 +202,10 @@ def _train(recipe, out, budget_gib):
         sinks = [FirstRecordSays(sink, fit.words) for sink in sinks]  # the agent posts it as the run's event
     # A micro-batch that carries host values (DeltaNet layers told their samples' ends on the host where the attention
     # is not told its rows: training/packing.py) runs eagerly; the graphs see to that (training/graphs.py).
-    capturable = ranks.can_capture
     # Up to one graph per DPO/KTO length bucket: the graphs share one memory pool, so each more holds little beyond
     # its own inputs (training/graphs.py).
     graphs = (MicroStepGraphs(groups["trainable"], max_graphs=len(length_buckets(recipe.seq_len)))
-              if ranks.device.type == "cuda" and recipe.cuda_graphs and capturable else None)
+              if ranks.device.type == "cuda" and recipe.cuda_graphs and ranks.can_capture else None)
     router = router_load.attach_counter(model, ranks.device) if recipe.metrics.router_every else None
     trainee = Trainee(model, groups, ranks, graphs, recipe.max_grad_norm, router=router, optimizer=fit.optimizer)
     try:

@@ -26,11 +26,7 @@ SEQ_LEN = 24
 
 def _chunk_rule_alone(q, k, v, g, beta):
     """transformers' reference chunked rule (what a sample alone runs through) for one sample of the stream."""
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import torch_chunk_gated_delta_rule
-
-    groups = v.shape[2] // q.shape[2]
-    q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
-    return torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+    return linear_attention.torch_chunk_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
 
 
 class FakeFla:
