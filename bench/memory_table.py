@@ -4,7 +4,7 @@ measures in that budget. Each run is a process of its own with its own time limi
 --out as it comes, so a run that hangs or runs out of time loses only itself. Predicted tokens/s: the whole card's
 measured figure (the budget "whole") times the plan's speed. Last line: one JSON object.
 
-    python bench/memory_table.py [--models qwen3-30b-a3b,qwen3.6-35b-a3b] [--budgets whole,96,80,74]
+    python bench/memory_table.py [--models qwen3-30b-a3b,qwen3.6-35b-a3b] [--budgets whole,96,80,76]
         [--steps 3] [--limit-s 540] [--out table.jsonl] [--optimizer adamw]
     python bench/memory_table.py --smoke   each model's family in miniature on the CPU, budgets of 2 and 1 GiB
 """
@@ -66,7 +66,7 @@ def with_predictions(rows):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="qwen3-30b-a3b,qwen3.6-35b-a3b")
-    parser.add_argument("--budgets", default="whole,96,80,74", help="GiB each, or whole: the card as it is")
+    parser.add_argument("--budgets", default="whole,96,80,76", help="GiB each, or whole: the card as it is")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--optimizer", default="adamw", help="the recipe's floor (the plan may be more frugal)")
     parser.add_argument("--limit-s", type=float, default=540.0, help="each run's time limit")

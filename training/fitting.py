@@ -48,10 +48,11 @@ def counted_run_of(model, tokens: int, gpus: int) -> memory_plan.Run:
     return memory_plan.Run(shape, tokens=tokens, gpus=gpus, lora_params=lora, weights_bytes=weights)
 
 
-def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | None = None) -> Choice:
-    """How this run trains: with `memory_plan: auto` on a GPU the fastest plan that fits `budget_gib` (default: what
-    the card has for this process), never less frugal than the recipe (several GPUs: float32 moments, with or
-    without checkpointing); otherwise the recipe's own settings."""
+def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | None = None,
+           under_gib: float | None = None) -> Choice:
+    """How this run trains: with `memory_plan: auto` on a GPU the plan `memory_plan.choose` takes in `budget_gib`
+    (default: what the card has for this process), never less frugal than the recipe; otherwise the recipe's own
+    settings. `under_gib` (a retry after running out of memory): the fastest plan that needs less than it."""
     device = torch.device(device)
     asked = (recipe.gradient_checkpointing, recipe.optimizer)
     if device.type != "cuda":
@@ -61,18 +62,22 @@ def choose(recipe: RunRecipe, model, device, gpus: int = 1, budget_gib: float | 
         return Choice(*asked, None, f"memory plan: no GPU, the recipe's own ({memory_plan.plan_name(*asked)})")
     run = counted_run(recipe, model, gpus)
     usable = budget_gib if budget_gib is not None else usable_memory_gib(device, gpus)
+    keep = under_gib is None  # a retry's figure is already under a plan that left the headroom
+    if under_gib is not None:
+        usable = min(usable, under_gib)
     if recipe.memory_plan == "recipe":
         own = memory_plan.estimate(run, *asked, usable)
         return Choice(*asked, own, f"memory plan (the recipe's): {describe(own)}")
     host = host_memory_gib()
-    plan = memory_plan.take(run, usable, recipe.optimizer, recipe.gradient_checkpointing, host_gib=host)
-    unbounded = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing)
+    plan = memory_plan.take(run, usable, recipe.optimizer, recipe.gradient_checkpointing, host_gib=host, keep=keep)
+    unbounded = memory_plan.choose(run, usable, recipe.optimizer, recipe.gradient_checkpointing, keep=keep)
     short = "" if unbounded is None or host is None or unbounded.host_gib <= host else \
         f" (not {unbounded.name}: it pins {unbounded.host_gib:.1f} GiB on the host, which has {host:.1f} free)"
     if not plan.fits:  # the most frugal, said so; the run may still go out of memory
         return Choice(plan.checkpointing, plan.optimizer, plan,
                       f"memory plan: no plan fits {usable:.1f} GiB{short}; trying the most frugal: {describe(plan)}")
-    return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}{short}")
+    tight = "" if plan.roomy else f" (no plan leaves the {plan.kept_gib:.1f} GiB of headroom kept; this one the most)"
+    return Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {describe(plan)}{tight}{short}")
 
 
 def host_memory_gib() -> float | None:

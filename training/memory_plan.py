@@ -2,7 +2,7 @@
 chunked head and what is left, for each way to train it (checkpointing, optimizer state), and the plan chosen.
 Pure (no torch): the trainer, the ranking and the launch page share it (docs/training.md, "training/memory_plan.py")."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 MEMORY_PLANS = ("auto", "recipe")  # auto: the fastest plan that fits, never less frugal than the recipe says
@@ -62,9 +62,11 @@ HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of th
 # copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7 (with
 # bf16 factors too, though half the bytes cross).
 CHECKPOINTING_SPEED = 0.74
-# The shares of the decoder layers a plan may checkpoint: the fewest that fit, so that a card a little short of the
-# whole run's activations recomputes only some layers (the first ones: training/fitting.checkpoint_layers).
-CHECKPOINT_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+# What a chosen plan leaves free beyond its predicted reserve. The prediction's own error is in SLACK_GIB; this is for
+# what a run of hours meets that the timed steps did not: the allocator's fragmentation, a longer DPO pair's bucket, a
+# driver with a bigger context. 6 GiB: the practitioners' 96 GB card (95.1 usable) keeps its run within 89.1, an 80 GB
+# one (79.1) within 73.1; a card of under 60 GiB keeps a tenth.
+HEADROOM_GIB, HEADROOM_SHARE = 6.0, 0.1
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Plan:
     slack_gib: float
     host_gib: float  # the host memory an offloaded optimizer pins
     card_gib: float
+    kept_gib: float  # the headroom it was chosen to leave (`kept_gib`; 0 within a retry's budget)
 
     @property
     def total_gib(self) -> float:
@@ -146,6 +149,11 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.headroom_gib >= 0
+
+    @property
+    def roomy(self) -> bool:
+        """It leaves the headroom kept, not only fits."""
+        return self.headroom_gib >= self.kept_gib - 1e-9
 
     @property
     def checkpointing(self) -> bool:
@@ -169,9 +177,9 @@ class Plan:
         """The plan as the trainer's log, the metrics and the pages say it (GiB to a tenth)."""
         figures = {key: round(getattr(self, key), 1) for key in (
             "weights_gib", "lora_gib", "optimizer_gib", "activations_gib", "head_gib", "slack_gib", "host_gib",
-            "card_gib", "total_gib", "headroom_gib")}
+            "card_gib", "total_gib", "headroom_gib", "kept_gib")}
         return {"plan": self.name, "checkpointing": self.checkpointing, "checkpointed_layers": self.checkpointed,
-                "optimizer": self.optimizer,
+                "optimizer": self.optimizer, "roomy": self.roomy,
                 "speed": round(self.speed, 3), "fits": self.fits, **figures}
 
 
@@ -184,15 +192,26 @@ def usable_gib(card_gib: float) -> float:
     return max(0.0, card_gib - CONTEXT_GIB)
 
 
+def kept_gib(usable: float) -> float:
+    """The headroom a plan is chosen to leave on a card with `usable` GiB: HEADROOM_GIB, a tenth of a small card."""
+    return min(HEADROOM_GIB, HEADROOM_SHARE * usable)
+
+
+def roomy_from(total_gib: float) -> float:
+    """The least usable GiB on which a plan of `total_gib` leaves the headroom kept (`kept_gib`)."""
+    return min(total_gib + HEADROOM_GIB, total_gib / (1.0 - HEADROOM_SHARE))
+
+
 def layer_activation_bytes(run: Run) -> float:
     """What one layer keeps for the backward pass over a micro-step, without checkpointing, at its first step's."""
     kind = "linear_attention" if run.shape.linear_attention else "attention"
     return ACTIVATION_BYTES[kind] * FIRST_STEP[kind] * run.tokens * run.shape.hidden
 
 
-def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: float) -> Plan:
+def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: float, keep: bool = True) -> Plan:
     """The memory of `run` trained with this checkpointing (True: every layer; a share of the layers) and optimizer
-    on a card with `card_gib` usable."""
+    on a card with `card_gib` usable; `keep` false: a budget already under a plan that left the headroom, which keeps
+    none beside."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     shape = run.shape
@@ -210,44 +229,56 @@ def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: fl
                 weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * figures.factor_bytes / GIB,
                 optimizer_gib=lora_share * figures.state_bytes / GIB,
                 activations_gib=activations / GIB, head_gib=head / GIB, slack_gib=SLACK_GIB,
-                host_gib=lora_share * figures.host_bytes / GIB, card_gib=card_gib)
+                host_gib=lora_share * figures.host_bytes / GIB, card_gib=card_gib,
+                kept_gib=kept_gib(card_gib) if keep else 0.0)
 
 
-def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto",
-               gpus: int = 1) -> list[tuple[float, str]]:
-    """The (share of layers checkpointed, optimizer) pairs to try, in order: OPTIMIZERS' order, and fewer checkpointed
-    layers before more within each; none less frugal than the recipe's own settings. `mode` "recipe": the recipe's
-    settings only. Several GPUs: the recipe's optimizer only (float32 moments)."""
+def candidates(optimizer: str = "adamw", checkpointing: bool = False, mode: str = "auto", gpus: int = 1,
+               layers: int = 4) -> list[tuple[float, str]]:
+    """The (share of the `layers` decoder layers checkpointed, optimizer) pairs to try, in order: OPTIMIZERS' order,
+    and fewer checkpointed layers before more within each (every count); none less frugal than the recipe's own
+    settings. `mode` "recipe": the recipe's settings only. Several GPUs: the recipe's optimizer only."""
     if mode == "recipe":
         return [(float(checkpointing), optimizer)]
     allowed = OPTIMIZERS[OPTIMIZERS.index(optimizer):] if gpus == 1 else (optimizer,)
-    shares = (1.0,) if checkpointing else CHECKPOINT_SHARES
+    shares = (1.0,) if checkpointing else tuple(count / layers for count in range(layers + 1))
     return [(share, opt) for opt in allowed for share in shares]
 
 
 def plans(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
-          mode: str = "auto", host_gib: float | None = None) -> list[Plan]:
+          mode: str = "auto", host_gib: float | None = None, keep: bool = True) -> list[Plan]:
     """Every candidate plan with `usable` GiB (`usable_gib` of a listed card; a budget as it is), in the order they
     are tried; with `host_gib` (the host memory free; 0 on a CPU run: no host to offload to) only those whose
-    optimizer's state fits there."""
-    found = [estimate(run, ckpt, opt, usable) for ckpt, opt in candidates(optimizer, checkpointing, mode, run.gpus)]
+    optimizer's state fits there. `keep`: `estimate`'s."""
+    found = [estimate(run, ckpt, opt, usable, keep)
+             for ckpt, opt in candidates(optimizer, checkpointing, mode, run.gpus, run.shape.layers)]
     return [plan for plan in found if host_gib is None or plan.host_gib <= host_gib]
 
 
 def choose(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
-           mode: str = "auto", host_gib: float | None = None) -> Plan | None:
-    """The fastest candidate that fits in `usable` GiB (and `host_gib`: `plans`; the first of equals), or None when
-    none does."""
-    fitting = [plan for plan in plans(run, usable, optimizer, checkpointing, mode, host_gib) if plan.fits]
-    return max(fitting, key=lambda plan: plan.speed, default=None)
+           mode: str = "auto", host_gib: float | None = None, keep: bool = True) -> Plan | None:
+    """The fastest candidate that leaves the headroom kept in `usable` GiB (`kept_gib`; within `host_gib`: `plans`;
+    the first of equals); where none does, the one that fits with the most headroom; None where none fits."""
+    return pick(plans(run, usable, optimizer, checkpointing, mode, host_gib, keep), usable,
+                kept_gib(usable) if keep else 0.0)
+
+
+def pick(found: list[Plan], usable: float, kept: float) -> Plan | None:
+    """`choose`'s rule over plans already counted, for a card with `usable` GiB that keeps `kept` free."""
+    fitting = [plan for plan in found if plan.total_gib <= usable]
+    roomy = [plan for plan in fitting if usable - plan.total_gib >= kept - 1e-9]
+    if roomy:
+        return max(roomy, key=lambda plan: plan.speed)
+    return min(fitting, key=lambda plan: plan.total_gib, default=None)
 
 
 def take(run: Run, usable: float, optimizer: str = "adamw", checkpointing: bool = False,
-         host_gib: float | None = None) -> Plan:
+         host_gib: float | None = None, keep: bool = True) -> Plan:
     """What a run trains with: `choose`'s plan, or where none fits the most frugal (its `fits` false; within the
     host where any is), which may still run out of memory."""
-    return choose(run, usable, optimizer, checkpointing, host_gib=host_gib) or (
-        plans(run, usable, optimizer, checkpointing, host_gib=host_gib) or plans(run, usable, optimizer, checkpointing)
+    return choose(run, usable, optimizer, checkpointing, host_gib=host_gib, keep=keep) or (
+        plans(run, usable, optimizer, checkpointing, host_gib=host_gib, keep=keep)
+        or plans(run, usable, optimizer, checkpointing, keep=keep)
     )[-1]
 
 
@@ -259,12 +290,15 @@ def smallest_card_gib(run: Run, optimizer: str = "adamw", checkpointing: bool = 
 def steps(run: Run, optimizer: str = "adamw", checkpointing: bool = False,
           mode: str = "auto") -> list[tuple[float, Plan]]:
     """(least card GiB, plan) for each plan some card would choose, smallest card first: a card of at least that
-    memory, and less than the next entry's, runs that plan (a faster one the more memory it has)."""
+    memory, and less than the next entry's, runs that plan (a faster one the more memory it has). A plan's first card
+    is where it fits or where it leaves the headroom kept (`roomy_from`)."""
     found: list[tuple[float, Plan]] = []
-    for need in sorted({plan.total_gib for plan in plans(run, 0.0, optimizer, checkpointing, mode)}):
-        plan = choose(run, need, optimizer, checkpointing, mode)  # a card with just `need` usable
+    counted = plans(run, 0.0, optimizer, checkpointing, mode)
+    totals = {plan.total_gib for plan in counted}
+    for need in sorted(totals | {roomy_from(total) + 1e-9 for total in totals}):
+        plan = pick(counted, need, kept_gib(need))  # a card with just `need` usable
         if plan is not None and (not found or plan.speed > found[-1][1].speed):
-            found.append((need + CONTEXT_GIB, plan))
+            found.append((need + CONTEXT_GIB, replace(plan, card_gib=need, kept_gib=kept_gib(need))))
     return found
 
 

@@ -139,10 +139,10 @@ def run(recipe, out=print):
     plan was chosen for it (`memory_plan: auto`) and that still runs out of GPU memory starts again from its last
     complete checkpoint on the next more frugal plan, up to OOM_RETRIES times, instead of ending."""
     recipe = RunRecipe.from_dict(recipe)
-    budget_gib = None
+    under_gib = None
     for retry in range(OOM_RETRIES + 1):
         try:
-            return _train(recipe, out, budget_gib)
+            return _train(recipe, out, under_gib)
         except OutOfMemoryOnPlan as exc:
             failed = exc.plan
             if retry == OOM_RETRIES:
@@ -150,14 +150,15 @@ def run(recipe, out=print):
         # Outside the except block: the traceback, and the model it holds, are gone before the memory is returned.
         gc.collect()
         torch.cuda.empty_cache()
-        budget_gib = failed.total_gib - 0.01  # whatever the next plan is, it must need less than this one did
+        under_gib = failed.total_gib - 0.01  # whatever the next plan is, it must need less than this one did
         out(f"out of GPU memory on plan {failed.name} ({failed.total_gib:.1f} GiB predicted); starting again from the "
-            f"last complete checkpoint on a plan under {budget_gib:.1f} GiB")
+            f"last complete checkpoint on a plan under {under_gib:.1f} GiB")
     raise AssertionError("unreachable")
 
 
-def _train(recipe, out, budget_gib):
-    """One attempt at the whole run, its memory plan chosen within `budget_gib` (None: what the card has)."""
+def _train(recipe, out, under_gib):
+    """One attempt at the whole run, its memory plan one that needs less than `under_gib` (None: what the card has,
+    less the headroom kept)."""
     ranks = distributed.join(recipe.gpus)
     if not ranks.main:
         out = _quiet  # rank 0 prints and writes the metrics for all
@@ -168,7 +169,7 @@ def _train(recipe, out, budget_gib):
     lora = recipe.lora
     model = attach_lora(base, r=lora.r, alpha=lora.alpha, attention=lora.attention, targets=lora.targets)
     # Checkpointing and the optimizer's state as the memory plan has them for this card (training/fitting.py).
-    fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size, budget_gib=budget_gib)
+    fit = fitting.choose(recipe, model, ranks.device, gpus=ranks.size, under_gib=under_gib)
     (out if fit.plan is not None else _log.info)(fit.words)  # a CPU run has no plan to say beside its steps
     fitting.checkpoint_layers(base, fit)
     fitting.cast_factors(model, fit.optimizer)

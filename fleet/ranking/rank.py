@@ -131,8 +131,9 @@ class RankedOffer:
             lines.append("throughput is an estimate: no run has measured this GPU")
         if (plan := memory.plan_on(self._pricing.recipe, o.gpu_ram_gb)) is not None:
             host = f", {plan.host_gib:.1f} GiB pinned on the host" if plan.host_gib else ""
+            tight = "" if plan.roomy else f" (under the {plan.kept_gib:.1f} kept: no plan leaves it here)"
             lines.append(f"memory plan: {plan.name}; {plan.total_gib:.1f} of {plan.card_gib:.1f} GiB usable, "
-                         f"{plan.headroom_gib:.1f} GiB headroom{host}")
+                         f"{plan.headroom_gib:.1f} GiB headroom{tight}{host}")
         return tuple(lines)
 
 

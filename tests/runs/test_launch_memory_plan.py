@@ -14,7 +14,7 @@ from fleet.offers.refresh import refresh_offers
 from fleet.ranking import PRESETS, OfferFilters, memory
 from runs.box_request import BoxRequest
 from runs.launch import demo_recipe
-from training.recipe import RunRecipe
+from training.recipe import RunRecipe, parse_recipe_text
 
 pytestmark = pytest.mark.django_db
 
@@ -56,3 +56,22 @@ def test_a_profile_no_listed_card_fits_says_the_least_card(client, launcher, fro
             "profile": profile.pk, "budget_usd": "5", "max_restarts": "0", "bucket": ""}
     text = _plan_text(client.post(reverse("run_launch"), form).content.decode())
     assert text == "Memory plan for Qwen3.6-35B-A3B: no offer is ranked; a card must list at least 76.3 GB."
+
+
+def test_a_card_no_plan_leaves_the_headroom_on_says_so(client, launcher, frozen_market):
+    """35B-A3B at r=32 on an 80 GB card: the moments on the host fit, with less than the 6 GiB a plan is chosen to
+    leave."""
+    refresh_offers()
+    profile = OfferProfile.objects.create(name="35b-on-80", recipe=PRESETS["qwen3.6-35b-a3b"].to_dict(),
+                                          filters=OfferFilters(vram_max_gb=82.0, max_usd_per_hour=None).to_dict())
+    recipe = "model: {config: {model_type: qwen3_moe}}\nlora: {r: 32}\nbatch_size: 2\nseq_len: 2048\nphases: []\n"
+    request = BoxRequest.build(RunRecipe.from_stored(parse_recipe_text(recipe)), profile)
+    best = rank_stored_offers(request.figures, request.filters).entries[0].offer
+    plan = memory.plan_on(request.figures, best.gpu_ram_gb)
+    assert plan.name == "checkpointing, moments on the host and bf16 factors" and not plan.roomy
+    client.force_login(launcher)
+    form = {"name": "on-80", "recipe": recipe, "profile": profile.pk, "budget_usd": "5", "max_restarts": "0",
+            "bucket": ""}
+    text = _plan_text(client.post(reverse("run_launch"), form).content.decode())
+    assert f"headroom {plan.headroom_gib:.1f} of {plan.card_gib:.1f} GiB usable (under the 6.0 GiB kept: no plan " \
+           "leaves it on this card)" in text

@@ -17,18 +17,19 @@ CARD = memory_plan.Run(memory_plan.SHAPES["Qwen3-30B-A3B"], tokens=2 * 2048)
 
 @pytest.fixture
 def card(monkeypatch):
-    """The plan a 78.5 GiB card chooses for the 30B shape (or within the budget a retry gives); the budgets asked."""
-    budgets = []
+    """The plan a 78.5 GiB card chooses for the 30B shape (or under the need a retry gives); the needs asked."""
+    unders = []
 
-    def choose(recipe, model, device, gpus=1, budget_gib=None):
-        budgets.append(budget_gib)
+    def choose(recipe, model, device, gpus=1, budget_gib=None, under_gib=None):
+        unders.append(under_gib)
         if recipe.memory_plan == "recipe":
             return fitting.Choice(False, "adamw", memory_plan.estimate(CARD, False, "adamw", 78.5), "the recipe's")
-        plan = memory_plan.choose(CARD, 78.5 if budget_gib is None else budget_gib)
+        plan = memory_plan.choose(CARD, 78.5, host_gib=0.0) if under_gib is None else \
+            memory_plan.choose(CARD, under_gib, host_gib=0.0, keep=False)  # the CPU plays the card: no host
         return fitting.Choice(plan.checkpointing, plan.optimizer, plan, f"memory plan (auto): {plan.name}")
 
     monkeypatch.setattr(fitting, "choose", choose)
-    return budgets
+    return unders
 
 
 def out_of_memory_at(monkeypatch, calls):
@@ -53,10 +54,12 @@ def test_it_starts_again_from_its_last_checkpoint_on_a_more_frugal_plan(tmp_path
     out_of_memory_at(monkeypatch, {3})  # step 3: steps 1 and 2 are checkpointed
     lines = []
     train.run(_recipe(tmp_path), out=lines.append)
-    first = memory_plan.choose(CARD, 78.5)
+    first = memory_plan.choose(CARD, 78.5, host_gib=0.0)
     assert card[0] is None and card[1] == pytest.approx(first.total_gib - 0.01)
-    second = memory_plan.choose(CARD, card[1])
+    second = memory_plan.choose(CARD, card[1], host_gib=0.0, keep=False)
+    # the next fastest plan under the first one's need: one more layer checkpointed, the 6 GiB still free on the card
     assert second.total_gib < first.total_gib and second.speed < first.speed
+    assert second.checkpointed == first.checkpointed + 1 and second.optimizer == first.optimizer
     assert any(line.startswith(f"out of GPU memory on plan {first.name}") for line in lines)
     assert f"resuming from checkpoint {checkpoint.checkpoint_name(0, 2)}" in lines and lines[-1] == "run complete"
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
