@@ -79,3 +79,83 @@ def test_the_layers_two_norms_work_from_their_output_unless_a_weight_is_zero(tin
     assert norms["model.layers.1.post_attention_layernorm"].__dict__[KEEP_OUTPUT_ATTRIBUTE] is False  # column 3
     others = ("model.layers.0.self_attn.q_norm", "model.layers.0.self_attn.k_norm", "model.norm")
     assert all(norms[name].__dict__[KEEP_OUTPUT_ATTRIBUTE] is False for name in others)
+
+
+def _weight(size, gen, dtype):
+    return ((torch.rand(size, generator=gen) - 0.5) * 0.6).to(dtype)  # Qwen3.5's are centred on 0 (and 1 + w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("keep_output", [False, True])
+def test_it_computes_qwen3_5s_zero_centred_rmsnorm_and_its_input_gradient(dtype, keep_output):
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNorm
+
+    gen = torch.Generator().manual_seed(2)
+    norm = Qwen3_5MoeRMSNorm(40, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(_weight(40, gen, torch.float32))
+    norm = norm.to(dtype).requires_grad_(False)
+    x = (torch.randn(3, 5, 40, generator=gen) * 3).to(dtype).requires_grad_()
+    grad = torch.randn(3, 5, 40, generator=gen).to(dtype)
+    want = norm(x)
+    (want_dx,) = torch.autograd.grad(want, x, grad)
+    got = rms_norm(x, norm.weight, norm.eps, keep_output=keep_output, zero_centered=True)
+    (got_dx,) = torch.autograd.grad(got, x, grad)
+    assert got.dtype == want.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-3, atol=4e-3)
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(got_dx, want_dx, **tol)
+    # the standard norm's rounding is not this one: the test tells them apart
+    plain = rms_norm(x, norm.weight + 1, norm.eps)
+    assert dtype != torch.float16 or not torch.equal(plain, want)
+
+
+@pytest.mark.parametrize("dtype, tol, device", [
+    (torch.float32, 1e-5, "cpu"), (torch.float16, 4e-3, "cpu"),
+    pytest.param(torch.bfloat16, 3e-2, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                         reason="bf16 on the GPU")),
+])
+def test_the_gated_norm_is_transformers_and_keeps_only_its_two_inputs(dtype, tol, device):
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNormGated
+
+    from training.kernels.gated_rmsnorm import gated_rms_norm
+
+    gen = torch.Generator().manual_seed(3)
+    norm = Qwen3_5MoeRMSNormGated(32, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(32, generator=gen) + 0.5)
+    norm = norm.to(device, dtype).requires_grad_(False)
+    x = (torch.randn(24, 32, generator=gen) * 2).to(device, dtype).requires_grad_()
+    gate = (torch.randn(24, 32, generator=gen) * 2).to(device, dtype).requires_grad_()
+    grad = torch.randn(24, 32, generator=gen).to(device, dtype)
+    want = norm(x, gate)
+    want_dx, want_dgate = torch.autograd.grad(want, (x, gate), grad)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        got = gated_rms_norm(x, gate, norm.weight, norm.variance_epsilon)
+    got_dx, got_dgate = torch.autograd.grad(got, (x, gate), grad)
+    assert got.dtype == want.dtype == dtype
+    for have, expected in ((got, want), (got_dx, want_dx), (got_dgate, want_dgate)):
+        torch.testing.assert_close(have, expected, rtol=tol, atol=tol)
+    assert {t.untyped_storage().data_ptr() for t in kept} == {
+        t.untyped_storage().data_ptr() for t in (x, gate, norm.weight)}
+
+
+def test_a_qwen3_5_models_norms_switch_and_keep_their_state():
+    from training.examples.tiny import TINY_QWEN3_5_CONFIG
+    from training.recipe import ModelSettings
+    from training.train import build_model
+
+    model = build_model(ModelSettings(config=TINY_QWEN3_5_CONFIG, dtype="float32"), torch.device("cpu"))
+    tokens = torch.randint(0, model.config.get_text_config().vocab_size, (2, 12))
+    keys = set(model.state_dict())
+    want = model(input_ids=tokens).logits
+    switched = use_fused_rms_norms(model)
+    names = {type(m).__name__ for m in model.modules()}
+    assert {"FusedQwen3_5MoeRMSNorm", "FusedQwen3_5MoeRMSNormGated"} <= names
+    layers = model.config.get_text_config().layer_types
+    attention, deltanet = layers.count("full_attention"), layers.count("linear_attention")
+    # per layer: input and post-attention norms; attention's q and k norms; DeltaNet's gated one; the final norm
+    assert switched == 2 * len(layers) + 2 * attention + deltanet + 1
+    assert set(model.state_dict()) == keys
+    torch.testing.assert_close(model(input_ids=tokens).logits, want)  # on the CPU the classes' own forward
