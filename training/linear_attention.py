@@ -8,6 +8,7 @@ from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers.activations import ACT2FN
 
 from training.attention import ROWS_KEY
@@ -121,7 +122,11 @@ def _one_pass(layer, hidden_states, convolve, chunk_rule, starts=None, **boundar
     stream = hidden_states.reshape(1, batch * length, width)
     total = stream.shape[1]
     mixed, z, b, a = _projections(layer, stream)
-    mixed = convolve(mixed).transpose(1, 2)
+    if torch.is_grad_enabled():  # the convolution's result and its activation's input are made again in the backward
+        mixed = checkpoint(convolve, mixed, use_reentrant=False, preserve_rng_state=False)
+    else:
+        mixed = convolve(mixed)
+    mixed = mixed.transpose(1, 2)
     query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     # q and k keep their num_k_heads: FLA maps value head h to key head h // (HV // H), as repeat_interleave does.
     query = query.reshape(1, total, -1, layer.head_k_dim)

@@ -281,3 +281,45 @@ def test_the_device_path_makes_what_the_layer_makes_of_each_sample_alone_and_the
     mixed = linear_attention.device_packed_forward(layer, hidden, torch.tensor([0, 160, 160]),
                                                    fake.chunk_gated_delta_rule)
     assert (mixed - reference[0]).abs().max() > 1e-2
+
+
+def test_the_device_path_keeps_the_convolutions_input_alone_for_the_backward():
+    """The short convolution and its activation are made again in the backward: of the (1, channels, tokens)
+    activations only the convolution's input is kept, not its result nor the activation's input."""
+    from transformers import AutoConfig
+
+    fields = {key: value for key, value in TINY_QWEN3_5_CONFIG.items() if key != "model_type"}
+    config = AutoConfig.for_model("qwen3_5_moe_text", **fields)
+    torch.manual_seed(0)
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
+
+    layer = Qwen3_5MoeGatedDeltaNet(config, 0).float().requires_grad_(False)
+    positions = [[i for n in row for i in range(n)] for row in LENGTHS]
+    cu = cu_seq_lens(positions, width=16)
+    x = torch.randn(2, 80, config.hidden_size, requires_grad=True)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = linear_attention.device_packed_forward(layer, x, cu, FakeFla().chunk_gated_delta_rule)
+    channels = 2 * layer.key_dim + layer.value_dim
+    wide = {t.untyped_storage().data_ptr() for t in kept if tuple(t.shape) == (1, channels, 160)}
+    assert len(wide) == 1
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_a_deltanet_models_packed_batch_gives_the_same_gradients_with_its_layers_checkpointed():
+    """The short convolution's own recomputation nests inside the trainer's layer checkpointing."""
+    samples = _samples()
+    rows = _pack([(ids, list(ids)) for ids in samples], SEQ_LEN, pad_id=0)
+    grads = []
+    for checkpointed in (False, True):
+        model = _model(TINY_QWEN3_5_CONFIG)
+        model.train()
+        if checkpointed:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        batch = with_host_ends(model, collate("cpt", rows, pad_id=0))
+        model(**model_inputs(model, batch), labels=batch["labels"]).loss.backward()
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any("linear_attn" in name for name in grads[0])
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
