@@ -104,6 +104,11 @@ def short_convolution(layer, mixed, ends):
         # seq_idx needs the channel-last layout, which the projection's transpose already is.
         return kernel(mixed, weight, layer.conv1d.bias, seq_idx=seq_idx[None].to(mixed.device, non_blocking=True),
                       activation=layer.activation)
+    return _remade(_per_sample_convolution, layer, mixed, ends)
+
+
+def _per_sample_convolution(layer, mixed, ends):
+    weight = layer.conv1d.weight.squeeze(1)
     width = weight.shape[-1]
     parts = []
     for start, end in pairwise(ends):
@@ -115,6 +120,14 @@ def short_convolution(layer, mixed, ends):
     return (ACT2FN[layer.activation](out) if layer.activation else out).to(mixed.dtype)
 
 
+def _remade(convolution, layer, mixed, boundaries):
+    """`convolution(layer, mixed, boundaries)`, made again in the backward from `mixed` instead of keeping its result
+    and its activation's input (nothing random in it: no RNG state)."""
+    if not torch.is_grad_enabled():
+        return convolution(layer, mixed, boundaries)
+    return checkpoint(convolution, layer, mixed, boundaries, use_reentrant=False, preserve_rng_state=False)
+
+
 def _one_pass(layer, hidden_states, convolve, chunk_rule, starts=None, **boundaries):
     """The flattened stream through the layer in one pass: `convolve` keeps the short convolution to each sample, and
     the chunked rule the state, told the `boundaries` or, with `starts`, emptying it there (RESET_DECAY)."""
@@ -122,11 +135,7 @@ def _one_pass(layer, hidden_states, convolve, chunk_rule, starts=None, **boundar
     stream = hidden_states.reshape(1, batch * length, width)
     total = stream.shape[1]
     mixed, z, b, a = _projections(layer, stream)
-    if torch.is_grad_enabled():  # the convolution's result and its activation's input are made again in the backward
-        mixed = checkpoint(convolve, mixed, use_reentrant=False, preserve_rng_state=False)
-    else:
-        mixed = convolve(mixed)
-    mixed = mixed.transpose(1, 2)
+    mixed = convolve(mixed).transpose(1, 2)
     query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     # q and k keep their num_k_heads: FLA maps value head h to key head h // (HV // H), as repeat_interleave does.
     query = query.reshape(1, total, -1, layer.head_k_dim)
@@ -168,15 +177,29 @@ def sample_starts(cu, total):
 
 def rows_short_convolution(layer, mixed, cu):
     """The layer's depthwise causal conv1d and activation over (1, D, T), never reaching across a sample start,
-    with no host value: causal-conv1d told each token's sample where it is installed, else the convolution over the
-    whole stream less what its first taps of each sample read of the sample before (gathered at a fixed size from
-    the padded boundaries)."""
+    with no host value: causal-conv1d told each token's sample where it is installed, else our Triton kernel told
+    each sample's first token (a frozen convolution), else `leak_corrected_convolution`."""
     total = mixed.shape[-1]
     weight = layer.conv1d.weight.squeeze(1)  # (D, width); tap j reads the token width - 1 - j back
     kernel = conv1d_kernel()
-    if kernel is not None and mixed.device.type in KERNEL_DEVICE_TYPES:
+    on_device = mixed.device.type in KERNEL_DEVICE_TYPES
+    if kernel is not None and on_device:
         seq_idx = sample_starts(cu, total).cumsum(0, dtype=torch.int32) - 1
         return kernel(mixed, weight, layer.conv1d.bias, seq_idx=seq_idx[None], activation=layer.activation)
+    silu = layer.activation in ("silu", "swish")
+    if on_device and not weight.requires_grad and (silu or not layer.activation):
+        from training.kernels.short_conv import short_conv
+
+        out = short_conv(mixed[0].transpose(0, 1), sample_starts(cu, total), weight, layer.conv1d.bias, silu)
+        return out.transpose(0, 1)[None]
+    return _remade(leak_corrected_convolution, layer, mixed, cu)
+
+
+def leak_corrected_convolution(layer, mixed, cu):
+    """PyTorch's conv1d and the activation over the whole stream (1, D, T), less what the first taps of each sample
+    read of the sample before (gathered at a fixed size from the padded boundaries `cu`)."""
+    total = mixed.shape[-1]
+    weight = layer.conv1d.weight.squeeze(1)
     width = weight.shape[-1]
     out = F.conv1d(mixed.to(weight.dtype), weight[:, None], layer.conv1d.bias, padding=width - 1,
                    groups=weight.shape[0])[:, :, :total]

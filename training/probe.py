@@ -111,7 +111,8 @@ def check_deltanet(family):
     import torch
 
     fla, triton = _installed("fla-core"), _installed("triton")
-    conv = "causal-conv1d" if _found("causal_conv1d") else "no causal-conv1d (PyTorch's conv1d)"
+    conv = "causal-conv1d" if _found("causal_conv1d") else \
+        "no causal-conv1d (packed rows on our Triton kernel, whole rows on PyTorch's conv1d)"
     if torch.version.cuda is None:
         return f"deltanet ({family}): reference code on the CPU", True
     gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0

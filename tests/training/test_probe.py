@@ -127,8 +127,8 @@ def test_it_passes_deltanet_on_a_stack_fla_runs_correctly_and_families_without_i
                                                                                           capsys):
     assert probe.main(["--family", "qwen3_5_moe"]) == 0
     out = capsys.readouterr().out
-    assert "deltanet (qwen3_5_moe): fla 0.6.0, triton 3.7.1, no causal-conv1d (PyTorch's conv1d), on NVIDIA H200" \
-        in out and out.strip().endswith(probe.SENTINEL)
+    assert "deltanet (qwen3_5_moe): fla 0.6.0, triton 3.7.1, no causal-conv1d (packed rows on our Triton kernel, " \
+        "whole rows on PyTorch's conv1d), on NVIDIA H200" in out and out.strip().endswith(probe.SENTINEL)
     gpu_box["device"], gpu_box["installed"]["triton"] = RTX_PRO_6000, "3.6.0"
     assert probe.main(["--family", "qwen3_5_moe"]) == 0  # FLA refuses only on Hopper
     del gpu_box["installed"]["fla-core"]
