@@ -24,6 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training import linear_attention
 from training.examples.tiny import TINY_QWEN3_5_CONFIG
+from training.kernels.short_conv import short_conv
+from training.norms import use_fused_rms_norms
 from training.packing import cu_seq_lens
 
 # One DeltaNet layer of Qwen3.6-35B-A3B (the text model's linear-attention fields).
@@ -50,6 +52,11 @@ def layer_of(fields, dtype, device):
     for p in layer.parameters():  # the published layer's scale: projections ~ N(0, 0.02)
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02)
+    # as LoRA training leaves them (training/families.py): the convolution, the decay and the norm frozen, the norm
+    # on its fused kernel on a GPU; the projections train (their weight's gradient stands in for LoRA's)
+    for frozen in (layer.conv1d.weight, layer.A_log, layer.dt_bias, layer.norm.weight):
+        frozen.requires_grad_(False)
+    use_fused_rms_norms(layer)
     return layer.to(device=device, dtype=dtype)
 
 
@@ -75,6 +82,34 @@ def forward_backward(path, layer, hidden, ends, rule):
         out = linear_attention.reference_packed_forward(layer, x, ends)
     (out.float() * torch.linspace(-1, 1, out.shape[-1], device=out.device)).sum().backward()
     return out.detach().float(), x.grad.float(), layer.in_proj_qkv.weight.grad.float()
+
+
+def short_convolution_path(device):
+    """Which short convolution the device path runs here (training/linear_attention.rows_short_convolution)."""
+    if device.type not in linear_attention.KERNEL_DEVICE_TYPES:
+        return "pytorch"
+    return "causal-conv1d" if linear_attention.conv1d_kernel() is not None else "triton"
+
+
+def convolution_ms(layer, hidden, ends, runs, device):
+    """The short convolution alone, forward and backward over the packed stream: our Triton kernel against PyTorch's
+    conv1d less each sample's leak, made again in the backward (a GPU only)."""
+    if device.type != "cuda":
+        return {}
+    total, channels = ends[-1], layer.conv1d.weight.shape[0]
+    cu = cu_seq_lens([[i for s, e in pairwise(ends) for i in range(e - s)]]).to(device)
+    mixed = torch.randn(1, total, channels, device=device, dtype=hidden.dtype).transpose(1, 2).requires_grad_()
+    grad = torch.randn_like(mixed)
+
+    def step(convolve):
+        out = convolve()
+        torch.autograd.grad(out, mixed, grad)
+
+    return {"convolution_triton_ms": round(timed_ms(lambda: step(lambda: short_conv(
+                mixed[0].transpose(0, 1), linear_attention.sample_starts(cu, total), layer.conv1d.weight,
+                layer.conv1d.bias).transpose(0, 1)[None]), runs, device), 3),
+            "convolution_pytorch_ms": round(timed_ms(lambda: step(lambda: linear_attention.remade_in_backward(
+                linear_attention.leak_corrected_convolution, layer, mixed, cu)), runs, device), 3)}
 
 
 def relative(a, b):
@@ -123,7 +158,7 @@ def main():
     names = ("output", "input_grad", "qkv_weight_grad")
     figures = {
         "path": "fla" if rule is not stand_in_rule else "stand-in", "dtype": str(dtype).removeprefix("torch."),
-        "samples": len(ends) - 1, "tokens": ends[-1],
+        "samples": len(ends) - 1, "tokens": ends[-1], "short_convolution": short_convolution_path(device),
         **{f"{label}_{n}": float(f"{relative(a, b):.3g}") for label, ours, theirs in (
             ("fast_vs_float32", fast, truth), ("device_vs_float32", device_only, truth),
             ("per_sample_vs_float32", alone, truth), ("fast_vs_per_sample", fast, alone),
@@ -136,6 +171,7 @@ def main():
     for path in ("fast", "device", "per_sample"):
         figures[f"{path}_ms"] = round(timed_ms(lambda p=path: forward_backward(p, layer, hidden.to(dtype), ends, rule),
                                                args.runs, device), 2)
+    figures.update(convolution_ms(layer, hidden.to(dtype), ends, args.runs, device))
     figures["speedup"] = round(figures["per_sample_ms"] / figures["fast_ms"], 2)
     figures["device_speedup"] = round(figures["per_sample_ms"] / figures["device_ms"], 2)
     for key, value in figures.items():

@@ -104,7 +104,7 @@ def short_convolution(layer, mixed, ends):
         # seq_idx needs the channel-last layout, which the projection's transpose already is.
         return kernel(mixed, weight, layer.conv1d.bias, seq_idx=seq_idx[None].to(mixed.device, non_blocking=True),
                       activation=layer.activation)
-    return _remade(_per_sample_convolution, layer, mixed, ends)
+    return remade_in_backward(_per_sample_convolution, layer, mixed, ends)
 
 
 def _per_sample_convolution(layer, mixed, ends):
@@ -120,7 +120,7 @@ def _per_sample_convolution(layer, mixed, ends):
     return (ACT2FN[layer.activation](out) if layer.activation else out).to(mixed.dtype)
 
 
-def _remade(convolution, layer, mixed, boundaries):
+def remade_in_backward(convolution, layer, mixed, boundaries):
     """`convolution(layer, mixed, boundaries)`, made again in the backward from `mixed` instead of keeping its result
     and its activation's input (nothing random in it: no RNG state)."""
     if not torch.is_grad_enabled():
@@ -192,7 +192,7 @@ def rows_short_convolution(layer, mixed, cu):
 
         out = short_conv(mixed[0].transpose(0, 1), sample_starts(cu, total), weight, layer.conv1d.bias, silu)
         return out.transpose(0, 1)[None]
-    return _remade(leak_corrected_convolution, layer, mixed, cu)
+    return remade_in_backward(leak_corrected_convolution, layer, mixed, cu)
 
 
 def leak_corrected_convolution(layer, mixed, cu):
