@@ -5,7 +5,7 @@ measures in that budget. Each run is a process of its own with its own time limi
 measured figure (the budget "whole") times the plan's speed. Last line: one JSON object.
 
     python bench/memory_table.py [--models qwen3-30b-a3b,qwen3.6-35b-a3b] [--budgets whole,96,80,76]
-        [--steps 3] [--limit-s 540] [--out table.jsonl] [--optimizer adamw]
+        [--steps 3] [--limit-s 540] [--out table.jsonl] [--optimizer adamw] [--packed 600]
     python bench/memory_table.py --smoke   each model's family in miniature on the CPU, budgets of 2 and 1 GiB
 """
 
@@ -23,6 +23,7 @@ def command(model, budget, args):
     line = [sys.executable, "-u", str(HERE / "train_step.py"), "--model", model, "--backends",
             "ours:eager" if args.smoke else "ours", "--memory-plan", "auto", "--optimizer", args.optimizer]
     line += ["--smoke"] if args.smoke else ["--steps", str(args.steps)]
+    line += ["--packed", str(args.packed)] if args.packed else []
     return line + ([] if budget == "whole" else ["--memory-budget-gib", budget])
 
 
@@ -70,6 +71,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--optimizer", default="adamw", help="the recipe's floor (the plan may be more frugal)")
     parser.add_argument("--limit-s", type=float, default=540.0, help="each run's time limit")
+    parser.add_argument("--packed", type=int, metavar="MEAN",
+                        help="rows packed from documents of MEAN tokens on average, as CPT and SFT train (train_step's)")
     parser.add_argument("--out", type=Path, help="append each row here as JSON as it comes")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
