@@ -41,6 +41,8 @@ OFFLOADED = frozenset(name for name, figures in OPTIMIZER_FIGURES.items() if fig
 # steps; calibrated on one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 and
 # 90.3 GiB reserved with float32 moments, 83.2 with 8-bit (full attention), Qwen3.6-35B-A3B 119.2 GiB (three DeltaNet
 # layers in four keep their gates, convolutions and chunk states; measured graphed, the eager reserve not yet).
+# The DeltaNet figure predates the fused Qwen3.5 norms and the short convolution's kernel, which counted 24 and 6 fewer
+# saved bytes (docs/training.md, "training/norms.py"): an over-prediction, kept until the H200 measures it again.
 ACTIVATION_BYTES = {"attention": 33.6, "linear_attention": 81.0}
 # The first step holds more than the timed ones: its eager warm-up, then the CUDA-graph capture (training/graphs.py).
 # Plans predicted 78.3 and 75.6 GiB from the timed steps ran out of memory in 80 and 77 GiB budgets, one at 72.7 ran
