@@ -72,7 +72,7 @@ def main():
     parser.add_argument("--optimizer", default="adamw", help="the recipe's floor (the plan may be more frugal)")
     parser.add_argument("--limit-s", type=float, default=540.0, help="each run's time limit")
     parser.add_argument("--packed", type=int, metavar="MEAN",
-                        help="rows packed from documents of MEAN tokens on average, as CPT and SFT train (train_step's)")
+                        help="rows packed from documents of MEAN tokens on average, as CPT and SFT train")
     parser.add_argument("--out", type=Path, help="append each row here as JSON as it comes")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 
+from tests.training.kernel_dtypes import INTERPRETER_AND_GPU
 from training.kernels.rmsnorm import rms_norm
 from training.norms import use_fused_rms_norms
 
@@ -42,11 +43,7 @@ def test_the_models_norms_switch_and_keep_their_state(tiny_model, tokens):
     torch.testing.assert_close(tiny_model(input_ids=tokens).logits, want)
 
 
-@pytest.mark.parametrize("dtype, tol, device", [
-    (torch.float32, 1e-5, "cpu"), (torch.float16, 4e-3, "cpu"),
-    pytest.param(torch.bfloat16, 3e-2, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                         reason="bf16 on the GPU")),
-])
+@pytest.mark.parametrize("dtype, tol, device", INTERPRETER_AND_GPU)
 def test_working_from_the_output_gives_the_input_gradient_and_keeps_only_the_output(dtype, tol, device):
     gen = torch.Generator().manual_seed(1)
     weight = ((torch.rand(48, generator=gen) + 0.2) * torch.sign(torch.randn(48, generator=gen))).to(device, dtype)
@@ -110,11 +107,7 @@ def test_it_computes_qwen3_5s_zero_centred_rmsnorm_and_its_input_gradient(dtype,
     assert dtype != torch.float16 or not torch.equal(plain, want)
 
 
-@pytest.mark.parametrize("dtype, tol, device", [
-    (torch.float32, 1e-5, "cpu"), (torch.float16, 4e-3, "cpu"),
-    pytest.param(torch.bfloat16, 3e-2, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                         reason="bf16 on the GPU")),
-])
+@pytest.mark.parametrize("dtype, tol, device", INTERPRETER_AND_GPU)
 def test_the_gated_norm_is_transformers_and_keeps_only_its_two_inputs(dtype, tol, device):
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNormGated
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.training.kernel_dtypes import INTERPRETER_AND_GPU
 from training import linear_attention
 from training.kernels.short_conv import ShortConvFunction, short_conv
 
@@ -29,11 +30,7 @@ def _per_sample(x, lengths, weight, bias, silu):
     return torch.cat(parts)
 
 
-@pytest.mark.parametrize("dtype, tol, device", [
-    (torch.float32, 1e-5, "cpu"), (torch.float16, 4e-3, "cpu"),
-    pytest.param(torch.bfloat16, 3e-2, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                         reason="bf16 on the GPU")),
-])
+@pytest.mark.parametrize("dtype, tol, device", INTERPRETER_AND_GPU)
 @pytest.mark.parametrize("bias, silu", [(False, True), (True, True), (True, False)])
 def test_it_convolves_each_sample_alone_and_gives_its_input_gradient(dtype, tol, device, bias, silu):
     gen = torch.Generator().manual_seed(0)
