@@ -51,14 +51,23 @@ def _device_ends(kwargs):
     return getattr(rows, "cu_seq_lens", None)
 
 
+def _whole_rows(kwargs):
+    """The trainer said its rows are whole, unmasked samples (RowSegments.whole_rows)."""
+    rows = kwargs.get(ROWS_KEY)
+    return rows is not None and rows.cu_seq_lens is None
+
+
 def _applies(self, hidden_states=None, attention_mask=None, **kwargs):
-    packed = kwargs.get("cu_seq_lens_q") is not None or _device_ends(kwargs) is not None
+    packed = kwargs.get("cu_seq_lens_q") is not None or _device_ends(kwargs) is not None or _whole_rows(kwargs)
     return packed and _cache_of(kwargs) is None and attention_mask is None
 
 
 def _packed_forward(self, hidden_states, attention_mask=None, **kwargs):
     chunk_rule = fla_chunk_rule() if hidden_states.device.type in KERNEL_DEVICE_TYPES else None
     cu = _device_ends(kwargs)
+    if cu is None and _whole_rows(kwargs):  # each row one sample: its start made from the shape alone
+        length = hidden_states.shape[1]
+        cu = torch.arange(0, hidden_states.shape[0] * length + 1, length, device=hidden_states.device)
     if cu is not None:
         return device_packed_forward(self, hidden_states, cu, chunk_rule or torch_chunk_rule)
     ends = kwargs.get("sample_ends") or tuple(kwargs["cu_seq_lens_q"].tolist())

@@ -323,3 +323,31 @@ def test_a_deltanet_models_packed_batch_gives_the_same_gradients_with_its_layers
     assert grads[0].keys() == grads[1].keys() and any("linear_attn" in name for name in grads[0])
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_whole_rows_take_the_device_path_and_score_as_the_layers_own_forward(monkeypatch):
+    """Unmasked whole rows (RowSegments.whole_rows) go through the same one-pass path as packed ones, each row one
+    sample: what transformers' own forward makes of them, gradients included."""
+    model = _model(TINY_QWEN3_5_CONFIG)
+    ids = torch.randint(3, 260, (2, SEQ_LEN), generator=torch.Generator().manual_seed(4))
+    inputs = model_inputs(model, {"input_ids": ids})
+    assert ROWS_KEY in inputs and inputs[ROWS_KEY].cu_seq_lens is None
+    calls = []
+    device_path = linear_attention.device_packed_forward
+    monkeypatch.setattr(linear_attention, "device_packed_forward",
+                        lambda *args: calls.append(args[2].tolist()) or device_path(*args))
+
+    def scored(**kwargs):
+        model.zero_grad()
+        logits = model(**kwargs).logits
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    rows, rows_grads = scored(**inputs)
+    deltanet_layers = sum(kind == "linear_attention" for kind in model.config.get_text_config().layer_types)
+    assert calls == [[0, SEQ_LEN, 2 * SEQ_LEN]] * deltanet_layers
+    own, own_grads = scored(input_ids=ids, use_cache=False)
+    assert len(calls) == deltanet_layers  # no row segments: the layers' own forward
+    torch.testing.assert_close(rows, own, rtol=1e-4, atol=1e-4)
+    for name, grad in own_grads.items():
+        torch.testing.assert_close(rows_grads[name], grad, rtol=1e-4, atol=1e-4, msg=name)
