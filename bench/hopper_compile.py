@@ -10,7 +10,8 @@ epilogue it can take: "store" and "store_quarters" (as the triton path runs them
 of its columns at a time, which tuning chooses between), "scatter" (the combine added into the tokens' rows,
 triton_scatter: the down forward and the gate/up input gradient) and "gated" (SwiGLU and its LoRA product,
 triton_fused: the gate/up forward); each with FLATTEN off and on (both are tuned). One line each; the last line is
-one JSON object.
+one JSON object. Then the dense parts' kernels in bf16 (the RMSNorms, the DeltaNet gated norm and short
+convolution), each once: their shared memory, registers and spilled stack.
 
     python3 bench/hopper_compile.py --smoke   (4 stages, FLATTEN off)
 
@@ -94,6 +95,50 @@ def compile_one(product, epilogue, stages, flatten):
             "atomics": ptx.count("red.global") + ptx.count("atom.global"), **resources(compiled.asm["cubin"])}
 
 
+def dense_sources():
+    """(name, ASTSource, warps) for the dense parts' kernels in bf16 as the trainer launches them: the RMSNorms
+    (standard and zero-centred, from the input or the output), the DeltaNet gated norm and short convolution."""
+    import triton.language as tl
+
+    from training.kernels import gated_rmsnorm, rmsnorm, short_conv
+
+    bf16 = "*bf16"
+
+    def made(kernel, types, constants):
+        signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in kernel.arg_names}
+        return ASTSource(kernel, signature, constants)
+
+    norm = dict(x_ptr=bf16, w_ptr=bf16, y_ptr=bf16, dy_ptr=bf16, dx_ptr=bf16, r_ptr="*fp32", eps="fp32")
+    for centred in (False, True):
+        rows = dict(ZERO_CENTERED=centred, BLOCK_ROWS=4, BLOCK_H=2048)  # hidden 2048
+        for keep in (False, True):
+            yield f"rmsnorm forward{' centred' * centred}{' keeping r' * keep}", made(
+                rmsnorm._rmsnorm_forward_kernel, norm, dict(rows, STORE_R=keep)), 8
+        yield f"rmsnorm backward{' centred' * centred}", made(rmsnorm._rmsnorm_backward_kernel, norm, rows), 8
+        yield f"rmsnorm backward from output{' centred' * centred}", made(
+            rmsnorm._rmsnorm_backward_from_output_kernel, norm, rows), 8
+    gated = dict(norm, g_ptr=bf16, dg_ptr=bf16)
+    heads = dict(H_TYPE=tl.bfloat16, BLOCK_ROWS=gated_rmsnorm.ELEMENTS // 128, BLOCK_H=128)  # value heads of 128
+    yield "gated rmsnorm forward", made(gated_rmsnorm._gated_forward_kernel, gated, heads), gated_rmsnorm.WARPS
+    yield "gated rmsnorm backward", made(gated_rmsnorm._gated_backward_kernel, gated, heads), gated_rmsnorm.WARPS
+    conv = dict(x_ptr=bf16, starts_ptr="*i8", w_ptr=bf16, b_ptr=bf16, y_ptr=bf16, dy_ptr=bf16, dpre_ptr=bf16,
+                dx_ptr=bf16)
+    tile, warps = dict(WIDTH=4, BLOCK_T=short_conv.BLOCK_T, BLOCK_D=short_conv.BLOCK_D), short_conv.WARPS
+    yield "short conv forward", made(short_conv._short_conv_forward_kernel, conv,
+                                     dict(tile, HAS_BIAS=False, SILU=True)), warps
+    yield "short conv activation grad", made(short_conv._short_conv_grad_pre_kernel, conv,
+                                             dict(tile, HAS_BIAS=False, SILU=True)), warps
+    yield "short conv input grad", made(short_conv._short_conv_grad_input_kernel, conv, tile), warps
+
+
+def compile_dense(name, source, warps):
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    except Exception as exc:  # noqa: BLE001 - the row says why it did not build
+        return {"kernel": name, "error": f"{type(exc).__name__}: {exc}"[:600]}
+    return {"kernel": name, "shared": compiled.metadata.shared, **resources(compiled.asm["cubin"])}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--stages", default="4,3")
@@ -109,10 +154,15 @@ def main():
                     row = compile_one(product, epilogue, n, flatten)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+    dense = []
+    for name, source_of, warps in dense_sources():
+        dense.append(compile_dense(name, source_of, warps))
+        print(json.dumps(dense[-1]), flush=True)
     built = [r for r in rows if "error" not in r]
+    dense_built = [r for r in dense if "error" not in r]
     print(json.dumps(dict(triton=triton.__version__, target="sm_90a", rows=rows, compiled=len(built),
-                          all_fit=all(r["fits"] for r in built))))
-    return 0 if len(built) == len(rows) else 1
+                          all_fit=all(r["fits"] for r in built), dense=dense, dense_compiled=len(dense_built))))
+    return 0 if len(built) == len(rows) and len(dense_built) == len(dense) else 1
 
 
 if __name__ == "__main__":

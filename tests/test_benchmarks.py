@@ -23,7 +23,7 @@ FIGURES = {
               "checkpoints_refused_by_successors", "honest_completes_refused", "errors"},
     "grpo_scoring": {"row_logps_max_rel_diff", "tokens_equal", "lora_grad_rel_diff", "ms_packed_unmasked",
                      "ms_sdpa_masked"},
-    "hopper_compile": {"triton", "target", "rows", "compiled", "all_fit"},
+    "hopper_compile": {"triton", "target", "rows", "compiled", "all_fit", "dense", "dense_compiled"},
     "hopper_ws": {"max_rel_err", "timed", "rows"},
     "ingest": {"points", "points_per_s", "batch_p50_ms"},
     "memory_table": {"rows", "measured"},
@@ -50,7 +50,8 @@ CHECKS = {
     # each product with each epilogue builds for sm_90a on tensor cores and fits its shared memory; only the adding
     # epilogues add atomically
     "hopper_compile": lambda f: f["compiled"] == 11 and f["all_fit"] and all(
-        r["wgmma"] > 0 and (r["atomics"] > 0) == (r["epilogue"] in ("scatter", "gated")) for r in f["rows"]),
+        r["wgmma"] > 0 and (r["atomics"] > 0) == (r["epilogue"] in ("scatter", "gated")) for r in f["rows"])
+    and f["dense_compiled"] == len(f["dense"]) == 13,  # and every dense kernel builds
     "hopper_ws": lambda f: f["timed"] is False,
     "ingest": lambda f: f["points"] == 4000,
     # each family in each budget ran and said its plan and its reserve beside the prediction

@@ -78,11 +78,12 @@ def _rmsnorm_backward_from_output_kernel(dy_ptr, y_ptr, w_ptr, r_ptr, dx_ptr, ro
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(kernel, rows, hidden, *args):
+def _launch(kernel, rows, hidden, *args, elements=8192, warps=None):
+    """One program per block of rows of up to `elements`, on `warps` (by default 4 up to 4,096 elements, else 8)."""
     block_h = triton.next_power_of_2(hidden)
-    block_rows = 4 if interpreting() else max(1, min(64, 8192 // block_h))
+    block_rows = 4 if interpreting() else max(1, min(64, elements // block_h))
     kernel[(triton.cdiv(rows, block_rows),)](*args, BLOCK_ROWS=block_rows, BLOCK_H=block_h,
-                                            num_warps=4 if block_h * block_rows <= 4096 else 8)
+                                            num_warps=warps or (4 if block_h * block_rows <= 4096 else 8))
 
 
 class RMSNormFunction(torch.autograd.Function):

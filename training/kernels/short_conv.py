@@ -81,10 +81,15 @@ def _short_conv_grad_input_kernel(dpre_ptr, starts_ptr, w_ptr, dx_ptr, T, D, WID
              mask=(offs_u < T)[:, None] & mask_d[None, :])
 
 
+# A program's tile (tokens, channels) and warps: 16 values a thread (32 at 4 warps took 250-255 registers for sm_90a
+# and the activation's gradient spilled: bench/hopper_compile.py)
+BLOCK_T, BLOCK_D, WARPS = 32, 128, 8
+
+
 def _grid(tokens, channels):
-    block_t, block_d = (16, 32) if interpreting() else (32, 128)
+    block_t, block_d = (16, 32) if interpreting() else (BLOCK_T, BLOCK_D)
     return (triton.cdiv(tokens, block_t), triton.cdiv(channels, block_d)), {"BLOCK_T": block_t, "BLOCK_D": block_d,
-                                                                            "num_warps": 4}
+                                                                            "num_warps": WARPS}
 
 
 class ShortConvFunction(torch.autograd.Function):
