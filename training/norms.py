@@ -38,8 +38,9 @@ def _gated_forward(self, hidden_states, gate):
     return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)
 
 
-def _gated_applies(self, hidden_states, gate):
-    return hidden_states.is_cuda and not self.weight.requires_grad and hidden_states.shape == gate.shape
+def _gated_applies(self, hidden_states, gate=None):
+    return hidden_states.is_cuda and not self.weight.requires_grad and gate is not None \
+        and hidden_states.shape == gate.shape
 
 
 def use_fused_rms_norms(model):
