@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from training.kernels.rmsnorm import _launch, _row_block
+from training.kernels.rmsnorm import launch_rows, row_block
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def _gated_parts(x_ptr, g_ptr, w_ptr, offsets, offs_h, mask_h, mask, H, eps, H_T
 @triton.jit
 def _gated_forward_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rows, H, eps, H_TYPE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                           BLOCK_H: tl.constexpr):
-    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
+    offs_h, mask_h, mask, offsets = row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     _, _, _, h, g, sig = _gated_parts(x_ptr, g_ptr, w_ptr, offsets, offs_h, mask_h, mask, H, eps, H_TYPE)
     tl.store(y_ptr + offsets, (h * (g * sig)).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -33,7 +33,7 @@ def _gated_forward_kernel(x_ptr, g_ptr, w_ptr, y_ptr, rows, H, eps, H_TYPE: tl.c
 @triton.jit
 def _gated_backward_kernel(dy_ptr, x_ptr, g_ptr, w_ptr, dx_ptr, dg_ptr, rows, H, eps, H_TYPE: tl.constexpr,
                            BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
+    offs_h, mask_h, mask, offsets = row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     x, r, w, h, g, sig = _gated_parts(x_ptr, g_ptr, w_ptr, offsets, offs_h, mask_h, mask, H, eps, H_TYPE)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     # out = h silu(g): the gate's gradient in fp32, h's rounded to h's type as autograd rounds it
@@ -60,8 +60,8 @@ class GatedRMSNormFunction(torch.autograd.Function):
         h_type = _TL_TYPES[torch.promote_types(weight.dtype, x.dtype)]  # weight * n, n in x's type
         y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
         if x2.shape[0]:
-            _launch(_gated_forward_kernel, x2.shape[0], hidden, x2, g2, weight, y, x2.shape[0], hidden, float(eps),
-                    h_type, elements=ELEMENTS, warps=WARPS)
+            launch_rows(_gated_forward_kernel, x2.shape[0], hidden, x2, g2, weight, y, x2.shape[0], hidden, float(eps),
+                        h_type, elements=ELEMENTS, warps=WARPS)
         ctx.save_for_backward(x2, g2, weight)
         ctx.eps, ctx.h_type, ctx.shapes, ctx.gate_dtype = eps, h_type, (x.shape, gate.shape), gate.dtype
         return y.view(x.shape)
@@ -73,8 +73,8 @@ class GatedRMSNormFunction(torch.autograd.Function):
         dy = grad_y.reshape(rows, hidden).contiguous()
         dx, dg = torch.empty_like(x2), torch.empty(x2.shape, device=x2.device, dtype=ctx.gate_dtype)
         if rows:
-            _launch(_gated_backward_kernel, rows, hidden, dy, x2, g2, weight, dx, dg, rows, hidden, float(ctx.eps),
-                    ctx.h_type, elements=ELEMENTS, warps=WARPS)
+            launch_rows(_gated_backward_kernel, rows, hidden, dy, x2, g2, weight, dx, dg, rows, hidden, float(ctx.eps),
+                        ctx.h_type, elements=ELEMENTS, warps=WARPS)
         return dx.view(ctx.shapes[0]), dg.view(ctx.shapes[1]), None, None
 
 

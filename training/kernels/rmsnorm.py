@@ -9,7 +9,7 @@ from training.kernels._config import interpreting
 
 
 @triton.jit
-def _row_block(rows, H, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+def row_block(rows, H, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
     """This program's BLOCK_ROWS rows of a (rows, H) row-major tensor: (columns, column mask, mask, offsets)."""
     offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     offs_h = tl.arange(0, BLOCK_H)
@@ -30,7 +30,7 @@ def _scale(w_ptr, offs_h, mask_h, ZERO_CENTERED: tl.constexpr):
 @triton.jit
 def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, r_ptr, rows, H, eps, STORE_R: tl.constexpr,
                             ZERO_CENTERED: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
+    offs_h, mask_h, mask, offsets = row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
     if STORE_R:
@@ -46,7 +46,7 @@ def _rmsnorm_forward_kernel(x_ptr, w_ptr, y_ptr, r_ptr, rows, H, eps, STORE_R: t
 @triton.jit
 def _rmsnorm_backward_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, rows, H, eps, ZERO_CENTERED: tl.constexpr,
                              BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
+    offs_h, mask_h, mask, offsets = row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     w = _scale(w_ptr, offs_h, mask_h, ZERO_CENTERED)
@@ -62,7 +62,7 @@ def _rmsnorm_backward_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, rows, H, eps, ZERO_CE
 @triton.jit
 def _rmsnorm_backward_from_output_kernel(dy_ptr, y_ptr, w_ptr, r_ptr, dx_ptr, rows, H, ZERO_CENTERED: tl.constexpr,
                                          BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    offs_h, mask_h, mask, offsets = _row_block(rows, H, BLOCK_ROWS, BLOCK_H)
+    offs_h, mask_h, mask, offsets = row_block(rows, H, BLOCK_ROWS, BLOCK_H)
     offs_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -78,7 +78,7 @@ def _rmsnorm_backward_from_output_kernel(dy_ptr, y_ptr, w_ptr, r_ptr, dx_ptr, ro
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(kernel, rows, hidden, *args, elements=8192, warps=None):
+def launch_rows(kernel, rows, hidden, *args, elements=8192, warps=None):
     """One program per block of rows of up to `elements`, on `warps` (by default 4 up to 4,096 elements, else 8)."""
     block_h = triton.next_power_of_2(hidden)
     block_rows = 4 if interpreting() else max(1, min(64, elements // block_h))
@@ -96,8 +96,8 @@ class RMSNormFunction(torch.autograd.Function):
         y = torch.empty(x2.shape, device=x.device, dtype=y_dtype)
         r = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32) if keep_output else y
         if x2.shape[0]:
-            _launch(_rmsnorm_forward_kernel, x2.shape[0], hidden, x2, weight, y, r, x2.shape[0], hidden, float(eps),
-                    keep_output, zero_centered)
+            launch_rows(_rmsnorm_forward_kernel, x2.shape[0], hidden, x2, weight, y, r, x2.shape[0], hidden, float(eps),
+                        keep_output, zero_centered)
         ctx.save_for_backward(*((y, weight, r) if keep_output else (x2, weight)))
         ctx.eps, ctx.shape, ctx.keep_output, ctx.x_dtype = eps, x.shape, keep_output, x.dtype
         ctx.zero_centered = zero_centered
@@ -111,12 +111,12 @@ class RMSNormFunction(torch.autograd.Function):
         dx = torch.empty(saved[0].shape, device=dy.device, dtype=ctx.x_dtype)
         if dx.shape[0] and ctx.keep_output:
             y, weight, r = saved
-            _launch(_rmsnorm_backward_from_output_kernel, dx.shape[0], hidden, dy, y, weight, r, dx, dx.shape[0],
-                    hidden, ctx.zero_centered)
+            launch_rows(_rmsnorm_backward_from_output_kernel, dx.shape[0], hidden, dy, y, weight, r, dx, dx.shape[0],
+                        hidden, ctx.zero_centered)
         elif dx.shape[0]:
             x2, weight = saved
-            _launch(_rmsnorm_backward_kernel, dx.shape[0], hidden, dy, x2, weight, dx, dx.shape[0], hidden,
-                    float(ctx.eps), ctx.zero_centered)
+            launch_rows(_rmsnorm_backward_kernel, dx.shape[0], hidden, dy, x2, weight, dx, dx.shape[0], hidden,
+                        float(ctx.eps), ctx.zero_centered)
         return dx.view(ctx.shape), None, None, None, None
 
 
