@@ -184,22 +184,21 @@ def sample_starts(cu, total):
     return flags[:total]
 
 
-def rows_short_convolution(layer, mixed, cu):
+def rows_short_convolution(layer, mixed, cu, starts):
     """The layer's depthwise causal conv1d and activation over (1, D, T), never reaching across a sample start,
     with no host value: causal-conv1d told each token's sample where it is installed, else our Triton kernel told
-    each sample's first token (a frozen convolution), else `leak_corrected_convolution`."""
-    total = mixed.shape[-1]
+    each sample's first token (`starts`; a frozen convolution), else `leak_corrected_convolution`."""
     weight = layer.conv1d.weight.squeeze(1)  # (D, width); tap j reads the token width - 1 - j back
     kernel = conv1d_kernel()
     on_device = mixed.device.type in KERNEL_DEVICE_TYPES
     if kernel is not None and on_device:
-        seq_idx = sample_starts(cu, total).cumsum(0, dtype=torch.int32) - 1
+        seq_idx = starts.cumsum(0, dtype=torch.int32) - 1
         return kernel(mixed, weight, layer.conv1d.bias, seq_idx=seq_idx[None], activation=layer.activation)
     silu = layer.activation in ("silu", "swish")
     if on_device and not weight.requires_grad and (silu or not layer.activation):
         from training.kernels.short_conv import short_conv
 
-        out = short_conv(mixed[0].transpose(0, 1), sample_starts(cu, total), weight, layer.conv1d.bias, silu)
+        out = short_conv(mixed[0].transpose(0, 1), starts, weight, layer.conv1d.bias, silu)
         return out.transpose(0, 1)[None]
     return remade_in_backward(leak_corrected_convolution, layer, mixed, cu)
 
@@ -230,8 +229,9 @@ def device_packed_forward(layer, hidden_states, cu, chunk_rule):
     """The whole flattened stream through the layer in one pass with no host value, so a CUDA graph can hold it:
     each sample's first token takes a decay of RESET_DECAY, emptying the state it inherits, and the short convolution
     keeps to each sample (docs/training.md). `cu`: the boundaries over the stream, padded with its token count."""
-    starts = sample_starts(cu, hidden_states.shape[0] * hidden_states.shape[1])
-    return _one_pass(layer, hidden_states, lambda mixed: rows_short_convolution(layer, mixed, cu), chunk_rule, starts)
+    starts = sample_starts(cu, hidden_states.shape[0] * hidden_states.shape[1])  # the decay's and the convolution's
+    return _one_pass(layer, hidden_states, lambda mixed: rows_short_convolution(layer, mixed, cu, starts), chunk_rule,
+                     starts)
 
 
 def use_segmented_linear_attention(model):

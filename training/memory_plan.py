@@ -155,7 +155,7 @@ class Plan:
     @property
     def roomy(self) -> bool:
         """It leaves the headroom kept, not only fits."""
-        return self.headroom_gib >= self.kept_gib - 1e-9
+        return leaves(self.total_gib, self.card_gib, self.kept_gib)
 
     @property
     def checkpointing(self) -> bool:
@@ -197,6 +197,11 @@ def usable_gib(card_gib: float) -> float:
 def kept_gib(usable: float) -> float:
     """The headroom a plan is chosen to leave on a card with `usable` GiB: HEADROOM_GIB, a tenth of a small card."""
     return min(HEADROOM_GIB, HEADROOM_SHARE * usable)
+
+
+def leaves(total_gib: float, usable: float, kept: float) -> bool:
+    """A plan of `total_gib` on a card with `usable` GiB leaves `kept` free (to rounding)."""
+    return usable - total_gib >= kept - 1e-9
 
 
 def roomy_from(total_gib: float) -> float:
@@ -268,7 +273,7 @@ def choose(run: Run, usable: float, optimizer: str = "adamw", checkpointing: boo
 def pick(found: list[Plan], usable: float, kept: float) -> Plan | None:
     """`choose`'s rule over plans already counted, for a card with `usable` GiB that keeps `kept` free."""
     fitting = [plan for plan in found if plan.total_gib <= usable]
-    roomy = [plan for plan in fitting if usable - plan.total_gib >= kept - 1e-9]
+    roomy = [plan for plan in fitting if leaves(plan.total_gib, usable, kept)]
     if roomy:
         return max(roomy, key=lambda plan: plan.speed)
     return min(fitting, key=lambda plan: plan.total_gib, default=None)

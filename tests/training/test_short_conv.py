@@ -73,7 +73,7 @@ def test_the_device_path_takes_it_for_a_frozen_convolution(monkeypatch):
     monkeypatch.setattr(linear_attention, "KERNEL_DEVICE_TYPES", ("cuda", "cpu"))  # the interpreter plays the GPU
     forward = ShortConvFunction.forward
     monkeypatch.setattr(ShortConvFunction, "forward", staticmethod(lambda *args: calls.append(1) or forward(*args)))
-    got = linear_attention.rows_short_convolution(layer, mixed, cu)
+    got = linear_attention.rows_short_convolution(layer, mixed, cu, linear_attention.sample_starts(cu, total))
     assert calls and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     (want_dx,) = torch.autograd.grad(want, mixed, torch.ones_like(want))
