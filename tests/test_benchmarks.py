@@ -36,6 +36,7 @@ FIGURES = {
     "reaper": {"median_ms", "queries", "constant_queries"},
     "recovery": {"noticed_s", "first_step_s", "resumed_phase", "resumed_step"},
     "rollout": {"transformers_tokens_per_second", "ours_tokens_per_second", "speedup", "eval_tokens_per_second"},
+    "saved_activations": {"model", "tokens", "hidden", "rows"},
     "run_page": {"page_p95_ms", "data_p95_ms", "data_cold_p95_ms", "list_p95_ms", "largest_trace_points"},
     "serve_check": {"rows", "vllm", "tolerance", "families"},
     "train_and_export": {"train_rc", "steps", "store", "export_peft", "export_vllm", "vllm_key_count"},
@@ -59,6 +60,10 @@ CHECKS = {
         r["plan"] and r["predicted_gib"] > 0 and r["tokens_per_second"] > 0 for r in f["rows"]),
     "probes": lambda f: f["misjudged"] == 0 and f["ok"] + f["failed"] == 20,
     "reaper": lambda f: f["constant_queries"],
+    # the fused norms keep less in every kind of layer; the remade convolution less in the DeltaNet ones
+    "saved_activations": lambda f: len(f["rows"]) == 4 and all(
+        f["rows"][1][kind] < f["rows"][0][kind] for kind in ("full_attention", "linear_attention"))
+    and f["rows"][3]["linear_attention"] < f["rows"][2]["linear_attention"],
     # every plan's optimizer ran on the same model and batches; a few steps in they still track float32 AdamW
     "optimizer_convergence": lambda f: set(f["results"]) == {
         "adamw", "adamw_8bit", "adamw_8bit_bf16", "adamw_offload_bf16"} and f["all_within_noise"],

@@ -10,6 +10,7 @@ ZERO_CENTERED_RMSNORMS = ("Qwen3_5MoeRMSNorm", "Qwen3_5RMSNorm", "Qwen3NextRMSNo
 GATED_RMSNORMS = ("Qwen3_5MoeRMSNormGated", "Qwen3_5RMSNormGated", "Qwen3NextRMSNormGated")
 OUTPUT_KEPT_BY_NEXT = ("input_layernorm", "post_attention_layernorm")  # decoder-layer names, every listed family
 KEEP_OUTPUT_ATTRIBUTE = "_rms_norm_keeps_output"
+KERNEL_DEVICE_TYPES = ("cuda",)  # where the Triton kernels run (Triton's interpreter may play one on the CPU)
 ZERO_CENTERED_ATTRIBUTE = "_rms_norm_zero_centered"
 
 
@@ -29,7 +30,7 @@ def _fused_forward(self, hidden_states):
 
 
 def _applies(self, hidden_states):
-    return hidden_states.is_cuda and not self.weight.requires_grad
+    return hidden_states.device.type in KERNEL_DEVICE_TYPES and not self.weight.requires_grad
 
 
 def _gated_forward(self, hidden_states, gate):
@@ -39,7 +40,7 @@ def _gated_forward(self, hidden_states, gate):
 
 
 def _gated_applies(self, hidden_states, gate=None):
-    return hidden_states.is_cuda and not self.weight.requires_grad and gate is not None \
+    return hidden_states.device.type in KERNEL_DEVICE_TYPES and not self.weight.requires_grad and gate is not None \
         and hidden_states.shape == gate.shape
 
 
