@@ -12,6 +12,8 @@ Last line: one JSON object.
 """
 
 import argparse
+import contextlib
+import inspect
 import json
 import statistics
 import sys
@@ -40,6 +42,28 @@ def stand_in_rule(q, k, v, g, beta, cu_seqlens_cpu, **kwargs):
                                                use_qk_l2norm_in_kernel=True)[0]
              for s, e in pairwise(cu_seqlens_cpu.tolist())]
     return torch.cat(parts, dim=1), None
+
+
+STARTED = time.monotonic()
+
+
+def stage(done):
+    """A line on stderr as each stage ends, so a run cut short says how far it came."""
+    print(f"[{time.monotonic() - STARTED:6.1f} s] {done}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def pytorch_rule_in_transformers():
+    """transformers' DeltaNet layers on its own PyTorch chunked rule, not the FLA kernel its name resolves to where
+    FLA is installed."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
+
+    resolved = modeling.torch_chunk_gated_delta_rule
+    modeling.torch_chunk_gated_delta_rule = inspect.unwrap(resolved)
+    try:
+        yield
+    finally:
+        modeling.torch_chunk_gated_delta_rule = resolved
 
 
 def layer_of(fields, dtype, device):
@@ -150,11 +174,16 @@ def main():
     hidden = torch.randn(args.rows, args.seq_len, fields["hidden_size"], generator=torch.Generator().manual_seed(2))
     hidden = hidden.to(device)
 
-    truth = forward_backward("per_sample", layer_of(fields, torch.float32, device), hidden, ends, rule)
+    with pytorch_rule_in_transformers():  # float32 truth on PyTorch's rule: FLA need not tune for float32 too
+        truth = forward_backward("per_sample", layer_of(fields, torch.float32, device), hidden, ends, rule)
+    stage("float32 truth, per sample")
     layer = layer_of(fields, dtype, device)
     fast = forward_backward("fast", layer, hidden.to(dtype), ends, rule)
+    stage("fast path (first call: its kernels tune)")
     device_only = forward_backward("device", layer, hidden.to(dtype), ends, rule)
+    stage("device path")
     alone = forward_backward("per_sample", layer, hidden.to(dtype), ends, rule)
+    stage("per-sample path")
     names = ("output", "input_grad", "qkv_weight_grad")
     figures = {
         "path": "fla" if rule is not stand_in_rule else "stand-in", "dtype": str(dtype).removeprefix("torch."),
@@ -171,6 +200,7 @@ def main():
     for path in ("fast", "device", "per_sample"):
         figures[f"{path}_ms"] = round(timed_ms(lambda p=path: forward_backward(p, layer, hidden.to(dtype), ends, rule),
                                                args.runs, device), 2)
+    stage("timed the three paths")
     figures.update(convolution_ms(layer, hidden.to(dtype), ends, args.runs, device))
     figures["speedup"] = round(figures["per_sample_ms"] / figures["fast_ms"], 2)
     figures["device_speedup"] = round(figures["per_sample_ms"] / figures["device_ms"], 2)

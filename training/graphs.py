@@ -2,6 +2,8 @@
 (docs/training.md, "training/graphs.py")."""
 
 import logging
+import traceback
+from pathlib import Path
 
 import torch
 
@@ -39,6 +41,13 @@ class _Captured:
         return self.loss.clone(), stats
 
 
+def _where(exc, frames=3):
+    """The innermost frames an exception came through, "file:line function", innermost first: which op a capture
+    refused."""
+    stack = traceback.extract_tb(exc.__traceback__)[-frames:]
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack)) or "unknown"
+
+
 class MicroStepGraphs:
     """Per batch signature: `warmup` eager micro-steps, then one capture, then replays; at most `max_graphs`
     captured per phase kind."""
@@ -74,8 +83,8 @@ class MicroStepGraphs:
         try:
             captured = self._capture(model, loss_fn, batch, phase, ctx, scale)
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: this shape runs eagerly from now on
-            _log.warning("micro-step not captured in a CUDA graph (%s: %s); running it eagerly",
-                         type(exc).__name__, str(exc)[:200])
+            _log.warning("micro-step not captured in a CUDA graph (%s: %s, at %s); running it eagerly",
+                         type(exc).__name__, str(exc)[:200], _where(exc))
             self.failed.add(key)
             torch.cuda.synchronize()
             return eager_micro_step(model, loss_fn, batch, phase, ctx, scale)

@@ -4,6 +4,7 @@ convolution start from zero (docs/training.md, "training/linear_attention.py")."
 import functools
 import importlib
 import importlib.util
+import inspect
 from itertools import pairwise
 
 import torch
@@ -174,14 +175,16 @@ def torch_chunk_rule(q, k, v, g, beta, **kwargs):
 
     groups = v.shape[2] // q.shape[2]
     q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
-    return torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, **kwargs)
+    # unwrapped: transformers' name resolves to FLA's kernel where that is installed
+    return inspect.unwrap(torch_chunk_gated_delta_rule)(q, k, v, g=g, beta=beta, **kwargs)
 
 
 def sample_starts(cu, total):
     """(total,) bool, on the device: the tokens that begin a sample, from boundaries padded with `total`."""
     flags = torch.zeros(total + 1, dtype=torch.bool, device=cu.device)
-    flags[cu[:-1].long()] = True  # the padding's entries land on the extra slot
-    return flags[:total]
+    # the padding's entries land on the extra slot; index_fill_, not `flags[index] = True`, which copies the value
+    # in from the host (a 0-dim CPU tensor), an error under a CUDA graph's capture
+    return flags.index_fill_(0, cu[:-1].long(), True)[:total]
 
 
 def rows_short_convolution(layer, mixed, cu, starts):

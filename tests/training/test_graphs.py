@@ -27,6 +27,31 @@ def test_only_fixed_shape_tensor_batches_of_sync_free_losses_are_captured():
     assert _signature({"prompts": [[1, 2]], "records": [{}]}, "grpo", 1.0) is None  # host lists: never captured
 
 
+def test_a_micro_step_a_capture_refuses_runs_eagerly_and_the_log_says_where(monkeypatch, caplog):
+    from training import graphs
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def copy_in_from_the_host(*args):
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+    monkeypatch.setattr(graphs.MicroStepGraphs, "_capture", copy_in_from_the_host)
+    weight = torch.nn.Parameter(torch.ones(3))
+    runner = graphs.MicroStepGraphs([weight], warmup=0)
+    batch = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "labels": torch.zeros(1, 4, dtype=torch.long)}
+
+    def loss_fn(model, batch, phase, ctx):
+        return (weight * 2).sum(), {}
+
+    with caplog.at_level("WARNING", logger="training.graphs"):
+        loss, _ = runner.run(None, loss_fn, batch, {"kind": "sft"}, {}, 0.5)
+    assert loss.item() == 6.0 and weight.grad.tolist() == [1.0, 1.0, 1.0]  # ran eagerly, scaled
+    assert not runner.replaying and len(runner.failed) == 1
+    assert "Cannot copy between CPU and CUDA" in caplog.text
+    assert "test_graphs.py:" in caplog.text and "copy_in_from_the_host" in caplog.text
+
+
 @gpu
 def test_replayed_micro_steps_train_like_eager_ones(tiny_config):
     """Three optimizer steps of four micro-batches: eager, then with graphs (two eager warm-ups, the capture, and
@@ -132,18 +157,21 @@ def test_replayed_preference_micro_steps_train_like_eager_ones(kind, tiny_config
 
 
 class _HostReads(TorchDispatchMode):
-    """Records the ops that read a tensor's value on the host (item, int, bool, float) or make a shape from it:
-    under a CUDA-graph capture each one is an error."""
+    """Records the ops that read a tensor's value on the host (item, int, bool, float) or make a shape from it, and
+    those that bring a value in from the host (a tensor made of Python data; `x[index] = 1`, whose 1 PyTorch makes a
+    CPU tensor to copy in): under a CUDA-graph capture each one is an error."""
 
     READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
              torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default}
+    MADE_ON_THE_HOST = {torch.ops.aten.lift_fresh.default}
+    PUTS = {torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default}
 
     def __init__(self):
         super().__init__()
         self.seen = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.READS:
+        if func in self.READS or func in self.MADE_ON_THE_HOST or (func in self.PUTS and args[2].dim() == 0):
             self.seen.append(func.__name__)
         return func(*args, **(kwargs or {}))
 
@@ -186,6 +214,37 @@ def test_the_captured_losses_read_no_device_value_on_the_host(kind, tiny_model, 
     assert reads.seen == []
     assert moe_lora.kernels_of(model).last_path == "triton"
     assert all(torch.is_tensor(v) or v in (True, batch["input_ids"].numel()) for v in stats.values())
+
+
+@interpreted
+@pytest.mark.parametrize("kind", ["cpt", "sft"])
+def test_a_deltanet_familys_packed_micro_step_reads_nothing_on_the_host(kind, monkeypatch):
+    """Qwen3.5-MoE on packed rows with the GPU's path (the fused norms, the one-pass DeltaNet layer on our short
+    convolution's kernel: the interpreter plays the GPU; transformers' PyTorch rule stands in for FLA's): the loss
+    and backward neither read a value on the host nor bring one in from it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training import linear_attention, norms
+    from training.examples.tiny import TINY_QWEN3_5_CONFIG
+    from training.lora import attach_lora
+    from training.losses import LOSSES
+
+    for module in (linear_attention, norms):
+        monkeypatch.setattr(module, "KERNEL_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(linear_attention, "fla_chunk_rule", lambda: linear_attention.torch_chunk_rule)
+    fields = dict(TINY_QWEN3_5_CONFIG)
+    torch.manual_seed(0)
+    model = attach_lora(AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields)),
+                        r=4, alpha=8)
+    batch = _loss_batch(kind, 64)
+    LOSSES[kind](model, batch, {"kind": kind}, {})  # as the trainer's eager warm-ups: the norms settle what they keep
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    reads = _HostReads()
+    with reads:
+        loss, _ = LOSSES[kind](model, batch, {"kind": kind}, {})
+        loss.backward()
+    assert reads.seen == []
+    assert torch.isfinite(loss)
 
 
 def test_a_preference_data_set_of_varied_lengths_takes_no_more_shapes_than_there_are_buckets(tmp_path):
