@@ -13,7 +13,6 @@ Last line: one JSON object.
 
 import argparse
 import contextlib
-import inspect
 import json
 import statistics
 import sys
@@ -59,7 +58,7 @@ def pytorch_rule_in_transformers():
     from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
 
     resolved = modeling.torch_chunk_gated_delta_rule
-    modeling.torch_chunk_gated_delta_rule = inspect.unwrap(resolved)
+    modeling.torch_chunk_gated_delta_rule = linear_attention.pytorch_chunk_rule()
     try:
         yield
     finally:

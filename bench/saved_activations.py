@@ -35,10 +35,10 @@ CONFIGS = ("transformers", "fused norms", "one pass, convolution kept", "one pas
 
 def kept_bytes(model, ids, config):
     """{decoder layer index: bytes of the distinct activations its forward saved} for one configuration."""
+    devices, remade = norms.KERNEL_DEVICE_TYPES, linear_attention.remade_in_backward
     norms.KERNEL_DEVICE_TYPES = ("cuda",) if config == "transformers" else ("cuda", "cpu")
     one_pass = config.startswith("one pass")
     inputs = model_inputs(model, {"input_ids": ids}) if one_pass else {"input_ids": ids, "use_cache": False}
-    remade = linear_attention.remade_in_backward
     if config == "one pass, convolution kept":
         linear_attention.remade_in_backward = lambda convolution, *args: convolution(*args)
     seen = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
@@ -59,7 +59,7 @@ def kept_bytes(model, ids, config):
     finally:
         for hook in hooks:
             hook.remove()
-        norms.KERNEL_DEVICE_TYPES, linear_attention.remade_in_backward = ("cuda",), remade
+        norms.KERNEL_DEVICE_TYPES, linear_attention.remade_in_backward = devices, remade
     return kept
 
 

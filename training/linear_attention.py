@@ -171,12 +171,18 @@ def fast_packed_forward(layer, hidden_states, ends, chunk_rule):
 def torch_chunk_rule(q, k, v, g, beta, **kwargs):
     """transformers' PyTorch chunked gated delta rule with FLA's call (q and k keep their key heads, value head h
     reads key head h // (HV // H)): the device path's rule where FLA's kernels do not run."""
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import torch_chunk_gated_delta_rule
-
     groups = v.shape[2] // q.shape[2]
     q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
-    # unwrapped: transformers' name resolves to FLA's kernel where that is installed
-    return inspect.unwrap(torch_chunk_gated_delta_rule)(q, k, v, g=g, beta=beta, **kwargs)
+    return pytorch_chunk_rule()(q, k, v, g=g, beta=beta, **kwargs)
+
+
+@functools.cache
+def pytorch_chunk_rule():
+    """transformers' own PyTorch chunked gated delta rule: its module's name, unwrapped, resolves to FLA's kernel
+    where FLA is installed."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+
+    return inspect.unwrap(modeling_qwen3_5_moe.torch_chunk_gated_delta_rule)
 
 
 def sample_starts(cu, total):

@@ -236,8 +236,12 @@ def test_a_deltanet_familys_packed_micro_step_reads_nothing_on_the_host(kind, mo
     torch.manual_seed(0)
     model = attach_lora(AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields)),
                         r=4, alpha=8)
+    one_pass = linear_attention.device_packed_forward
+    calls = []
+    monkeypatch.setattr(linear_attention, "device_packed_forward", lambda *args: calls.append(1) or one_pass(*args))
     batch = _loss_batch(kind, 64)
     LOSSES[kind](model, batch, {"kind": kind}, {})  # as the trainer's eager warm-ups: the norms settle what they keep
+    assert len(calls) == model.config.layer_types.count("linear_attention") > 0  # each DeltaNet layer: the one pass
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     reads = _HostReads()
     with reads:
