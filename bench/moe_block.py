@@ -483,18 +483,25 @@ def sonic_compare(holder, x, index, weights, grad, ours_paths=("ours:triton",)):
     """SonicMoE (arXiv 2512.14080; pip sonic-moe, on QuACK and the CUTLASS DSL) and ours (each of `ours_paths`) on the
     same experts, routing and input, the experts alone (no router): rows of ms, eager and graphed, with each output's
     and input gradient's error against a float32 reference of the same experts (SonicMoE's without LoRA, ours with
-    it); where SonicMoE cannot run, a row saying why."""
+    it); where SonicMoE cannot run, a row saying why. SonicMoE runs first: a capture of ours that fails (seen once on
+    the H200, 30B at 4096 tokens) leaves the CUDA generator as if capturing, and SonicMoE's next call then fails."""
     adopt_routed_lora(holder)
     xs = x.detach().requires_grad_()
+    rows = _sonic_rows(holder, xs, index, weights, grad)
 
     def ours(inp):
         return holder.mlp.experts(inp, index, weights)
 
-    rows = []
     for path in ours_paths:  # on a CPU in Triton's interpreter
         set_path(holder, path)
         rows += _like_for_like(path, ours, xs, [xs] + lora_params(holder), grad, index, weights, holder,
                                with_lora=True)
+    return rows
+
+
+def _sonic_rows(holder, xs, index, weights, grad):
+    """sonic_compare's SonicMoE rows, or one saying why it could not run."""
+    rows: list[dict] = []
     try:
         import sonicmoe
         import sonicmoe.functional as sonic_functional
@@ -510,12 +517,12 @@ def sonic_compare(holder, x, index, weights, grad, ours_paths=("ours:triton",)):
         # HF keeps (E, 2I, H) [gate | up] and (E, H, I): SonicMoE reads them as (2I, H, E) and (H, I, E) views.
         w1=experts.gate_up_proj.detach().permute(1, 2, 0), b1=None,
         w2=experts.down_proj.detach().permute(1, 2, 0), b2=None,
-        E=experts.gate_up_proj.shape[0], stream_id=torch.cuda.current_stream().cuda_stream,
-        activation_type=ActivationType.SWIGLU, concat_layout=True,
+        E=experts.gate_up_proj.shape[0], activation_type=ActivationType.SWIGLU, concat_layout=True,
     )
 
-    def sonic(inp):
-        return sonicmoe.moe_general_routing_inputs(inp, scores, **routing)[0]
+    def sonic(inp):  # on the stream it is called on: a capture's, when captured
+        stream = torch.cuda.current_stream().cuda_stream
+        return sonicmoe.moe_general_routing_inputs(inp, scores, stream_id=stream, **routing)[0]
 
     try:
         with _sonic_without_weight_grads(sonic_functional):

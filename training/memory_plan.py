@@ -31,7 +31,7 @@ OPTIMIZER_FIGURES = {
     "adamw_8bit": Optimizer(8, EIGHT_BIT, 0.0, 0.97, "8-bit moments"),
     "adamw_offload": Optimizer(8, 0.0, 4 + 4 + 8, 0.7, "moments on the host"),
     "adamw_8bit_bf16": Optimizer(4, EIGHT_BIT, 0.0, 0.97, "8-bit moments and bf16 factors"),
-    "adamw_offload_bf16": Optimizer(4, 0.0, 4 + 4 + 8, 0.7, "moments on the host and bf16 factors"),
+    "adamw_offload_bf16": Optimizer(4, 0.0, 4 + 4 + 8, 0.75, "moments on the host and bf16 factors"),
 }
 OPTIMIZERS = tuple(OPTIMIZER_FIGURES)
 BF16_FACTORS = frozenset(name for name, figures in OPTIMIZER_FIGURES.items() if figures.factor_bytes == 4)
@@ -39,15 +39,16 @@ OFFLOADED = frozenset(name for name, figures in OPTIMIZER_FIGURES.items() if fig
 
 # What the layers keep for the backward pass, per token, layer and hidden unit, without checkpointing, over the timed
 # steps; calibrated on one H200, r=32, 2 x 2048 tokens (tests/training/test_memory_plan.py): Qwen3-30B-A3B 89.2 and
-# 90.3 GiB reserved with float32 moments, 83.2 with 8-bit (full attention), Qwen3.6-35B-A3B 119.2 GiB (three DeltaNet
-# layers in four keep their gates, convolutions and chunk states; measured graphed, the eager reserve not yet).
-# The DeltaNet figure predates the fused Qwen3.5 norms and the short convolution's kernel, which counted 24 and 6 fewer
-# saved bytes (docs/training.md, "training/norms.py"): an over-prediction, kept until the H200 measures it again.
-ACTIVATION_BYTES = {"attention": 33.6, "linear_attention": 81.0}
+# 90.3 GiB reserved with float32 moments, 83.2 with 8-bit (full attention), Qwen3.6-35B-A3B 108.7 GiB (three DeltaNet
+# layers in four on FLA, with the fused Qwen3.5 norms and the short convolution's kernel, graphed; 119.2 before those
+# kernels, at 81) and 83.5 with 22 of its 40 layers checkpointed, 8-bit moments and bf16 factors.
+ACTIVATION_BYTES = {"attention": 33.6, "linear_attention": 46.0}
 # The first step holds more than the timed ones: its eager warm-up, then the CUDA-graph capture (training/graphs.py).
 # Plans predicted 78.3 and 75.6 GiB from the timed steps ran out of memory in 80 and 77 GiB budgets, one at 72.7 ran
 # in 74 (and float32 factors at 83.1 in 85): 14.5% more, within 1%. Qwen3.6-35B-A3B's first step, graphs captured,
-# peaked at its timed steps' 119.2 GiB (whole card, float32 moments).
+# peaked at its timed steps' reserve on the whole card (108.7 GiB) and in 96 GiB (83.5); with every layer checkpointed
+# and the moments on the host, 75.9 in a 76 GiB budget and 77.0 in 80 against 73.8 timed in both: the offloaded
+# step's first pass, not activations (1.1 GiB of them), and within the headroom a plan keeps.
 FIRST_STEP = {"attention": 1.145, "linear_attention": 1.0}
 # The rest of the reserve beside what is counted (allocator blocks, cuBLAS workspaces, the step's small tensors): the
 # same 30B-A3B run reserved 89.2 GiB in one lease and 90.3 in another; 1.4 keeps every measured 30B-A3B point within
@@ -57,13 +58,15 @@ CONTEXT_GIB = 0.9  # what the driver and CUDA context keep of a card's memory: a
 HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of this many tokens at a time, in bf16
 
 # Throughput of each plan against no checkpointing and float32 moments in the card (one H200, r=32, 8 x 2 x 2048
-# tokens). Checkpointing recomputes every layer's forward: 8,735 against 11,961 tokens/s on 35B-A3B (0.73), 16,601
-# against 22,684 on 30B-A3B (0.73). Our 8-bit step (training/kernels/adamw8bit.py) takes 36 ms against fused AdamW's
-# 14.5 on 30B-A3B's adapter; with it, no checkpointing 21,725 tokens/s (0.958), half the layers checkpointed 18,687
-# (0.824 of 22,684: 0.97 x 0.850), three quarters 17,668, all 16,315 (0.719): 0.97 over all four. The offloaded step
-# copies the gradients out and the factors back over PCIe and steps on the host's cores: not yet measured, 0.7 (with
-# bf16 factors too, though half the bytes cross).
-CHECKPOINTING_SPEED = 0.74
+# tokens). Checkpointing recomputes every layer's forward: 16,601 against 22,684 tokens/s on 30B-A3B (0.73). Our 8-bit
+# step (training/kernels/adamw8bit.py) takes 36 ms against fused AdamW's 14.5 on 30B-A3B's adapter; with it, no
+# checkpointing 21,725 tokens/s (0.958), half the layers checkpointed 18,687 (0.824 of 22,684: 0.97 x 0.850), three
+# quarters 17,668, all 16,315 (0.719): 0.97 over all four. Qwen3.6-35B-A3B recomputes less of its step (its DeltaNet
+# layers are cheaper to redo, its 248k-word head is not redone): 22 of 40 layers with 8-bit moments and bf16 factors
+# 14,944 against 17,520 (0.853 = 0.97 / (1 + (1 / 0.80 - 1) x 0.55)); every layer with the moments on the host and
+# bf16 factors 10,499 (0.599 = 0.75 x 0.80: the offloaded step copies the gradients out and the factors back over
+# PCIe and steps on the host's cores). With float32 factors, twice the bytes cross: 0.7, not measured.
+CHECKPOINTING_SPEED = {"attention": 0.74, "linear_attention": 0.80}
 # What a chosen plan leaves free beyond its predicted reserve. The prediction's own error is in SLACK_GIB; this is for
 # what a run of hours meets that the timed steps did not: the allocator's fragmentation, a longer DPO pair's bucket, a
 # driver with a bigger context. 6 GiB: the practitioners' 96 GB card (95.1 usable) keeps its run within 89.1, an 80 GB
@@ -129,6 +132,7 @@ class Plan:
     checkpointed: int  # decoder layers recomputed in the backward (0: none; `layers`: every one)
     layers: int
     optimizer: str
+    checkpointing_speed: float  # CHECKPOINTING_SPEED of the model's kind of layers
     weights_gib: float
     lora_gib: float  # the factors and their gradients
     optimizer_gib: float
@@ -164,9 +168,9 @@ class Plan:
     @property
     def speed(self) -> float:
         """Its throughput against the plain plan's (no checkpointing, float32 moments in the card): each checkpointed
-        layer's share of CHECKPOINTING_SPEED's extra time."""
+        layer's share of checkpointing's extra time (CHECKPOINTING_SPEED)."""
         share = self.checkpointed / self.layers if self.layers else 0.0
-        return OPTIMIZER_FIGURES[self.optimizer].speed / (1.0 + (1.0 / CHECKPOINTING_SPEED - 1.0) * share)
+        return OPTIMIZER_FIGURES[self.optimizer].speed / (1.0 + (1.0 / self.checkpointing_speed - 1.0) * share)
 
     @property
     def name(self) -> str:
@@ -209,9 +213,14 @@ def roomy_from(total_gib: float) -> float:
     return min(total_gib + HEADROOM_GIB, total_gib / (1.0 - HEADROOM_SHARE))
 
 
+def layer_kind(shape: ModelShape) -> str:
+    """The key of the calibration tables for a model's layers."""
+    return "linear_attention" if shape.linear_attention else "attention"
+
+
 def layer_activation_bytes(run: Run) -> float:
     """What one layer keeps for the backward pass over a micro-step, without checkpointing, at its first step's."""
-    kind = "linear_attention" if run.shape.linear_attention else "attention"
+    kind = layer_kind(run.shape)
     return ACTIVATION_BYTES[kind] * FIRST_STEP[kind] * run.tokens * run.shape.hidden
 
 
@@ -233,6 +242,7 @@ def estimate(run: Run, checkpointing: bool | float, optimizer: str, card_gib: fl
     lora_share = params / run.gpus  # the routed experts by expert parallelism, the rest by FSDP
     figures = OPTIMIZER_FIGURES[optimizer]
     return Plan(checkpointed=checkpointed, layers=shape.layers, optimizer=optimizer,
+                checkpointing_speed=CHECKPOINTING_SPEED[layer_kind(shape)],
                 weights_gib=weights / run.gpus / GIB, lora_gib=lora_share * figures.factor_bytes / GIB,
                 optimizer_gib=lora_share * figures.state_bytes / GIB,
                 activations_gib=activations / GIB, head_gib=head / GIB, slack_gib=SLACK_GIB,

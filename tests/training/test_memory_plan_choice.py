@@ -114,7 +114,7 @@ def test_a_card_a_little_short_of_the_whole_runs_activations_recomputes_a_few_of
     assert not memory_plan.estimate(run, 8 / 48, "adamw", card).fits
     assert every.activations_gib < plan.activations_gib < plain.activations_gib
     assert every.speed < plan.speed < plain.speed == 1.0
-    assert plan.speed == pytest.approx(1 / (1 + (1 / memory_plan.CHECKPOINTING_SPEED - 1) * 9 / 48))
+    assert plan.speed == pytest.approx(1 / (1 + (1 / memory_plan.CHECKPOINTING_SPEED["attention"] - 1) * 9 / 48))
     assert plan.to_dict()["checkpointed_layers"] == 9
 
 
