@@ -14,7 +14,8 @@ The last printed line is one JSON object.
     --sonic: SonicMoE (pip sonic-moe, optional) beside ours (each Triton path of --paths) on the same experts and
         routing, experts only: the forward alone and the forward with the input gradient (its weight gradients,
         which LoRA does not need, left out), eager and replayed from a CUDA graph; where it cannot run, a row says
-        why
+        why. Installed with `pip install --target` onto PYTHONPATH, the CUTLASS DSL also needs its
+        `nvidia_cutlass_dsl/python_packages` there (a .pth file adds it in site-packages only)
     python bench/moe_block.py --smoke   (on a CPU, the kernels in Triton's interpreter: the tiny shape, 64 tokens,
         float32, every path but the CUDA-graph one; fails unless every path runs and matches the reference)
 """
