@@ -554,6 +554,9 @@ def _like_for_like(name, fn, x, leaves, grad, index, weights, holder, with_lora)
     out = fn(x)
     got_dx = torch.autograd.grad(out, [x], grad)[0]
     err = dict(out=float(f"{rel(out.detach(), want.detach()):.2e}"), dx=float(f"{rel(got_dx, want_dx):.2e}"))
+    # `out` holds its autograd graph, and with it the LoRA factors' AccumulateGrad nodes made on this stream: alive,
+    # a capture's backward would wait on this stream for them, which a capture refuses (PyTorch warns of a mismatch)
+    del out, got_dx, want, want_dx
 
     def forward():
         with torch.no_grad():
