@@ -584,7 +584,8 @@ def _like_for_like(name, fn, x, leaves, grad, index, weights, holder, with_lora)
 
 
 def _captured(step):
-    """step captured in one CUDA graph (after two warm-up runs on a side stream): its replay."""
+    """step captured in one CUDA graph (after two warm-up runs on the stream it is captured on, so that autograd's
+    nodes made in the warm-up are on the capture's stream): its replay."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -592,7 +593,7 @@ def _captured(step):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         step()
     return graph.replay
 
