@@ -2,7 +2,8 @@
 (training/memory_plan.py), its predicted reserve and speed beside what `bench/train_step.py --memory-plan auto`
 measures in that budget. Each run is a process of its own with its own time limit, and each result is appended to
 --out as it comes, so a run that hangs or runs out of time loses only itself. Predicted tokens/s: the whole card's
-measured figure (the budget "whole") times the plan's speed. Last line: one JSON object.
+measured figure (the budget "whole", measured in this run or an earlier one that wrote to the same --out) times
+the plan's speed. Last line: one JSON object.
 
     python bench/memory_table.py [--models qwen3-30b-a3b,qwen3.6-35b-a3b] [--budgets whole,96,80,76]
         [--steps 3] [--limit-s 540] [--out table.jsonl] [--optimizer adamw] [--packed 600]
@@ -55,9 +56,26 @@ def measured(model, budget, args):
     return row
 
 
-def with_predictions(rows):
-    """Each row's predicted tokens/s: its model's whole-card measured figure times the plan's speed."""
-    whole = {r["model"]: r.get("tokens_per_second") for r in rows if r["budget_gib"] == "whole"}
+def earlier_rows(path):
+    """The rows an earlier run appended to `path` (--out): a lease's calls often measure one budget each, and the
+    whole card's figure, which every other budget's prediction needs, may have come in an earlier call. Lines that are
+    not such rows are passed over."""
+    rows = []
+    for line in path.read_text().splitlines() if path and path.exists() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and {"model", "budget_gib"} <= row.keys():
+            rows.append(row)
+    return rows
+
+
+def with_predictions(rows, earlier=()):
+    """Each row's predicted tokens/s: its model's whole-card measured figure (this run's, else the latest of
+    `earlier`) times the plan's speed."""
+    whole = {r["model"]: r["tokens_per_second"] for r in [*earlier, *rows]
+             if r["budget_gib"] == "whole" and r.get("tokens_per_second")}
     for r in rows:
         if whole.get(r["model"]) and r.get("speed") is not None:
             r["predicted_tokens_per_second"] = round(whole[r["model"]] * r["speed"])
@@ -78,7 +96,7 @@ def main():
     args = parser.parse_args()
     if args.smoke:
         args.budgets, args.limit_s = "2,1", 300.0
-    rows = []
+    earlier, rows = earlier_rows(args.out), []
     for model in args.models.split(","):
         for budget in args.budgets.split(","):
             row = measured(model, budget, args)
@@ -87,7 +105,7 @@ def main():
             if args.out:
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-    with_predictions(rows)
+    with_predictions(rows, earlier)
     print("| model | budget GiB | plan | predicted GiB | first step's peak GiB | peak reserved GiB "
           "| predicted tokens/s | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")

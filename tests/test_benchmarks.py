@@ -2,6 +2,7 @@
 breaks a benchmark fails here: it must exit 0 and print its figures. The database benchmarks make their own
 throwaway databases on the tests' PostgreSQL; the GPU benchmarks run tiny shapes on the CPU."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -128,3 +129,22 @@ def test_smoke_run(name, smoke_runs):
     assert CHECKS.get(name, lambda f: True)(figures), said
     if name == "hopper_ws":
         assert "the timed part needs an H100 or H200" in done.stdout
+
+
+def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earlier_call(tmp_path):
+    """A lease measures a budget a call, each into the same --out: a 96 GiB row's predicted tokens/s needs the whole
+    card's figure, which an earlier call wrote there."""
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "bench" / "memory_table.py")
+    assert spec and spec.loader
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    out = tmp_path / "table.jsonl"
+    out.write_text(json.dumps({"model": "35b", "budget_gib": "whole", "tokens_per_second": 17_520}) + "\n"
+                   + "a line cut short by a lease's end {\n"
+                   + json.dumps({"model": "35b", "budget_gib": "80", "error": "no result within 570 s"}) + "\n")
+    rows = [{"model": "35b", "budget_gib": "96", "speed": 0.853, "tokens_per_second": 14_944},
+            {"model": "30b", "budget_gib": "80", "speed": 0.83, "tokens_per_second": 18_850}]
+    table.with_predictions(rows, table.earlier_rows(out))
+    assert rows[0]["predicted_tokens_per_second"] == round(17_520 * 0.853)
+    assert "predicted_tokens_per_second" not in rows[1]  # no whole-card figure for 30B, here or earlier
+    assert table.earlier_rows(tmp_path / "none yet.jsonl") == []
