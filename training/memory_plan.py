@@ -61,11 +61,12 @@ HEAD_CHUNK_TOKENS = 1024  # training/head_loss.py CHUNK_TOKENS: the logits of th
 # tokens). Checkpointing recomputes every layer's forward: 16,601 against 22,684 tokens/s on 30B-A3B (0.73). Our 8-bit
 # step (training/kernels/adamw8bit.py) takes 36 ms against fused AdamW's 14.5 on 30B-A3B's adapter; with it, no
 # checkpointing 21,725 tokens/s (0.958), half the layers checkpointed 18,687 (0.824 of 22,684: 0.97 x 0.850), three
-# quarters 17,668, all 16,315 (0.719): 0.97 over all four. Qwen3.6-35B-A3B recomputes less of its step (its DeltaNet
-# layers are cheaper to redo, its 248k-word head is not redone): 22 of 40 layers with 8-bit moments and bf16 factors
-# 14,944 against 17,520 (0.853 = 0.97 / (1 + (1 / 0.80 - 1) x 0.55)); every layer with the moments on the host and
-# bf16 factors 10,499 (0.599 = 0.75 x 0.80: the offloaded step copies the gradients out and the factors back over
-# PCIe and steps on the host's cores). With float32 factors, twice the bytes cross: 0.7, not measured.
+# quarters 17,668, all 16,315 (0.719): 0.97 over all four. Qwen3.6-35B-A3B, on its norm and convolution kernels,
+# loses less to recomputing (why is not measured: its step has a 248k-word head that is not redone): 22 of 40 layers
+# with 8-bit moments and bf16 factors 14,944 against 17,520 (0.853 = 0.97 / (1 + (1 / 0.80 - 1) x 0.55)); every layer
+# with the moments on the host and bf16 factors 10,499 (0.599 = 0.75 x 0.80: the offloaded step copies the gradients
+# out and the factors back over PCIe and steps on the host's cores). Before those kernels, every layer with float32
+# moments measured 0.73 (8,735 against 11,961). With float32 factors, twice the bytes cross: 0.7, not measured.
 CHECKPOINTING_SPEED = {"attention": 0.74, "linear_attention": 0.80}
 # What a chosen plan leaves free beyond its predicted reserve. The prediction's own error is in SLACK_GIB; this is for
 # what a run of hours meets that the timed steps did not: the allocator's fragmentation, a longer DPO pair's bucket, a
