@@ -180,7 +180,7 @@ def _train(recipe, out, under_gib):
     groups = parameter_groups(model)
     probe = torch.randint(3, vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)).to(ranks.device)
     ranks.everywhere(functools.partial(guards.check_lora_delta_in_forward, model,
-                                       lambda: model(input_ids=probe, labels=probe).loss))
+                                       lambda: model(input_ids=probe).logits))
 
     settings = recipe.checkpoint
     store = checkpoint.open_store(dataclasses.asdict(settings))

@@ -17,10 +17,14 @@ def _loss(model, tokens):
     return lambda: model(input_ids=tokens, labels=tokens).loss
 
 
+def _logits(model, tokens):
+    return lambda: model(input_ids=tokens).logits
+
+
 def test_it_passes_all_three_guards_on_a_healthy_model(model, tokens):
     guards.check_experts_forward_is_ours(model)
-    base_loss, lora_loss = guards.check_lora_delta_in_forward(model, _loss(model, tokens))
-    assert base_loss != lora_loss
+    moved, noise = guards.check_lora_delta_in_forward(model, _logits(model, tokens))
+    assert moved > 10 * noise and moved > 0
     model(input_ids=tokens, labels=tokens).loss.backward()
     norms = guards.check_routed_lora_grads(model)
     # B starts at zero: at step 1 only B gets a gradient, and that is healthy.
@@ -55,11 +59,21 @@ def test_it_refuses_to_start_when_the_routed_lora_delta_is_not_in_the_forward(mo
     for _, _, wrapper in guards.routed_lora_wrappers(model):
         wrapper.scaling["default"] = 0.0
     with pytest.raises(guards.LoraDeltaMissing):
+        guards.check_lora_delta_in_forward(model, _logits(model, tokens))
+
+
+def test_it_passes_a_healthy_model_whose_loss_barely_moves(model, tokens):
+    """A small random model's loss sits near log(vocabulary): B's noise once moved it by under a millionth, and the
+    guard, then on the loss, aborted a healthy run. Its logits move."""
+    model.get_base_model().lm_head.weight.data.mul_(1e-5)
+    with pytest.raises(guards.LoraDeltaMissing):  # read on the loss, as it was: a healthy run aborted
         guards.check_lora_delta_in_forward(model, _loss(model, tokens))
+    moved, noise = guards.check_lora_delta_in_forward(model, _logits(model, tokens))
+    assert moved > 10 * noise
 
 
 def test_it_restores_lora_b_after_the_delta_check(model, tokens):
-    guards.check_lora_delta_in_forward(model, _loss(model, tokens))
+    guards.check_lora_delta_in_forward(model, _logits(model, tokens))
     assert all(not bool(p.ne(0).any()) for n, p in guards.routed_lora_parameters(model).items() if ".lora_B." in n)
 
 
