@@ -74,6 +74,7 @@ def test_the_predicted_speed_is_within_2_percent_of_the_measured_one(shape, chec
     plan = estimate(Run(shape, tokens=TOKENS), checkpointing, optimizer, 141.0)
     assert plan.speed == pytest.approx(measured, rel=0.02)
 
+
 def test_the_runs_that_ran_out_of_memory_do_not_fit_and_those_that_ran_do():
     q36, q30 = Run(Q36_TEXT, tokens=TOKENS), Run(Q30, tokens=TOKENS)
     assert not estimate(q36, False, "adamw", 96.0).fits  # 96 GiB without checkpointing
