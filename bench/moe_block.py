@@ -296,7 +296,10 @@ def main():
                         help="the tiny shape at 64 tokens, every path but the graphed one, errors checked")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default="4096,16384")
-    parser.add_argument("--profile", action="store_true", help="first: per-kernel times of one path, 30B, 4096")
+    parser.add_argument("--profile", action="store_true",
+                        help="first: per-kernel times of one path at --profile-shape, --profile-tokens")
+    parser.add_argument("--profile-shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
+    parser.add_argument("--profile-tokens", type=int, default=4096)
     parser.add_argument("--profile-path", default="ours:triton", help="the path --profile looks at")
     parser.add_argument("--paths",
                         default="eager+peft,grouped_mm+peft,ours:grouped_mm,ours:triton,ours:triton+graph,"
@@ -324,7 +327,7 @@ def main():
     started = time.time()
     table = []
     if args.profile:
-        profile(SHAPES["qwen3-30b-a3b"], 4096, args.profile_path)
+        profile(SHAPES[args.profile_shape], args.profile_tokens, args.profile_path)
     for shape_name in shapes:
         shape = SHAPES.get(shape_name, TINY)
         holder = make_block(shape)
