@@ -35,9 +35,10 @@ def measured(model, budget, args):
     started = time.monotonic()
     try:
         done = subprocess.run(command(model, budget, args), capture_output=True, text=True, timeout=args.limit_s)
-        out, code = done.stdout, done.returncode
+        out, code, said = done.stdout, done.returncode, done.stderr
     except subprocess.TimeoutExpired as exc:  # what it printed so far comes as bytes, whatever text= said
         out, code = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or "", None
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
         row["error"] = f"no result within {args.limit_s:.0f} s"
     row["wall_s"] = round(time.monotonic() - started, 1)
     results = [json.loads(line) for line in out.splitlines() if line.startswith('{"backend"')]
@@ -51,8 +52,9 @@ def measured(model, budget, args):
     elif results:
         row["error"] = f"out of memory at {results[-1].get('peak_reserved_gib')} GiB reserved: " \
             + (results[-1].get("error") or "")[:120]
-    elif "error" not in row:
-        row["error"] = f"exit {code}: " + (out.strip().splitlines() or [""])[-1][-300:]
+    elif "error" not in row:  # a crash: its own last words (a traceback's last line), else the last it printed
+        last = (said.strip().splitlines() or out.strip().splitlines() or [""])[-1]
+        row["error"] = f"exit {code}: " + last[-300:]
     return row
 
 

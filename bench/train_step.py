@@ -57,6 +57,7 @@ from training.linear_attention import deltanet_path
 from training.lora import attach_lora, lora_config, model_targets
 from training.rope import restore_original_rope
 from training import fitting, memory_plan, optimizers
+from training.out_of_memory import is_out_of_memory, tune_past_out_of_memory
 from training import moe_lora, router_load, validation
 from training.graphs import MicroStepGraphs, eager_micro_step
 from training.data import IGNORE, _pack, boundaries_width, collate, pad_pairs
@@ -318,8 +319,12 @@ def _peaks():
         return {"peak_gib": None, "peak_reserved_gib": None}
     # a captured graph's pool is allocated at capture and reused by every replay without the allocator seeing it,
     # so with graphs only the reserved figure counts the activations
+    free, total = torch.cuda.mem_get_info()
     return {"peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
+            # what the card holds beside the allocator's reserve now: the CUDA context, the loaded kernels, the
+            # local memory of spilling kernels (memory_plan.OUTSIDE_ALLOCATOR_GIB counts the last two)
+            "outside_allocator_gib": round((total - free - torch.cuda.memory_reserved()) / 2**30, 2),
             "reserved_gib_by_pool": _reserved_by_pool()}
 
 
@@ -473,7 +478,9 @@ def attempt(backend, layers, checkpointing, args):
         result = measure(backend, args.config, layers, checkpointing, args.steps, args.accum, args.batch, args.seq_len,
                          graphs, args.packed, args.phase, args.attention, args.router_every, args.eval_every,
                          args.eval_rows)
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:  # PyTorch's allocator's out of memory, or CUDA's own as a Triton launch says it
+        if not is_out_of_memory(exc):
+            raise
         error = str(exc)[:160]
         if DEVICE.type == "cuda":  # where it got to, in the warm-up or the timed steps
             oom_peak = round(torch.cuda.max_memory_reserved() / 2**30, 1)
@@ -590,10 +597,9 @@ def main():
         return measure_ranks(args)
     MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan,
                   eight_bit=args.eight_bit)
-    if args.memory_budget_gib and DEVICE.type == "cuda":
-        total_gib = torch.cuda.get_device_properties(DEVICE).total_memory / 2**30
-        fraction = min(1.0, args.memory_budget_gib / total_gib)
-        torch.cuda.set_per_process_memory_fraction(fraction, torch.cuda.current_device())  # it wants an index
+    if DEVICE.type == "cuda":  # a smaller card's budget, or as the trainer caps its allocator on the whole card
+        fitting.cap_allocator(DEVICE, args.memory_budget_gib or fitting.usable_memory_gib(DEVICE))
+        tune_past_out_of_memory()  # as the trainer tunes
     name = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, model {args.model}", flush=True)
     if args.profile:

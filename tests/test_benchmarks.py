@@ -2,6 +2,7 @@
 breaks a benchmark fails here: it must exit 0 and print its figures. The database benchmarks make their own
 throwaway databases on the tests' PostgreSQL; the GPU benchmarks run tiny shapes on the CPU."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -148,3 +149,16 @@ def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earli
     assert rows[0]["predicted_tokens_per_second"] == round(17_520 * 0.853)
     assert "predicted_tokens_per_second" not in rows[1]  # no whole-card figure for 30B, here or earlier
     assert table.earlier_rows(tmp_path / "none yet.jsonl") == []
+
+
+def test_the_memory_tables_row_for_a_crash_says_the_crashs_own_last_words(tmp_path, monkeypatch):
+    """A budget whose run crashed (not out of memory as the benchmark reports it) says the traceback's last line,
+    not the last line the run printed before it (its memory plan, which said nothing of why)."""
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "bench" / "memory_table.py")
+    assert spec and spec.loader
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    crash = "print('memory plan: checkpointing, 74.5 of 78.6 GiB'); raise RuntimeError('Triton Error [CUDA]: boom')"
+    monkeypatch.setattr(table, "command", lambda model, budget, args: [sys.executable, "-c", crash])
+    row = table.measured("35b", "whole", argparse.Namespace(limit_s=60))
+    assert row["error"] == "exit 1: RuntimeError: Triton Error [CUDA]: boom"

@@ -25,12 +25,28 @@ def micro_step_tokens(recipe: RunRecipe) -> int:
 
 
 def usable_memory_gib(device, gpus: int = 1) -> float:
-    """What this process may hold on the GPU: its reserve now and what the card has free; on several GPUs what the
-    card's model leaves usable, the same on every rank so that all choose the same plan."""
+    """What this process's allocator may hold on the GPU: its reserve now and what the card has free, less what the
+    run's kernels take outside the allocator (memory_plan.OUTSIDE_ALLOCATOR_GIB); on several GPUs what the card's
+    model leaves usable, the same on every rank so that all choose the same plan."""
     if gpus > 1:
         return memory_plan.usable_gib(torch.cuda.get_device_properties(device).total_memory / memory_plan.GIB)
     free, _ = torch.cuda.mem_get_info(device)
-    return (free + torch.cuda.memory_reserved(device)) / memory_plan.GIB
+    held = (free + torch.cuda.memory_reserved(device)) / memory_plan.GIB
+    return max(0.0, held - memory_plan.OUTSIDE_ALLOCATOR_GIB)
+
+
+def cap_allocator(device, usable_gib: float) -> float:
+    """Hold PyTorch's caching allocator to `usable_gib` on `device`, so that what CUDA allocates beside it (Triton's
+    kernels, their spills' local memory) finds the room the plan left. Returns the fraction of the card set (1.0: no
+    cap)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1.0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory / memory_plan.GIB
+    fraction = min(1.0, max(usable_gib, 0.0) / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return fraction
 
 
 def counted_run(recipe: RunRecipe, model, gpus: int) -> memory_plan.Run:

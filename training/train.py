@@ -20,6 +20,7 @@ from training.data import length_buckets, load_tokenizer
 from training.graphs import MicroStepGraphs
 from training.lora import attach_lora, module_lora_parameters, routed_lora_parameters
 from training.metrics import open_sinks
+from training.out_of_memory import is_out_of_memory, tune_past_out_of_memory
 from training.phase import Phase, Trainee
 from training.recipe import EVAL_KIND, ModelSettings, RecipeError, RunRecipe, load_recipe
 
@@ -162,6 +163,10 @@ def _train(recipe, out, under_gib):
     ranks = distributed.join(recipe.gpus)
     if not ranks.main:
         out = _quiet  # rank 0 prints and writes the metrics for all
+    # What the plan counts as usable is all the allocator may hold: the rest is the room CUDA needs beside it.
+    if ranks.device.type == "cuda":
+        fitting.cap_allocator(ranks.device, fitting.usable_memory_gib(ranks.device, ranks.size))
+        tune_past_out_of_memory()
     base = build_model(recipe.model, ranks.build_device())  # several ranks: sent layer by layer
     vocab_size = base.config.get_text_config().vocab_size
     plain = recipe.to_dict()  # for the tokenizer's loader and phase_finals, which read its sections as plain values
@@ -220,8 +225,8 @@ def _train(recipe, out, under_gib):
                 else:
                     phase.start()
                 run_phase(phase)
-    except torch.OutOfMemoryError:
-        if not retriable(recipe, fit, ranks):
+    except (torch.OutOfMemoryError, RuntimeError) as exc:  # RuntimeError: CUDA's own, as a Triton launch says it
+        if not is_out_of_memory(exc) or not retriable(recipe, fit, ranks):
             raise
         raise OutOfMemoryOnPlan(fit.plan) from None  # the traceback and what it holds are let go
     finally:

@@ -112,13 +112,13 @@ def test_an_interconnect_the_listing_leaves_out_is_not_taken_for_pcie_and_says_s
 
 def test_the_models_weights_are_spread_over_the_recipes_gpus():
     model = PRESETS["qwen3-235b-a22b"]  # 470 GB of BF16 weights
-    # Each GPU: 109.4 GiB of weights, 18.4 of LoRA state, checkpointing (training/memory_plan.py): 134.4 GB listed.
-    assert (model.gpus, model.vram_gb, model.vram_total_gb) == (4, 134.4, 537.6)
+    # Each GPU: 109.4 GiB of weights, 18.4 of LoRA state, checkpointing (training/memory_plan.py): 135.4 GB listed.
+    assert (model.gpus, model.vram_gb, model.vram_total_gb) == (4, 135.4, 541.6)
     offers = [box("h200x4", 4), h100("h100x4", 4), h100("h100x8", 8), box("h200x1", 1)]
     ranking = rank_offers(offers, model, ANY_BOX)
     assert ranked_ids(ranking) == ["h200x4"]
     assert reasons_of(ranking, "h200x1") == ("1 GPU < the 4 the recipe trains on",)
-    needed = "VRAM 4 x 79.6 GB = 318.4 GB < needed 537.6 GB for Qwen3-235B-A22B on 4 GPUs (134.4 GB each)"
+    needed = "VRAM 4 x 79.6 GB = 318.4 GB < needed 541.6 GB for Qwen3-235B-A22B on 4 GPUs (135.4 GB each)"
     assert reasons_of(ranking, "h100x4")[-1] == needed
     assert reasons_of(ranking, "h100x8")[-1] == needed  # the recipe trains on 4 of its 8
     any_card = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
@@ -132,7 +132,7 @@ def test_a_pair_of_cards_too_small_for_the_model_alone_holds_it_together():
     filters = OfferFilters(gpu_tiers="any", max_gpus=None, max_usd_per_hour=None)
     # 30B on one GPU: 56.8 GiB of weights, 4.8 of bf16 LoRA factors and gradients, checkpointing, moments on the host.
     q30 = PRESETS["qwen3-30b-a3b"]
-    alone = ("VRAM 47.7 GB < needed 65.3 GB for Qwen3-30B-A3B",)
+    alone = ("VRAM 47.7 GB < needed 66.3 GB for Qwen3-30B-A3B",)
     assert exclusion_reasons(l40s("one", 1), filters, q30) == alone
     assert exclusion_reasons(l40s("pair", 2), filters, q30) == alone  # a one-GPU recipe trains on one of them
     assert exclusion_reasons(l40s("pair", 2), filters, replace(q30, gpus=2)) == ()  # half the weights and LoRA a GPU

@@ -55,7 +55,7 @@ def test_a_profile_no_listed_card_fits_says_the_least_card(client, launcher, fro
     form = {"name": "on-48", "recipe": "model: {config: {model_type: qwen3_moe}}\nphases: []\n",
             "profile": profile.pk, "budget_usd": "5", "max_restarts": "0", "bucket": ""}
     text = _plan_text(client.post(reverse("run_launch"), form).content.decode())
-    assert text == "Memory plan for Qwen3.6-35B-A3B: no offer is ranked; a card must list at least 76.0 GB."
+    assert text == "Memory plan for Qwen3.6-35B-A3B: no offer is ranked; a card must list at least 77.0 GB."
 
 
 def test_a_card_no_plan_leaves_the_headroom_on_says_so(client, launcher, frozen_market):

@@ -1,6 +1,6 @@
 """A run's box is one its micro-step fits on: the VRAM each GPU must have follows the run's own batch_size x seq_len,
 LoRA rank and memory settings (the memory plan, fleet/ranking/memory.py), not only its profile's. On the simulated
-marketplace, for the 30B preset kept to its recipe's settings (93 GB a GPU at 2 x 2048 tokens, r=32, no
+marketplace, for the 30B preset kept to its recipe's settings (94 GB a GPU at 2 x 2048 tokens, r=32, no
 checkpointing): an RTX PRO 6000 (95.6 GB) holds that, not 4x the tokens."""
 
 import pytest
@@ -43,10 +43,10 @@ def _card_gb(run) -> float:
 
 
 def test_a_run_at_its_profiles_micro_step_is_rented_the_card_its_profile_fits(rtx_only, tmp_path):
-    # The recipe's own settings (memory_plan: recipe): no checkpointing, float32 moments, 93 GB at 2 x 2048 tokens.
+    # The recipe's own settings (memory_plan: recipe): no checkpointing, float32 moments, 94 GB at 2 x 2048 tokens.
     run = _supervised(_launch(tmp_path, rtx_only, "same", batch_size=2, seq_len=2048, lora={"r": 32, "alpha": 64},
                               memory_plan="recipe"))
-    assert BoxRequest.for_run(run).vram_gb == 93.0
+    assert BoxRequest.for_run(run).vram_gb == 94.0
     assert run.current_instance.gpu_name.startswith("RTX PRO 6000") and _card_gb(run) == 95.6
 
 

@@ -136,19 +136,21 @@ def test_cards_as_listed_leave_the_driver_its_share():
     q36 = Run(Q36, tokens=TOKENS)
     usable = memory_plan.usable_gib
     assert choose(q36, usable(140.4)).name == "no checkpointing, float32 moments"  # an H200
-    # A 96 GB card (95.6 GiB) has 94.7 usable: float32 moments do not fit; 8-bit moments with bf16 factors do,
-    # keeping the activations of 29 layers and 6 GiB free: within 89 GiB, the practitioners' goal.
+    # A 96 GB card (95.6 GiB) leaves 93.7 for the allocator (the context, and a GiB for what CUDA holds beside it):
+    # float32 moments do not fit; 8-bit moments with bf16 factors do, keeping the activations of 26 layers and 6 GiB
+    # free: within 89 GiB, the practitioners' goal.
     on_96 = choose(q36, usable(95.6))
-    assert on_96.name == "checkpointing 11 of 40 layers, 8-bit moments and bf16 factors"
+    assert on_96.name == "checkpointing 14 of 40 layers, 8-bit moments and bf16 factors"
     assert on_96.total_gib <= 89.0 and on_96.roomy
-    # An 80 GB card (79.6 GiB): the weights (65.2) and the float32 factors with their gradients (14.1) fill it; bf16
-    # factors (7.0) with 8-bit moments (3.6) just fit, nothing left; the moments on the host leave 3.6 GiB: taken.
+    # An 80 GB card (79.6 GiB, 77.7 for the allocator): the weights (65.2) and the float32 factors with their
+    # gradients (14.1) fill it; bf16 factors (7.0) with 8-bit moments (3.6) go a GiB over; the moments on the host
+    # leave 2.6 GiB: taken.
     plan = estimate(q36, True, "adamw_offload", usable(79.6))
     assert plan.weights_gib + plan.lora_gib > usable(79.6)
-    assert abs(estimate(q36, True, "adamw_8bit_bf16", usable(79.6)).headroom_gib) < 0.5
+    assert -1.5 < estimate(q36, True, "adamw_8bit_bf16", usable(79.6)).headroom_gib < 0.0
     assert choose(q36, usable(79.6)).name == "checkpointing, moments on the host and bf16 factors"
     on_h100 = choose(Run(Q30, tokens=TOKENS), usable(79.6))
-    assert on_h100.name == "checkpointing 28 of 48 layers, 8-bit moments and bf16 factors" and on_h100.roomy
+    assert on_h100.name == "checkpointing 31 of 48 layers, 8-bit moments and bf16 factors" and on_h100.roomy
 
 
 def test_the_recipes_own_choice_is_a_floor_and_recipe_mode_is_it_alone():

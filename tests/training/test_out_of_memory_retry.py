@@ -32,14 +32,15 @@ def card(monkeypatch):
     return unders
 
 
-def out_of_memory_at(monkeypatch, calls):
-    """The trainer's optimizer step runs out of memory at these calls (counted over the whole run, from 1)."""
+def out_of_memory_at(monkeypatch, calls, error=lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
+                                                                             "2.00 GiB.")):
+    """The trainer's optimizer step runs out of memory (`error()`) at these calls (counted over the run, from 1)."""
     step, count = Trainee.optimizer_step, [0]
 
     def failing(self, *args, **kwargs):
         count[0] += 1
         if count[0] in calls:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+            raise error()
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainee, "optimizer_step", failing)
@@ -84,3 +85,20 @@ def test_a_run_on_the_recipes_own_settings_is_not_started_again(tmp_path, monkey
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
         train.run(_recipe(tmp_path, memory_plan="recipe"), out=lines.append)
     assert card == [None] and not any("out of GPU memory" in line for line in lines)
+
+
+def test_cudas_own_out_of_memory_from_a_kernel_launch_is_met_the_same_way(tmp_path, monkeypatch, card):
+    # Outside PyTorch's allocator: a Triton kernel's launch that the card cannot hold says it as a RuntimeError.
+    out_of_memory_at(monkeypatch, {3}, error=lambda: RuntimeError("Triton Error [CUDA]: out of memory"))
+    lines = []
+    train.run(_recipe(tmp_path), out=lines.append)
+    assert len(card) == 2 and card[1] is not None
+    assert sum(line.startswith("out of GPU memory on plan") for line in lines) == 1 and lines[-1] == "run complete"
+
+
+def test_a_kernel_failing_for_another_reason_is_not_taken_for_memory(tmp_path, monkeypatch, card):
+    out_of_memory_at(monkeypatch, {2}, error=lambda: RuntimeError("CUDA error: an illegal memory access was "
+                                                                  "encountered"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        train.run(_recipe(tmp_path), out=[].append)
+    assert card == [None]  # no second plan was asked for
