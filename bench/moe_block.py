@@ -372,6 +372,7 @@ def main():
                                tflops=round(flop / ms / 1e9, 1), err={k: float(f"{v:.2e}") for k, v in err.items()})
                 except Exception as exc:  # noqa: BLE001 - keep the other paths' figures
                     row = dict(shape=shape_name, tokens=tokens, path=path, error=f"{type(exc).__name__}: {exc}"[:400])
+                row["at_s"] = round(time.time() - started, 1)  # when it ended, from the start: where a run's time went
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
             if args.sonic:
@@ -379,7 +380,7 @@ def main():
                 if args.smoke or not ours_paths:  # the smoke run has every path's figures above already
                     ours_paths = ["ours:triton"]
                 for row in sonic_compare(holder, *ref["inputs"], ours_paths=ours_paths):
-                    row = dict(shape=shape_name, tokens=tokens, **row)
+                    row = dict(shape=shape_name, tokens=tokens, **row, at_s=round(time.time() - started, 1))
                     results.setdefault("sonic", []).append(row)
                     print(json.dumps(row), flush=True)
             del ref, inputs, grad
@@ -487,20 +488,20 @@ def sonic_compare(holder, x, index, weights, grad, ours_paths=("ours:triton",)):
     """SonicMoE (arXiv 2512.14080; pip sonic-moe, on QuACK and the CUTLASS DSL) and ours (each of `ours_paths`) on the
     same experts, routing and input, the experts alone (no router): rows of ms, eager and graphed, with each output's
     and input gradient's error against a float32 reference of the same experts (SonicMoE's without LoRA, ours with
-    it); where SonicMoE cannot run, a row saying why. SonicMoE runs first: a capture of ours that fails (seen once on
-    the H200, 30B at 4096 tokens) leaves the CUDA generator as if capturing, and SonicMoE's next call then fails."""
+    it); where SonicMoE cannot run, a row saying why. Yields each one's rows as they are made, so that a run cut
+    short keeps what it measured. SonicMoE runs first: a capture of ours that fails (seen once on the H200, 30B at
+    4096 tokens) leaves the CUDA generator as if capturing, and SonicMoE's next call then fails."""
     adopt_routed_lora(holder)
     xs = x.detach().requires_grad_()
-    rows = _sonic_rows(holder, xs, index, weights, grad)
+    yield from _sonic_rows(holder, xs, index, weights, grad)
 
     def ours(inp):
         return holder.mlp.experts(inp, index, weights)
 
     for path in ours_paths:  # on a CPU in Triton's interpreter
         set_path(holder, path)
-        rows += _like_for_like(path, ours, xs, [xs] + lora_params(holder), grad, index, weights, holder,
-                               with_lora=True)
-    return rows
+        yield from _like_for_like(path, ours, xs, [xs] + lora_params(holder), grad, index, weights, holder,
+                                  with_lora=True)
 
 
 def _sonic_rows(holder, xs, index, weights, grad):
@@ -554,8 +555,12 @@ def _like_for_like(name, fn, x, leaves, grad, index, weights, holder, with_lora)
     want = reference_moe_lora(xf, index, weights.float(), experts.gate_up_proj.float(), experts.down_proj.float(),
                               *loras)
     want_dx = torch.autograd.grad(want, xf, grad.float())[0]
+    first = time.perf_counter()  # the first call compiles (SonicMoE's CUTLASS-DSL kernels, our Triton autotuning)
     out = fn(x)
     got_dx = torch.autograd.grad(out, [x], grad)[0]
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    first_s = round(time.perf_counter() - first, 1)
     err = dict(out=float(f"{rel(out.detach(), want.detach()):.2e}"), dx=float(f"{rel(got_dx, want_dx):.2e}"))
     # `out` holds its autograd graph, and with it the LoRA factors' AccumulateGrad nodes made on this stream: alive,
     # a capture's backward would wait on this stream for them, which a capture refuses (PyTorch warns of a mismatch)
@@ -570,7 +575,7 @@ def _like_for_like(name, fn, x, leaves, grad, index, weights, holder, with_lora)
 
     rows = []
     for part, step in (("fwd", forward), ("fwd+dx", with_input_grad)):
-        row = dict(path=f"{name} {part}", err=err)
+        row = dict(path=f"{name} {part}", err=err, first_call_s=first_s)
         if DEVICE == "cpu":
             started = time.perf_counter()
             step()
