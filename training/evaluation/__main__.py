@@ -16,6 +16,7 @@ from training import checkpoint
 from training.checkpoint_names import MARKER, checkpoint_name
 from training.lora import attach_lora
 from training.records import load_tokenizer, read_records
+from training.out_of_memory import tune_past_out_of_memory
 from training.recipe import EVAL_KIND, ModelSettings, RecipeError, load_recipe
 from training.train import build_model
 
@@ -100,6 +101,8 @@ def final_adapter(recipe: dict, index: int, steps: int, workdir: Path) -> tuple[
 
 def transformers_generator(recipe: dict, adapter: dict, tokenizer_out: list):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        tune_past_out_of_memory()  # the model fills most of the card, as in training (training/out_of_memory.py)
     settings = ModelSettings(**recipe["model"])
     base = build_model(settings, device)
     tokenizer = load_tokenizer(recipe["model"], base.config.get_text_config().vocab_size)
