@@ -3,8 +3,11 @@ launch says it), and autotuning past a candidate whose launch the card cannot ho
 "training/out_of_memory.py")."""
 
 import functools
+import logging
 
 import torch
+
+_log = logging.getLogger(__name__)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -23,7 +26,10 @@ def tune_past_out_of_memory() -> None:
     driver for local memory for every thread the card holds (docs/training.md). Idempotent."""
     from triton.runtime.autotuner import Autotuner
 
-    bench = Autotuner._bench
+    bench = getattr(Autotuner, "_bench", None)  # Triton's own, not a public API: a Triton without it goes unguarded
+    if bench is None:
+        _log.warning("this Triton's autotuner has no _bench: a candidate that runs out of memory ends the run")
+        return
 
     @functools.wraps(bench)
     def bench_or_skip(self, *args, **kwargs):

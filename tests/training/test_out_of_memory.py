@@ -64,6 +64,14 @@ def test_any_other_failure_of_a_candidate_still_ends_the_run():
         _run(_doubler(_refuse("CUDA error: an illegal memory access was encountered")))
 
 
+def test_a_triton_whose_autotuner_changed_shape_runs_unguarded_not_broken(monkeypatch, caplog):
+    from triton.runtime.autotuner import Autotuner
+
+    monkeypatch.delattr(Autotuner, "_bench")
+    tune_past_out_of_memory.__wrapped__()  # past the cache: as on a first call
+    assert not hasattr(Autotuner, "_bench") and "no _bench" in caplog.text
+
+
 def test_the_allocator_is_capped_at_what_the_plan_counts_usable(monkeypatch):
     set_to = []
     monkeypatch.setattr(torch.cuda, "get_device_properties",
