@@ -132,13 +132,19 @@ def test_smoke_run(name, smoke_runs):
         assert "the timed part needs an H100 or H200" in done.stdout
 
 
-def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earlier_call(tmp_path):
-    """A lease measures a budget a call, each into the same --out: a 96 GiB row's predicted tokens/s needs the whole
-    card's figure, which an earlier call wrote there."""
+def _memory_table():
+    """bench/memory_table.py as a module (the bench folder is no package)."""
     spec = importlib.util.spec_from_file_location("memory_table", ROOT / "bench" / "memory_table.py")
     assert spec and spec.loader
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
+    return table
+
+
+def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earlier_call(tmp_path):
+    """A lease measures a budget a call, each into the same --out: a 96 GiB row's predicted tokens/s needs the whole
+    card's figure, which an earlier call wrote there."""
+    table = _memory_table()
     out = tmp_path / "table.jsonl"
     out.write_text(json.dumps({"model": "35b", "budget_gib": "whole", "tokens_per_second": 17_520}) + "\n"
                    + "a line cut short by a lease's end {\n"
@@ -154,10 +160,7 @@ def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earli
 def test_the_memory_tables_row_for_a_crash_says_the_crashs_own_last_words(tmp_path, monkeypatch):
     """A budget whose run crashed (not out of memory as the benchmark reports it) says the traceback's last line,
     not the last line the run printed before it (its memory plan, which said nothing of why)."""
-    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "bench" / "memory_table.py")
-    assert spec and spec.loader
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = _memory_table()
     crash = "print('memory plan: checkpointing, 74.5 of 78.6 GiB'); raise RuntimeError('Triton Error [CUDA]: boom')"
     monkeypatch.setattr(table, "command", lambda model, budget, args: [sys.executable, "-c", crash])
     row = table.measured("35b", "whole", argparse.Namespace(limit_s=60))

@@ -225,7 +225,7 @@ def _train(recipe, out, under_gib):
                 else:
                     phase.start()
                 run_phase(phase)
-    except (torch.OutOfMemoryError, RuntimeError) as exc:  # RuntimeError: CUDA's own, as a Triton launch says it
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one, and so is CUDA's own as a Triton launch says it
         if not is_out_of_memory(exc) or not retriable(recipe, fit, ranks):
             raise
         raise OutOfMemoryOnPlan(fit.plan) from None  # the traceback and what it holds are let go
