@@ -50,12 +50,15 @@ def _run(kernel):
     return x, y
 
 
-def test_a_candidate_the_card_cannot_launch_is_tuned_past():
+def test_a_candidate_the_card_cannot_launch_is_tuned_past(caplog):
     tune_past_out_of_memory()
     kernel = _doubler(_refuse(TRITON_OOM))
-    x, y = _run(kernel)
+    with caplog.at_level("WARNING", logger="training.out_of_memory"):
+        x, y = _run(kernel)
     assert torch.equal(y, 2 * x)
     assert kernel.best_config.kwargs == {"BLOCK": 32}
+    # the run's log says which kernel lost which candidate, and why
+    assert "autotuning double: candidate BLOCK: 16" in caplog.text and "ran out of GPU memory" in caplog.text
 
 
 def test_any_other_failure_of_a_candidate_still_ends_the_run():
