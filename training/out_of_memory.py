@@ -10,13 +10,23 @@ import torch
 _log = logging.getLogger(__name__)
 
 
+# The CUDA libraries' own words for an allocation on the card that failed: cuBLAS's handle or workspace, cuDNN's,
+# cuSOLVER's, cuSPARSE's and cuFFT's plans, and the driver API's code as cuda-python names it.
+ALLOCATION_FAILED = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED",
+                     "CUSPARSE_STATUS_ALLOC_FAILED", "CUFFT_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY")
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` is the GPU running out of memory: PyTorch's allocator's error, or CUDA's own ("Triton Error
-    [CUDA]: out of memory", a library's "CUDA out of memory"), raised outside the allocator."""
+    """Whether `exc` is the GPU running out of memory: PyTorch's allocator's error, or one raised outside it, by CUDA
+    ("Triton Error [CUDA]: out of memory", NCCL's "Cuda failure 'out of memory'") or a CUDA library that could not
+    allocate ("CUBLAS_STATUS_ALLOC_FAILED")."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
+    if not isinstance(exc, RuntimeError):
+        return False
     words = str(exc)
-    return isinstance(exc, RuntimeError) and "CUDA" in words and "out of memory" in words
+    lowered = words.lower()
+    return ("cuda" in lowered and "out of memory" in lowered) or any(code in words for code in ALLOCATION_FAILED)
 
 
 @functools.cache

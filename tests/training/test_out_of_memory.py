@@ -17,6 +17,13 @@ TRITON_OOM = "Triton Error [CUDA]: out of memory"
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."), True),
     (RuntimeError(TRITON_OOM), True),
     (RuntimeError("CUDA error: out of memory"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+    (RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL version 2.27.3\n"
+                  "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'"),
+     True),
+    (RuntimeError("CUDA_ERROR_OUT_OF_MEMORY"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"), False),
     (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
     (RuntimeError("the host ran out of memory reading the shard"), False),  # not the GPU's
     (ValueError(TRITON_OOM), False),
