@@ -30,6 +30,9 @@ the baseline: gradient checkpointing; for ours: fewer layers). Last line: one JS
         and its share of the steps at an eval_every of 200 (eval_overhead_at_200)
     BENCH_TRACE=replays.json python bench/train_step.py --profile 4   also writes the graphed replays' kernels
         (start, duration) as a Chrome trace
+    python bench/train_step.py --model qwen3.6-35b-a3b --backends ours --memory-plan auto --memory-history
+        also where the first step's peak reserve went: the blocks alive at its peak by the code that made them
+        (bench/memory_history.py)
     python bench/train_step.py --model qwen3.6-35b-a3b --backends ours --memory-budget-gib 80 --memory-plan auto
         a card's memory imposed (torch.cuda.set_per_process_memory_fraction) and the plan the trainer would take in
         it (training/memory_plan.py: checkpointing, optimizer state), with its predicted figures beside the measured
@@ -50,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training import distributed
 from training.families import family_of
@@ -67,6 +71,7 @@ from training.phase import PhaseLoss, Trainee, lr_lambda, to_device
 from training.examples.tiny import TINY_CONFIG, TINY_QWEN3_5_CONFIG
 from training.recipe import ModelSettings
 from training.train import allocator_defaults, build_model, parameter_groups
+import memory_history
 
 MODELS = {
     "qwen3-30b-a3b": ({
@@ -135,9 +140,11 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     in_place = moe_lora.grads_accumulated_in_place(model) if backend.startswith("ours") else contextlib.nullcontext()
     with in_place:
         # Warm-up: one whole step (Triton autotuning, allocator; with graphs: 2 eager micro-steps, the capture,
-        # replays), guard on (it must pass on ours).
-        trainee.optimizer_step(micro, PhaseLoss(loss_fn, phase, ctx), optimizer, scheduler,
-                               check_guard=backend.startswith("ours"))
+        # replays), guard on (it must pass on ours); with --memory-history, under the allocator's record.
+        first_step = {}
+        with memory_history.recorded(first_step) if MEMORY["history"] else contextlib.nullcontext():
+            trainee.optimizer_step(micro, PhaseLoss(loss_fn, phase, ctx), optimizer, scheduler,
+                                   check_guard=backend.startswith("ours"))
         warmup_peak = None
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
@@ -170,6 +177,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
         "memory_budget_gib": MEMORY["budget_gib"], "memory_plan": plan.to_dict() if plan is not None else None,
         "seconds_per_optimizer_step": round(seconds, 3), "ms_per_micro_step": round(1000 * seconds / accum, 1),
         "tokens_per_second": round(tokens / seconds), **_peaks(), "warmup_peak_reserved_gib": warmup_peak,
+        **first_step,  # memory_history: where the first step's peak reserve went (--memory-history)
         # of an optimizer step: the micro-steps alone, and the rest (clipping, norms, AdamW, zeroing, the record)
         "micro_steps_s": round(micro_s, 3), "rest_of_step_s": round(seconds - micro_s, 3),
         "deltanet_path": deltanet_path() if family_of(model.config).linear_attention else None,
@@ -196,7 +204,7 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
 
 
 # The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan, --eight-bit), set by main.
-MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off", "eight_bit": "ours"}
+MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off", "eight_bit": "ours", "history": False}
 
 
 def eight_bit_or_built(name, params):
@@ -575,6 +583,9 @@ def main():
                              "the budget, instead of trying without checkpointing first")
     parser.add_argument("--eight-bit", choices=("ours", "torchao"), default="ours",
                         help="8-bit moments on training/kernels/adamw8bit.py (what the trainer builds) or torchao's")
+    parser.add_argument("--memory-history", action="store_true",
+                        help="record the allocator over the first step and report where its peak reserve went "
+                             "(bench/memory_history.py; slower: every allocation keeps its Python stack)")
     parser.add_argument("--smoke", action="store_true",
                         help="the model's family in miniature, one step of 1 x 64 tokens (a check that it runs)")
     args = parser.parse_args()
@@ -596,7 +607,7 @@ def main():
     if args.gpus > 1:
         return measure_ranks(args)
     MEMORY.update(optimizer=args.optimizer, budget_gib=args.memory_budget_gib, plan=args.memory_plan,
-                  eight_bit=args.eight_bit)
+                  eight_bit=args.eight_bit, history=args.memory_history)
     if DEVICE.type == "cuda":  # a smaller card's budget, or as the trainer caps its allocator on the whole card
         fitting.cap_allocator(DEVICE, args.memory_budget_gib or fitting.usable_memory_gib(DEVICE))
         tune_past_out_of_memory()  # as the trainer tunes

@@ -132,19 +132,59 @@ def test_smoke_run(name, smoke_runs):
         assert "the timed part needs an H100 or H200" in done.stdout
 
 
-def _memory_table():
-    """bench/memory_table.py as a module (the bench folder is no package)."""
-    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "bench" / "memory_table.py")
+def _bench_module(name="memory_table"):
+    """bench/NAME.py as a module (the bench folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec and spec.loader
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    return table
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _frame(path, line, name):
+    return {"filename": path, "line": line, "name": name}
+
+
+GIB = 2**30
+LAYER = [_frame("/venv/torch/nn/functional.py", 10, "silu"), _frame("/srv/app/training/moe_lora.py", 120, "forward")]
+TUNER = [_frame("/venv/torch/_tensor.py", 5, "clone"), _frame("/venv/triton/testing.py", 80, "do_bench")]
+
+
+def test_the_first_steps_peak_is_charged_to_the_code_whose_blocks_were_alive_then():
+    """bench/train_step.py --memory-history: at the reserve's peak, the blocks still alive summed by their owner (the
+    innermost project frame, else the innermost outside torch); blocks freed before the peak are not counted, and the
+    reserve no block used is reported as cached."""
+    summary = _bench_module("memory_history").summary
+    events = [
+        {"action": "segment_map", "addr": 0, "size": 4 * GIB},
+        {"action": "alloc", "addr": 1, "size": 1 * GIB, "frames": LAYER},
+        {"action": "alloc", "addr": 2, "size": 1 * GIB, "frames": LAYER},
+        {"action": "alloc", "addr": 3, "size": GIB // 2, "frames": TUNER},
+        {"action": "free_requested", "addr": 3, "size": GIB // 2},
+        {"action": "free_completed", "addr": 3, "size": GIB // 2},  # the tuner's buffer is gone before the peak
+        {"action": "segment_map", "addr": 9, "size": 2 * GIB},  # the peak: 10 GiB reserved
+        {"action": "alloc", "addr": 4, "size": GIB // 4, "frames": TUNER},
+        {"action": "segment_unmap", "addr": 9, "size": 2 * GIB},
+        {"action": "alloc", "addr": 5, "size": 3 * GIB, "frames": LAYER},  # after the peak: not counted
+    ]
+    got = summary(events, reserved_before=4 * GIB, allocated_before=3 * GIB)
+    assert got["peak_reserved_gib"] == 10.0 and got["peak_at_event"] == 6
+    assert got["allocated_before_gib"] == 3.0 and got["allocated_since_gib"] == 2.0
+    assert got["cached_unused_gib"] == 5.0
+    assert got["largest"] == [{"owner": "training/moe_lora.py:120 forward", "gib": 2.0, "blocks": 2}]
+
+
+def test_a_block_with_no_project_frame_goes_to_its_innermost_frame_outside_torch():
+    owner = _bench_module("memory_history").owner
+    assert owner(TUNER) == "/venv/triton/testing.py:80 do_bench"
+    assert owner([_frame("/venv/torch/_tensor.py", 5, "clone")]) == "unknown"
+    assert owner(None) == "unknown"
 
 
 def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earlier_call(tmp_path):
     """A lease measures a budget a call, each into the same --out: a 96 GiB row's predicted tokens/s needs the whole
     card's figure, which an earlier call wrote there."""
-    table = _memory_table()
+    table = _bench_module()
     out = tmp_path / "table.jsonl"
     out.write_text(json.dumps({"model": "35b", "budget_gib": "whole", "tokens_per_second": 17_520}) + "\n"
                    + "a line cut short by a lease's end {\n"
@@ -160,7 +200,7 @@ def test_the_memory_tables_prediction_takes_the_whole_cards_figure_from_an_earli
 def test_the_memory_tables_row_for_a_crash_says_the_crashs_own_last_words(tmp_path, monkeypatch):
     """A budget whose run crashed (not out of memory as the benchmark reports it) says the traceback's last line,
     not the last line the run printed before it (its memory plan, which said nothing of why)."""
-    table = _memory_table()
+    table = _bench_module()
     crash = "print('memory plan: checkpointing, 74.5 of 78.6 GiB'); raise RuntimeError('Triton Error [CUDA]: boom')"
     monkeypatch.setattr(table, "command", lambda model, budget, args: [sys.executable, "-c", crash])
     row = table.measured("35b", "whole", argparse.Namespace(limit_s=60))
