@@ -203,7 +203,8 @@ def measure(backend, config, layers, checkpointing, steps, accum, batch, seq_len
     return result
 
 
-# The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan, --eight-bit), set by main.
+# The memory settings of this benchmark (--optimizer, --memory-budget-gib, --memory-plan, --eight-bit,
+# --memory-history), set by main.
 MEMORY = {"optimizer": "adamw", "budget_gib": None, "plan": "off", "eight_bit": "ours", "history": False}
 
 
