@@ -8,9 +8,9 @@ import contextlib
 from collections import defaultdict
 
 GIB = 2**30
-# The events that map memory into the reserve and back out (a segment, or with expandable segments a range of one).
-GROWS = {"segment_alloc", "segment_map"}
-SHRINKS = {"segment_free", "segment_unmap"}
+# The events that map memory into the reserve (+1) and back out (-1): a segment, or with expandable segments a range
+# of one.
+RESERVE_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 # A block's owner: the innermost frame in these, or failing that the innermost frame outside torch.
 OWNERS = ("/training/", "/bench/", "/fla/", "/transformers/", "/peft/")
 
@@ -38,7 +38,7 @@ def summary(events, reserved_before: int, allocated_before: int, top: int = 10) 
     that no block used (cached)."""
     reserved, peak, at = reserved_before, reserved_before, -1
     for index, event in enumerate(events):
-        reserved += _reserve_change(event)
+        reserved += RESERVE_SIGN.get(event.get("action"), 0) * event.get("size", 0)
         if reserved > peak:
             peak, at = reserved, index
     live: dict[int, dict] = {}
@@ -64,11 +64,6 @@ def summary(events, reserved_before: int, allocated_before: int, top: int = 10) 
         "largest": [{"owner": name, "gib": round(size / GIB, 3), "blocks": count}
                     for name, (size, count) in largest],
     }
-
-
-def _reserve_change(event) -> int:
-    action = event.get("action")
-    return event.get("size", 0) if action in GROWS else -event.get("size", 0) if action in SHRINKS else 0
 
 
 @contextlib.contextmanager

@@ -48,16 +48,10 @@ def tune_past_out_of_memory() -> None:
         except RuntimeError as exc:
             if not is_out_of_memory(exc):
                 raise
-            _log.warning("autotuning %s: candidate %s skipped, its launch ran out of GPU memory", _kernel_name(self),
-                         kwargs.get("config"))
+            # base_fn: the jitted function under any heuristics, as the tuner itself names it in its own messages
+            _log.warning("autotuning %s: candidate %s skipped, its launch ran out of GPU memory",
+                         getattr(getattr(self, "base_fn", None), "__name__", "a kernel"), kwargs.get("config"))
             return [float("inf")] * 3  # never the fastest: the tuner takes another candidate
 
     Autotuner._bench = bench_or_skip
 
-
-def _kernel_name(tuner) -> str:
-    """The tuned kernel's name, through the decorators (heuristics) between the tuner and the jitted function."""
-    fn = tuner
-    while getattr(fn, "fn", None) is not None and not hasattr(fn, "__name__"):
-        fn = fn.fn
-    return getattr(fn, "__name__", type(tuner).__name__)
